@@ -1,0 +1,1 @@
+"""One module per `gc3` subcommand; each defines `command` (a click command)."""

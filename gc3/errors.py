@@ -1,0 +1,74 @@
+"""Every error gc3 raises on purpose.
+
+Each subclass exists so that callers (and tests) can tell failures apart; the
+message always names *where* (user file:line, or rank/TB/step, or XML line)
+and *what* (rank, buffer, index) went wrong.
+"""
+
+
+class GC3Error(Exception):
+    """Base class of all gc3 errors."""
+
+
+# --- tracing (DSL) -------------------------------------------------------
+class TraceError(GC3Error):
+    """A misuse of the DSL found while tracing a program."""
+
+
+class UninitializedChunkError(TraceError):
+    pass
+
+
+class StaleReferenceError(TraceError):
+    pass
+
+
+class IndexOutOfRangeError(TraceError):
+    pass
+
+
+class CountMismatchError(TraceError):
+    pass
+
+
+class TopologyError(TraceError):
+    pass
+
+
+class PostconditionError(GC3Error):
+    """The traced program does not implement its collective."""
+
+
+# --- lowering / scheduling -----------------------------------------------
+class LoweringError(GC3Error):
+    pass
+
+
+class ScheduleError(LoweringError):
+    """An illegal manual channel/threadblock assignment or an impossible schedule."""
+
+
+# --- IR -------------------------------------------------------------------
+class IRFormatError(GC3Error):
+    """Malformed XML IR: names the element, attribute and line."""
+
+
+class VerificationError(GC3Error):
+    """A scheduled IR that is wrong or unsafe (deadlock, FIFO order, limits)."""
+
+
+class DeadlockError(VerificationError):
+    pass
+
+
+class LayoutError(GC3Error):
+    """A call size that the IR's chunk layout cannot serve."""
+
+
+# --- execution ------------------------------------------------------------
+class SimulationError(GC3Error):
+    pass
+
+
+class RuntimeTimeoutError(GC3Error):
+    """A GPU wait exceeded GC3_TIMEOUT_S; the message names rank, TB, step and the wait."""

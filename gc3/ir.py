@@ -1,0 +1,159 @@
+"""The scheduled IR: Program -> Gpu -> Threadblock -> Step.
+
+This mirrors the MSCCL XML schema one-to-one (attribute names kept) so that
+`xml_io` is a plain mapping and a round trip is exact.  Everything that runs an
+IR (simulator, CUDA runtime, verifier) reads operands through `local_input` /
+`local_output`, never through the raw fields, because the raw fields mean
+different things in gc3's XML and in msccl-tools' XML (see `Convention`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+# Step opcodes, in the order MSCCL documents them.
+STEP_TYPES = ("s", "r", "rcs", "rrc", "rrs", "rrcs", "cpy", "re", "nop")
+# The three buffers a step may name: input, output, scratch.
+BUFFERS = ("i", "o", "s")
+PROTOCOLS = ("Simple", "LL", "LL128")
+
+
+@dataclass(frozen=True)
+class OpcodeInfo:
+    recv: bool      # consumes one tile from the TB's recv connection
+    send: bool      # produces one tile on the TB's send connection
+    reduce: bool    # combines two operands with the reduction op
+    writes: bool    # stores into its local dst operand
+
+
+OPCODES: Dict[str, OpcodeInfo] = {
+    "s": OpcodeInfo(recv=False, send=True, reduce=False, writes=False),
+    "r": OpcodeInfo(recv=True, send=False, reduce=False, writes=True),
+    "rcs": OpcodeInfo(recv=True, send=True, reduce=False, writes=True),
+    "rrc": OpcodeInfo(recv=True, send=False, reduce=True, writes=True),
+    "rrs": OpcodeInfo(recv=True, send=True, reduce=True, writes=False),
+    "rrcs": OpcodeInfo(recv=True, send=True, reduce=True, writes=True),
+    "cpy": OpcodeInfo(recv=False, send=False, reduce=False, writes=True),
+    "re": OpcodeInfo(recv=False, send=False, reduce=True, writes=True),
+    "nop": OpcodeInfo(recv=False, send=False, reduce=False, writes=False),
+}
+
+
+class Convention:
+    """How the raw src/dst fields of a step are to be read.
+
+    GC3: every operand is local to the GPU that runs the step.  `s` repeats
+    its source in dst, `r`/`rcs` repeat their destination in src, and the
+    recv-reduce family (`rrc rrs rrcs`) reduce the received tile with the local
+    operand src and store into dst.
+
+    MSCCL (msccl-tools output, recognised by the absence of `gc3version`): a
+    receive's src fields hold the *sender's* buffer and offset and a send's dst
+    fields the *receiver's*; the recv-reduce family reduce into their own
+    destination, so their local operand is dst.
+    """
+
+    GC3 = "gc3"
+    MSCCL = "msccl"
+
+
+Operand = Tuple[str, int]  # (buffer, chunk offset); the extent is step.cnt
+
+
+@dataclass
+class Step:
+    s: int
+    type: str
+    srcbuf: str
+    srcoff: int
+    dstbuf: str
+    dstoff: int
+    cnt: int = 1
+    depid: int = -1
+    deps: int = -1
+    hasdep: bool = False
+
+    @property
+    def info(self) -> OpcodeInfo:
+        return OPCODES[self.type]
+
+
+@dataclass
+class Threadblock:
+    id: int
+    send: int = -1
+    recv: int = -1
+    chan: int = 0
+    steps: List[Step] = field(default_factory=list)
+
+
+@dataclass
+class Gpu:
+    id: int
+    i_chunks: int
+    o_chunks: int
+    s_chunks: int
+    threadblocks: List[Threadblock] = field(default_factory=list)
+
+
+@dataclass
+class Program:
+    name: str
+    proto: str
+    nchannels: int
+    nchunksperloop: int
+    ngpus: int
+    coll: str
+    inplace: bool
+    gpus: List[Gpu] = field(default_factory=list)
+    # Optional attributes: None means "absent from the XML" so MSCCL files
+    # that lack them round-trip unchanged.
+    outofplace: Optional[bool] = None
+    minBytes: Optional[int] = None
+    maxBytes: Optional[int] = None
+    redop: Optional[str] = None
+    gc3version: Optional[str] = None
+    # Attributes of <algo> that gc3 does not interpret, kept for round trips.
+    extra: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def convention(self) -> str:
+        return Convention.GC3 if self.gc3version is not None else Convention.MSCCL
+
+    def gpu(self, rank: int) -> Gpu:
+        for g in self.gpus:
+            if g.id == rank:
+                return g
+        raise KeyError(f"no <gpu id={rank}> in program {self.name!r}")
+
+
+def local_input(step: Step, convention: str) -> Optional[Operand]:
+    """The local operand a step reads (besides a received tile), or None."""
+    t = step.type
+    if t in ("s", "cpy"):
+        return (step.srcbuf, step.srcoff)
+    if t == "re":
+        return (step.srcbuf, step.srcoff)
+    if t in ("rrc", "rrs", "rrcs"):
+        if convention == Convention.GC3:
+            return (step.srcbuf, step.srcoff)
+        return (step.dstbuf, step.dstoff)
+    return None
+
+
+def local_output(step: Step, convention: str) -> Optional[Operand]:
+    """The local operand a step writes, or None.  `re` also reads it."""
+    if step.info.writes:
+        return (step.dstbuf, step.dstoff)
+    return None
+
+
+def step_reads(step: Step, convention: str) -> List[Operand]:
+    """Every local operand the step reads (for race detection and verification)."""
+    ops = []
+    src = local_input(step, convention)
+    if src is not None:
+        ops.append(src)
+    if step.type == "re":
+        ops.append((step.dstbuf, step.dstoff))
+    return ops

@@ -1,0 +1,197 @@
+"""Reading and writing the XML IR (MSCCL schema) with lxml.
+
+The writer lays attributes out in msccl-tools' order and indentation so that
+an msccl-tools file read and written again is byte-identical.  The reader is
+strict: anything it cannot interpret is an `IRFormatError` naming the element,
+the attribute and the source line.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, Union
+
+from lxml import etree
+
+from .errors import IRFormatError
+from .ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Program, Step, Threadblock
+
+_ALGO_REQUIRED = ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace")
+_ALGO_OPTIONAL = ("outofplace", "minBytes", "maxBytes", "redop", "gc3version")
+
+
+def _where(el, source: str) -> str:
+    return f"{source}:{el.sourceline}: <{el.tag}>"
+
+
+def _attr(el, name: str, source: str, conv: Callable = str, default=None, required=True):
+    raw = el.get(name)
+    if raw is None:
+        if required:
+            raise IRFormatError(f"{_where(el, source)} is missing attribute {name!r}")
+        return default
+    try:
+        return conv(raw)
+    except (ValueError, TypeError) as exc:
+        raise IRFormatError(f"{_where(el, source)} attribute {name}={raw!r}: {exc}") from None
+
+
+def _int(raw: str) -> int:
+    return int(raw, 10)
+
+
+def _bool(raw: str) -> bool:
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise ValueError("expected 0 or 1")
+
+
+def _choice(options):
+    def conv(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return raw
+    return conv
+
+
+def _children(el, tag: str, source: str):
+    out = []
+    for child in el:
+        if not isinstance(child.tag, str):  # comments, processing instructions
+            continue
+        if child.tag != tag:
+            raise IRFormatError(f"{_where(child, source)} unexpected inside <{el.tag}> (expected <{tag}>)")
+        out.append(child)
+    return out
+
+
+def _read_step(el, source: str) -> Step:
+    return Step(
+        s=_attr(el, "s", source, _int),
+        type=_attr(el, "type", source, _choice(STEP_TYPES)),
+        srcbuf=_attr(el, "srcbuf", source, _choice(BUFFERS)),
+        srcoff=_attr(el, "srcoff", source, _int),
+        dstbuf=_attr(el, "dstbuf", source, _choice(BUFFERS)),
+        dstoff=_attr(el, "dstoff", source, _int),
+        cnt=_attr(el, "cnt", source, _int),
+        depid=_attr(el, "depid", source, _int, default=-1, required=False),
+        deps=_attr(el, "deps", source, _int, default=-1, required=False),
+        hasdep=_attr(el, "hasdep", source, _bool, default=False, required=False),
+    )
+
+
+def _read_tb(el, source: str) -> Threadblock:
+    tb = Threadblock(
+        id=_attr(el, "id", source, _int),
+        send=_attr(el, "send", source, _int),
+        recv=_attr(el, "recv", source, _int),
+        chan=_attr(el, "chan", source, _int, default=0, required=False),
+    )
+    tb.steps = [_read_step(s, source) for s in _children(el, "step", source)]
+    for i, st in enumerate(tb.steps):
+        if st.s != i:
+            raise IRFormatError(f"{source}: <tb id={tb.id}> step number {st.s} at position {i}; steps must be numbered 0,1,2,...")
+    return tb
+
+
+def _read_gpu(el, source: str) -> Gpu:
+    g = Gpu(
+        id=_attr(el, "id", source, _int),
+        i_chunks=_attr(el, "i_chunks", source, _int),
+        o_chunks=_attr(el, "o_chunks", source, _int),
+        s_chunks=_attr(el, "s_chunks", source, _int),
+    )
+    g.threadblocks = [_read_tb(t, source) for t in _children(el, "tb", source)]
+    return g
+
+
+def from_element(root, source: str = "<xml>") -> Program:
+    if root.tag != "algo":
+        raise IRFormatError(f"{_where(root, source)} root element must be <algo>")
+    known = set(_ALGO_REQUIRED) | set(_ALGO_OPTIONAL)
+    prog = Program(
+        name=_attr(root, "name", source),
+        proto=_attr(root, "proto", source, _choice(PROTOCOLS)),
+        nchannels=_attr(root, "nchannels", source, _int),
+        nchunksperloop=_attr(root, "nchunksperloop", source, _int),
+        ngpus=_attr(root, "ngpus", source, _int),
+        coll=_attr(root, "coll", source),
+        inplace=_attr(root, "inplace", source, _bool),
+        outofplace=_attr(root, "outofplace", source, _bool, required=False),
+        minBytes=_attr(root, "minBytes", source, _int, required=False),
+        maxBytes=_attr(root, "maxBytes", source, _int, required=False),
+        redop=_attr(root, "redop", source, required=False),
+        gc3version=_attr(root, "gc3version", source, required=False),
+        extra={k: v for k, v in root.attrib.items() if k not in known},
+    )
+    prog.gpus = [_read_gpu(g, source) for g in _children(root, "gpu", source)]
+    return prog
+
+
+def from_xml(text: Union[str, bytes], source: str = "<xml>") -> Program:
+    """Parse XML text into a Program; malformed input raises IRFormatError."""
+    if isinstance(text, str):
+        text = text.encode()
+    try:
+        root = etree.fromstring(text, parser=etree.XMLParser(remove_blank_text=True, resolve_entities=False))
+    except etree.XMLSyntaxError as exc:
+        raise IRFormatError(f"{source}:{exc.lineno}: not well-formed XML: {exc.msg}") from None
+    return from_element(root, source)
+
+
+def read_xml(path: Union[str, Path]) -> Program:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise IRFormatError(f"{path}: cannot read: {exc.strerror}") from None
+    return from_xml(data, source=str(path))
+
+
+def _b(v: bool) -> str:
+    return "1" if v else "0"
+
+
+def to_element(prog: Program):
+    root = etree.Element("algo")
+    attrs: Dict[str, str] = {
+        "name": prog.name,
+        "proto": prog.proto,
+        "nchannels": str(prog.nchannels),
+        "nchunksperloop": str(prog.nchunksperloop),
+        "ngpus": str(prog.ngpus),
+        "coll": prog.coll,
+        "inplace": _b(prog.inplace),
+    }
+    if prog.outofplace is not None:
+        attrs["outofplace"] = _b(prog.outofplace)
+    for key in ("minBytes", "maxBytes", "redop", "gc3version"):
+        val = getattr(prog, key)
+        if val is not None:
+            attrs[key] = str(val)
+    attrs.update(prog.extra)
+    for k, v in attrs.items():
+        root.set(k, v)
+    for g in prog.gpus:
+        ge = etree.SubElement(root, "gpu")
+        for k in ("id", "i_chunks", "o_chunks", "s_chunks"):
+            ge.set(k, str(getattr(g, k)))
+        for tb in g.threadblocks:
+            te = etree.SubElement(ge, "tb")
+            for k in ("id", "send", "recv", "chan"):
+                te.set(k, str(getattr(tb, k)))
+            for st in tb.steps:
+                se = etree.SubElement(te, "step")
+                for k in ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps"):
+                    se.set(k, str(getattr(st, k)))
+                se.set("hasdep", _b(st.hasdep))
+    return root
+
+
+def to_xml(prog: Program) -> str:
+    root = to_element(prog)
+    etree.indent(root, space="  ")
+    return etree.tostring(root, encoding="unicode") + "\n"
+
+
+def write_xml(prog: Program, path: Union[str, Path]) -> None:
+    Path(path).write_text(to_xml(prog))

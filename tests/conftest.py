@@ -1,0 +1,20 @@
+import pytest
+
+
+def _cuda_devices() -> int:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no cupy, no driver, or no device: all mean "no GPU here"
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    ndev = _cuda_devices()
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (cupy found none)")
+    skip_multi = pytest.mark.skip(reason=f"needs >= 2 CUDA GPUs (found {ndev})")
+    for item in items:
+        if "gpu" in item.keywords and ndev < 1:
+            item.add_marker(skip_gpu)
+        if "multigpu" in item.keywords and ndev < 2:
+            item.add_marker(skip_multi)
