@@ -61,6 +61,22 @@ class DeadlockError(VerificationError):
     pass
 
 
+class IRStructureError(VerificationError):
+    """Ids, peers, dependencies or operands that cannot describe a runnable schedule."""
+
+
+class UnmatchedTransferError(VerificationError):
+    """A connection whose sends and receives do not pair up one to one."""
+
+
+class FifoOrderError(VerificationError):
+    """The k-th receive on a connection does not fit the k-th send (count or operands)."""
+
+
+class LimitError(VerificationError):
+    """A schedule beyond what the runtime is built for (`gc3.limits`)."""
+
+
 class LayoutError(GC3Error):
     """A call size that the IR's chunk layout cannot serve."""
 
