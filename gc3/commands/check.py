@@ -1,0 +1,27 @@
+"""`gc3 check x.xml`: every verification of pass 7, for gc3's and msccl-tools' XML."""
+from __future__ import annotations
+
+import click
+
+from ..errors import GC3Error
+
+
+@click.command("check")
+@click.argument("xml", type=click.Path(dir_okay=False))
+@click.option("--slots", type=click.IntRange(min=1), default=None,
+              help="FIFO slots per connection (default: gc3.limits.FIFO_SLOTS for the protocol).")
+@click.option("--max-tbs", type=click.IntRange(min=1), default=None,
+              help="Threadblocks allowed per rank (default: gc3.limits.MAX_TBS).")
+def command(xml: str, slots, max_tbs) -> None:
+    """Verify an XML IR: structure, runtime limits, FIFO order, deadlock freedom."""
+    from ..verify import check_report
+    from ..xml_io import read_xml
+
+    try:
+        lines = check_report(read_xml(xml), slots=slots, max_tbs=max_tbs)
+    except GC3Error as exc:
+        click.echo(f"{xml}: FAILED: {type(exc).__name__}: {exc}", err=True)
+        raise SystemExit(1)
+    for line in lines:
+        click.echo(line)
+    click.echo(f"{xml}: OK")
