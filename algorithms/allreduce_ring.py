@@ -1,0 +1,39 @@
+"""Ring AllReduce, in place.
+
+Parameters: ranks N (argv[1], default 4), instances (argv[2], default 1).
+Each rank's buffer is cut into N chunks; chunk r is reduced around the ring
+starting after rank r (reduce-scatter), then the finished chunk is passed
+around the ring again (all-gather).
+Intended sizes: medium to large messages (>= 1 MiB) on a single node.
+Cost: 2(N-1) steps; each ring link carries 2(N-1)/N of the buffer.
+"""
+import sys
+
+from gc3 import Check, GC3Program, chunk
+from gc3.collectives import AllReduce
+from gc3.topology import fully_connected
+
+
+def allreduce_ring(num_ranks: int, instances: int = 1) -> GC3Program:
+    n = num_ranks
+    with GC3Program("allreduce_ring", AllReduce(num_ranks=n, chunk_factor=n, inplace=True),
+                    topology=fully_connected(n), instances=instances, protocol="Simple") as prog:
+        for r in range(n):
+            c = chunk((r + 1) % n, "in", r)
+            for step in range(1, n):
+                c = chunk((r + 1 + step) % n, "in", r).reduce(c)
+            for step in range(n - 1):
+                c = c.copy((r + 1 + step) % n, "in", r)
+        Check()
+    return prog
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    n = int(argv[0]) if len(argv) > 0 else 4
+    instances = int(argv[1]) if len(argv) > 1 else 1
+    return allreduce_ring(n, instances)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The program being traced: `GC3Program`, `chunk`, `parallelize`, `Check`.
+
+Tracing runs the user's Python once.  Each `copy`/`reduce` is checked against
+the symbolic state (every slot's `Value`, see `symbolic.py`), applied to it,
+and appended to `GC3Program.ops` as an `Op` over canonical `Slot`s.  `Check()`
+compares the final state with the collective's postcondition.
+
+Decisions a user may trip over:
+* `chunk()` of a slot that holds no data raises `UninitializedChunkError` at
+  once (msccl-tools returns None there, which fails later, far away).
+* A reference is stale once any of its slots is written by another operation;
+  using it (as a source, destination, or via split/group) raises
+  `StaleReferenceError`.  `ref.reduce(other)` writes through `ref`, so `ref`
+  stays valid and is returned (msccl-tools programs reduce several times into
+  one ref).
+* `copy` without `index` goes to the source's index, except into a scratch
+  buffer, where it appends after the chunks that buffer already holds on the
+  destination rank.  A copy onto its own slot (an in-place alias) is a no-op.
+* In-place aliases are resolved when a reference is made, so `ref.buffer` and
+  `ref.index` are the real ones.
+
+The only global is the tracing state: the program being traced, and (inside
+`run_script`) the list of programs a script traced.
+"""
+from __future__ import annotations
+
+import runpy
+import sys
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .chunk_ref import ChunkRef
+from .collectives import Collective
+from .errors import (GC3Error, IndexOutOfRangeError, PostconditionError, TraceError, UninitializedChunkError)
+from .ops import Op, Slot
+from .symbolic import Value, describe, difference, input_chunk
+from .topology import Topology, fully_connected
+from .user_location import user_location
+
+PROTOCOLS = ("Simple", "LL", "LL128")
+Key = Tuple[int, str, int]       # (rank, canonical buffer, index) of one chunk
+
+
+class Buffer(str, Enum):
+    """msccl-tools' buffer names, so ported programs can say Buffer.input."""
+    input = "i"
+    output = "o"
+    scratch = "s"
+
+
+_BUFFER_NAMES = {"i": "i", "in": "i", "input": "i", "o": "o", "out": "o", "output": "o",
+                 "s": "s", "sc": "s", "scratch": "s"}
+
+
+def canonical_buffer(buffer) -> str:
+    """'in'/'input' -> 'i', 'out'/'output' -> 'o', 'sc'/'scratch' -> 's'; other names are named scratch."""
+    if isinstance(buffer, Enum):
+        buffer = buffer.value
+    if not isinstance(buffer, str) or not buffer:
+        raise TraceError(f"buffer {buffer!r} must be a non-empty string")
+    return _BUFFER_NAMES.get(buffer, buffer)
+
+
+class _Tracing:
+    def __init__(self):
+        self.current: Optional[GC3Program] = None
+        self.recorded: Optional[List[GC3Program]] = None   # set by run_script
+
+
+_tracing = _Tracing()
+
+
+def _current(what: str) -> "GC3Program":
+    if _tracing.current is None:
+        raise TraceError(f"{user_location()}: {what} called outside a `with GC3Program(...)` block")
+    return _tracing.current
+
+
+class GC3Program:
+    def __init__(self, name: str, collective: Collective, topology: Optional[Topology] = None,
+                 instances: int = 1, protocol: str = "Simple", instr_fusion: bool = True,
+                 interleaved_replication: bool = True):
+        where = user_location()
+        if not isinstance(collective, Collective):
+            raise TraceError(f"{where}: collective must be a gc3.collectives.Collective, got {collective!r}")
+        if topology is None:
+            topology = fully_connected(collective.num_ranks)
+        if not isinstance(topology, Topology):
+            raise TraceError(f"{where}: topology must be a gc3.topology.Topology, got {topology!r}")
+        if topology.num_ranks != collective.num_ranks:
+            raise TraceError(f"{where}: topology {topology.name} has {topology.num_ranks} ranks "
+                             f"but the collective has {collective.num_ranks}")
+        if protocol not in PROTOCOLS:
+            raise TraceError(f"{where}: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if not isinstance(instances, int) or isinstance(instances, bool) or instances < 1:
+            raise TraceError(f"{where}: instances must be an int >= 1, got {instances!r}")
+        self.name = name
+        self.collective = collective
+        self.topology = topology
+        self.instances = instances
+        self.protocol = protocol
+        self.instr_fusion = instr_fusion
+        self.interleaved_replication = interleaved_replication
+        self.num_ranks = collective.num_ranks
+        self.ops: List[Op] = []
+        self.scratch_sizes: Dict[int, Dict[str, int]] = {r: {} for r in range(self.num_ranks)}
+        self.where = where
+        self._values: Dict[Key, Value] = {}
+        self._versions: Dict[Key, int] = {}
+        self._writers: Dict[Key, str] = {}
+        self._parallel: Optional[Tuple[int, int]] = None   # (factor, group id)
+        self._groups = 0
+        self._dag = None
+        self._dag_ops = -1
+        self.sources: List[Key] = []
+        for r in range(self.num_ranks):
+            for j in range(collective.input_size(r)):
+                if collective.precondition(r, j):
+                    buf, idx = collective.alias(r, "i", j)
+                    self._values[(r, buf, idx)] = input_chunk(r, j)
+                    self.sources.append((r, buf, idx))
+
+    # --- context ------------------------------------------------------------
+    def __enter__(self) -> "GC3Program":
+        if _tracing.current is not None:
+            raise TraceError(f"{user_location()}: program {_tracing.current.name!r} (opened at "
+                             f"{_tracing.current.where}) is still being traced; programs do not nest")
+        _tracing.current = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        _tracing.current = None
+        if exc_type is None and _tracing.recorded is not None:
+            _tracing.recorded.append(self)
+
+    def __repr__(self) -> str:
+        return f"GC3Program({self.name!r}, {self.collective!r}, {len(self.ops)} ops)"
+
+    # --- the chunk DAG --------------------------------------------------------
+    @property
+    def chunk_dag(self):
+        if self._dag_ops != len(self.ops):
+            from .chunk_dag import build
+            self._dag = build(self)
+            self._dag_ops = len(self.ops)
+        return self._dag
+
+    # --- addressing -------------------------------------------------------------
+    def locate(self, rank, buffer, index, count: int, where: str) -> Tuple[int, str, int]:
+        """User (rank, buffer, index) of a `count`-chunk run -> canonical (rank, buffer, index)."""
+        r = self.topology.flatten(rank, "rank")
+        if not 0 <= r < self.num_ranks:
+            raise IndexOutOfRangeError(f"{where}: rank {rank!r} is outside [0, {self.num_ranks})")
+        buf = canonical_buffer(buffer)
+        idx = self.topology.flatten(index, "index")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise TraceError(f"{where}: count must be an int >= 1, got {count!r}")
+        if idx < 0:
+            raise IndexOutOfRangeError(f"{where}: index {idx} of (rank {r}, {buf!r}) is negative")
+        if buf in ("i", "o"):
+            size = self.collective.size(r, buf)
+            if idx + count > size:
+                span = f"{idx}" if count == 1 else f"{idx}:{idx + count}"
+                raise IndexOutOfRangeError(
+                    f"{where}: (rank {r}, {buf!r}, {span}) is outside the buffer's {size} chunks "
+                    f"({self.collective!r})")
+            buf, idx = self.collective.alias(r, buf, idx)
+        return r, buf, idx
+
+    def keys(self, slot: Slot):
+        return [(slot.rank, slot.buffer, i) for i in slot.indices()]
+
+    def require_data(self, slot: Slot, where: str, role: str) -> None:
+        for key in self.keys(slot):
+            if key not in self._values:
+                raise UninitializedChunkError(
+                    f"{where}: {role} chunk (rank {key[0]}, {key[1]!r}, {key[2]}) holds no data yet")
+
+    def versions(self, slot: Slot) -> Tuple[int, ...]:
+        return tuple(self._versions.get(k, 0) for k in self.keys(slot))
+
+    def value(self, key: Key) -> Optional[Value]:
+        return self._values.get(key)
+
+    def writer(self, key: Key) -> str:
+        return self._writers.get(key, "")
+
+    def ref(self, slot: Slot, where: str) -> ChunkRef:
+        return ChunkRef(self, slot.rank, slot.buffer, slot.index, slot.count, self.versions(slot), where)
+
+    # --- applying operations ------------------------------------------------------
+    def record(self, kind: str, src: Slot, dst: Slot, ch, sendtb, recvtb, where: str) -> Op:
+        parallel, group = self._parallel if self._parallel else (1, None)
+        op = Op(id=len(self.ops), kind=kind, src=src, dst=dst, ch=ch, sendtb=sendtb, recvtb=recvtb,
+                parallel=parallel, parallel_group=group, where=where)
+        src_values = [self._values[k] for k in self.keys(src)]
+        for k, v in zip(self.keys(dst), src_values):
+            self._values[k] = v if kind == "copy" else self._values[k] + v
+            self._versions[k] = self._versions.get(k, 0) + 1
+            self._writers[k] = where
+        if dst.buffer not in ("i", "o"):
+            sizes = self.scratch_sizes[dst.rank]
+            sizes[dst.buffer] = max(sizes.get(dst.buffer, 0), dst.index + dst.count)
+        self.ops.append(op)
+        return op
+
+    def next_scratch_index(self, rank: int, buffer: str) -> int:
+        return self.scratch_sizes[rank].get(buffer, 0)
+
+    # --- parallelize ---------------------------------------------------------------
+    def begin_parallel(self, n: int, where: str) -> None:
+        if self._parallel is not None:
+            raise TraceError(f"{where}: parallelize blocks do not nest")
+        self._parallel = (n, self._groups)
+        self._groups += 1
+
+    def end_parallel(self) -> None:
+        self._parallel = None
+
+    # --- verification ------------------------------------------------------------
+    def check(self) -> bool:
+        """Raise PostconditionError at the first output chunk that differs from the collective's."""
+        coll = self.collective
+        for r in range(self.num_ranks):
+            for j in range(coll.output_size(r)):
+                expected = coll.postcondition(r, j)
+                if expected is None:
+                    continue
+                buf, idx = coll.alias(r, "o", j)
+                got = self._values.get((r, buf, idx))
+                if got == expected:
+                    continue
+                alias = "" if (buf, idx) == ("o", j) else f" (in place: stored at {buf!r} {idx})"
+                detail = f" [{difference(expected, got)}]" if got is not None else ""
+                last = self._writers.get((r, buf, idx))
+                written = f"; last written at {last}" if last else ""
+                raise PostconditionError(
+                    f"program {self.name!r} does not implement {coll.name}: output chunk (rank {r}, 'o', {j})"
+                    f"{alias} should hold {expected} but holds {describe(got)}{detail}{written}")
+        return True
+
+
+# --- the DSL's free functions ----------------------------------------------------
+def chunk(rank, buffer, index, count: int = 1, *, size: Optional[int] = None) -> ChunkRef:
+    """A reference to `count` contiguous chunks (msccl-tools' `size=` is accepted too)."""
+    where = user_location()
+    prog = _current("chunk()")
+    if size is not None:
+        count = size
+    r, buf, idx = prog.locate(rank, buffer, index, count, where)
+    slot = Slot(r, buf, idx, count)
+    prog.require_data(slot, where, "referenced")
+    return prog.ref(slot, where)
+
+
+@contextmanager
+def parallelize(n: int):
+    """Ops traced inside are marked for splitting into `n` parallel instances by lowering."""
+    where = user_location()
+    prog = _current("parallelize()")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise TraceError(f"{where}: parallelize(n) needs an int n >= 1, got {n!r}")
+    prog.begin_parallel(n, where)
+    try:
+        yield
+    finally:
+        prog.end_parallel()
+
+
+def Check() -> bool:
+    """Raise PostconditionError unless the traced program implements its collective; True otherwise."""
+    return _current("Check()").check()
+
+
+def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
+    """Run a gc3 program file as __main__ with sys.argv = [path, *argv]; return the last program it traced."""
+    path = Path(path)
+    if not path.is_file():
+        raise GC3Error(f"{path}: no such program file")
+    if _tracing.current is not None or _tracing.recorded is not None:
+        raise TraceError(f"{path}: cannot run a script while another program is being traced")
+    saved_argv = sys.argv
+    sys.argv = [str(path), *map(str, argv)]
+    _tracing.recorded = []
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code not in (None, 0):
+            raise GC3Error(f"{path}: the program exited with status {exit_.code!r} "
+                           f"(arguments: {' '.join(map(str, argv)) or 'none'})") from None
+    finally:
+        recorded = _tracing.recorded
+        _tracing.recorded = None
+        _tracing.current = None
+        sys.argv = saved_argv
+    if not recorded:
+        raise GC3Error(f"{path}: the script traced no GC3Program (is its `with GC3Program(...)` block "
+                       f"reached when run as __main__?)")
+    return recorded[-1]
