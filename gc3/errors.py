@@ -88,3 +88,8 @@ class SimulationError(GC3Error):
 
 class RuntimeTimeoutError(GC3Error):
     """A GPU wait exceeded GC3_TIMEOUT_S; the message names rank, TB, step and the wait."""
+
+
+class CommunicatorError(GC3Error):
+    """A communicator call gc3 cannot accept (unknown dtype/op code, bad count,
+    root or buffer); the message names the rank and the call."""
