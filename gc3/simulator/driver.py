@@ -1,0 +1,292 @@
+"""`simulate()`: load a program, run it on numpy buffers, check and time it."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from .. import limits
+from ..dtypes import dtype_info, mismatches, reduce_op
+from ..errors import LayoutError, SimulationError
+from ..ir import Program
+from ..layout import Layout, layout_for
+from ..reference import COLLECTIVES, make_inputs
+from ..reference import reference as builtin_reference
+from ..xml_io import from_xml, read_xml
+from .cost_config import CostConfig, preset
+from .cost_model import Timing, format_time, predict
+from .executor import Executed, Executor, hasdep_warnings, static_errors
+from .memory import RankMemory
+from .races import Race
+
+DEFAULT_SIZE = 1 << 20
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
+          "mb": 1000 ** 2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000 ** 3}
+
+
+def parse_size(text: Union[str, int]) -> int:
+    """Bytes from 4096, "4096", "64K", "1MiB", "1.5MB" (K/M/G alone are binary, as in nccl-tests)."""
+    if isinstance(text, (int, np.integer)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise SimulationError(f"cannot read size {text!r}; use e.g. 4096, 64K, 1MiB or 1.5MB")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value != int(value):
+        raise SimulationError(f"size {text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def format_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+@dataclass
+class Mismatch:
+    rank: int
+    index: int
+    expected: object
+    got: object
+
+
+@dataclass
+class Result:
+    outputs: List[np.ndarray]
+    ok: bool
+    errors: List[str]
+    predicted_time: Optional[float]
+    # Everything below is detail for reports and tests.
+    program: Optional[Program] = None
+    inputs: List[np.ndarray] = field(default_factory=list)
+    expected: Optional[List[Optional[np.ndarray]]] = None
+    wrong: int = 0
+    first_wrong: Optional[Mismatch] = None
+    races: List[Race] = field(default_factory=list)
+    deadlock: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    layout: Optional[Layout] = None
+    timing: Optional[Timing] = None
+    records: List[Executed] = field(default_factory=list)
+    dtype: str = "float32"
+    op: str = "sum"
+    slots: int = 0
+    aliased: bool = False
+    seed: int = 0
+
+    def summary(self) -> str:
+        return format_summary(self)
+
+    def draw_timeline(self, path) -> Path:
+        from .timeline import draw
+        if self.timing is None:
+            raise SimulationError("no timeline: the run did not complete (deadlock or error)")
+        return draw(self.records, self.timing, path, title=f"{self.program.name}: predicted timeline")
+
+
+def load_program(obj) -> Program:
+    """An ir.Program, an XML path, XML text, or a traced GC3Program (lowered here)."""
+    if isinstance(obj, Program):
+        return obj
+    if isinstance(obj, (bytes, bytearray)):
+        return from_xml(bytes(obj))
+    if isinstance(obj, Path):
+        return read_xml(obj)
+    if isinstance(obj, str):
+        return from_xml(obj) if obj.lstrip().startswith("<") else read_xml(obj)
+    if hasattr(obj, "ops") and hasattr(obj, "collective"):
+        from ..lower import lower  # the compiler is only needed for DSL programs
+        return lower(obj)
+    raise SimulationError(f"cannot simulate a {type(obj).__name__}: pass an ir.Program, an XML path or text, "
+                          "or a GC3Program")
+
+
+def _element_count(size, count, itemsize: int) -> int:
+    if count is not None:
+        if int(count) < 0:
+            raise LayoutError(f"count={count} is negative")
+        return int(count)
+    nbytes = DEFAULT_SIZE if size is None else parse_size(size)
+    if nbytes % itemsize:
+        raise LayoutError(f"size {nbytes} bytes is not a whole number of {itemsize}-byte elements")
+    return nbytes // itemsize
+
+
+def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum", seed: int = 0,
+             slots: Optional[int] = None, inplace: Optional[bool] = None,
+             reference: Union[None, Callable, Sequence] = None, *, count: Optional[int] = None,
+             root: int = 0, inputs: Optional[Sequence[np.ndarray]] = None,
+             interleave_seed: Optional[int] = None, detect_races: bool = True,
+             cost: Union[str, CostConfig] = "h100") -> Result:
+    """Execute `program_or_xml` on every rank's numpy buffers and check it.
+
+    size: bytes of each rank's input buffer (int or "1MiB"); or `count`
+    elements.  inplace: None runs as the program declares; an in-place
+    program is always run on aliased buffers (called out of place, the input
+    is first copied into the output, as MSCCL does).  reference: for custom
+    collectives, a callable `(inputs, op, nranks) -> outputs` or the expected
+    outputs themselves (None entries are not checked).
+    """
+    prog = load_program(program_or_xml)
+    info = dtype_info(dtype)
+    ufunc = reduce_op(op)
+    nranks = prog.ngpus
+    in_elems = _element_count(size, count, info.np.itemsize)
+    slots = limits.FIFO_SLOTS[prog.proto] if slots is None else int(slots)
+    if slots < 1:
+        raise SimulationError(f"slots={slots}: a FIFO needs at least one slot")
+    aliased = bool(prog.inplace or inplace)
+    result = Result(outputs=[], ok=False, errors=[], predicted_time=None, program=prog, dtype=info.name, op=op,
+                    slots=slots, aliased=aliased, seed=seed)
+
+    ids = sorted(g.id for g in prog.gpus)
+    if ids != list(range(nranks)):
+        result.errors.append(f"program declares ngpus={nranks} but has <gpu> ids {ids}")
+        return result
+    layouts = {r: layout_for(prog, in_elems, r) for r in range(nranks)}
+    result.layout = layouts[0]
+    if inputs is None:
+        inputs = make_inputs(prog.coll, nranks, in_elems, info.name, seed, op=op)
+    else:
+        inputs = [np.asarray(x, dtype=info.np) for x in inputs]
+        bad = [r for r, x in enumerate(inputs) if x.shape != (in_elems,)]
+        if len(inputs) != nranks or bad:
+            raise SimulationError(f"inputs must be {nranks} arrays of {in_elems} elements")
+    result.inputs = list(inputs)
+    memories = {r: RankMemory(layouts[r], r, info.np, inputs[r], aliased) for r in range(nranks)}
+
+    errs = static_errors(prog, memories)
+    if errs:
+        result.errors.extend(errs)
+        return result
+    result.warnings.extend(hasdep_warnings(prog))
+
+    run = Executor(prog, memories, ufunc, slots, interleave_seed=interleave_seed, detect_races=detect_races).run()
+    result.records = run.records
+    result.races = run.races
+    result.deadlock = run.deadlock
+    result.outputs = [memories[r].output() for r in range(nranks)]
+    result.errors.extend(run.errors)
+    if run.deadlock:
+        result.errors.append(f"deadlock: no threadblock can progress; {len(run.deadlock)} blocked:\n  "
+                             + "\n  ".join(run.deadlock))
+    result.errors.extend(str(r) for r in run.races)
+    if run.races_truncated:
+        result.errors.append(f"... and {run.races_truncated} more race(s)")
+
+    if not aliased:
+        for r in range(nranks):
+            changed = _changed(memories[r].arrays["i"], inputs[r])
+            if changed.size:
+                result.warnings.append(f"rank {r}: the out-of-place call modified its input buffer "
+                                       f"({changed.size} element(s), first at index {changed[0]})")
+
+    _check(result, prog, inputs, op, root, reference)
+
+    if run.completed:
+        cfg = preset(cost) if isinstance(cost, str) else cost
+        L = layouts[0]
+        result.timing = predict(run.records, proto=prog.proto, coll=prog.coll, nranks=nranks,
+                                chunk_bytes=L.cs * info.np.itemsize,
+                                size_bytes=max(L.in_elems, L.out_elems) * info.np.itemsize, config=cfg)
+        result.predicted_time = result.timing.total_s
+    result.ok = not result.errors
+    return result
+
+
+def _changed(now: np.ndarray, before: np.ndarray) -> np.ndarray:
+    a = now.view(np.uint8).reshape(now.size, -1)
+    b = before.view(np.uint8).reshape(before.size, -1)
+    return np.flatnonzero((a != b).any(axis=1))
+
+
+def _check(result: Result, prog: Program, inputs, op: str, root: int, reference) -> None:
+    nranks = prog.ngpus
+    if reference is None:
+        if prog.coll not in COLLECTIVES:
+            result.errors.append(f"cannot check outputs: no built-in reference for collective {prog.coll!r}; "
+                                 "pass reference=")
+            return
+        expected = builtin_reference(prog.coll, inputs, op, nranks, root=root)
+    elif callable(reference):
+        expected = reference(list(inputs), op, nranks)
+    else:
+        expected = list(reference)
+    if len(expected) != nranks:
+        result.errors.append(f"reference gave {len(expected)} outputs for {nranks} ranks")
+        return
+    result.expected = expected
+    total = 0
+    for r, (got, exp) in enumerate(zip(result.outputs, expected)):
+        if exp is None:
+            continue
+        exp = np.asarray(exp, dtype=got.dtype)
+        if exp.shape != got.shape:
+            result.errors.append(f"rank {r}: output has {got.size} elements, reference {exp.size}")
+            continue
+        bad = mismatches(got, exp, result.dtype)
+        if bad.size and result.first_wrong is None:
+            i = int(bad[0])
+            result.first_wrong = Mismatch(r, i, exp[i].item(), got[i].item())
+        total += bad.size
+    result.wrong = total
+    if total:
+        fw = result.first_wrong
+        result.errors.insert(0, f"{total} output element(s) differ from the {prog.coll} reference; first at rank "
+                                f"{fw.rank} index {fw.index}: expected {fw.expected}, got {fw.got}")
+
+
+def format_summary(res: Result) -> str:
+    prog = res.program
+    lines = []
+    if prog is None:
+        return "\n".join(res.errors)
+    ntb = max((len(g.threadblocks) for g in prog.gpus), default=0)
+    nsteps = sum(len(tb.steps) for g in prog.gpus for tb in g.threadblocks)
+    lines.append(f"algorithm  {prog.name}: {prog.coll}, {prog.ngpus} ranks, proto {prog.proto}, "
+                 f"{prog.nchannels} channel(s), up to {ntb} TBs/rank, {nsteps} steps ({prog.convention} XML), "
+                 f"{'in-place' if res.aliased else 'out-of-place'}")
+    L = res.layout
+    if L is not None:
+        item = dtype_info(res.dtype).np.itemsize
+        lines.append(f"size       {format_bytes(L.in_elems * item)} per rank input ({L.in_elems} x {res.dtype}), "
+                     f"op {res.op}, seed {res.seed}, FIFO slots {res.slots}")
+        short = "" if L.unit == L.chunks_per_block * L.cs else \
+            f"; uneven: last chunk of each block holds {L.unit - (L.chunks_per_block - 1) * L.cs if L.cs else 0} " \
+            f"element(s) or fewer, padding reads as zero"
+        lines.append(f"layout     {L.blocks_in} in / {L.blocks_out} out block(s) x {L.chunks_per_block} chunk(s), "
+                     f"cs = {L.cs} elements ({format_bytes(L.cs * item)}), scratch {L.s_chunks} chunk(s){short}")
+    if res.expected is not None:
+        checked = sum(e.size for e in res.expected if e is not None)
+        if res.wrong:
+            fw = res.first_wrong
+            lines.append(f"result     WRONG: {res.wrong} of {checked} element(s) differ; first at rank {fw.rank} "
+                         f"index {fw.index}: expected {fw.expected}, got {fw.got}")
+        elif not res.deadlock:
+            lines.append(f"result     OK: all {checked} checked element(s) match the numpy reference")
+    lines.append(f"races      {len(res.races)}" + ("" if not res.races else ":"))
+    lines += [f"  {r}" for r in res.races[:8]]
+    if len(res.races) > 8:
+        lines.append(f"  ... {len(res.races) - 8} more")
+    if res.deadlock:
+        lines.append(f"deadlock   no threadblock can progress; {len(res.deadlock)} blocked:")
+        lines += [f"  {d}" for d in res.deadlock[:24]]
+        if len(res.deadlock) > 24:
+            lines.append(f"  ... {len(res.deadlock) - 24} more")
+    other = [e for e in res.errors if not e.startswith("deadlock:") and "race on rank" not in e
+             and not e.startswith(f"{res.wrong} output")]
+    lines += [f"error      {e}" for e in other]
+    lines += [f"warning    {w}" for w in res.warnings[:8]]
+    if res.timing is not None:
+        t = res.timing
+        mark = "" if t.calibrated else ", UNCALIBRATED"
+        lines.append(f"predicted  {format_time(t.total_s)}, algbw {t.algbw_GBps:.1f} GB/s, busbw {t.busbw_GBps:.1f} GB/s "
+                     f"(alpha-beta model: {t.config_name}{mark})")
+    lines.append("OK" if res.ok else "FAILED")
+    return "\n".join(lines)

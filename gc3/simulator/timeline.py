@@ -1,0 +1,45 @@
+"""A Gantt chart of predicted step times, one row per (rank, threadblock)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Union
+
+from .cost_model import Timing
+from .executor import Executed
+
+_COLORS = {
+    "s": "tab:blue", "r": "tab:orange", "rcs": "tab:green", "rrc": "tab:red", "rrs": "tab:purple",
+    "rrcs": "tab:brown", "cpy": "tab:pink", "re": "tab:olive", "nop": "tab:gray",
+}
+
+
+def draw(records: List[Executed], timing: Timing, path: Union[str, Path], title: str = "") -> Path:
+    import matplotlib
+    matplotlib.use("Agg")  # headless: never needs a display
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = sorted({(r.rank, r.tb) for r in records})
+    row_of = {key: i for i, key in enumerate(rows)}
+    bars = {t: [] for t in _COLORS}
+    for i, rec in enumerate(records):
+        y = row_of[(rec.rank, rec.tb)]
+        s, e = timing.start[i] * 1e6, timing.end[i] * 1e6
+        bars[rec.type].append((y, s, max(e - s, 1e-3)))
+    height = min(max(2.5, 0.22 * len(rows) + 1.5), 60)
+    fig, ax = plt.subplots(figsize=(12, height))
+    for t, items in bars.items():
+        for y, s, w in items:
+            ax.broken_barh([(s, w)], (y - 0.4, 0.8), facecolors=_COLORS[t], edgecolor="black", linewidth=0.2)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"r{r} tb{t}" for r, t in rows], fontsize=max(4, min(9, 400 // max(len(rows), 1))))
+    ax.invert_yaxis()
+    ax.set_xlabel("predicted time (us, uncalibrated)" if not timing.calibrated else "predicted time (us)")
+    ax.set_title(title or "gc3 simulate: predicted timeline")
+    used = [t for t, items in bars.items() if items]
+    ax.legend(handles=[Patch(color=_COLORS[t], label=t) for t in used], loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
