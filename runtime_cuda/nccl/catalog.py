@@ -1,0 +1,360 @@
+"""Which gc3 algorithms a process may use, in load order.
+
+Sources (the MSCCL contract, made explicit):
+
+* ``GC3_XML_FILES``  colon-separated XML IR files or directories (a directory
+  contributes its ``*.xml`` files in name order).  ``MSCCL_XML_FILES`` is read
+  the same way, after it.  Each file's own ``minBytes``/``maxBytes``/``redop``/
+  ``proto`` attributes are its settings.
+* ``GC3_CONFIG``  an XML or JSON file that lists IR files with size ranges and
+  protocols (schema below); loaded after the two variables above.
+* Without any of the three: the shipped ``ir_samples/index.json`` (JSON schema
+  below).  Its absence is reported at INFO and leaves the catalog empty, so
+  every call goes to NCCL.
+
+JSON schema (``GC3_CONFIG`` *.json and ``ir_samples/index.json``)::
+
+    {"version": 1,
+     "algorithms": [
+       {"file": "allreduce_allpairs_2r.xml",   # required; relative to the JSON's folder
+        "collective": "allreduce",             # optional assertions, checked against
+        "ranks": 2,                            #   the XML: a mismatch skips the entry
+        "inplace": true,                       #   with a warning
+        "protocol": "LL",                      # optional settings that override or
+        "min_bytes": 0,                        #   narrow the XML's own: protocol to run
+        "max_bytes": "1MiB",                   #   with, size range (ints or "64KiB";
+        "dtypes": ["float32", "bfloat16"],     #   null max = unbounded), allowed dtypes
+        "ops": ["sum"],                        #   and reduction ops (absent = any)
+        "count_multiple": 8,                   # the element count must divide by it (default 1)
+        "root": 0,                             # broadcast/reduce root the IR was built for
+        "name": "label for logs"}]}
+
+A top-level list is accepted as the ``algorithms`` list.  ``minBytes``/
+``maxBytes`` are accepted as spellings of ``min_bytes``/``max_bytes``.
+
+XML schema (``GC3_CONFIG`` *.xml): a root ``<gc3_config>`` (or ``<msccl_algos>``)
+holding ``<load path=".." minBytes=".." maxBytes=".." proto=".." collective=".."
+ranks=".." inplace="0|1" dtypes="a,b" ops="a,b" count_multiple=".." root=".."
+name=".."/>`` with the
+same meanings.
+
+A file that is missing, unreadable, malformed, fails verification, or an entry
+that contradicts its XML is reported once as a warning naming the file (and line
+or key) and skipped: the catalog never holds an IR it could not trust.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+
+from lxml import etree
+
+from gc3.errors import GC3Error
+from gc3.ir import PROTOCOLS, Program
+from gc3.xml_io import read_xml
+
+from .call import COLLECTIVES, REDUCING
+from .constants import DTYPE_CODES, OP_CODES
+from .log import get_logger
+from .sizes import parse_size
+
+ENV_FILES = ("GC3_XML_FILES", "MSCCL_XML_FILES")
+ENV_CONFIG = "GC3_CONFIG"
+DEFAULT_INDEX = Path(__file__).resolve().parents[2] / "ir_samples" / "index.json"
+
+_ENTRY_KEYS = {"file", "collective", "ranks", "inplace", "protocol", "min_bytes", "max_bytes",
+               "minBytes", "maxBytes", "dtypes", "ops", "count_multiple", "root", "name"}
+_LOAD_ATTRS = {"path", "collective", "ranks", "inplace", "proto", "minBytes", "maxBytes", "minbytes",
+               "maxbytes", "dtypes", "ops", "count_multiple", "root", "name"}
+
+
+class CatalogEntryError(GC3Error):
+    """One catalog source or entry that cannot be used; the catalog skips it."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One algorithm that calls may select, with the conditions it serves."""
+    name: str
+    origin: str                  # which variable or file listed it
+    path: Path
+    program: Program             # protocol already set to the one it runs with
+    serves_inplace: bool
+    serves_outofplace: bool
+    min_bytes: int
+    max_bytes: Optional[int]     # None: no upper bound
+    dtypes: Optional[frozenset]  # None: any dtype the runtime supports
+    ops: Optional[frozenset]     # None: any op (narrowed by the XML's redop)
+    root: Optional[int]          # None: not a rooted collective, or unknown
+    count_multiple: int = 1      # input element count must be a multiple of it
+
+    @property
+    def collective(self) -> str:
+        return self.program.coll
+
+    @property
+    def ranks(self) -> int:
+        return self.program.ngpus
+
+
+@dataclass(frozen=True)
+class Catalog:
+    candidates: Tuple[Candidate, ...]
+    sources: Tuple[str, ...]     # what was read, for the "nothing matched" message
+
+
+# ---------------------------------------------------------------------------
+# Settings shared by both config formats
+
+
+@dataclass
+class _Settings:
+    collective: Optional[str] = None
+    ranks: Optional[int] = None
+    inplace: Optional[bool] = None
+    protocol: Optional[str] = None
+    min_bytes: Optional[int] = None
+    max_bytes: Optional[int] = None
+    max_unbounded: bool = False
+    dtypes: Optional[frozenset] = None
+    ops: Optional[frozenset] = None
+    root: Optional[int] = None
+    count_multiple: int = 1
+    name: Optional[str] = None
+
+
+def _names(value, known: Mapping[str, int], what: str) -> frozenset:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"{what} must be a non-empty list of names")
+    out = frozenset(str(i).strip().lower() for i in items)
+    unknown = sorted(out - set(known))
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(unknown)} (known: {', '.join(known)})")
+    return out
+
+
+def _as_bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value) in ("0", "1"):
+        return str(value) == "1"
+    raise ValueError(f"expected true/false or 0/1, got {value!r}")
+
+
+def _as_int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _settings(raw: Mapping[str, object]) -> _Settings:
+    s = _Settings()
+    for key, value in raw.items():
+        try:
+            if key == "collective":
+                s.collective = str(value)
+            elif key == "ranks":
+                s.ranks = _as_int(value)
+            elif key == "inplace":
+                s.inplace = _as_bool(value)
+            elif key in ("protocol", "proto"):
+                if value not in PROTOCOLS:
+                    raise ValueError(f"expected one of {', '.join(PROTOCOLS)}")
+                s.protocol = str(value)
+            elif key in ("min_bytes", "minBytes", "minbytes"):
+                s.min_bytes = parse_size(value)
+            elif key in ("max_bytes", "maxBytes", "maxbytes"):
+                if value is None or str(value).lower() in ("inf", "none", ""):
+                    s.max_unbounded = True
+                else:
+                    s.max_bytes = parse_size(value)
+            elif key == "dtypes":
+                s.dtypes = _names(value, DTYPE_CODES, "dtypes")
+            elif key == "ops":
+                s.ops = _names(value, OP_CODES, "ops")
+            elif key == "root":
+                s.root = _as_int(value)
+            elif key == "count_multiple":
+                s.count_multiple = _as_int(value)
+                if s.count_multiple < 1:
+                    raise ValueError("must be >= 1")
+            elif key == "name":
+                s.name = str(value)
+        except ValueError as exc:
+            raise CatalogEntryError(f"{key}={value!r}: {exc}") from None
+    return s
+
+
+def _verify(prog: Program, path: Path) -> None:
+    """Run gc3's verifier where it is installed: an IR that fails it could hang or be wrong."""
+    try:
+        from gc3.verify import verify
+    except ImportError:
+        return
+    try:
+        verify(prog)
+    except GC3Error as exc:
+        raise CatalogEntryError(f"{path}: fails verification: {exc}") from None
+    except Exception as exc:  # a verifier bug must not take the user's job down
+        raise CatalogEntryError(f"{path}: verifier raised {type(exc).__name__}: {exc}") from None
+
+
+def _candidate(path: Path, origin: str, s: _Settings) -> Candidate:
+    prog = read_xml(path)
+    for field, want, have in (("collective", s.collective, prog.coll), ("ranks", s.ranks, prog.ngpus),
+                              ("inplace", s.inplace, prog.inplace)):
+        if want is not None and want != have:
+            raise CatalogEntryError(f"entry says {field}={want!r} but {path} has {field}={have!r}")
+    if prog.coll not in COLLECTIVES:
+        raise CatalogEntryError(f"{path}: collective {prog.coll!r} has no NCCL call (NCCL has {', '.join(COLLECTIVES)})")
+    _verify(prog, path)
+    if s.protocol is not None and s.protocol != prog.proto:
+        prog = dataclasses.replace(prog, proto=s.protocol)
+    ops = s.ops
+    if ops is None and prog.redop and prog.redop.lower() not in ("nop", "none") and prog.coll in REDUCING:
+        if prog.redop.lower() not in OP_CODES:
+            raise CatalogEntryError(f"{path}: redop={prog.redop!r} is not one of {', '.join(OP_CODES)}")
+        ops = frozenset([prog.redop.lower()])
+    root = s.root
+    if root is None and "root" in prog.extra:
+        try:
+            root = int(prog.extra["root"])
+        except ValueError:
+            raise CatalogEntryError(f"{path}: <algo root={prog.extra['root']!r}> is not an integer") from None
+    min_bytes = s.min_bytes if s.min_bytes is not None else (prog.minBytes or 0)
+    max_bytes = None if s.max_unbounded else (s.max_bytes if s.max_bytes is not None else prog.maxBytes)
+    outofplace = prog.outofplace if prog.outofplace is not None else not prog.inplace
+    label = s.name or path.name + (f"[{prog.proto}]" if s.protocol else "")
+    return Candidate(name=label, origin=origin, path=path, program=prog, serves_inplace=prog.inplace,
+                     serves_outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
+                     dtypes=s.dtypes, ops=ops, root=root, count_multiple=s.count_multiple)
+
+
+# ---------------------------------------------------------------------------
+# Readers: each yields (path, settings, where) and reports its own bad entries
+
+
+def _xml_paths(spec: str, var: str, log: logging.Logger) -> List[Path]:
+    paths: List[Path] = []
+    for part in spec.split(":"):
+        if not part.strip():
+            continue
+        p = Path(part.strip()).expanduser()
+        if p.is_dir():
+            found = sorted(p.glob("*.xml"))
+            if not found:
+                log.warning("%s: directory %s holds no .xml files; nothing loaded from it", var, p)
+            paths.extend(found)
+        else:
+            paths.append(p)
+    return paths
+
+
+def _json_entries(path: Path, data) -> Iterable[Tuple[Path, Dict, str]]:
+    if isinstance(data, dict):
+        if "algorithms" not in data:
+            raise CatalogEntryError(f"{path}: a JSON object must have an 'algorithms' list")
+        version = data.get("version", 1)
+        if version != 1:
+            raise CatalogEntryError(f"{path}: version {version!r} is not supported (expected 1)")
+        data = data["algorithms"]
+    if not isinstance(data, list):
+        raise CatalogEntryError(f"{path}: 'algorithms' must be a list of entries")
+    for i, entry in enumerate(data):
+        where = f"{path}: algorithms[{i}]"
+        if not isinstance(entry, dict) or "file" not in entry:
+            yield None, {}, f"{where}: an entry must be an object with a 'file' key"
+            continue
+        unknown = sorted(set(entry) - _ENTRY_KEYS)
+        if unknown:
+            yield None, {}, f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_ENTRY_KEYS))})"
+            continue
+        raw = {k: v for k, v in entry.items() if k != "file"}
+        yield path.parent / str(entry["file"]), raw, where
+
+
+def _xml_config_entries(path: Path) -> Iterable[Tuple[Path, Dict, str]]:
+    try:
+        root = etree.parse(str(path), etree.XMLParser(resolve_entities=False)).getroot()
+    except etree.XMLSyntaxError as exc:
+        raise CatalogEntryError(f"{path}:{exc.lineno}: not well-formed XML: {exc.msg}") from None
+    if root.tag not in ("gc3_config", "msccl_algos"):
+        raise CatalogEntryError(f"{path}:{root.sourceline}: root element must be <gc3_config> or <msccl_algos>")
+    for el in root:
+        if not isinstance(el.tag, str):
+            continue
+        where = f"{path}:{el.sourceline}: <{el.tag}>"
+        if el.tag != "load" or "path" not in el.attrib:
+            yield None, {}, f"{where} expected <load path=...>"
+            continue
+        unknown = sorted(set(el.attrib) - _LOAD_ATTRS)
+        if unknown:
+            yield None, {}, f"{where} unknown attribute(s) {', '.join(unknown)}"
+            continue
+        raw = {k: v for k, v in el.attrib.items() if k != "path"}
+        yield path.parent / el.get("path"), raw, where
+
+
+def _config_entries(path: Path) -> Iterable[Tuple[Path, Dict, str]]:
+    if not path.is_file():
+        raise CatalogEntryError(f"{path}: no such file")
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CatalogEntryError(f"{path}: cannot read: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise CatalogEntryError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        return list(_json_entries(path, data))
+    return list(_xml_config_entries(path))
+
+
+def _add(out: List[Candidate], path: Path, raw: Dict, origin: str, log: logging.Logger) -> None:
+    try:
+        out.append(_candidate(path, origin, _settings(raw)))
+    except GC3Error as exc:
+        log.warning("%s: skipped: %s", origin, exc)
+
+
+def load_catalog(env: Optional[Mapping[str, str]] = None) -> Catalog:
+    """Read every source named by the environment, in load order."""
+    env = os.environ if env is None else env
+    log = get_logger(env)
+    out: List[Candidate] = []
+    sources: List[str] = []
+    for var in ENV_FILES:
+        spec = env.get(var, "")
+        if not spec.strip():
+            continue
+        sources.append(f"{var}={spec}")
+        for p in _xml_paths(spec, var, log):
+            _add(out, p, {}, var, log)
+    configs = [(ENV_CONFIG, Path(env[ENV_CONFIG]).expanduser())] if env.get(ENV_CONFIG, "").strip() else []
+    if not sources and not configs:
+        if not DEFAULT_INDEX.is_file():
+            log.info("no GC3_XML_FILES, MSCCL_XML_FILES or GC3_CONFIG set and no default index %s: "
+                     "every call goes to NCCL", DEFAULT_INDEX)
+            return Catalog((), ())
+        configs = [("default index", DEFAULT_INDEX)]
+    for origin, path in configs:
+        sources.append(f"{origin}={path}")
+        try:
+            entries = _config_entries(path)
+        except CatalogEntryError as exc:
+            log.warning("%s: skipped: %s", origin, exc)
+            continue
+        for xml_path, raw, where in entries:
+            if xml_path is None:
+                log.warning("%s: skipped %s", origin, where)
+            else:
+                _add(out, xml_path, raw, f"{origin} {where}", log)
+    log.info("catalog: %d algorithm(s) from %s%s", len(out), "; ".join(sources),
+             "".join(f"\n  {i}: {c.name} ({c.collective}, {c.ranks} ranks, {c.program.proto})"
+                     for i, c in enumerate(out)))
+    return Catalog(tuple(out), tuple(sources))

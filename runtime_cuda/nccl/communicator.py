@@ -1,0 +1,185 @@
+"""`NcclCommunicator`: cupy.cuda.nccl's communicator, served by gc3 where a
+catalog algorithm matches and by NCCL everywhere else.
+
+Same constructor, methods and argument order as `cupy.cuda.nccl`
+(raw pointers, counts, NCCL_* dtype and op codes, stream pointer), so a
+program written for cupy.cuda.nccl runs after swapping its import.  Each
+communicator owns a real NCCL communicator: it is the fallback, and the
+channel over which gc3's runtime exchanges its IPC handles.
+
+groupStart/groupEnd keep NCCL's meaning: calls between them are issued
+together at groupEnd, on gc3 when gc3 serves all of them and otherwise all on
+NCCL as one NCCL group (see `dispatch.run_group`).  The group is per thread,
+as NCCL's is.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import List, Optional, Tuple
+
+from gc3.errors import CommunicatorError
+
+from .arrays import ArrayCollectives
+from .backend import make_backend, unavailable_backend
+from .call import Call
+from .catalog import load_catalog
+from .constants import dtype_name, op_name
+from .dispatch import Dispatcher, run_group
+from .fallback import NcclFallback, originals
+from .log import get_logger
+from .selection import Selector
+
+_group = threading.local()
+
+
+def _pending() -> List[Tuple[Dispatcher, Call]]:
+    if not hasattr(_group, "items"):
+        _group.depth, _group.items = 0, []
+    return _group.items
+
+
+def groupStart() -> None:
+    _pending()
+    _group.depth += 1
+
+
+def groupEnd() -> None:
+    _pending()
+    if _group.depth == 0:
+        raise CommunicatorError("groupEnd() without a matching groupStart()")
+    _group.depth -= 1
+    if _group.depth == 0:
+        items, _group.items = _group.items, []
+        run_group(items)
+
+
+def get_unique_id() -> tuple:
+    """NCCL's unique id (a tuple of 128 ints, as cupy.cuda.nccl returns it)."""
+    return originals()["get_unique_id"]()
+
+
+def get_version() -> int:
+    from cupy.cuda import nccl
+    return nccl.get_version()
+
+
+def get_build_version() -> int:
+    from cupy.cuda import nccl
+    return nccl.get_build_version()
+
+
+def __getattr__(name):
+    if name == "NcclError":
+        from cupy.cuda import nccl
+        return nccl.NcclError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class NcclCommunicator(ArrayCollectives):
+    """One rank of a communicator, for the GPU current at construction.
+
+    Args (as cupy.cuda.nccl): ndev, total ranks; commId, from get_unique_id();
+    rank, this process's rank.
+    """
+
+    def __init__(self, ndev: int, commId: tuple, rank: int):
+        nccl_comm = originals()["NcclCommunicator"](ndev, commId, rank)
+        self._setup(nccl_comm, ndev, rank, make_backend)
+
+    @staticmethod
+    def initAll(devices) -> list:
+        """One communicator per device, all in this process (NCCL serves every call:
+        gc3's runtime drives one GPU per process)."""
+        raw = originals()["NcclCommunicator"].initAll(devices)
+        why = "communicator from initAll: gc3's runtime drives one GPU per process"
+        comms = []
+        for rank, nccl_comm in enumerate(raw):
+            comm = NcclCommunicator.__new__(NcclCommunicator)
+            comm._setup(nccl_comm, len(raw), rank, unavailable_backend(why))
+            comms.append(comm)
+        return comms
+
+    def _setup(self, nccl_comm, ndev: int, rank: int, backend_factory, nccl_group=None) -> None:
+        env = os.environ
+        self._nccl = nccl_comm
+        self._rank, self._size = rank, ndev
+        self._device = nccl_comm.device_id()
+        log = get_logger(env)
+        self._backend = backend_factory(nccl_comm, rank, ndev, self._device)
+        self._dispatch = Dispatcher(Selector(load_catalog(env), log, self._backend.check),
+                                    NcclFallback(nccl_comm, nccl_group), self._backend)
+
+    # --- what cupy's communicator reports --------------------------------
+    @property
+    def comm(self) -> int:
+        return self._nccl.comm
+
+    def device_id(self) -> int:
+        return self._device
+
+    def rank_id(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def check_async_error(self) -> None:
+        self._nccl.check_async_error()
+
+    def destroy(self) -> None:
+        self._backend.close()
+        self._nccl.destroy()
+
+    def abort(self) -> None:
+        self._backend.close()
+        self._nccl.abort()
+
+    # --- collectives, cupy.cuda.nccl's signatures ---------------------------
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
+        self._submit("allreduce", sendbuf, recvbuf, count, datatype, op, stream)
+
+    def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
+        self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
+
+    def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
+        self._submit("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root)
+
+    def bcast(self, buff, count, datatype, root, stream):
+        self._submit("broadcast", buff, buff, count, datatype, None, stream, root)
+
+    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
+        self._submit("reducescatter", sendbuf, recvbuf, recvcount, datatype, op, stream)
+
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream):
+        self._submit("allgather", sendbuf, recvbuf, count, datatype, None, stream)
+
+    def allToAll(self, sendbuf, recvbuf, count, datatype, stream):
+        """gc3 extension (cupy.cuda.nccl has none): `count` elements to and from each peer."""
+        self._submit("alltoall", sendbuf, recvbuf, count, datatype, None, stream)
+
+    def send(self, sendbuf, count, datatype, peer, stream):
+        self._submit("send", sendbuf, 0, count, datatype, None, stream, peer)
+
+    def recv(self, recvbuf, count, datatype, peer, stream):
+        self._submit("recv", 0, recvbuf, count, datatype, None, stream, peer)
+
+    def _submit(self, coll, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> None:
+        try:
+            dtype_name(int(datatype))
+            if op is not None:
+                op_name(int(op))
+        except ValueError as exc:
+            raise CommunicatorError(f"rank {self._rank}: {coll}: {exc}") from None
+        if int(count) < 0:
+            raise CommunicatorError(f"rank {self._rank}: {coll}: count must be >= 0, got {count}")
+        if not 0 <= int(root) < self._size:
+            what = "peer" if coll in ("send", "recv") else "root"
+            raise CommunicatorError(f"rank {self._rank}: {coll}: {what} {root} is not a rank of this "
+                                    f"{self._size}-rank communicator")
+        call = Call(coll, int(sendbuf), int(recvbuf), int(count), int(datatype),
+                    None if op is None else int(op), int(stream), self._size, self._rank, int(root))
+        if getattr(_group, "depth", 0):
+            _pending().append((self._dispatch, call))
+        else:
+            self._dispatch.run(call)

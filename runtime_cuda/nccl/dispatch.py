@@ -1,0 +1,90 @@
+"""Routing calls, alone or in a group, to gc3 or to NCCL.
+
+A group goes to gc3 only when gc3 serves every call in it; one call it cannot
+serve (or any send/recv, which gc3 does not implement) sends the whole group
+to NCCL as one NCCL group, because NCCL progresses a group's operations
+together and a gc3 kernel spinning on its peers beside a half-issued NCCL group
+could wait forever.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Protocol, Sequence, Tuple
+
+from .call import Call
+from .catalog import Candidate
+from .selection import Decision, Rejection, Selector
+
+P2P = ("send", "recv")
+
+
+class Gc3Runner(Protocol):
+    def check(self, candidate: Candidate, call: Call) -> Optional[str]:
+        """None when the runtime can run this candidate for this call, else why not."""
+
+    def prepare(self, decision: Decision) -> Optional[str]:
+        """Collective set-up for the selected algorithm; None when ready, else why not
+        (the same answer on every rank)."""
+
+    def run(self, decision: Decision) -> None:
+        """Enqueue the selected algorithm on the call's stream."""
+
+
+class NcclRunner(Protocol):
+    def run(self, call: Call) -> None: ...
+    def group_start(self) -> None: ...
+    def group_end(self) -> None: ...
+
+
+class Dispatcher:
+    """One communicator's router: its selector, its gc3 runner and its NCCL fallback."""
+
+    def __init__(self, selector: Selector, nccl: NcclRunner, gc3: Optional[Gc3Runner]):
+        self.selector = selector
+        self.nccl = nccl
+        self.gc3 = gc3
+
+    def decide(self, call: Call) -> Optional[Decision]:
+        """The selection for a collective; None for a send/recv (always NCCL)."""
+        if call.coll in P2P:
+            return None
+        decision = self.selector.choose(call)
+        if decision.uses_gc3:
+            reason = self.gc3.prepare(decision)
+            if reason:
+                name = decision.candidate.name
+                self.selector.report_fallback(call, f"gc3 algorithm {name} could not be set up: {reason}")
+                return Decision(call, rejections=decision.rejections + [Rejection(name, "runtime", reason)])
+        return decision
+
+    def run(self, call: Call) -> Decision:
+        decision = self.decide(call)
+        if decision is not None and decision.uses_gc3:
+            self.gc3.run(decision)
+        else:
+            self.nccl.run(call)
+        return decision
+
+
+def run_group(items: Sequence[Tuple[Dispatcher, Call]]) -> List[Optional[Decision]]:
+    """Run the calls recorded between groupStart and groupEnd, all on gc3 or all on NCCL."""
+    decisions = [disp.decide(call) for disp, call in items]
+    blocker = next((call for (_, call), d in zip(items, decisions) if d is None or not d.uses_gc3), None)
+    if blocker is None:
+        for (disp, _), d in zip(items, decisions):
+            disp.gc3.run(d)
+        return decisions
+    reason = (f"its group also holds {blocker.describe()}, which gc3 cannot serve; "
+              "the whole group goes to NCCL")
+    for (disp, call), d in zip(items, decisions):
+        if d is not None and d.uses_gc3:
+            disp.selector.report_fallback(call, reason)
+    if not items:
+        return decisions
+    nccl = items[0][0].nccl
+    nccl.group_start()
+    try:
+        for disp, call in items:
+            disp.nccl.run(call)
+    finally:
+        nccl.group_end()
+    return [None] * len(items)

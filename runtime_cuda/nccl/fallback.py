@@ -1,0 +1,89 @@
+"""Running a call on NCCL itself (through `cupy.cuda.nccl`).
+
+NCCL has no all-to-all; here it is a group of sends and receives, one pair per
+peer, with the rank's own block copied on the stream (and, for an in-place
+call, the whole input staged first so no receive overwrites a block still to
+be sent).
+
+`runtime_cuda.auto` replaces names in `cupy.cuda.nccl`; it keeps the originals
+in `cupy.cuda.nccl._gc3_originals`, which this module prefers, so the fallback
+is always the real NCCL.
+"""
+from __future__ import annotations
+
+from .call import Call
+
+
+def originals():
+    """cupy.cuda.nccl's own NcclCommunicator, groupStart, groupEnd, get_unique_id."""
+    from cupy.cuda import nccl
+    saved = getattr(nccl, "_gc3_originals", None)
+    if saved is not None:
+        return saved
+    return {name: getattr(nccl, name) for name in
+            ("NcclCommunicator", "groupStart", "groupEnd", "get_unique_id")}
+
+
+class NcclFallback:
+    """Issues Calls on one cupy.cuda.nccl communicator."""
+
+    def __init__(self, comm, group_fns=None):
+        self.comm = comm
+        self._group_fns = group_fns   # (groupStart, groupEnd); NCCL's own when None
+
+    def _group(self):
+        if self._group_fns is None:
+            nccl = originals()
+            self._group_fns = (nccl["groupStart"], nccl["groupEnd"])
+        return self._group_fns
+
+    def run(self, call: Call) -> None:
+        c, comm = call, self.comm
+        if c.coll == "allreduce":
+            comm.allReduce(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.stream)
+        elif c.coll == "allgather":
+            comm.allGather(c.sendbuf, c.recvbuf, c.count, c.dtype, c.stream)
+        elif c.coll == "reducescatter":
+            comm.reduceScatter(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.stream)
+        elif c.coll == "broadcast":
+            comm.broadcast(c.sendbuf, c.recvbuf, c.count, c.dtype, c.root, c.stream)
+        elif c.coll == "reduce":
+            comm.reduce(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root, c.stream)
+        elif c.coll == "send":
+            comm.send(c.sendbuf, c.count, c.dtype, c.root, c.stream)
+        elif c.coll == "recv":
+            comm.recv(c.recvbuf, c.count, c.dtype, c.root, c.stream)
+        elif c.coll == "alltoall":
+            self._alltoall(c)
+        else:
+            raise ValueError(f"NCCL has no collective {c.coll!r}")
+
+    def group_start(self) -> None:
+        self._group()[0]()
+
+    def group_end(self) -> None:
+        self._group()[1]()
+
+    def _alltoall(self, c: Call) -> None:
+        from cupy.cuda import runtime
+        block = c.count * c.itemsize
+        src = c.sendbuf
+        staged = None
+        if c.inplace and c.nranks > 1:
+            import cupy
+            # Allocated under the call's stream so cupy's pool reuses it only
+            # for work ordered after this call on that stream.
+            with cupy.cuda.ExternalStream(c.stream) if c.stream else cupy.cuda.Stream.null:
+                staged = cupy.empty(block * c.nranks, dtype=cupy.uint8)
+            runtime.memcpyAsync(staged.data.ptr, c.sendbuf, block * c.nranks, runtime.memcpyDeviceToDevice, c.stream)
+            src = staged.data.ptr
+        runtime.memcpyAsync(c.recvbuf + c.rank * block, src + c.rank * block, block,
+                            runtime.memcpyDeviceToDevice, c.stream)
+        self.group_start()
+        try:
+            for peer in range(c.nranks):
+                if peer != c.rank:
+                    self.comm.send(src + peer * block, c.count, c.dtype, peer, c.stream)
+                    self.comm.recv(c.recvbuf + peer * block, c.count, c.dtype, peer, c.stream)
+        finally:
+            self.group_end()
