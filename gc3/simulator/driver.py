@@ -69,6 +69,7 @@ class Result:
     wrong: int = 0
     first_wrong: Optional[Mismatch] = None
     races: List[Race] = field(default_factory=list)
+    races_more: int = 0              # races found beyond those listed in `races`
     deadlock: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
     layout: Optional[Layout] = None
@@ -170,6 +171,7 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
     run = Executor(prog, memories, ufunc, slots, interleave_seed=interleave_seed, detect_races=detect_races).run()
     result.records = run.records
     result.races = run.races
+    result.races_more = run.races_truncated
     result.deadlock = run.deadlock
     result.outputs = [memories[r].output() for r in range(nranks)]
     result.errors.extend(run.errors)
@@ -270,17 +272,19 @@ def format_summary(res: Result) -> str:
                          f"index {fw.index}: expected {fw.expected}, got {fw.got}")
         elif not res.deadlock:
             lines.append(f"result     OK: all {checked} checked element(s) match the numpy reference")
-    lines.append(f"races      {len(res.races)}" + ("" if not res.races else ":"))
+    nraces = len(res.races) + res.races_more
+    lines.append(f"races      {nraces}" + ("" if not res.races else ":"))
     lines += [f"  {r}" for r in res.races[:8]]
-    if len(res.races) > 8:
-        lines.append(f"  ... {len(res.races) - 8} more")
+    if nraces > 8:
+        lines.append(f"  ... {nraces - 8} more")
     if res.deadlock:
         lines.append(f"deadlock   no threadblock can progress; {len(res.deadlock)} blocked:")
         lines += [f"  {d}" for d in res.deadlock[:24]]
         if len(res.deadlock) > 24:
             lines.append(f"  ... {len(res.deadlock) - 24} more")
-    other = [e for e in res.errors if not e.startswith("deadlock:") and "race on rank" not in e
-             and not e.startswith(f"{res.wrong} output")]
+    shown = {f"... and {res.races_more} more race(s)"} | {str(r) for r in res.races}
+    other = [e for e in res.errors if not e.startswith("deadlock:") and e not in shown
+             and not (res.wrong and e.startswith(f"{res.wrong} output"))]
     lines += [f"error      {e}" for e in other]
     lines += [f"warning    {w}" for w in res.warnings[:8]]
     if res.timing is not None:
