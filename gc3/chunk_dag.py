@@ -82,39 +82,38 @@ MAX_DRAWN_NODES = 300
 
 
 def draw(dag: nx.DiGraph, path) -> None:
-    """Draw the DAG to an image file (format from the suffix), layered by dependency depth."""
+    """Draw the DAG to an image file (format from the suffix), one row per dependency level."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     if dag.number_of_nodes() > MAX_DRAWN_NODES:
         raise GC3Error(f"the chunk DAG has {dag.number_of_nodes()} nodes; drawing is limited to "
                        f"{MAX_DRAWN_NODES} (trace a smaller instance of the program)")
-    layered = dag.copy()
-    for layer, nodes in enumerate(nx.topological_generations(dag)):
-        for n in nodes:
-            layered.nodes[n]["layer"] = layer
-    pos = nx.multipartite_layout(layered, subset_key="layer", align="horizontal", scale=1.0)
-    pos = {n: (x, -y) for n, (x, y) in pos.items()}
+    levels = list(nx.topological_generations(dag))
+    pos = {n: (i - (len(nodes) - 1) / 2, -row) for row, nodes in enumerate(levels) for i, n in enumerate(nodes)}
     labels = {}
     for n, data in dag.nodes(data=True):
         if data["kind"] == "source":
             labels[n] = f"in r{n[1]}\n{n[2]}{n[3]}"
         else:
             op = data["op"]
-            labels[n] = f"{op.id}:{'cp' if op.kind == 'copy' else 'rd'}\n{op.src.rank}->{op.dst.rank}"
-    width = max(6.0, 0.9 * max(len(g) for g in nx.topological_generations(dag))) if len(dag) else 6.0
-    fig, ax = plt.subplots(figsize=(min(width, 60.0), max(4.0, 0.9 * len(set(nx.get_node_attributes(layered, "layer").values())))))
-    colors = {"true": "black", "war": "tab:red", "waw": "tab:orange"}
-    for kind, color in colors.items():
+            labels[n] = f"{op.id} {'cp' if op.kind == 'copy' else 'rd'}\n{op.src.rank}->{op.dst.rank}"
+    widest = max((len(nodes) for nodes in levels), default=1)
+    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.9 * widest), 60.0), min(max(4.0, 0.9 * len(levels)), 60.0)))
+    styles = {"true": ("black", "solid"), "war": ("tab:red", "dashed"), "waw": ("tab:orange", "dotted")}
+    for kind, (color, style) in styles.items():
         edges = [(a, b) for a, b, k in dag.edges(data="kind") if k == kind]
-        nx.draw_networkx_edges(dag, pos, edgelist=edges, edge_color=color, ax=ax, arrows=True,
-                               style="solid" if kind == "true" else "dashed", label=kind)
+        # False dependencies curve so they stay visible beside a true edge through the same column.
+        nx.draw_networkx_edges(dag, pos, edgelist=edges, edge_color=color, style=style, ax=ax, arrows=True,
+                               connectionstyle="arc3" if kind == "true" else "arc3,rad=0.3")
     node_colors = ["lightgray" if dag.nodes[n]["kind"] == "source" else
                    ("tab:blue" if dag.nodes[n]["op"].remote else "tab:green") for n in dag.nodes]
     nx.draw_networkx_nodes(dag, pos, node_color=node_colors, node_size=700, ax=ax, alpha=0.6)
     nx.draw_networkx_labels(dag, pos, labels, font_size=6, ax=ax)
-    ax.legend(loc="upper right", fontsize=7)
+    handles = [Line2D([], [], color=c, linestyle=s, label=k) for k, (c, s) in styles.items()]
+    ax.legend(handles=handles, loc="upper right", fontsize=7)
     ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(str(path), dpi=120)
