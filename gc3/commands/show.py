@@ -54,17 +54,16 @@ def describe(prog: Program) -> List[str]:
 
 def _show_script(path: str, args, dag: Optional[str]) -> List[str]:
     from ..program import run_script
+    from .trace import summary
 
     prog = run_script(path, list(args))
-    g = prog.chunk_dag
-    sources = sum(1 for _, a in g.nodes(data=True) if a.get("kind") == "source")
-    lines = [f"{prog.name}: {prog.collective.name}, {prog.collective.num_ranks} ranks, {len(prog.ops)} operations",
-             f"chunk DAG: {g.number_of_nodes() - sources} operation nodes, {sources} sources, {g.number_of_edges()} edges"]
+    prog.check()  # the summary reports the check as passed
+    lines = summary(prog).splitlines()
     if dag:
         from ..chunk_dag import draw
 
-        draw(g, dag)
-        lines.append(f"wrote {dag}")
+        draw(prog.chunk_dag, dag)
+        lines.append(f"wrote the chunk DAG to {dag}")
     return lines
 
 
