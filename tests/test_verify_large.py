@@ -3,8 +3,6 @@
 The program is written in msccl-tools' operand convention (remote operands in
 send dst / receive src), so the operand cross-checks run on every pair too.
 """
-import time
-
 import pytest
 
 from gc3.errors import DeadlockError, FifoOrderError
@@ -78,14 +76,11 @@ def test_the_benchmark_has_the_intended_size(big):
     assert sum(len(tb.steps) for g in prog.gpus for tb in g.threadblocks) == 8 * 2 * 7 * 5 * 4
 
 
-def test_verify_large_program_well_under_a_second(big):
+def test_verify_large_program(big):
+    # Its speed is measured by scripts/bench_verify.py, not asserted here.
     _, prog = big
-    verify(prog)  # warm-up: imports
-    t0 = time.perf_counter()
     summary = verify(prog)
-    elapsed = time.perf_counter() - t0
     assert summary.pairs == 8 * 7 * 2 * 2 * 4
-    assert elapsed < 0.5, f"verify took {elapsed:.3f} s"
 
 
 def test_large_program_slot_threshold_and_a_planted_error(big):
