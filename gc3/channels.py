@@ -1,0 +1,131 @@
+"""Pass 4: channel assignment.
+
+A fused instruction (`rcs`/`rrs`/`rrcs`) receives and sends in one step, so
+its receive connection and its send connection must belong to the same
+threadblock, hence the same channel.  Following communication edges through
+fused instructions gives *chains* (send -> fused -> ... -> fused -> receive)
+that must each sit on one channel.  On a channel, a rank can pair a given
+send peer with only one receive peer (one TB per connection and direction),
+so two chains forwarding through a rank in incompatible ways go to different
+channels.  Each chain takes the user's `ch=` if given (all ops in it must
+agree), otherwise the lowest channel where its pairings fit.  Unfused sends
+and receives carry no such constraint and take channel 0 (or `ch=`).
+
+Channels are chosen once, on the first instance; copy `replica` of an
+instruction (see `replication.py`) gets `channel + replica * C`, where C is
+the number of channels one copy uses, so instances never share a channel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+from .errors import ScheduleError
+from .instruction_dag import InstrDAG
+
+__all__ = ["ChannelAssignment", "assign_channels"]
+
+_FUSED = frozenset(("rcs", "rrs", "rrcs"))
+
+
+@dataclass
+class ChannelAssignment:
+    dag: InstrDAG
+    chan: List[int]          # per instruction
+    nchannels: int
+    per_copy: int            # channels one instance / parallel copy uses
+
+
+def _chains(dag: InstrDAG):
+    """Chains of the first copy, each a list of instruction ids from send to final receive."""
+    instrs, send_to = dag.instrs, dag.send_to
+    for x in instrs:
+        if x.replica != 0 or x.type != "s":
+            continue
+        chain = [x.id]
+        y = send_to[x.id]
+        while y >= 0:
+            chain.append(y)
+            if instrs[y].type not in _FUSED:
+                break
+            y = send_to[y]
+        yield chain
+
+
+def assign_channels(dag: InstrDAG) -> ChannelAssignment:
+    instrs = dag.instrs
+    base: Dict[int, int] = {}              # origin id -> channel (first copy)
+    pair_send: Dict[Tuple[int, int, int], Tuple[int, int]] = {}   # (rank, ch, send peer) -> (recv peer, instr)
+    pair_recv: Dict[Tuple[int, int, int], Tuple[int, int]] = {}   # (rank, ch, recv peer) -> (send peer, instr)
+    tb_chan: Dict[Tuple[int, int], Tuple[int, int]] = {}          # (rank, user tb) -> (ch, instr)
+
+    def conflict(chain, c):
+        """None if `chain` fits on channel c, else (instr, the instr it clashes with, why)."""
+        for i in chain:
+            x = instrs[i]
+            if x.type in _FUSED:
+                got = pair_send.get((x.rank, c, x.send_peer))
+                if got is not None and got[0] != x.recv_peer:
+                    return x, got[1], (f"on channel {c}, rank {x.rank}'s send connection to rank {x.send_peer} "
+                                       f"already forwards data received from rank {got[0]}")
+                got = pair_recv.get((x.rank, c, x.recv_peer))
+                if got is not None and got[0] != x.send_peer:
+                    return x, got[1], (f"on channel {c}, rank {x.rank}'s receive connection from rank "
+                                       f"{x.recv_peer} already forwards to rank {got[0]}")
+            if x.tb is not None:
+                got = tb_chan.get((x.rank, x.tb))
+                if got is not None and got[0] != c:
+                    return x, got[1], f"threadblock {x.tb} of rank {x.rank} is on channel {got[0]}"
+        return None
+
+    def reserve(chain, c):
+        for i in chain:
+            x = instrs[i]
+            base[x.origin] = c
+            if x.type in _FUSED:
+                pair_send.setdefault((x.rank, c, x.send_peer), (x.recv_peer, i))
+                pair_recv.setdefault((x.rank, c, x.recv_peer), (x.send_peer, i))
+            if x.tb is not None:
+                tb_chan.setdefault((x.rank, x.tb), (c, i))
+
+    chains = list(_chains(dag))
+    pinned, free = [], []
+    for chain in chains:
+        wanted = {instrs[i].ch for i in chain} - {None}
+        if len(wanted) > 1:
+            a, b = sorted(wanted)[:2]
+            xa = next(instrs[i] for i in chain if instrs[i].ch == a)
+            xb = next(instrs[i] for i in chain if instrs[i].ch == b)
+            raise ScheduleError(
+                f"{xa.where}: ch={a} and {xb.where}: ch={b} are fused into one chain of forwarding "
+                f"instructions, which runs on one channel; give them the same ch= or compile with --no-fusion")
+        (pinned if wanted else free).append((chain, wanted.pop() if wanted else None))
+    for chain, c in pinned:
+        clash = conflict(chain, c)
+        if clash is not None:
+            x, other, why = clash
+            raise ScheduleError(f"{x.where}: cannot use ch={c} for {x.describe()}: {why} "
+                                f"({instrs[other].describe()})")
+        reserve(chain, c)
+    for chain, _ in free:
+        fused = any(instrs[i].type in _FUSED or instrs[i].tb is not None for i in chain)
+        c = 0
+        while fused and conflict(chain, c) is not None:
+            c += 1
+        reserve(chain, c)
+    # Local instructions: the user's channel, else their threadblock's, else 0.
+    for x in instrs:
+        if x.replica != 0 or x.origin in base:
+            continue
+        if x.ch is not None:
+            c = x.ch
+        elif x.tb is not None and (x.rank, x.tb) in tb_chan:
+            c = tb_chan[(x.rank, x.tb)][0]
+        else:
+            c = 0
+        base[x.origin] = c
+        if x.tb is not None:
+            tb_chan.setdefault((x.rank, x.tb), (c, x.id))
+    per_copy = max(base.values(), default=0) + 1
+    chan = [base[x.origin] + x.replica * per_copy for x in instrs]
+    return ChannelAssignment(dag=dag, chan=chan, nchannels=max(chan, default=0) + 1, per_copy=per_copy)

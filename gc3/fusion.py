@@ -1,0 +1,112 @@
+"""Pass 2: peephole fusion of a receive with the send that forwards it.
+
+* `r` + `s` of the same slot -> `rcs` (receive, store, forward);
+* `rrc` + `s` -> `rrcs` (receive, reduce, store, forward);
+* `rrcs` whose stored result nobody else reads before it is overwritten (or
+  that lands in scratch nobody reads again) -> `rrs` (receive, reduce,
+  forward; nothing stored).
+
+A send that reads exactly the receive's destination has that receive as its
+only predecessor, so executing it together with the receive cannot break any
+dependency.  When several sends forward the same receive, the one starting
+the longest remaining path is fused, since that is the chain that gains most.
+
+Two instructions are not fused when the user pinned them apart (different
+`ch=`, or a receive `recvtb=` and a send `sendtb=` that differ), or when they
+belong to different parallel fragments (their replicated sizes would differ).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import List, Optional
+
+from .errors import ScheduleError
+from .instruction_dag import InstrDAG, depths
+
+__all__ = ["fuse"]
+
+_FUSED = {"r": "rcs", "rrc": "rrcs"}
+
+
+def _compatible(a: Optional[int], b: Optional[int]) -> bool:
+    return a is None or b is None or a == b
+
+
+def fuse(dag: InstrDAG) -> InstrDAG:
+    instrs = dag.instrs
+    _, rdepth = depths(dag)
+    partner = [-1] * len(instrs)       # receive -> fused send
+    absorbed = [False] * len(instrs)   # sends folded into a receive
+    for x in instrs:
+        if x.type not in _FUSED:
+            continue
+        best = -1
+        for s in dag.succs[x.id]:
+            y = instrs[s]
+            if (y.type != "s" or absorbed[s] or y.srcbuf != x.dstbuf or y.srcoff != x.dstoff
+                    or y.cnt != x.cnt or y.parallel != x.parallel or not _compatible(x.ch, y.ch)
+                    or not _compatible(x.tb, y.tb) or len(dag.preds[s]) != 1):
+                continue
+            if best < 0 or rdepth[s] > rdepth[best]:
+                best = s
+        if best >= 0:
+            partner[x.id] = best
+            absorbed[best] = True
+
+    new_id: List[int] = [-1] * len(instrs)
+    out = []
+    for x in instrs:
+        if absorbed[x.id]:
+            continue
+        new_id[x.id] = len(out)
+        out.append(x)
+    # An absorbed send lives on as its receive.
+    for r, s in enumerate(partner):
+        if s >= 0:
+            new_id[s] = new_id[r]
+
+    fused = []
+    for x in out:
+        s = partner[x.id]
+        if s < 0:
+            fused.append(_renumber(x, new_id[x.id]))
+            continue
+        y = instrs[s]
+        kind = _FUSED[x.type]
+        if kind == "rrcs" and dag.value_readers[x.id] <= {s} and dag.value_dies[x.id]:
+            kind = "rrs"
+        z = _renumber(x, new_id[x.id])
+        z.type = kind
+        z.send_peer = y.send_peer
+        z.ch = x.ch if x.ch is not None else y.ch
+        z.tb = x.tb if x.tb is not None else y.tb
+        z.ops = x.ops + y.ops
+        fused.append(z)
+
+    n = len(fused)
+    succ_sets = [set() for _ in range(n)]
+    for u, vs in enumerate(dag.succs):
+        a = new_id[u]
+        for v in vs:
+            b = new_id[v]
+            if a != b:
+                succ_sets[a].add(b)
+    succs = [sorted(s) for s in succ_sets]
+    preds: List[List[int]] = [[] for _ in range(n)]
+    for a, vs in enumerate(succs):
+        for b in vs:
+            preds[b].append(a)
+    send_to = [-1] * n
+    recv_from = [-1] * n
+    for u, v in enumerate(dag.send_to):
+        if v >= 0:
+            send_to[new_id[u]] = new_id[v]
+            recv_from[new_id[v]] = new_id[u]
+    for z in fused:
+        if z.type in ("rcs", "rrcs", "rrs") and send_to[z.id] < 0:
+            raise ScheduleError(f"internal: fused {z.describe()} lost its send")
+    return InstrDAG(instrs=fused, succs=succs, preds=preds, send_to=send_to, recv_from=recv_from, plan=dag.plan)
+
+
+def _renumber(x, new):
+    return replace(x, id=new)

@@ -1,0 +1,65 @@
+"""The lowering pipeline: a traced `GC3Program` -> a scheduled `gc3.ir.Program`.
+
+    ops --build--> InstrDAG --fuse--> InstrDAG --replicate--> InstrDAG
+        --assign_channels--> ChannelAssignment --assign_threadblocks--> Schedule
+        --insert_sync--> [ir.Gpu] --(here)--> ir.Program
+
+The result uses gc3's operand convention (every operand local, see
+`gc3.ir.Convention`) and is marked with `gc3version`.  Buffer sizes come from
+the collective's declared chunk counts times the replication factor, never
+from the indices the program happens to touch, so `gc3/layout.py` maps every
+chunk of a call exactly as the program meant.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import __version__, limits
+from .channels import assign_channels
+from .errors import LoweringError
+from .fusion import fuse
+from .instruction_dag import build
+from .ir import PROTOCOLS, Program
+from .replication import plan_buffers, replicate
+from .sync import insert_sync
+from .threadblocks import assign_threadblocks
+
+__all__ = ["lower", "MAX_BYTES"]
+
+# maxBytes when the program sets none: any message (1 TiB) fits, and the value
+# still fits the 64-bit fields both MSCCL runtimes parse it into.
+MAX_BYTES = 1 << 40
+
+
+def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] = None,
+          instr_fusion: Optional[bool] = None, max_tbs: Optional[int] = None) -> Program:
+    """Compile a traced program; keyword arguments override the program's own settings."""
+    k = program.instances if instances is None else instances
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise LoweringError(f"instances must be an int >= 1, got {k!r}")
+    proto = program.protocol if protocol is None else protocol
+    if proto not in PROTOCOLS:
+        raise LoweringError(f"protocol {proto!r} is not one of {', '.join(PROTOCOLS)}")
+    fusion_on = program.instr_fusion if instr_fusion is None else instr_fusion
+    coll = program.collective
+    if not program.ops:
+        raise LoweringError(f"program {program.name!r} traced no operations; nothing to compile")
+
+    plan = plan_buffers(program, k)
+    dag = build(program.ops, plan)
+    if fusion_on:
+        dag = fuse(dag)
+    dag = replicate(dag, plan)
+    channels = assign_channels(dag)
+    schedule = assign_threadblocks(channels, slots=limits.FIFO_SLOTS[proto],
+                                   max_tbs=limits.MAX_TBS if max_tbs is None else max_tbs)
+    gpus = insert_sync(schedule, plan)
+    nchunks = max((max(g.i_chunks, g.o_chunks) for g in gpus), default=0)
+    return Program(
+        name=program.name, proto=proto, nchannels=schedule.nchannels, nchunksperloop=nchunks,
+        ngpus=coll.num_ranks, coll=coll.name, inplace=coll.inplace, gpus=gpus,
+        outofplace=not coll.inplace,
+        minBytes=getattr(program, "min_bytes", None) or 0,
+        maxBytes=getattr(program, "max_bytes", None) or MAX_BYTES,
+        gc3version=__version__,
+    )

@@ -1,0 +1,171 @@
+"""Pass 3: replication, and the buffer geometry every lowering pass shares.
+
+`instances=k` runs k copies of the whole program side by side; `parallelize(n)`
+runs n copies of a fragment.  Both work by cutting every chunk finer, so the
+IR's buffers hold more, smaller chunks, and each copy moves its own share.
+
+Chunk index mapping (the IR must stay correct under `gc3/layout.py`'s rule: a
+user buffer is B blocks of c chunks, and a collective's semantics only ever
+pair chunk j of one block with chunk j of another block):
+
+    chunk (b, j) of a buffer with blocks of c chunks, instance i, sub-chunk u
+      -> b*(k*c*P) + i*(c*P) + j*P + u
+
+where P is the lcm of the program's parallelize factors (1 without any) and a
+parallel copy q of an n-way fragment owns sub-chunks [q*P/n, (q+1)*P/n).  The
+same bijection is applied to every buffer of every rank, block by block, so
+each block stays a block and chunk-to-chunk pairings between blocks survive.
+
+Why instance-major inside a block and not msccl-tools' per-chunk interleaving
+(j*k + i): an instance's multi-chunk step (cnt > 1) stays one contiguous step
+instead of cnt steps of one chunk, so instances add no steps and no FIFO slots.
+Each instance still owns 1/k of every block.  Parallel copies, on the other
+hand, are interleaved inside each chunk (j*P + u) because fragments under
+`parallelize` and plain operations touch the same chunks: a plain operation
+covers all P sub-chunks of a chunk, which interleaving keeps contiguous.
+Ranges that would not stay contiguous (crossing a block, or a parallel copy of
+several chunks) are cut into pieces when the Instruction DAG is built.
+
+Scratch is one block of all scratch chunks of the rank (named scratch buffers
+laid out one after another inside "s"), so instance i gets its own copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import lcm
+from typing import Dict, List, Sequence, Tuple
+
+from .errors import LoweringError
+from .layout import blocks_of
+from .ops import Op
+
+__all__ = ["BufferPlan", "plan_buffers", "replicate"]
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """How the traced buffers become the IR's: sizes, blocks, scratch offsets, copies."""
+
+    coll: str
+    nranks: int
+    instances: int
+    parallel: int                          # P: sub-chunks per chunk
+    copies: int                            # channel slots per instance (largest parallel factor)
+    block: Dict[Tuple[int, str], int]      # (rank, "i"/"o"/"s") -> chunks per block
+    declared: Dict[Tuple[int, str], int]   # (rank, "i"/"o"/"s") -> chunks before replication
+    scratch_offset: Dict[Tuple[int, str], int]   # (rank, scratch name) -> offset inside "s"
+
+    @property
+    def factor(self) -> int:
+        return self.instances * self.parallel
+
+    def ir_chunks(self, rank: int, buf: str) -> int:
+        return self.declared.get((rank, buf), 0) * self.factor
+
+    def canonical(self, rank: int, buf: str, index: int) -> Tuple[str, int]:
+        """A traced (buffer, index) -> (i/o/s, index) before replication."""
+        if buf in ("i", "o"):
+            return buf, index
+        return "s", self.scratch_offset[(rank, buf)] + index
+
+    def block_size(self, rank: int, buf: str) -> int:
+        return self.block[(rank, buf)]
+
+    def index(self, rank: int, buf: str, index: int, instance: int, sub: int) -> int:
+        c = self.block[(rank, buf)]
+        b, j = divmod(index, c)
+        return b * self.instances * c * self.parallel + instance * c * self.parallel + j * self.parallel + sub
+
+
+def plan_buffers(program, instances: int) -> BufferPlan:
+    coll = program.collective
+    n = coll.num_ranks
+    ops: Sequence[Op] = program.ops
+    factors = {op.parallel for op in ops} or {1}
+    block: Dict[Tuple[int, str], int] = {}
+    declared: Dict[Tuple[int, str], int] = {}
+    offsets: Dict[Tuple[int, str], int] = {}
+    for r in range(n):
+        din, dout = coll.input_chunks(r), coll.output_chunks(r)
+        bi, bo = blocks_of(coll.name, n, din, dout)
+        # The real (un-aliased) buffer sizes: an in-place collective declares 0
+        # chunks for the aliased buffer, but its blocks are those of the real one.
+        for buf, size, blocks in (("i", coll.input_size(r), bi), ("o", coll.output_size(r), bo)):
+            block[(r, buf)] = size // blocks if blocks and size % blocks == 0 and size >= blocks else max(size, 1)
+        declared[(r, "i")] = din
+        declared[(r, "o")] = dout
+        scratch = program.scratch_sizes.get(r, {})
+        total = 0
+        # "s" first, then named scratch buffers in the order the program made them.
+        for name in sorted(scratch, key=lambda s: s != "s"):
+            offsets[(r, name)] = total
+            total += scratch[name]
+        declared[(r, "s")] = total
+        block[(r, "s")] = max(total, 1)
+    P = lcm(*factors)
+    return BufferPlan(coll=coll.name, nranks=n, instances=instances, parallel=P, copies=max(factors),
+                      block=block, declared=declared, scratch_offset=offsets)
+
+
+def replicate(dag, plan: BufferPlan):
+    """InstrDAG of one instance -> InstrDAG of all instances and parallel copies.
+
+    Copy (i, q) of an instruction gets `replica = i*plan.copies + q`, which the
+    channel pass turns into a disjoint channel range.  Edges are copied within
+    an instance between copies whose sub-chunk ranges overlap.
+    """
+    from .instruction_dag import InstrDAG
+
+    if plan.factor == 1:
+        return dag
+    k, P = plan.instances, plan.parallel
+    instrs = dag.instrs
+    copies: List[List[List[int]]] = []     # base id -> instance -> [new id per parallel copy]
+    out = []
+    for x in instrs:
+        n = x.parallel
+        width = P // n
+        per_instance = []
+        for i in range(k):
+            ids = []
+            for q in range(n):
+                sub = q * width
+                y = replace(
+                    x, id=len(out), replica=i * plan.copies + q, base=x.id,
+                    srcoff=plan.index(x.rank, x.srcbuf, x.srcoff, i, sub),
+                    dstoff=plan.index(x.rank, x.dstbuf, x.dstoff, i, sub),
+                    cnt=x.cnt * width)
+                if n > 1 and x.cnt > 1:
+                    raise LoweringError(f"internal: parallel instruction {x} spans {x.cnt} chunks")
+                ids.append(y.id)
+                out.append(y)
+            per_instance.append(ids)
+        copies.append(per_instance)
+
+    succs: List[List[int]] = [[] for _ in out]
+    preds: List[List[int]] = [[] for _ in out]
+    for a, targets in enumerate(dag.succs):
+        na = instrs[a].parallel
+        for b in targets:
+            nb = instrs[b].parallel
+            for i in range(k):
+                ca, cb = copies[a][i], copies[b][i]
+                if na == nb:
+                    pairs = zip(ca, cb)
+                else:
+                    wa, wb = P // na, P // nb
+                    pairs = [(ca[qa], cb[qb]) for qa in range(na) for qb in range(nb)
+                             if qa * wa < (qb + 1) * wb and qb * wb < (qa + 1) * wa]
+                for u, v in pairs:
+                    succs[u].append(v)
+                    preds[v].append(u)
+    send_to = [-1] * len(out)
+    recv_from = [-1] * len(out)
+    for a, b in enumerate(dag.send_to):
+        if b < 0:
+            continue
+        for i in range(k):
+            for u, v in zip(copies[a][i], copies[b][i]):
+                send_to[u] = v
+                recv_from[v] = u
+    return InstrDAG(instrs=out, succs=succs, preds=preds, send_to=send_to, recv_from=recv_from, plan=plan)
