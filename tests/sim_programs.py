@@ -88,6 +88,30 @@ def ring_allgather(nranks: int = 4, chunks: int = 2, inplace: bool = False) -> P
     return prog
 
 
+def ring_reducescatter(nranks: int = 4, chunks: int = 2, inplace: bool = False, write_as: str = "o") -> Program:
+    """Ring ReduceScatter: block (r-1-h) mod n travels one hop per step and is
+    reduced on the way (`rrs`); its last receiver, its owner, stores it with
+    `rrc`.  In place, the result goes to output chunk 0 (`write_as="o"`, the
+    alias) or to input chunk r*c (`write_as="i"`, the real memory)."""
+    n, c = nranks, chunks
+    prog = Program(name=f"ring_reducescatter_{n}r", proto="Simple", nchannels=1, nchunksperloop=n * c, ngpus=n,
+                   coll="reducescatter", inplace=inplace, gc3version="test")
+    for r in range(n):
+        g = Gpu(id=r, i_chunks=n * c, o_chunks=c, s_chunks=0)
+        tb = Threadblock(id=0, send=(r + 1) % n, recv=(r - 1) % n, chan=0)
+        _step(tb, "s", ("i", (r - 1) % n * c), ("i", (r - 1) % n * c), cnt=c)
+        for hop in range(1, n):
+            blk = (r - 1 - hop) % n
+            if hop < n - 1:
+                _step(tb, "rrs", ("i", blk * c), ("i", blk * c), cnt=c)
+            else:
+                out = ("o", 0) if write_as == "o" else ("i", r * c)
+                _step(tb, "rrc", ("i", blk * c), out, cnt=c)
+        g.threadblocks.append(tb)
+        prog.gpus.append(g)
+    return prog
+
+
 def alltoall_via_scratch(nranks: int = 2, chunks: int = 2) -> Program:
     """AllToAll whose first step copies the whole input into scratch with one
     `cpy` of cnt = n*c (spanning every block), then sends each peer its

@@ -203,8 +203,8 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
 
 
 def _changed(now: np.ndarray, before: np.ndarray) -> np.ndarray:
-    a = now.view(np.uint8).reshape(now.size, -1)
-    b = before.view(np.uint8).reshape(before.size, -1)
+    a = now.view(np.uint8).reshape(now.size, now.itemsize)
+    b = before.view(np.uint8).reshape(before.size, before.itemsize)
     return np.flatnonzero((a != b).any(axis=1))
 
 
