@@ -22,10 +22,10 @@ from gc3.errors import CommunicatorError
 
 from .arrays import ArrayCollectives
 from .backend import make_backend, unavailable_backend
-from .call import Call
+from .call import COLLECTIVES, Call
 from .catalog import load_catalog
 from .constants import dtype_name, op_name
-from .dispatch import Dispatcher, run_group
+from .dispatch import P2P, Dispatcher, run_group
 from .fallback import NcclFallback, originals
 from .log import get_logger
 from .selection import Selector
@@ -164,7 +164,15 @@ class NcclCommunicator(ArrayCollectives):
     def recv(self, recvbuf, count, datatype, peer, stream):
         self._submit("recv", 0, recvbuf, count, datatype, None, stream, peer)
 
-    def _submit(self, coll, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> None:
+    def submit(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
+        """Any call by collective name (what `gc3 bench` drives); returns what served it:
+        a gc3 algorithm's name, "NCCL", or "group" while a group is open."""
+        return self._submit(coll, sendbuf, recvbuf, count, datatype, op, stream, root)
+
+    def _submit(self, coll, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
+        if coll not in COLLECTIVES + P2P:
+            raise CommunicatorError(f"rank {self._rank}: unknown collective {coll!r} "
+                                    f"(known: {', '.join(COLLECTIVES + P2P)})")
         try:
             dtype_name(int(datatype))
             if op is not None:
@@ -181,5 +189,6 @@ class NcclCommunicator(ArrayCollectives):
                     None if op is None else int(op), int(stream), self._size, self._rank, int(root))
         if getattr(_group, "depth", 0):
             _pending().append((self._dispatch, call))
-        else:
-            self._dispatch.run(call)
+            return "group"
+        decision = self._dispatch.run(call)
+        return decision.candidate.name if decision is not None and decision.uses_gc3 else "NCCL"

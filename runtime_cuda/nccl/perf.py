@@ -1,0 +1,213 @@
+"""The bookkeeping half of `gc3 bench`: sizes swept, nccl-tests' bandwidth
+formulas, the table, CSV/JSON and the plot.  No GPU needed; `perf_gpu` measures.
+
+nccl-tests' definitions: `size` is the larger user buffer in bytes, algbw =
+size / time, busbw = algbw * factor, the factor being what each rank's link
+must carry relative to size for an optimal algorithm:
+
+    allreduce 2(n-1)/n   allgather, reducescatter, alltoall (n-1)/n
+    broadcast, reduce 1
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .call import COLLECTIVES, REDUCING, ROOTED
+
+IMPLS = ("gc3", "nccl")
+PLACES = ("oop", "ip")
+
+
+def busbw_factor(coll: str, nranks: int) -> float:
+    n = nranks
+    if coll == "allreduce":
+        return 2 * (n - 1) / n
+    if coll in ("allgather", "reducescatter", "alltoall"):
+        return (n - 1) / n
+    if coll in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"no bus bandwidth factor for {coll!r} (known: {', '.join(COLLECTIVES)})")
+
+
+def sweep(min_bytes: int, max_bytes: int, factor: int = 2, step_bytes: int = 0) -> List[int]:
+    """nccl-tests' -b/-e/-f (multiplicative) or -i (additive) sweep, inclusive of max when hit."""
+    if min_bytes <= 0 or max_bytes < min_bytes:
+        raise ValueError(f"need 0 < -b ({min_bytes}) <= -e ({max_bytes})")
+    if step_bytes <= 0 and factor < 2:
+        raise ValueError(f"-f must be >= 2 (got {factor}) unless -i gives an additive step")
+    sizes, s = [], min_bytes
+    while s <= max_bytes:
+        sizes.append(s)
+        s = s + step_bytes if step_bytes > 0 else s * factor
+    return sizes
+
+
+def element_count(coll: str, nbytes: int, itemsize: int, nranks: int) -> int:
+    """Elements of the larger buffer for a requested size, rounded down so that
+    collectives with per-rank blocks split evenly (as nccl-tests does)."""
+    count = nbytes // itemsize
+    if coll in ("allgather", "reducescatter", "alltoall"):
+        count -= count % nranks
+    return count
+
+
+def nccl_count(coll: str, count: int, nranks: int) -> int:
+    """The count argument NCCL takes for a buffer of `count` elements (the larger one)."""
+    if coll in ("allgather", "reducescatter", "alltoall"):
+        return count // nranks
+    return count
+
+
+@dataclass
+class Measure:
+    time_us: float
+    algbw: float      # GB/s
+    busbw: float      # GB/s
+    wrong: Optional[int]   # None when not checked
+    algorithm: str = ""    # which gc3 algorithm served it, or "NCCL"
+
+
+@dataclass
+class Row:
+    coll: str
+    nbytes: int
+    count: int
+    dtype: str
+    redop: str
+    root: int
+    nranks: int
+    results: Dict[str, Dict[str, Measure]] = field(default_factory=dict)   # impl -> place -> Measure
+
+    def speedup(self, place: str) -> Optional[float]:
+        try:
+            g, n = self.results["gc3"][place], self.results["nccl"][place]
+        except KeyError:
+            return None
+        return n.time_us / g.time_us if g.time_us > 0 else None
+
+
+def measure(coll: str, nbytes: int, nranks: int, time_us: float, wrong: Optional[int], algorithm: str = "") -> Measure:
+    algbw = nbytes / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
+    return Measure(time_us, algbw, algbw * busbw_factor(coll, nranks), wrong, algorithm)
+
+
+# --- the table -----------------------------------------------------------------
+
+_SIDE = "{:>9} {:>7} {:>7} {:>6}"
+
+
+def _side(m: Optional[Measure]) -> str:
+    if m is None:
+        return _SIDE.format("-", "-", "-", "-")
+    wrong = "N/A" if m.wrong is None else str(m.wrong)
+    return _SIDE.format(f"{m.time_us:.2f}", f"{m.algbw:.2f}", f"{m.busbw:.2f}", wrong)
+
+
+def header(coll: str, nranks: int, dtype: str, redop: str, impls: Sequence[str]) -> List[str]:
+    lead = "{:>12} {:>12} {:>9} {:>6} {:>5}"
+    blank = " " * len(lead.format("", "", "", "", ""))
+    sides = []
+    for impl in impls:
+        name = "gc3" if impl == "gc3" else "NCCL"
+        sides += [f"{name + ' out-of-place':^32}", f"{name + ' in-place':^32}"]
+    top = f"# {coll} on {nranks} ranks, {dtype}" + (f", {redop}" if coll in REDUCING else "")
+    cols = [_SIDE.format("time", "algbw", "busbw", "#wrong")] * (2 * len(impls))
+    units = [_SIDE.format("(us)", "(GB/s)", "(GB/s)", "")] * (2 * len(impls))
+    speed = len(impls) == 2
+    return [
+        top,
+        "#" + blank[1:] + " | " + " | ".join(sides) + (" | speedup (NCCL time / gc3 time)" if speed else ""),
+        "#" + lead.format("size", "count", "type", "redop", "root")[1:] + " | " + " | ".join(cols)
+        + (" | {:>6} {:>6}  gc3 algorithm".format("oop", "ip") if speed else ""),
+        "#" + lead.format("(B)", "(elements)", "", "", "")[1:] + " | " + " | ".join(units),
+    ]
+
+
+def format_row(row: Row, impls: Sequence[str]) -> str:
+    lead = "{:>12} {:>12} {:>9} {:>6} {:>5}".format(
+        row.nbytes, row.count, row.dtype, row.redop if row.coll in REDUCING else "none",
+        row.root if row.coll in ROOTED else -1)
+    sides = [_side(row.results.get(impl, {}).get(place)) for impl in impls for place in PLACES]
+    line = lead + " | " + " | ".join(sides)
+    if len(impls) == 2:
+        sp = [row.speedup(p) for p in PLACES]
+        algos = [row.results.get("gc3", {}).get(p) for p in PLACES]
+        names = sorted({m.algorithm for m in algos if m is not None and m.algorithm})
+        line += " | " + " ".join("{:>6}".format("-" if s is None else f"{s:.2f}x") for s in sp)
+        line += "  " + " / ".join(names)
+    return line
+
+
+def footer(rows: Sequence[Row], impls: Sequence[str]) -> List[str]:
+    out = []
+    for impl in impls:
+        vals = [m.busbw for r in rows for m in r.results.get(impl, {}).values()]
+        wrong = sum(m.wrong or 0 for r in rows for m in r.results.get(impl, {}).values())
+        if vals:
+            name = "gc3" if impl == "gc3" else "NCCL"
+            out.append(f"# {name}: out of bounds values: {wrong} {'OK' if wrong == 0 else 'FAILED'}; "
+                       f"avg bus bandwidth: {sum(vals) / len(vals):.3f} GB/s")
+    return out
+
+
+# --- files -----------------------------------------------------------------------
+
+def flat(row: Row) -> Dict[str, object]:
+    out = {k: v for k, v in asdict(row).items() if k != "results"}
+    for impl, places in row.results.items():
+        for place, m in places.items():
+            for k, v in asdict(m).items():
+                out[f"{impl}_{place}_{k}"] = v
+    for place in PLACES:
+        out[f"speedup_{place}"] = row.speedup(place)
+    return out
+
+
+def write_csv(rows: Sequence[Row], path: Path) -> None:
+    records = [flat(r) for r in rows]
+    keys: List[str] = []
+    for rec in records:
+        keys += [k for k in rec if k not in keys]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(records)
+
+
+def write_json(rows: Sequence[Row], path: Path, meta: Dict[str, object]) -> None:
+    Path(path).write_text(json.dumps({"meta": meta, "rows": [flat(r) for r in rows]}, indent=1) + "\n")
+
+
+def plot(rows: Sequence[Row], path: Path, title: str = "") -> None:
+    """busbw vs size, one panel per collective, gc3 and NCCL, out-of-place solid, in-place dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colls = list(dict.fromkeys(r.coll for r in rows))
+    fig, axes = plt.subplots(1, len(colls), figsize=(5.5 * len(colls), 4), squeeze=False)
+    for ax, coll in zip(axes[0], colls):
+        mine = [r for r in rows if r.coll == coll]
+        for impl, color in (("gc3", "tab:red"), ("nccl", "tab:blue")):
+            for place, style in (("oop", "-"), ("ip", "--")):
+                pts = [(r.nbytes, r.results[impl][place].busbw) for r in mine
+                       if place in r.results.get(impl, {})]
+                if pts:
+                    xs, ys = zip(*pts)
+                    label = f"{'gc3' if impl == 'gc3' else 'NCCL'} {'out-of-place' if place == 'oop' else 'in-place'}"
+                    ax.plot(xs, ys, style, color=color, marker="o", markersize=3, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"{coll}, {mine[0].nranks} ranks, {mine[0].dtype}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
