@@ -200,3 +200,13 @@ def test_xml_round_trip_of_generated_program_simulates_identically():
     a = simulate(prog, count=64)
     b = simulate(from_xml(to_xml(prog)), count=64)
     assert a.ok and b.ok and all(np.array_equal(x, y) for x, y in zip(a.outputs, b.outputs))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 5), c=st.integers(1, 3), unit=st.integers(0, 9), inplace=st.booleans(),
+       dtype=st.sampled_from(sorted(DTYPES)), op=st.sampled_from(sorted(OPS)))
+def test_generated_collectives_for_any_shape_property(n, c, unit, inplace, dtype, op):
+    for prog, count in ((ring_allgather(n, c, inplace=inplace), unit), (ring_reducescatter(n, c, inplace=inplace), n * unit),
+                        (alltoall_via_scratch(n, c), n * unit)):
+        res = simulate(prog, count=count, dtype=dtype, op=op)
+        assert res.ok, res.summary()

@@ -64,22 +64,22 @@ class RaceDetector:
             return
         self.races.append(Race(loc, kind, earlier.where, later.where))
 
-    def read(self, loc: Location, acc: Access, vc: np.ndarray) -> None:
+    def _cell_after_write_check(self, loc: Location, acc: Access, vc: np.ndarray, kind: str) -> _Cell:
+        """The cell of `loc`, reporting its last write if `acc` is not ordered after it."""
         cell = self.cells.get(loc)
         if cell is None:
             cell = self.cells[loc] = _Cell()
         w = cell.write
         if w is not None and w.tid != acc.tid and w.clock > vc[w.tid]:
-            self._report(loc, "read/write", w, acc)
+            self._report(loc, kind, w, acc)
+        return cell
+
+    def read(self, loc: Location, acc: Access, vc: np.ndarray) -> None:
+        cell = self._cell_after_write_check(loc, acc, vc, "read/write")
         cell.reads[acc.tid] = acc
 
     def write(self, loc: Location, acc: Access, vc: np.ndarray) -> None:
-        cell = self.cells.get(loc)
-        if cell is None:
-            cell = self.cells[loc] = _Cell()
-        w = cell.write
-        if w is not None and w.tid != acc.tid and w.clock > vc[w.tid]:
-            self._report(loc, "write/write", w, acc)
+        cell = self._cell_after_write_check(loc, acc, vc, "write/write")
         for r in cell.reads.values():
             if r.tid != acc.tid and r.clock > vc[r.tid]:
                 self._report(loc, "read/write", r, acc)
