@@ -66,6 +66,8 @@ def test_in_place_allreduce_runs_gc3_with_the_callers_arguments(log, monkeypatch
     comm = make_comm(log, monkeypatch)
     comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
     assert log == [("gc3", PAIRS.name, "allreduce", R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)]
+    assert comm.submit("allreduce", S, R, 10, NCCL_FLOAT32, NCCL_SUM, ST) == "NCCL"
+    assert comm.served == {PAIRS.name: 1, "NCCL": 1}
 
 
 @pytest.mark.parametrize("method, args, expect", [
@@ -99,6 +101,7 @@ def test_group_served_entirely_by_gc3(log, monkeypatch):
     assert log == []                     # nothing runs before groupEnd
     cm.groupEnd()
     assert [(e[0], e[3], e[5]) for e in log] == [("gc3", R, 8), ("gc3", R + 64, 16)]
+    assert comm.served == {PAIRS.name: 2}
 
 
 def test_one_unsupported_call_sends_the_whole_group_to_nccl(log, monkeypatch, capsys):
@@ -112,6 +115,7 @@ def test_one_unsupported_call_sends_the_whole_group_to_nccl(log, monkeypatch, ca
                    ("send", S, 8, NCCL_FLOAT32, 1, ST), ("groupEnd",)]
     err = capsys.readouterr().err
     assert "the whole group goes to NCCL" in err and "send count=8" in err
+    assert comm.served == {"NCCL": 2}
 
 
 def test_group_with_unmatched_collective_goes_to_nccl(log, monkeypatch):

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import List, Optional, Tuple
+from collections import Counter
+from typing import List, Tuple
 
 from gc3.errors import CommunicatorError
 
@@ -33,7 +34,7 @@ from .selection import Selector
 _group = threading.local()
 
 
-def _pending() -> List[Tuple[Dispatcher, Call]]:
+def _pending() -> List[Tuple["NcclCommunicator", Call]]:
     if not hasattr(_group, "items"):
         _group.depth, _group.items = 0, []
     return _group.items
@@ -51,7 +52,9 @@ def groupEnd() -> None:
     _group.depth -= 1
     if _group.depth == 0:
         items, _group.items = _group.items, []
-        run_group(items)
+        decisions = run_group([(comm._dispatch, call) for comm, call in items])
+        for (comm, _), decision in zip(items, decisions):
+            comm._count(decision)
 
 
 def get_unique_id() -> tuple:
@@ -109,6 +112,8 @@ class NcclCommunicator(ArrayCollectives):
         self._backend = backend_factory(nccl_comm, rank, ndev, self._device)
         self._dispatch = Dispatcher(Selector(load_catalog(env), log, self._backend.check),
                                     NcclFallback(nccl_comm, nccl_group), self._backend)
+        # How many calls each gc3 algorithm (by name) and NCCL ("NCCL") served.
+        self.served: Counter = Counter()
 
     # --- what cupy's communicator reports --------------------------------
     @property
@@ -188,7 +193,12 @@ class NcclCommunicator(ArrayCollectives):
         call = Call(coll, int(sendbuf), int(recvbuf), int(count), int(datatype),
                     None if op is None else int(op), int(stream), self._size, self._rank, int(root))
         if getattr(_group, "depth", 0):
-            _pending().append((self._dispatch, call))
+            _pending().append((self, call))
             return "group"
         decision = self._dispatch.run(call)
-        return decision.candidate.name if decision is not None and decision.uses_gc3 else "NCCL"
+        return self._count(decision)
+
+    def _count(self, decision) -> str:
+        route = decision.candidate.name if decision is not None and decision.uses_gc3 else "NCCL"
+        self.served[route] += 1
+        return route
