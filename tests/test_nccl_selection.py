@@ -123,6 +123,13 @@ def test_inplace_field(tmp_path):
     both = variant(tmp_path, PAIRS, "both.xml", outofplace=True)
     assert decide(env_of(both), make_call(inplace=False)).uses_gc3
     assert decide(env_of(both), make_call(inplace=True)).uses_gc3
+    # ... and so does a config entry's outofplace setting, or it can forbid it.
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps([{"file": str(PAIRS), "outofplace": True}, {"file": str(both), "outofplace": False}]))
+    d = decide({"GC3_CONFIG": str(cfg)}, make_call(inplace=False))
+    assert d.candidate.path == PAIRS
+    cfg.write_text(json.dumps([{"file": str(both), "outofplace": False}]))
+    assert only_rejection({"GC3_CONFIG": str(cfg)}, make_call(inplace=False)).field == "inplace"
 
 
 def test_size_range_fields_are_inclusive(tmp_path):

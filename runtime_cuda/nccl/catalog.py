@@ -20,6 +20,10 @@ JSON schema (``GC3_CONFIG`` *.json and ``ir_samples/index.json``)::
         "collective": "allreduce",             # optional assertions, checked against
         "ranks": 2,                            #   the XML: a mismatch skips the entry
         "inplace": true,                       #   with a warning
+        "outofplace": true,                    # let an in-place IR serve out-of-place calls
+                                               #   (the runtime copies the input first, as
+                                               #   MSCCL does); default: the XML's outofplace,
+                                               #   else not inplace
         "protocol": "LL",                      # optional settings that override or
         "min_bytes": 0,                        #   narrow the XML's own: protocol to run
         "max_bytes": "1MiB",                   #   with, size range (ints or "64KiB";
@@ -34,7 +38,7 @@ A top-level list is accepted as the ``algorithms`` list.  ``minBytes``/
 
 XML schema (``GC3_CONFIG`` *.xml): a root ``<gc3_config>`` (or ``<msccl_algos>``)
 holding ``<load path=".." minBytes=".." maxBytes=".." proto=".." collective=".."
-ranks=".." inplace="0|1" dtypes="a,b" ops="a,b" count_multiple=".." root=".."
+ranks=".." inplace="0|1" outofplace="0|1" dtypes="a,b" ops="a,b" count_multiple=".." root=".."
 name=".."/>`` with the
 same meanings.
 
@@ -67,9 +71,9 @@ ENV_FILES = ("GC3_XML_FILES", "MSCCL_XML_FILES")
 ENV_CONFIG = "GC3_CONFIG"
 DEFAULT_INDEX = Path(__file__).resolve().parents[2] / "ir_samples" / "index.json"
 
-_ENTRY_KEYS = {"file", "collective", "ranks", "inplace", "protocol", "min_bytes", "max_bytes",
+_ENTRY_KEYS = {"file", "collective", "ranks", "inplace", "outofplace", "protocol", "min_bytes", "max_bytes",
                "minBytes", "maxBytes", "dtypes", "ops", "count_multiple", "root", "name"}
-_LOAD_ATTRS = {"path", "collective", "ranks", "inplace", "proto", "minBytes", "maxBytes", "minbytes",
+_LOAD_ATTRS = {"path", "collective", "ranks", "inplace", "outofplace", "proto", "minBytes", "maxBytes", "minbytes",
                "maxbytes", "dtypes", "ops", "count_multiple", "root", "name"}
 
 
@@ -117,6 +121,7 @@ class _Settings:
     collective: Optional[str] = None
     ranks: Optional[int] = None
     inplace: Optional[bool] = None
+    outofplace: Optional[bool] = None
     protocol: Optional[str] = None
     min_bytes: Optional[int] = None
     max_bytes: Optional[int] = None
@@ -163,6 +168,8 @@ def _settings(raw: Mapping[str, object]) -> _Settings:
                 s.ranks = _as_int(value)
             elif key == "inplace":
                 s.inplace = _as_bool(value)
+            elif key == "outofplace":
+                s.outofplace = _as_bool(value)
             elif key in ("protocol", "proto"):
                 if value not in PROTOCOLS:
                     raise ValueError(f"expected one of {', '.join(PROTOCOLS)}")
@@ -229,7 +236,8 @@ def _candidate(path: Path, origin: str, s: _Settings) -> Candidate:
             raise CatalogEntryError(f"{path}: <algo root={prog.extra['root']!r}> is not an integer") from None
     min_bytes = s.min_bytes if s.min_bytes is not None else (prog.minBytes or 0)
     max_bytes = None if s.max_unbounded else (s.max_bytes if s.max_bytes is not None else prog.maxBytes)
-    outofplace = prog.outofplace if prog.outofplace is not None else not prog.inplace
+    outofplace = s.outofplace if s.outofplace is not None else (
+        prog.outofplace if prog.outofplace is not None else not prog.inplace)
     label = s.name or path.name + (f"[{prog.proto}]" if s.protocol else "")
     return Candidate(name=label, origin=origin, path=path, program=prog, serves_inplace=prog.inplace,
                      serves_outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,

@@ -7,7 +7,8 @@ candidate is rejected, and that field is named in the log):
     collective  the IR's coll equals the call's collective
     ranks       the IR's ngpus equals the communicator size
     inplace     an in-place call needs inplace="1"; an out-of-place call needs
-                outofplace="1", or inplace="0" where outofplace is absent
+                outofplace="1" (XML or config entry), or inplace="0" where
+                outofplace is absent
     minBytes    minBytes <= bytes   (bytes = nccl-tests' size column, see Call.nbytes)
     maxBytes    bytes <= maxBytes   (absent = unbounded)
     count       a non-empty call whose input element count divides by the entry's
