@@ -11,9 +11,10 @@ channels.  Each chain takes the user's `ch=` if given (all ops in it must
 agree), otherwise the lowest channel where its pairings fit.  Unfused sends
 and receives carry no such constraint and take channel 0 (or `ch=`).
 
-Channels are chosen once, on the first instance; copy `replica` of an
-instruction (see `replication.py`) gets `channel + replica * C`, where C is
-the number of channels one copy uses, so instances never share a channel.
+Channels are chosen once, on the first parallel copy; copy q of an
+instruction under `parallelize` (see `replication.py`) gets `channel + q*C`,
+where C is the number of channels one copy uses, and instance i adds
+`i * per_instance` when the IR is emitted, so copies never share a channel.
 """
 from __future__ import annotations
 
@@ -31,16 +32,16 @@ _FUSED = frozenset(("rcs", "rrs", "rrcs"))
 @dataclass
 class ChannelAssignment:
     dag: InstrDAG
-    chan: List[int]          # per instruction
-    nchannels: int
-    per_copy: int            # channels one instance / parallel copy uses
+    chan: List[int]          # per instruction, first instance
+    nchannels: int           # all instances
+    per_instance: int        # channels one instance uses; instance i adds i * per_instance
 
 
 def _chains(dag: InstrDAG):
     """Chains of the first copy, each a list of instruction ids from send to final receive."""
     instrs, send_to = dag.instrs, dag.send_to
     for x in instrs:
-        if x.replica != 0 or x.type != "s":
+        if x.part != 0 or x.type != "s":
             continue
         chain = [x.id]
         y = send_to[x.id]
@@ -115,7 +116,7 @@ def assign_channels(dag: InstrDAG) -> ChannelAssignment:
         reserve(chain, c)
     # Local instructions: the user's channel, else their threadblock's, else 0.
     for x in instrs:
-        if x.replica != 0 or x.origin in base:
+        if x.part != 0 or x.origin in base:
             continue
         if x.ch is not None:
             c = x.ch
@@ -127,5 +128,8 @@ def assign_channels(dag: InstrDAG) -> ChannelAssignment:
         if x.tb is not None:
             tb_chan.setdefault((x.rank, x.tb), (c, x.id))
     per_copy = max(base.values(), default=0) + 1
-    chan = [base[x.origin] + x.replica * per_copy for x in instrs]
-    return ChannelAssignment(dag=dag, chan=chan, nchannels=max(chan, default=0) + 1, per_copy=per_copy)
+    chan = [base[x.origin] + x.part * per_copy for x in instrs]
+    per_instance = per_copy * dag.plan.copies
+    used = max(chan, default=0) + 1
+    return ChannelAssignment(dag=dag, chan=chan, nchannels=(dag.plan.instances - 1) * per_instance + used,
+                             per_instance=per_instance)

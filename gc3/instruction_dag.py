@@ -53,7 +53,7 @@ class Instr:
     tb: Optional[int] = None          # threadblock the user asked for
     parallel: int = 1                 # n of the enclosing parallelize(n)
     ops: Tuple[Op, ...] = ()          # the traced ops it implements (two once fused)
-    replica: int = 0                  # i*copies + q after replication
+    part: int = 0                     # q of the n copies made for parallelize(n)
     base: int = -1                    # id before replication (-1: not replicated, same as id)
 
     @property
@@ -92,7 +92,7 @@ class InstrDAG:
 def _pieces(op: Op, src: Tuple[str, int], dst: Tuple[str, int], plan: BufferPlan, split: bool):
     """(src index, dst index, count) runs of `op` that replication maps to contiguous ranges."""
     count = op.dst.count
-    if not split:
+    if not split or count == 1:
         return [(src[1], dst[1], count)]
     if op.parallel > 1:
         return [(src[1] + t, dst[1] + t, 1) for t in range(count)]

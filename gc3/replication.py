@@ -31,7 +31,7 @@ laid out one after another inside "s"), so instance i gets its own copy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import lcm
 from typing import Dict, List, Sequence, Tuple
 
@@ -76,6 +76,10 @@ class BufferPlan:
         b, j = divmod(index, c)
         return b * self.instances * c * self.parallel + instance * c * self.parallel + j * self.parallel + sub
 
+    def shift(self, rank: int, buf: str) -> int:
+        """How far instance i+1's copy of a chunk lies from instance i's."""
+        return self.block[(rank, buf)] * self.parallel
+
 
 def plan_buffers(program, instances: int) -> BufferPlan:
     coll = program.collective
@@ -108,64 +112,62 @@ def plan_buffers(program, instances: int) -> BufferPlan:
 
 
 def replicate(dag, plan: BufferPlan):
-    """InstrDAG of one instance -> InstrDAG of all instances and parallel copies.
+    """InstrDAG of the traced program -> InstrDAG of its first instance, parallel copies included.
 
-    Copy (i, q) of an instruction gets `replica = i*plan.copies + q`, which the
-    channel pass turns into a disjoint channel range.  Edges are copied within
-    an instance between copies whose sub-chunk ranges overlap.
+    Copy q of an instruction under `parallelize(n)` gets `part = q`, which the
+    channel pass turns into a disjoint channel range; edges are copied between
+    copies whose sub-chunk ranges overlap.  Operands are mapped to instance 0.
+
+    The other instances are not materialized here: they are exact copies on
+    their own chunks and channels, so every later pass would repeat the same
+    work k times.  The DAG records `instances`, and IR emission (`sync.py`)
+    stamps the scheduled first instance k times (see `BufferPlan.shift`).
     """
-    from .instruction_dag import InstrDAG
+    from .instruction_dag import Instr, InstrDAG
 
     if plan.factor == 1:
         return dag
-    k, P = plan.instances, plan.parallel
+    P = plan.parallel
     instrs = dag.instrs
-    copies: List[List[List[int]]] = []     # base id -> instance -> [new id per parallel copy]
-    out = []
+    index = plan.index
+    copies: List[List[int]] = []           # base id -> [new id per parallel copy]
+    out: list = []
     for x in instrs:
         n = x.parallel
+        if n > 1 and x.cnt > 1:
+            raise LoweringError(f"internal: parallel instruction {x.describe()} spans {x.cnt} chunks")
         width = P // n
-        per_instance = []
-        for i in range(k):
-            ids = []
-            for q in range(n):
-                sub = q * width
-                y = replace(
-                    x, id=len(out), replica=i * plan.copies + q, base=x.id,
-                    srcoff=plan.index(x.rank, x.srcbuf, x.srcoff, i, sub),
-                    dstoff=plan.index(x.rank, x.dstbuf, x.dstoff, i, sub),
-                    cnt=x.cnt * width)
-                if n > 1 and x.cnt > 1:
-                    raise LoweringError(f"internal: parallel instruction {x} spans {x.cnt} chunks")
-                ids.append(y.id)
-                out.append(y)
-            per_instance.append(ids)
-        copies.append(per_instance)
+        ids = []
+        for q in range(n):
+            sub = q * width
+            ids.append(len(out))
+            out.append(Instr(len(out), x.rank, x.type, x.srcbuf, index(x.rank, x.srcbuf, x.srcoff, 0, sub),
+                             x.dstbuf, index(x.rank, x.dstbuf, x.dstoff, 0, sub), x.cnt * width,
+                             x.send_peer, x.recv_peer, x.ch, x.tb, n, x.ops, part=q, base=x.id))
+        copies.append(ids)
 
     succs: List[List[int]] = [[] for _ in out]
     preds: List[List[int]] = [[] for _ in out]
     for a, targets in enumerate(dag.succs):
         na = instrs[a].parallel
+        ca = copies[a]
         for b in targets:
             nb = instrs[b].parallel
-            for i in range(k):
-                ca, cb = copies[a][i], copies[b][i]
-                if na == nb:
-                    pairs = zip(ca, cb)
-                else:
-                    wa, wb = P // na, P // nb
-                    pairs = [(ca[qa], cb[qb]) for qa in range(na) for qb in range(nb)
-                             if qa * wa < (qb + 1) * wb and qb * wb < (qa + 1) * wa]
-                for u, v in pairs:
-                    succs[u].append(v)
-                    preds[v].append(u)
+            cb = copies[b]
+            if na == nb:
+                pairs = zip(ca, cb)
+            else:
+                wa, wb = P // na, P // nb
+                pairs = [(ca[qa], cb[qb]) for qa in range(na) for qb in range(nb)
+                         if qa * wa < (qb + 1) * wb and qb * wb < (qa + 1) * wa]
+            for u, v in pairs:
+                succs[u].append(v)
+                preds[v].append(u)
     send_to = [-1] * len(out)
     recv_from = [-1] * len(out)
     for a, b in enumerate(dag.send_to):
-        if b < 0:
-            continue
-        for i in range(k):
-            for u, v in zip(copies[a][i], copies[b][i]):
+        if b >= 0:
+            for u, v in zip(copies[a], copies[b]):
                 send_to[u] = v
                 recv_from[v] = u
     return InstrDAG(instrs=out, succs=succs, preds=preds, send_to=send_to, recv_from=recv_from, plan=plan)

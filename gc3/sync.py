@@ -30,7 +30,7 @@ __all__ = ["insert_sync"]
 _EMPTY: Dict[int, int] = {}
 
 
-def _dependencies(sched: Schedule) -> Tuple[List[List[Tuple[int, int]]], List[int]]:
+def _dependencies(sched: Schedule) -> List[List[Tuple[int, int]]]:
     """Per instruction, the (tb, position) pairs it must wait for; positions before nops."""
     dag = sched.dag
     instrs, preds = dag.instrs, dag.preds
@@ -75,39 +75,63 @@ def _dependencies(sched: Schedule) -> Tuple[List[List[Tuple[int, int]]], List[in
             running[(rank, t)] = known
             deps[i] = keep
         snap[i] = known
-    return deps, pos
+    return deps
 
 
 def insert_sync(sched: Schedule, plan: BufferPlan) -> List[Gpu]:
-    """The scheduled instructions as IR GPUs: steps numbered, nops inserted, deps resolved."""
+    """The scheduled first instance as IR GPUs of all instances: nops in, deps resolved.
+
+    Instance i is instance 0 with every threadblock on channel
+    `chan + i * per_instance` and every operand moved by `plan.shift`
+    chunks per instance; dependencies stay inside their instance.
+    Threadblocks are numbered as msccl-tools numbers them: manual ones by
+    (user id, copy), the others by (send peer, receive peer, channel).
+    """
     instrs = sched.dag.instrs
-    deps, pos = _dependencies(sched)
-    # Final step numbers once nops are in.
-    final: Dict[Tuple[int, int, int], int] = {}
-    signals = set()
-    for rank, rank_tbs in enumerate(sched.tbs):
-        for t, tb in enumerate(rank_tbs):
-            s = 0
-            for k, i in enumerate(tb.instrs):
-                s += max(len(deps[i]) - 1, 0)
-                final[(rank, t, k)] = s
-                s += 1
-                for tq, kq in deps[i]:
-                    signals.add((rank, tq, kq))
+    deps = _dependencies(sched)
+    k, copies, per = plan.instances, plan.copies, sched.per_instance
     gpus = []
     for rank, rank_tbs in enumerate(sched.tbs):
-        out_tbs = []
+        # Step numbers once nops are in, and which steps others wait for.
+        final: Dict[Tuple[int, int], int] = {}
+        signals = set()
         for t, tb in enumerate(rank_tbs):
-            steps: List[Step] = []
-            for k, i in enumerate(tb.instrs):
+            s = 0
+            for k_, i in enumerate(tb.instrs):
+                s += max(len(deps[i]) - 1, 0)
+                final[(t, k_)] = s
+                s += 1
+                signals.update(deps[i])
+        # Instance 0's steps as rows; `None` marks operands that do not move
+        # between instances (a nop's placeholders).
+        templates = []
+        for t, tb in enumerate(rank_tbs):
+            rows = []
+            for k_, i in enumerate(tb.instrs):
                 x = instrs[i]
-                waits = [(tq, final[(rank, tq, kq)]) for tq, kq in deps[i]]
+                waits = [(tq, final[(tq, kq)]) for tq, kq in deps[i]]
                 for tq, sq in waits[:-1]:
-                    steps.append(Step(len(steps), "nop", "i", -1, "o", -1, 0, tq, sq, False))
+                    rows.append(("nop", "i", -1, None, "o", -1, None, 0, tq, sq, False))
                 depid, depstep = waits[-1] if waits else (-1, -1)
-                steps.append(Step(len(steps), x.type, x.srcbuf, x.srcoff, x.dstbuf, x.dstoff, x.cnt,
-                                  depid, depstep, (rank, t, k) in signals))
-            out_tbs.append(Threadblock(id=t, send=tb.send, recv=tb.recv, chan=tb.chan, steps=steps))
+                rows.append((x.type, x.srcbuf, x.srcoff, x.srcbuf, x.dstbuf, x.dstoff, x.dstbuf, x.cnt,
+                             depid, depstep, (t, k_) in signals))
+            templates.append(rows)
+        order = sorted(((0, tb.user, i * copies + tb.part, 0) if tb.user is not None
+                        else (1, tb.send, tb.recv, tb.chan + i * per), i, t)
+                       for i in range(k) for t, tb in enumerate(rank_tbs))
+        number = [[0] * len(rank_tbs) for _ in range(k)]
+        for n, (_, i, t) in enumerate(order):
+            number[i][t] = n
+        out_tbs = []
+        for n, (_, i, t) in enumerate(order):
+            tb = rank_tbs[t]
+            ids = number[i]
+            shift = {buf: i * plan.shift(rank, buf) for buf in ("i", "o", "s")}
+            shift[None] = 0
+            steps = [Step(s, typ, sb, so + shift[ks], db, do + shift[kd], cnt, ids[depid] if depid >= 0 else -1,
+                          depstep, signal)
+                     for s, (typ, sb, so, ks, db, do, kd, cnt, depid, depstep, signal) in enumerate(templates[t])]
+            out_tbs.append(Threadblock(id=n, send=tb.send, recv=tb.recv, chan=tb.chan + i * per, steps=steps))
         gpus.append(Gpu(id=rank, i_chunks=plan.ir_chunks(rank, "i"), o_chunks=plan.ir_chunks(rank, "o"),
                         s_chunks=plan.ir_chunks(rank, "s"), threadblocks=out_tbs))
     return gpus

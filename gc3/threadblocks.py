@@ -45,7 +45,7 @@ class TB:
     recv: int
     chan: int
     user: Optional[int] = None       # the user's sendtb/recvtb, if manual
-    replica: int = 0
+    part: int = 0                    # parallel copy it serves (manual threadblocks)
     instrs: List[int] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -58,8 +58,9 @@ class Schedule:
     dag: InstrDAG
     chan: List[int]
     nchannels: int
-    tbs: List[List[TB]]              # per rank; the index is the TB id
-    tb_of: List[int]                 # instruction -> TB id on its rank
+    per_instance: int                # channels per instance
+    tbs: List[List[TB]]              # per rank, first instance
+    tb_of: List[int]                 # instruction -> index in tbs[rank]
     order: List[int]                 # the global topological order
 
 
@@ -72,13 +73,13 @@ class _Shapes:
         self.tbs: List[List[TB]] = [[] for _ in range(dag.plan.nranks)]
         self.owner: Dict[Tuple[int, str, int, int], int] = {}   # (rank, dir, peer, ch) -> tb
         self.claimed_by: Dict[Tuple[int, str, int, int], int] = {}   # ... -> instr that claimed it
-        self.manual: Dict[Tuple[int, int, int], int] = {}       # (rank, user tb, replica) -> tb
+        self.manual: Dict[Tuple[int, int, int], int] = {}       # (rank, user tb, part) -> tb
         self.by_chan: Dict[Tuple[int, int], List[int]] = {}     # (rank, ch) -> tbs
         self.tb_of = [-1] * len(dag.instrs)
 
-    def new(self, rank: int, send: int, recv: int, ch: int, user=None, replica=0) -> int:
+    def new(self, rank: int, send: int, recv: int, ch: int, user=None, part=0) -> int:
         tbs = self.tbs[rank]
-        tbs.append(TB(rank, send, recv, ch, user, replica))
+        tbs.append(TB(rank, send, recv, ch, user, part))
         self.by_chan.setdefault((rank, ch), []).append(len(tbs) - 1)
         return len(tbs) - 1
 
@@ -113,11 +114,11 @@ class _Shapes:
             self.claimed_by[key] = x.id
 
     def place_manual(self, x: Instr) -> None:
-        key = (x.rank, x.tb, x.replica)
+        key = (x.rank, x.tb, x.part)
         t = self.manual.get(key)
         comm = x.type in SENDS or x.type in RECVS
         if t is None:
-            t = self.new(x.rank, -1, -1, self.chan[x.id], user=x.tb, replica=x.replica)
+            t = self.new(x.rank, -1, -1, self.chan[x.id], user=x.tb, part=x.part)
             self.manual[key] = t
         tb = self.tbs[x.rank][t]
         if comm and tb.send == -1 and tb.recv == -1 and tb.chan != self.chan[x.id] and not tb.instrs:
@@ -168,25 +169,15 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
             shapes.place_auto(x)
 
     order = _global_order(dag, chan, shapes, slots)
-
-    # Number threadblocks: manual ones by (user id, instance) as msccl-tools
-    # does, then the rest grouped by peers and channel.
-    tbs: List[List[TB]] = []
-    tb_of = [-1] * n
+    k = dag.plan.instances
     for rank, rank_tbs in enumerate(shapes.tbs):
-        ranked = sorted(range(len(rank_tbs)), key=lambda t: (
-            (0, rank_tbs[t].user, rank_tbs[t].replica, 0) if rank_tbs[t].user is not None
-            else (1, rank_tbs[t].send, rank_tbs[t].recv, rank_tbs[t].chan)))
-        renumber = {old: new for new, old in enumerate(ranked)}
-        tbs.append([rank_tbs[t] for t in ranked])
-        for t in ranked:
-            for i in rank_tbs[t].instrs:
-                tb_of[i] = renumber[t]
-        if max_tbs is not None and len(ranked) > max_tbs:
+        if max_tbs is not None and len(rank_tbs) * k > max_tbs:
             raise ScheduleError(
-                f"rank {rank} needs {len(ranked)} threadblocks but max_tbs={max_tbs}; use fewer instances, "
-                f"channels or peers per rank, or raise --max-tbs")
-    return Schedule(dag=dag, chan=chan, nchannels=channels.nchannels, tbs=tbs, tb_of=tb_of, order=order)
+                f"rank {rank} needs {len(rank_tbs) * k} threadblocks ({len(rank_tbs)} per instance x {k} "
+                f"instances) but max_tbs={max_tbs}; use fewer instances, channels or peers per rank, "
+                f"or raise --max-tbs")
+    return Schedule(dag=dag, chan=chan, nchannels=channels.nchannels, per_instance=channels.per_instance,
+                    tbs=shapes.tbs, tb_of=shapes.tb_of, order=order)
 
 
 def _global_order(dag: InstrDAG, chan: List[int], shapes: _Shapes, slots: int) -> List[int]:
@@ -274,7 +265,7 @@ def _pick_local(shapes: _Shapes, x: Instr, ch: int, last) -> int:
     """The threadblock on x's rank and channel whose last instruction is earliest."""
     candidates = shapes.by_chan.get((x.rank, ch))
     if not candidates:
-        return shapes.new(x.rank, -1, -1, ch, replica=x.replica)
+        return shapes.new(x.rank, -1, -1, ch, part=x.part)
     return min(candidates, key=lambda t: (last.get((x.rank, t), -1), t))
 
 

@@ -151,8 +151,7 @@ def _b(v: bool) -> str:
     return "1" if v else "0"
 
 
-def to_element(prog: Program):
-    root = etree.Element("algo")
+def _algo_attrs(prog: Program) -> Dict[str, str]:
     attrs: Dict[str, str] = {
         "name": prog.name,
         "proto": prog.proto,
@@ -169,7 +168,12 @@ def to_element(prog: Program):
         if val is not None:
             attrs[key] = str(val)
     attrs.update(prog.extra)
-    for k, v in attrs.items():
+    return attrs
+
+
+def to_element(prog: Program):
+    root = etree.Element("algo")
+    for k, v in _algo_attrs(prog).items():
         root.set(k, v)
     for g in prog.gpus:
         ge = etree.SubElement(root, "gpu")
@@ -187,10 +191,53 @@ def to_element(prog: Program):
     return root
 
 
-def to_xml(prog: Program) -> str:
+def _to_xml_lxml(prog: Program) -> str:
     root = to_element(prog)
     etree.indent(root, space="  ")
     return etree.tostring(root, encoding="unicode") + "\n"
+
+
+_STEP_TYPES = frozenset(STEP_TYPES)
+_BUFS = frozenset(BUFFERS)
+
+
+def to_xml(prog: Program) -> str:
+    """The program as MSCCL XML text, laid out as `etree.indent` + `tostring` would.
+
+    Large schedules have 10^5 steps, and building an lxml element per step
+    costs about 15 us, so the <gpu>/<tb>/<step> lines (integers and fixed
+    keywords only) are formatted directly; <algo>, whose strings may need
+    escaping, is still serialized by lxml.  A step with a type or buffer
+    outside the IR's keywords takes the all-lxml path, so the text is
+    always exactly what lxml writes (tests compare the two).
+    """
+    head = etree.tostring(etree.Element("algo", _algo_attrs(prog)), encoding="unicode")
+    if not prog.gpus:
+        return head + "\n"
+    out = [head[:-2], ">\n"]
+    add = out.append
+    for g in prog.gpus:
+        gpu = f'  <gpu id="{g.id}" i_chunks="{g.i_chunks}" o_chunks="{g.o_chunks}" s_chunks="{g.s_chunks}"'
+        if not g.threadblocks:
+            add(gpu + "/>\n")
+            continue
+        add(gpu + ">\n")
+        for tb in g.threadblocks:
+            head_tb = f'    <tb id="{tb.id}" send="{tb.send}" recv="{tb.recv}" chan="{tb.chan}"'
+            if not tb.steps:
+                add(head_tb + "/>\n")
+                continue
+            add(head_tb + ">\n")
+            for st in tb.steps:
+                if st.type not in _STEP_TYPES or st.srcbuf not in _BUFS or st.dstbuf not in _BUFS:
+                    return _to_xml_lxml(prog)
+                add(f'      <step s="{st.s}" type="{st.type}" srcbuf="{st.srcbuf}" srcoff="{st.srcoff}" '
+                    f'dstbuf="{st.dstbuf}" dstoff="{st.dstoff}" cnt="{st.cnt}" depid="{st.depid}" '
+                    f'deps="{st.deps}" hasdep="{"1" if st.hasdep else "0"}"/>\n')
+            add("    </tb>\n")
+        add("  </gpu>\n")
+    add("</algo>\n")
+    return "".join(out)
 
 
 def write_xml(prog: Program, path: Union[str, Path]) -> None:
