@@ -184,6 +184,10 @@ class GC3Program:
     def value(self, key: Key) -> Optional[Value]:
         return self._values.get(key)
 
+    def snapshot(self) -> Dict[Key, Value]:
+        """Every chunk that holds data, by (rank, canonical buffer, index)."""
+        return dict(self._values)
+
     def writer(self, key: Key) -> str:
         return self._writers.get(key, "")
 
