@@ -1,0 +1,118 @@
+"""`gc3 run`: execute an XML IR on GPUs with the CUDA interpreter, check the
+data against numpy and report time and bandwidth.
+
+Without mpirun, all ranks run as virtual ranks on one GPU; under
+`mpirun -np N` each process runs one rank on its own GPU (CUDA IPC)."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from ..errors import GC3Error
+
+
+def _world_size() -> int:
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 1
+
+
+def _need_gpu() -> None:
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no cupy, no driver: all mean the same to the user
+        raise click.ClickException(f"gc3 run needs a CUDA GPU and cupy (found none: {exc}); "
+                                   f"use `gc3 simulate` on a machine without one") from None
+    if n < 1:
+        raise click.ClickException("gc3 run needs a CUDA GPU; cupy sees none")
+
+
+@click.command("run")
+@click.argument("xml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--size", default="64MiB", show_default=True,
+              help="bytes per rank of the larger buffer, as nccl-tests counts them")
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--op", default="sum", show_default=True, type=click.Choice(["sum", "prod", "max", "min"]))
+@click.option("--iters", default=20, show_default=True)
+@click.option("--warmup", default=5, show_default=True)
+@click.option("--inplace/--outofplace", default=False, show_default=True)
+@click.option("--proto", default=None, type=click.Choice(["Simple", "LL", "LL128"]),
+              help="override the XML's protocol (LL128 runs as Simple)")
+@click.option("--check/--no-check", default=True, show_default=True, help="compare the result with numpy")
+@click.option("--timeout", type=float, default=None, help="seconds any GPU wait may take (default GC3_TIMEOUT_S or 5)")
+def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout):
+    """Run XML on GPUs: virtual ranks on one GPU, or one rank per process under mpirun."""
+    from ..dtypes import dtype_info
+    from ..xml_io import read_xml
+
+    _need_gpu()
+    try:
+        _run(read_xml(xml), size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout)
+    except GC3Error as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout):
+    import cupy
+
+    from runtime_cuda.checking import host_buffers, reference_case, run_checked, storage_dtype
+    from runtime_cuda.perf import bus_factor, in_elems_for, nbytes_of, parse_size
+    from ..dtypes import dtype_info
+    from ..layout import layout_for
+
+    itemsize = dtype_info(dtype).np.itemsize
+    if _world_size() > 1:
+        from runtime_cuda.ipc import IpcRanks
+
+        group = IpcRanks(prog, proto=proto, timeout=timeout)
+        where = f"rank {group.rank} of {prog.ngpus} processes"
+        lead = group.rank == 0
+    else:
+        from runtime_cuda.virtual import VirtualRanks
+
+        group = VirtualRanks(prog, proto=proto, timeout=timeout)
+        where = f"{prog.ngpus} virtual ranks on one GPU"
+        lead = True
+    n = in_elems_for(prog, parse_size(size), itemsize)
+    nbytes = nbytes_of(prog, n, itemsize)
+    say = click.echo if lead else (lambda *a, **k: None)
+    say(f"{prog.name}: {prog.coll}, {where}, {group.proto} protocol, {dtype} {op}, "
+        f"{nbytes} bytes per rank, {'in place' if inplace else 'out of place'}")
+    ok = True
+    if check:
+        res = run_checked(group, n, dtype, op, inplace)
+        ok = res.wrong == 0
+        click.echo(f"check{'' if lead else f' (rank {group.tables.ranks[0]})'}: {res.wrong} wrong of "
+                   f"{res.checked} elements{'' if ok else ': ' + str(res.first)}")
+    inputs, _ = reference_case(prog, n, dtype, op)
+    st = storage_dtype(dtype)
+    ins, outs = [], []
+    for r in group.tables.ranks:
+        host, si, so = host_buffers(layout_for(prog, n, r), r, inputs[r], inplace)
+        dev = cupy.asarray(host.view(st))
+        ins.append(dev[si])
+        outs.append(dev[so])
+    for _ in range(warmup):
+        group(ins, outs, op=op, dtype=dtype)
+    group.check()
+    if hasattr(group, "comm"):
+        group.comm.Barrier()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(iters):
+        group(ins, outs, op=op, dtype=dtype)
+    stop.record()
+    stop.synchronize()
+    group.check()
+    us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / max(iters, 1)
+    algbw = nbytes / us / 1e3
+    say(f"time {us:.1f} us  algbw {algbw:.2f} GB/s  busbw {algbw * bus_factor(prog.coll, prog.ngpus):.2f} GB/s "
+        f"({iters} iterations)")
+    if hasattr(group, "close"):
+        group.close()
+    if not ok:
+        raise GC3Error("wrong results (see above)")

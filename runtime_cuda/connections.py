@@ -1,0 +1,124 @@
+"""Where FIFOs, credits and flags live, and the connection records that
+point at them.
+
+Each rank owns, for every connection *into* it, a FIFO of `nslots` slots and
+a tail word (slots filled; the sender writes it), and for every connection
+*out of* it a head word (slots consumed; the receiver writes it) -- so every
+wait spins on local memory and every signal is one remote store.  Both ends
+also keep their own running count.  All counts only grow: nothing is reset
+between calls.  A launch group (all ranks for virtual ranks, one rank per
+process) also owns a control area: its abort word, its error record and one
+progress flag per block.
+
+Every rank computes every rank's layout from the program alone, so peers only
+exchange base pointers.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+
+from gc3 import limits
+from gc3.errors import GC3Error
+from gc3.ir import Program
+
+from . import abi
+from .tables import ConnKey, Tables, connections
+
+# Bytes per FIFO slot.  LL slots hold 16-byte lines carrying 8 data bytes.
+_SLOT_BYTES = {"Simple": 256 << 10, "LL": 32 << 10}
+
+
+def slot_bytes(proto: str) -> int:
+    env = os.environ.get(f"GC3_SLOT_BYTES_{proto.upper()}")
+    n = int(env) if env else _SLOT_BYTES[proto]
+    if n <= 0 or n % 64:
+        raise GC3Error(f"GC3_SLOT_BYTES_{proto.upper()}={n}: must be a positive multiple of 64")
+    return n
+
+
+def nslots(proto: str) -> int:
+    return limits.FIFO_SLOTS[proto]
+
+
+def slot_data_bytes(proto: str) -> int:
+    return slot_bytes(proto) // 2 if proto == "LL" else slot_bytes(proto)
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Offsets inside one rank's FIFO region (bytes) and sync region (u64 words)."""
+    rank: int
+    recvs: Tuple[ConnKey, ...]
+    sends: Tuple[ConnKey, ...]
+    fifo_bytes_per_conn: int
+
+    @property
+    def fifo_bytes(self) -> int:
+        return max(len(self.recvs), 1) * self.fifo_bytes_per_conn
+
+    @property
+    def sync_words(self) -> int:
+        return 2 * len(self.recvs) + 2 * len(self.sends) + 1
+
+    def fifo_offset(self, key: ConnKey) -> int:
+        return self.recvs.index(key) * self.fifo_bytes_per_conn
+
+    def tail_word(self, key: ConnKey) -> int:
+        return self.recvs.index(key)
+
+    def recvd_word(self, key: ConnKey) -> int:
+        return len(self.recvs) + self.recvs.index(key)
+
+    def head_word(self, key: ConnKey) -> int:
+        return 2 * len(self.recvs) + self.sends.index(key)
+
+    def sent_word(self, key: ConnKey) -> int:
+        return 2 * len(self.recvs) + len(self.sends) + self.sends.index(key)
+
+
+def rank_layout(prog: Program, rank: int, proto: str) -> RankLayout:
+    conns = connections(prog)
+    return RankLayout(rank=rank,
+                      recvs=tuple(k for k in conns if k[1] == rank),
+                      sends=tuple(k for k in conns if k[0] == rank),
+                      fifo_bytes_per_conn=nslots(proto) * slot_bytes(proto))
+
+
+# Control area of a launch group, in u64 words.
+CONTROL_ABORT = 0
+CONTROL_ERR = 1
+CONTROL_FLAGS = CONTROL_ERR + abi.ERR_NFIELDS // 2
+
+
+def control_words(nblocks: int) -> int:
+    return CONTROL_FLAGS + nblocks
+
+
+def records(t: Tables, layouts: Dict[int, RankLayout], fifo_base: Callable[[int], int],
+            sync_base: Callable[[int], int]) -> Tuple[np.ndarray, np.ndarray]:
+    """Send- and receive-side connection records of the launch group `t`,
+    given each rank's FIFO and sync base addresses as this process sees them."""
+    def word(rank: int, index: int) -> int:
+        return sync_base(rank) + 8 * index
+
+    sends: List[List[int]] = []
+    for key in t.sends:
+        src, dst, chan = key
+        sends.append([fifo_base(dst) + layouts[dst].fifo_offset(key), word(dst, layouts[dst].tail_word(key)),
+                      word(src, layouts[src].head_word(key)), word(src, layouts[src].sent_word(key)), dst, chan])
+    recvs: List[List[int]] = []
+    for key in t.recvs:
+        src, dst, chan = key
+        recvs.append([fifo_base(dst) + layouts[dst].fifo_offset(key), word(dst, layouts[dst].tail_word(key)),
+                      word(src, layouts[src].head_word(key)), word(dst, layouts[dst].recvd_word(key)), src, chan])
+    return _u64(sends), _u64(recvs)
+
+
+def _u64(rows: List[List[int]]) -> np.ndarray:
+    if not rows:
+        return np.zeros((1, abi.CONN_NFIELDS), np.uint64)
+    return np.asarray(rows, dtype=np.uint64).reshape(-1, abi.CONN_NFIELDS)

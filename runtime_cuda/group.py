@@ -1,0 +1,99 @@
+"""The call path shared by every way of running ranks: bind buffers, size
+scratch, launch.  A launch group is the set of ranks one kernel launch runs
+(all of them for virtual ranks, one per process with CUDA IPC)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from gc3.dtypes import dtype_info
+from gc3.ir import Program
+
+from .binding import Copy, Shape, bind, call_shape
+from .launcher import Executor
+from .tables import Tables
+
+_D2D = 3  # cudaMemcpyDeviceToDevice
+
+
+class LaunchGroup:
+    prog: Program
+    proto: str
+    tables: Tables
+    executor: Executor
+
+    def _init_calls(self) -> None:
+        import cupy
+
+        self.cupy = cupy
+        self._scratch: Dict[int, object] = {}
+        self._temp: Dict[int, object] = {}
+        self._prepared: Dict[tuple, Tuple[object, Shape, List[Copy], List[Copy]]] = {}
+        self._shape = lru_cache(maxsize=64)(
+            lambda n, itemsize: call_shape(self.prog, n, itemsize, self.proto, self.tables.max_cnt))
+
+    def _grown(self, pool: Dict[int, object], rank: int, nbytes: int) -> int:
+        if nbytes == 0:
+            return 0
+        buf = pool.get(rank)
+        if buf is None or buf.nbytes < nbytes:
+            # Grown outside the hot path and only ever upwards; the old buffer
+            # may still be in use by queued launches, which keep their own
+            # reference through the prepared-call cache.
+            buf = self.cupy.zeros(nbytes, dtype=self.cupy.uint8)
+            pool[rank] = buf
+            self._prepared.clear()
+        return buf.data.ptr
+
+    def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, itemsize: int):
+        lay, shape = self._shape(in_elems, itemsize)
+        ptrs: List[int] = []
+        pre: List[Copy] = []
+        post: List[Copy] = []
+        for k, r in enumerate(self.tables.ranks):
+            b = bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize)
+            if b.temp_bytes:
+                b = bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize,
+                         temp_ptr=self._grown(self._temp, r, b.temp_bytes))
+            pre += [b.pre] if b.pre else []
+            post += [b.post] if b.post else []
+            scratch = self._grown(self._scratch, r, self.prog.gpu(r).s_chunks * shape.cs * itemsize)
+            ptrs.extend((b.i, b.o, scratch))
+        keep = (self._scratch.copy(), self._temp.copy())
+        return self.executor.buffer_table(tuple(ptrs)), shape, pre, post, keep
+
+    def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
+                 stream=None) -> None:
+        """Enqueue one call on raw device addresses (one per rank of the group)."""
+        info = dtype_info(dtype)
+        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, info.np.itemsize)
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            if len(self._prepared) > 1024:
+                self._prepared.clear()
+            prepared = self._prepare(in_ptrs, out_ptrs, in_elems, info.np.itemsize)
+            self._prepared[key] = prepared
+        bufs, shape, pre, post, _ = prepared
+        sptr = (stream or self.cupy.cuda.get_current_stream()).ptr
+        for c in pre:
+            self.cupy.cuda.runtime.memcpyAsync(c.dst, c.src, c.nbytes, _D2D, sptr)
+        self.executor.launch(info.name, op, bufs, shape, stream)
+        for c in post:
+            self.cupy.cuda.runtime.memcpyAsync(c.dst, c.src, c.nbytes, _D2D, sptr)
+
+    def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
+                 stream=None) -> List:
+        """Enqueue one collective: rank tables.ranks[k] reads inputs[k] and
+        writes outputs[k] (cupy arrays; views of one allocation for an in-place
+        call).  `dtype` names the element type where the arrays' own cannot
+        (bfloat16 travels as uint16)."""
+        n = len(self.tables.ranks)
+        if len(inputs) != n or len(outputs) != n:
+            raise ValueError(f"{self.prog.name}: need {n} input and {n} output buffers")
+        self.run_ptrs([a.data.ptr for a in inputs], [a.data.ptr for a in outputs], inputs[0].size,
+                      dtype or inputs[0].dtype, op, stream)
+        return list(outputs)
+
+    def check(self) -> None:
+        """Synchronise and raise RuntimeTimeoutError if a wait gave up."""
+        self.executor.check()

@@ -1,0 +1,94 @@
+"""Production mode: one process per GPU (mpirun + mpi4py).  Each process
+runs its own rank's threadblocks; FIFOs and credit words live in the
+receiver's/sender's memory as in `connections`, and peers map them through
+CUDA IPC, so the kernel signals with plain peer stores."""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+from gc3.errors import GC3Error
+from gc3.ir import Program
+
+from . import tables as tables_mod
+from .connections import CONTROL_ABORT, control_words, rank_layout, records
+from .group import LaunchGroup
+from .launcher import Executor, runtime_protocol
+
+_LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
+
+
+class _RawBuffer:
+    """A whole cudaMalloc allocation (an IPC handle names an allocation, so
+    pool sub-allocations would not do), zeroed."""
+
+    def __init__(self, nbytes: int):
+        import cupy
+
+        self.nbytes = max(nbytes, 256)
+        self.ptr = cupy.cuda.runtime.malloc(self.nbytes)
+        cupy.cuda.runtime.memset(self.ptr, 0, self.nbytes)
+
+    def array(self, dtype, count: int):
+        import cupy
+
+        mem = cupy.cuda.UnownedMemory(self.ptr, self.nbytes, self)
+        return cupy.ndarray((count,), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+    def free(self) -> None:
+        import cupy
+
+        if self.ptr:
+            cupy.cuda.runtime.free(self.ptr)
+            self.ptr = 0
+
+
+class IpcRanks(LaunchGroup):
+    def __init__(self, prog: Program, comm=None, *, proto: Optional[str] = None, timeout: Optional[float] = None,
+                 device: Optional[int] = None):
+        import cupy
+        from mpi4py import MPI
+
+        comm = comm or MPI.COMM_WORLD
+        if comm.size != prog.ngpus:
+            raise GC3Error(f"{prog.name} is a {prog.ngpus}-rank program but {comm.size} processes were started "
+                           f"(mpirun -np {prog.ngpus})")
+        self.comm = comm
+        self.rank = rank = comm.rank
+        ndev = cupy.cuda.runtime.getDeviceCount()
+        cupy.cuda.Device(device if device is not None else rank % ndev).use()
+        self.prog = prog
+        self.proto = runtime_protocol(prog.proto, proto)
+        self.tables = tables_mod.build(prog, ranks=[rank])
+        layouts = {r: rank_layout(prog, r, self.proto) for r in range(prog.ngpus)}
+        mine = layouts[rank]
+        self._own = [_RawBuffer(mine.fifo_bytes), _RawBuffer(8 * mine.sync_words),
+                     _RawBuffer(8 * control_words(self.tables.nblocks))]
+        handles = comm.allgather([cupy.cuda.runtime.ipcGetMemHandle(b.ptr) for b in self._own])
+        self._opened = []
+        bases: Dict[int, Tuple[int, int, int]] = {}
+        for r, hs in enumerate(handles):
+            if r == rank:
+                bases[r] = tuple(b.ptr for b in self._own)
+            else:
+                ptrs = tuple(cupy.cuda.runtime.ipcOpenMemHandle(h, _LAZY_PEER_ACCESS) for h in hs)
+                self._opened.extend(ptrs)
+                bases[r] = ptrs
+        sends, recvs = records(self.tables, layouts, lambda r: bases[r][0], lambda r: bases[r][1])
+        aborts = [bases[r][2] + 8 * CONTROL_ABORT for r in range(prog.ngpus) if r != rank]
+        control = self._own[2].array(cupy.uint64, control_words(self.tables.nblocks))
+        self.executor = Executor(self.tables, self.proto, sends, recvs, control, abort_peers=aborts, timeout=timeout)
+        self._init_calls()
+        cupy.cuda.Device().synchronize()
+        comm.Barrier()   # every peer's memory is zeroed and mapped before anyone signals into it
+
+    def close(self) -> None:
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+        self.comm.Barrier()
+        for p in self._opened:
+            cupy.cuda.runtime.ipcCloseMemHandle(p)
+        self._opened = []
+        self.comm.Barrier()
+        for b in self._own:
+            b.free()

@@ -1,0 +1,106 @@
+"""Data-checks XML programs with one process per GPU:
+
+    mpirun --allow-run-as-root -np 2 python3 -m runtime_cuda.ipc_check a.xml [b.xml ...] [--quick]
+
+Runs each program for sizes from one lane per chunk to tens of MiB, uneven
+ones included, every dtype and op, in and out of place, plus a broken
+program (a receive with no send) that must end in RuntimeTimeoutError.
+Prints one summary line per program on rank 0 and exits 1 on any wrong
+element or unexpected error."""
+from __future__ import annotations
+
+import copy
+import sys
+import time
+
+from gc3.dtypes import DTYPES
+from gc3.errors import RuntimeTimeoutError
+from gc3.xml_io import read_xml
+
+from .checking import CheckResult, geometry, run_checked
+from .ipc import IpcRanks
+
+OPS = ("sum", "prod", "max", "min")
+
+
+def sizes(prog, quick: bool):
+    bi, c = geometry(prog)
+    out = [bi * c, bi * (c + 1), bi * (2 * c - 1), bi * (c * 1000 + 3), bi * c * 65537]
+    return out if quick else out + [bi * (c * 1048576 + c - 1), bi * c * 4194304]
+
+
+def check_program(path: str, comm, quick: bool) -> CheckResult:
+    prog = read_xml(path)
+    total = CheckResult()
+    for proto in (None, "LL" if prog.proto != "LL" else "Simple"):
+        group = IpcRanks(prog, comm, proto=proto)
+        for n in sizes(prog, quick):
+            for inplace in (False, True):
+                total.add(run_checked(group, n, "float32", "sum", inplace))
+        for dtype in sorted(DTYPES):
+            for op in OPS:
+                for n in sizes(prog, True)[1::2]:
+                    total.add(run_checked(group, n, dtype, op, inplace=bool(n % 2)))
+        total.add(run_checked(group, sizes(prog, True)[-1], "bfloat16", "sum", False, repeat=20))
+        group.close()
+    return total
+
+
+def check_timeout(path: str, comm) -> str:
+    """Drop rank 0's first send: rank 1 must time out naming where; rank 0 is told by the abort word."""
+    prog = copy.deepcopy(read_xml(path))
+    tb = next(t for t in prog.gpu(0).threadblocks if any(s.type == "s" for s in t.steps))
+    k = next(i for i, s in enumerate(tb.steps) if s.type == "s")
+    tb.steps[k].type = "nop"
+    tb.steps[k].depid = tb.steps[k].deps = -1
+    group = IpcRanks(prog, comm, timeout=0.5)
+    msg = ""
+    try:
+        run_checked(group, 4096 * geometry(prog)[0], "float32", "sum", False)
+    except RuntimeTimeoutError as exc:
+        msg = str(exc)
+    comm.Barrier()
+    if not msg:   # this rank finished; the peer that gave up must have told it through its abort word
+        try:
+            group.executor.check()
+        except RuntimeTimeoutError as exc:
+            msg = str(exc)
+    return msg
+
+
+def main(argv) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    quick = "--quick" in argv
+    paths = [a for a in argv if not a.startswith("--")]
+    failed = False
+    for path in paths:
+        t0 = time.perf_counter()
+        try:
+            res = check_program(path, comm, quick)
+            err = ""
+        except Exception as exc:  # reported with the rank, then the job fails
+            res, err = CheckResult(), f"{type(exc).__name__}: {exc}"
+        results = comm.gather((res.checked, res.wrong, res.first, err), root=0)
+        if comm.rank == 0:
+            checked = sum(r[0] for r in results)
+            wrong = sum(r[1] for r in results)
+            errs = [f"rank {i}: {r[3]}" for i, r in enumerate(results) if r[3]]
+            firsts = [r[2] for r in results if r[2]]
+            print(f"IPC-CHECK {path}: {checked} elements checked, {wrong} wrong, "
+                  f"{time.perf_counter() - t0:.1f} s {'; ' + firsts[0] if firsts else ''}{'; ' + '; '.join(errs) if errs else ''}",
+                  flush=True)
+            failed |= bool(wrong or errs or not checked)
+    if paths:
+        msgs = comm.gather(check_timeout(paths[0], comm), root=0)
+        if comm.rank == 0:
+            print(f"IPC-TIMEOUT rank 0: {msgs[0] or 'NO ERROR RAISED'}", flush=True)
+            print(f"IPC-TIMEOUT rank 1: {msgs[1] or 'NO ERROR RAISED'}", flush=True)
+            failed |= not all(msgs)
+    failed = comm.bcast(failed, root=0)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,124 @@
+// Shared definitions of the gc3 interpreter kernel.
+//
+// The host (runtime_cuda/abi.py) parses the `#define GC3_*` lines below, so these
+// numbers exist in one place only.  Every table the host builds is an array
+// of 32-bit or 64-bit fields whose order is given by the GC3_*_ index defines.
+#pragma once
+
+typedef unsigned long long u64;
+typedef long long i64;
+
+// Opcodes of a device step (gc3.ir step types; nops are folded away on the host).
+#define GC3_OP_S 1
+#define GC3_OP_R 2
+#define GC3_OP_RCS 3
+#define GC3_OP_RRC 4
+#define GC3_OP_RRS 5
+#define GC3_OP_RRCS 6
+#define GC3_OP_CPY 7
+#define GC3_OP_RE 8
+
+// Bits of a step descriptor's GC3_ST_FLAGS field.
+#define GC3_F_RECV 1
+#define GC3_F_SEND 2
+#define GC3_F_REDUCE 4
+#define GC3_F_SIGNAL 8     // another TB waits on this step: publish the TB's progress flag
+
+// Buffer codes of operands.
+#define GC3_BUF_NONE (-1)
+#define GC3_BUF_I 0
+#define GC3_BUF_O 1
+#define GC3_BUF_S 2
+
+// Element types and reduction ops, selected at compile time (-DGC3_DTYPE=.. -DGC3_REDOP=..).
+#define GC3_DT_FLOAT16 1
+#define GC3_DT_BFLOAT16 2
+#define GC3_DT_FLOAT32 3
+#define GC3_DT_FLOAT64 4
+#define GC3_DT_INT32 5
+#define GC3_DT_INT64 6
+#define GC3_DT_UINT8 7
+
+#define GC3_RED_SUM 1
+#define GC3_RED_PROD 2
+#define GC3_RED_MAX 3
+#define GC3_RED_MIN 4
+
+#define GC3_PROTO_SIMPLE 1
+#define GC3_PROTO_LL 2
+
+// What a timed-out wait was waiting for (ErrorRecord kind).
+#define GC3_WAIT_DEP 1       // another TB of the same rank to finish a step
+#define GC3_WAIT_DATA 2      // a Simple FIFO slot to be filled by the sender
+#define GC3_WAIT_CREDIT 3    // a free FIFO slot (the receiver to consume one)
+#define GC3_WAIT_LL 4        // an LL line to carry the expected flag
+
+// int32 fields of one TB descriptor.
+#define GC3_TB_RANK_SLOT 0   // which entry of the per-call buffer table (3 pointers per rank)
+#define GC3_TB_RANK 1
+#define GC3_TB_ID 2
+#define GC3_TB_STEP_START 3
+#define GC3_TB_NSTEPS 4
+#define GC3_TB_SEND 5        // index into the send-connection table, or -1
+#define GC3_TB_RECV 6        // index into the recv-connection table, or -1
+#define GC3_TB_CHAN 7
+#define GC3_TB_NFIELDS 8
+
+// int32 fields of one step descriptor.
+#define GC3_ST_OP 0
+#define GC3_ST_FLAGS 1
+#define GC3_ST_CNT 2
+#define GC3_ST_IN_BUF 3      // local input operand (gc3.ir.local_input)
+#define GC3_ST_IN_OFF 4
+#define GC3_ST_OUT_BUF 5     // local output operand (gc3.ir.local_output)
+#define GC3_ST_OUT_OFF 6
+#define GC3_ST_DEP_START 7   // into the dependency table: (block, step) pairs
+#define GC3_ST_NDEPS 8
+#define GC3_ST_EXTRA_START 9 // into the extra-source table: (buf, off) pairs of a fused `re`
+#define GC3_ST_NEXTRA 10
+#define GC3_ST_ORIG 11       // the step's index in the XML, for error messages
+#define GC3_ST_NFIELDS 12
+
+// u64 fields of one connection record (send side and receive side alike).
+#define GC3_CONN_FIFO 0      // slots, in the receiver's memory
+#define GC3_CONN_TAIL 1      // slots filled so far (receiver's memory; sender writes)
+#define GC3_CONN_HEAD 2      // slots consumed so far (sender's memory; receiver writes)
+#define GC3_CONN_COUNTER 3   // this side's own running count (local memory)
+#define GC3_CONN_PEER 4
+#define GC3_CONN_CHAN 5
+#define GC3_CONN_NFIELDS 6
+
+// int32 fields of the error record (one per launch group; the first failure wins).
+#define GC3_ERR_SET 0
+#define GC3_ERR_KIND 1
+#define GC3_ERR_RANK 2
+#define GC3_ERR_TB 3
+#define GC3_ERR_STEP 4
+#define GC3_ERR_TILE 5
+#define GC3_ERR_A 6          // peer rank (data/credit/LL) or TB id waited on (dep)
+#define GC3_ERR_B 7          // channel (data/credit/LL) or step waited on (dep)
+#define GC3_ERR_SEEN_LO 8
+#define GC3_ERR_SEEN_HI 9
+#define GC3_ERR_WANT_LO 10
+#define GC3_ERR_WANT_HI 11
+#define GC3_ERR_OP 12
+#define GC3_ERR_NFIELDS 16
+
+// The plan: device pointers and constants of one launch group, all 8-byte
+// fields so that the host can write it as a plain uint64 array.
+struct Plan {
+  const int* tbs;            // [nblocks][GC3_TB_NFIELDS]
+  const int* steps;          // [nsteps][GC3_ST_NFIELDS]
+  const int* deps;           // [ndeps][2]: (block waited on, its device step index)
+  const int* extras;         // [nextra][2]: (buf, chunk offset)
+  const u64* sends;          // [nsend][GC3_CONN_NFIELDS]
+  const u64* recvs;          // [nrecv][GC3_CONN_NFIELDS]
+  u64* flags;                // [nblocks] progress of each TB, see progress_value()
+  int* err;                  // [GC3_ERR_NFIELDS]
+  int* abort_local;          // set when any block gave up; every wait watches it
+  const u64* abort_peers;    // int* of the other processes' abort words
+  u64 n_abort_peers;
+  u64 timeout_ns;
+  u64 nslots;                // FIFO slots per connection
+  u64 slot_bytes;            // bytes per slot (LL: bytes of lines)
+};

@@ -1,0 +1,101 @@
+// Cross-TB and cross-GPU signalling: ordered loads/stores, bounded spins, and
+// the error record that turns a stuck wait into a host-side exception.
+#pragma once
+#include "common.cuh"
+
+__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 ld_acquire_gpu(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_gpu(u64* p, u64 v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_volatile_v4(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_volatile_v4(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};"
+               :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ u64 global_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A TB's progress flag after finishing device step `j` of tile `t` in launch
+// `epoch`.  Ordered lexicographically by (epoch, tile, step), so a waiter's
+// ">=" test works across tiles and launches and nothing is ever reset.
+// The host keeps tiles < 2^21 and steps < 2^11.
+__device__ __forceinline__ u64 progress_value(unsigned epoch, int tile, int step) {
+  return ((u64)epoch << 32) | ((u64)tile << 11) | (u64)(step + 1);
+}
+
+// Where a block is, for the error record.
+struct Where {
+  int rank, tb, step, tile, op;
+};
+
+__device__ __forceinline__ bool aborted(const Plan& P) {
+  return *(volatile int*)P.abort_local != 0;
+}
+
+// First failure wins the record; every block (and the peers' blocks, through
+// their abort words) stops at its next wait.
+__device__ void record_failure(const Plan& P, const Where& w, int kind, int a, int b, u64 seen, u64 want) {
+  int* e = P.err;
+  if (atomicCAS(e + GC3_ERR_SET, 0, -1) == 0) {
+    e[GC3_ERR_KIND] = kind;
+    e[GC3_ERR_RANK] = w.rank;
+    e[GC3_ERR_TB] = w.tb;
+    e[GC3_ERR_STEP] = w.step;
+    e[GC3_ERR_TILE] = w.tile;
+    e[GC3_ERR_A] = a;
+    e[GC3_ERR_B] = b;
+    e[GC3_ERR_SEEN_LO] = (int)(seen & 0xffffffffu);
+    e[GC3_ERR_SEEN_HI] = (int)(seen >> 32);
+    e[GC3_ERR_WANT_LO] = (int)(want & 0xffffffffu);
+    e[GC3_ERR_WANT_HI] = (int)(want >> 32);
+    e[GC3_ERR_OP] = w.op;
+    __threadfence_system();
+    atomicExch(e + GC3_ERR_SET, 1);
+  }
+  atomicExch(P.abort_local, 1);
+  for (u64 k = 0; k < P.n_abort_peers; ++k) {
+    int* peer = (int*)P.abort_peers[k];
+    asm volatile("st.relaxed.sys.global.s32 [%0], %1;" :: "l"(peer), "r"(1) : "memory");
+  }
+  __threadfence_system();
+}
+
+// Spins until *p >= want.  Returns false when the wait timed out (recorded)
+// or another block gave up first.
+template <bool SYS>
+__device__ bool wait_geq(const Plan& P, const u64* p, u64 want, const Where& w, int kind, int a, int b) {
+  u64 v = SYS ? ld_acquire_sys(p) : ld_acquire_gpu(p);
+  if (v >= want) return true;
+  const u64 t0 = global_ns();
+  for (unsigned spins = 1;; ++spins) {
+    v = SYS ? ld_acquire_sys(p) : ld_acquire_gpu(p);
+    if (v >= want) return true;
+    if ((spins & 63) == 0) {
+      if (aborted(P)) return false;
+      if (global_ns() - t0 > P.timeout_ns) {
+        record_failure(P, w, kind, a, b, v, want);
+        return false;
+      }
+    }
+  }
+}

@@ -1,0 +1,175 @@
+"""One launch group on one GPU: its tables and plan on the device, the
+co-residency check, the launch, and turning the kernel's error record into
+gc3.errors.RuntimeTimeoutError.
+
+The per-call host path is a dictionary lookup and one kernel launch: the
+plan, tables and kernel are built once, the per-call buffer table is cached
+by address.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
+
+from . import abi, module
+from .binding import Shape
+from .connections import CONTROL_ABORT, CONTROL_ERR, CONTROL_FLAGS, nslots, slot_bytes
+from .tables import Tables
+
+DEFAULT_TIMEOUT_S = 5.0
+# MSCCL's LL128 has no implementation here; Simple carries it (same bandwidth
+# class, the XML's schedule and FIFO depth unchanged).
+PROTOCOL_SUBSTITUTES = {"Simple": "Simple", "LL": "LL", "LL128": "Simple"}
+
+
+def runtime_protocol(xml_proto: str, override: Optional[str] = None) -> str:
+    p = override or xml_proto
+    if p not in PROTOCOL_SUBSTITUTES:
+        raise GC3Error(f"unknown protocol {p!r}; expected one of {', '.join(PROTOCOL_SUBSTITUTES)}")
+    return PROTOCOL_SUBSTITUTES[p]
+
+
+def timeout_s(value: Optional[float] = None) -> float:
+    if value is not None:
+        return float(value)
+    env = os.environ.get("GC3_TIMEOUT_S")
+    return float(env) if env else DEFAULT_TIMEOUT_S
+
+
+class CommunicatorBroken(GC3Error):
+    """A call after a timeout: the FIFO counters no longer agree, so the group must be rebuilt."""
+
+
+class Executor:
+    def __init__(self, t: Tables, proto: str, send_records: np.ndarray, recv_records: np.ndarray,
+                 control, abort_peers: Sequence[int] = (), timeout: Optional[float] = None):
+        import cupy
+
+        self.cupy = cupy
+        self.tables = t
+        self.proto = proto
+        self.timeout = timeout_s(timeout)
+        self.device = cupy.cuda.Device()
+        self.control = control
+        self._keep = [cupy.asarray(a) for a in (t.tbs, t.steps, t.deps, t.extras, send_records, recv_records)]
+        self._abort_peers = cupy.asarray(np.asarray(list(abort_peers) or [0], dtype=np.uint64))
+        ptr = {name: a.data.ptr for name, a in zip(("tbs", "steps", "deps", "extras", "sends", "recvs"), self._keep)}
+        base = control.data.ptr
+        ptr.update(flags=base + 8 * CONTROL_FLAGS, err=base + 8 * CONTROL_ERR, abort_local=base + 8 * CONTROL_ABORT,
+                   abort_peers=self._abort_peers.data.ptr, n_abort_peers=len(abort_peers),
+                   timeout_ns=int(self.timeout * 1e9), nslots=nslots(proto), slot_bytes=slot_bytes(proto))
+        self.plan = cupy.asarray(np.array([ptr[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
+        self.epoch = 0
+        self.broken: Optional[str] = None
+        self._kernels: Dict[Tuple[str, str], Tuple[object, int]] = {}
+        self._bufs: Dict[Tuple[int, ...], object] = {}
+
+    # -- kernels --------------------------------------------------------
+    def kernel(self, dtype: str, op: str):
+        key = (dtype, op)
+        if key not in self._kernels:
+            coop = module.cooperative_default()
+            k = module.kernel(dtype, op, self.proto, self.device.id, coop)
+            self._kernels[key] = (k, self._threads(k), coop)
+        return self._kernels[key]
+
+    def _threads(self, k) -> int:
+        """The largest block size at which every block of the group is co-resident."""
+        nblocks = self.tables.nblocks
+        sms = self.device.attributes["MultiProcessorCount"]
+        per_sm = 0
+        for nt in (module.MAX_THREADS, 256, 128):
+            per_sm = _blocks_per_sm(k, nt, self.device)
+            if per_sm * sms >= nblocks:
+                return nt
+        raise LimitError(
+            f"{self.tables.prog.name}: {nblocks} threadblocks in one launch cannot all be co-resident on "
+            f"{self.device.id} ({sms} SMs x {per_sm} blocks of 128 threads); every TB spins on others, "
+            f"so the runtime refuses to launch (use fewer virtual ranks or TBs)")
+
+    # -- calls ----------------------------------------------------------
+    def buffer_table(self, ptrs: Tuple[int, ...]):
+        """Device copy of the per-rank (i, o, s) addresses, cached by value."""
+        tab = self._bufs.get(ptrs)
+        if tab is None:
+            if len(self._bufs) > 256:
+                self._bufs.clear()
+            tab = self.cupy.asarray(np.asarray(ptrs, dtype=np.uint64))
+            self._bufs[ptrs] = tab
+        return tab
+
+    def launch(self, dtype: str, op: str, bufs, shape: Shape, stream=None) -> None:
+        if self.broken:
+            raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.broken}")
+        if shape.ntiles == 0:
+            return
+        k, nt, coop = self.kernel(dtype, op)
+        self.epoch = (self.epoch + 1) & 0xFFFFFFFF
+        args = (self.plan, bufs, np.int64(shape.unit), np.int64(shape.cs), np.int32(shape.cpb), np.int32(shape.T),
+                np.int32(shape.ntiles), np.uint32(self.epoch))
+        try:
+            if stream is None:
+                k((self.tables.nblocks,), (nt,), args)
+            else:
+                with stream:
+                    k((self.tables.nblocks,), (nt,), args)
+        except self.cupy.cuda.driver.CUDADriverError as exc:
+            if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(exc):
+                raise LimitError(f"{self.tables.prog.name}: {self.tables.nblocks} blocks of {nt} threads cannot be "
+                                 f"co-resident on device {self.device.id} (cooperative launch refused)") from None
+            raise
+
+    def check(self, synchronize: bool = True) -> None:
+        """Raise RuntimeTimeoutError if any wait of any launch so far gave up."""
+        if synchronize:
+            self.device.synchronize()
+        err = self.control[CONTROL_ERR:CONTROL_FLAGS].get().view(np.int32)
+        abort = int(self.control[CONTROL_ABORT:CONTROL_ABORT + 1].get().view(np.int32)[0])
+        if err[abi.field("ERR", "SET")] == 0 and not abort:
+            return
+        msg = self.describe_error(err) if err[abi.field("ERR", "SET")] else "a peer process gave up waiting"
+        self.broken = msg
+        raise RuntimeTimeoutError(msg)
+
+    def describe_error(self, err: np.ndarray) -> str:
+        f = lambda name: int(err[abi.field("ERR", name)])  # noqa: E731
+        seen = (f("SEEN_HI") & 0xFFFFFFFF) << 32 | (f("SEEN_LO") & 0xFFFFFFFF)
+        want = (f("WANT_HI") & 0xFFFFFFFF) << 32 | (f("WANT_LO") & 0xFFFFFFFF)
+        kind, a, b = f("KIND"), f("A"), f("B")
+        C = abi.C
+        if kind == C["GC3_WAIT_DEP"]:
+            what = (f"waiting for {self.tables.describe_step(a, b)} to finish the same tile "
+                    f"(its progress flag {seen:#x}, needed {want:#x})")
+        elif kind == C["GC3_WAIT_DATA"]:
+            what = (f"waiting for data from rank {a} on channel {b}: received {want - 1} slots so far on this "
+                    f"connection and the sender has filled {seen} (no matching send?)")
+        elif kind == C["GC3_WAIT_CREDIT"]:
+            what = (f"waiting for rank {a} to free a FIFO slot on channel {b} (it has consumed {seen}, "
+                    f"{want} needed; no matching receive?)")
+        elif kind == C["GC3_WAIT_LL"]:
+            what = (f"waiting for LL data from rank {a} on channel {b} (line flag {seen & 0xFFFFFFFF}, "
+                    f"expected {want}; no matching send?)")
+        else:
+            what = f"unknown wait kind {kind}"
+        op = abi.OPNAME.get(f("OP"), "?")
+        return (f"GPU wait timed out after {self.timeout:g} s (GC3_TIMEOUT_S) in {self.tables.prog.name!r}: "
+                f"rank {f('RANK')} TB {f('TB')} step {f('STEP')} ({op}), tile {f('TILE')}: {what}")
+
+
+def _blocks_per_sm(k, nthreads: int, device) -> int:
+    import cupy
+
+    try:
+        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, nthreads, 0))
+    except Exception:  # older CuPy: estimate from the register count
+        regs = max(int(k.num_regs), 1)
+        per_block = -(-regs * nthreads // 256) * 256
+        return max(0, min(65536 // per_block, 2048 // nthreads, 32))
+
+
+def abort_words(controls: List) -> List[int]:
+    return [c.data.ptr + 8 * CONTROL_ABORT for c in controls]

@@ -1,0 +1,77 @@
+"""Builds the interpreter kernel with NVRTC (cupy.RawModule), one binary per
+dtype x op x protocol, cached for the process (and by CuPy on disk)."""
+from __future__ import annotations
+
+import functools
+import os
+import re
+from typing import Tuple
+
+from gc3 import limits
+
+from . import abi
+
+KERNEL_NAME = "gc3_interpreter"
+MAX_THREADS = 512
+_INCLUDE = re.compile(r'^#include "([^"]+)"\s*$', re.M)
+
+
+def source() -> str:
+    """interpreter.cu with its local headers inlined, so that CuPy's cache key
+    (a hash of the source text) changes whenever any of them does."""
+    seen = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (abi.KERNEL_DIR / name).read_text()
+        return _INCLUDE.sub(lambda m: expand(m.group(1)), text.replace("#pragma once", ""))
+
+    return expand("interpreter.cu")
+
+
+def options(dtype: str, op: str, proto: str) -> Tuple[str, ...]:
+    return ("-std=c++17",
+            f"-DGC3_DTYPE={abi.DTYPE[dtype]}", f"-DGC3_REDOP={abi.REDOP[op]}", f"-DGC3_PROTO={abi.PROTO[proto]}",
+            f"-DGC3_MAX_FANIN={limits.MAX_REDUCE_FANIN}", f"-DGC3_MAX_THREADS={MAX_THREADS}")
+
+
+def cooperative_default() -> bool:
+    return os.environ.get("GC3_COOPERATIVE", "1") != "0"
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(dtype: str, op: str, proto: str, device: int, cooperative: bool = True):
+    """The compiled interpreter for the current device (`device` is part of the cache key)."""
+    import cupy
+
+    mod = cupy.RawModule(code=source(), options=options(dtype, op, proto),
+                         enable_cooperative_groups=cooperative)
+    return mod.get_function(KERNEL_NAME)
+
+
+def _compile_one(variant: Tuple[str, str, str]) -> str:
+    import time
+
+    t0 = time.perf_counter()
+    kernel(*variant, device=0, cooperative=cooperative_default()).kernel  # noqa: B018  (compiles and loads)
+    return f"{'/'.join(variant)} {time.perf_counter() - t0:.1f}s"
+
+
+def warm(jobs: int = 8) -> None:
+    """Compile every dtype x op x protocol in parallel processes, filling
+    CuPy's on-disk cache, so that later processes only load binaries."""
+    import itertools
+    import multiprocessing
+
+    variants = list(itertools.product(abi.DTYPE, abi.REDOP, abi.PROTO))
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        for line in pool.imap_unordered(_compile_one, variants):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    warm(int(sys.argv[1]) if len(sys.argv) > 1 else 8)

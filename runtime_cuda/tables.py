@@ -1,0 +1,274 @@
+"""IR -> the compact tables the interpreter kernel walks.
+
+One row per device step (int32 fields, see GC3_ST_* in kernels/common.cuh).
+Three things happen on the way:
+
+* `nop` steps disappear: a nop only waits, so its waits move onto the next
+  real step of its TB, and a wait *on* a nop becomes a wait on what the nop
+  stood for (the TB's previous real step plus the nop's own waits);
+* waits are reduced to one (block, device step) per other TB, the latest;
+* runs of `re` steps into the same destination are fused into one pass of up
+  to gc3.limits.MAX_REDUCE_FANIN sources, where nothing waits in between.
+
+Connections are (sender rank, receiver rank, channel); a launch group (all
+ranks for virtual ranks, one rank per process) gets the send- and
+receive-side connections of its own ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from gc3 import limits
+from gc3.errors import FifoOrderError, IRStructureError, LimitError
+from gc3.ir import OPCODES, Program, Step, local_input, local_output
+from gc3.verify import runtime_limits, structure
+
+from . import abi
+
+ConnKey = Tuple[int, int, int]          # (sender rank, receiver rank, channel)
+StepRef = Tuple[int, int]               # (tb id, index into tb.steps)
+
+
+@dataclass
+class DeviceStep:
+    """One row of the step table before packing."""
+    op: str
+    cnt: int
+    inp: Optional[Tuple[str, int]]
+    out: Optional[Tuple[str, int]]
+    extras: List[Tuple[str, int]]
+    waits: Dict[int, int]               # tb id -> xml step index of a real step
+    origs: List[int]                    # xml step indices folded into this row
+    signal: bool = False
+
+
+@dataclass
+class Tables:
+    prog: Program
+    ranks: Tuple[int, ...]              # ranks of this launch group, in block order
+    tbs: np.ndarray                     # int32 [nblocks, TB_NFIELDS]
+    steps: np.ndarray                   # int32 [nsteps, ST_NFIELDS]
+    deps: np.ndarray                    # int32 [ndeps, 2]
+    extras: np.ndarray                  # int32 [nextra, 2]
+    sends: List[ConnKey]                # send-side connection of each send index
+    recvs: List[ConnKey]
+    max_cnt: int                        # largest cnt of any transfer in the whole program
+    blocks: List[Tuple[int, int]]       # (rank, tb id) of each block
+    device_steps: List[List[DeviceStep]] = field(default_factory=list)   # per block
+
+    @property
+    def nblocks(self) -> int:
+        return len(self.blocks)
+
+    def describe_step(self, block: int, dstep: int) -> str:
+        rank, tb = self.blocks[block]
+        ds = self.device_steps[block][dstep]
+        xml = self.prog.gpu(rank).threadblocks
+        tbo = next(t for t in xml if t.id == tb)
+        k = ds.origs[-1]
+        return f"rank {rank} TB {tb} step {k} ({tbo.steps[k].type})"
+
+
+def connections(prog: Program) -> List[ConnKey]:
+    """Every connection the program names (from either end), sorted."""
+    keys = set()
+    for g in prog.gpus:
+        for tb in g.threadblocks:
+            if tb.send >= 0:
+                keys.add((g.id, tb.send, tb.chan))
+            if tb.recv >= 0:
+                keys.add((tb.recv, g.id, tb.chan))
+    return sorted(keys)
+
+
+def max_transfer_cnt(prog: Program) -> int:
+    cnts = [st.cnt for g in prog.gpus for tb in g.threadblocks for st in tb.steps
+            if st.type != "nop" and (OPCODES[st.type].send or OPCODES[st.type].recv)]
+    return max(cnts, default=1)
+
+
+def check_transfer_counts(prog: Program) -> None:
+    """The k-th send and the k-th receive of a connection must move the same
+    number of chunks (a slot holds cnt chunk-tiles).  Unequal *numbers* of
+    sends and receives are left to the kernel, which times out on them."""
+    seqs: Dict[Tuple[str, ConnKey], List[Tuple[int, int, int]]] = {}
+    for g in prog.gpus:
+        for tb in g.threadblocks:
+            for k, st in enumerate(tb.steps):
+                if st.type == "nop":
+                    continue
+                if st.info.send:
+                    seqs.setdefault(("s", (g.id, tb.send, tb.chan)), []).append((st.cnt, tb.id, k))
+                if st.info.recv:
+                    seqs.setdefault(("r", (tb.recv, g.id, tb.chan)), []).append((st.cnt, tb.id, k))
+    for (side, key), sends in seqs.items():
+        if side != "s":
+            continue
+        for n, (s, r) in enumerate(zip(sends, seqs.get(("r", key), []))):
+            if s[0] != r[0]:
+                raise FifoOrderError(
+                    f"connection rank {key[0]} -> rank {key[1]} chan {key[2]}: transfer {n} is sent with cnt={s[0]} "
+                    f"(rank {key[0]} TB {s[1]} step {s[2]}) but received with cnt={r[0]} "
+                    f"(rank {key[1]} TB {r[1]} step {r[2]})")
+
+
+class _Resolver:
+    """Turns XML waits (which may name nops) into waits on real steps."""
+
+    def __init__(self, rank: int, tbs: Dict[int, List[Step]]):
+        self.rank = rank
+        self.tbs = tbs
+        self.memo: Dict[StepRef, FrozenSet[StepRef]] = {}
+        self.active: set = set()
+
+    def own_waits(self, ref: StepRef) -> FrozenSet[StepRef]:
+        st = self.tbs[ref[0]][ref[1]]
+        if st.depid < 0:
+            return frozenset()
+        return self.done(st.depid, st.deps)
+
+    def done(self, tb: int, k: int) -> FrozenSet[StepRef]:
+        """Real steps whose completion means step k of tb has completed."""
+        if k < 0:
+            return frozenset()
+        ref = (tb, k)
+        if ref in self.memo:
+            return self.memo[ref]
+        if ref in self.active:
+            raise IRStructureError(f"rank {self.rank} TB {tb} step {k}: nop dependencies form a cycle")
+        self.active.add(ref)
+        if self.tbs[tb][k].type != "nop":
+            out = frozenset([ref])
+        else:
+            out = self.done(tb, k - 1) | self.own_waits(ref)
+        self.active.discard(ref)
+        self.memo[ref] = out
+        return out
+
+
+def _latest(refs, own_tb: int) -> Dict[int, int]:
+    """One wait per other TB: the latest step (program order covers the rest)."""
+    out: Dict[int, int] = {}
+    for tb, k in refs:
+        if tb != own_tb:
+            out[tb] = max(out.get(tb, -1), k)
+    return out
+
+
+def _may_alias(a: Tuple[str, int], b: Tuple[str, int], cnt: int) -> bool:
+    # i and o can be one allocation (in-place calls), so they may always alias.
+    if {a[0], b[0]} == {"i", "o"}:
+        return True
+    return a[0] == b[0] and a[1] < b[1] + cnt and b[1] < a[1] + cnt
+
+
+def device_steps(prog: Program, rank: int) -> Dict[int, List[DeviceStep]]:
+    """Per TB id, its device steps (nops folded, waits resolved, re runs fused)."""
+    conv = prog.convention
+    g = prog.gpu(rank)
+    tbs = {tb.id: tb.steps for tb in g.threadblocks}
+    res = _Resolver(rank, tbs)
+    rows: Dict[int, List[DeviceStep]] = {}
+    for tb in g.threadblocks:
+        out: List[DeviceStep] = []
+        pending: set = set()
+        for k, st in enumerate(tb.steps):
+            pending |= res.own_waits((tb.id, k))
+            if st.type == "nop":
+                continue
+            out.append(DeviceStep(op=st.type, cnt=st.cnt, inp=local_input(st, conv), out=local_output(st, conv),
+                                  extras=[], waits=_latest(pending, tb.id), origs=[k]))
+            pending = set()
+        rows[tb.id] = out
+    waited = {(t, k) for steps in rows.values() for ds in steps for t, k in ds.waits.items()}
+    for tbid, steps in rows.items():
+        rows[tbid] = _fuse_reduces(steps, tbid, waited)
+    index = {(tbid, k): j for tbid, steps in rows.items() for j, ds in enumerate(steps) for k in ds.origs}
+    for tbid, steps in rows.items():
+        for ds in steps:
+            for t, k in ds.waits.items():
+                j = index[(t, k)]
+                rows[t][j].signal = True
+    return rows
+
+
+def _fuse_reduces(steps: List[DeviceStep], tbid: int, waited: set) -> List[DeviceStep]:
+    out: List[DeviceStep] = []
+    for ds in steps:
+        prev = out[-1] if out else None
+        if (prev is not None and ds.op == "re" and prev.op == "re" and ds.out == prev.out and ds.cnt == prev.cnt
+                and not ds.waits and (tbid, prev.origs[-1]) not in waited
+                and 2 + len(prev.extras) <= limits.MAX_REDUCE_FANIN
+                and not _may_alias(ds.inp, ds.out, ds.cnt)
+                and not any(_may_alias(s, ds.out, ds.cnt) for s in [prev.inp] + prev.extras)):
+            prev.extras.append(ds.inp)
+            prev.origs.append(ds.origs[0])
+            continue
+        out.append(ds)
+    return out
+
+
+def build(prog: Program, ranks: Optional[Sequence[int]] = None) -> Tables:
+    """Tables for the blocks of `ranks` (default: every rank, for virtual ranks)."""
+    structure.check(prog)
+    # Longer `re` runs are split into passes here, so only the table limits apply.
+    runtime_limits.check(prog, runtime_limits.Limits(max_fanin=1 << 30))
+    check_transfer_counts(prog)
+    ranks = tuple(range(prog.ngpus)) if ranks is None else tuple(ranks)
+    blocks: List[Tuple[int, int]] = []
+    per_block: List[List[DeviceStep]] = []
+    chan_of: Dict[Tuple[int, int], Tuple[int, int, int]] = {}
+    for r in ranks:
+        rows = device_steps(prog, r)
+        for tb in prog.gpu(r).threadblocks:
+            blocks.append((r, tb.id))
+            per_block.append(rows[tb.id])
+            chan_of[(r, tb.id)] = (tb.send, tb.recv, tb.chan)
+    block_of = {b: i for i, b in enumerate(blocks)}
+    sends = sorted({(r, s, c) for (r, _), (s, _, c) in chan_of.items() if s >= 0})
+    recvs = sorted({(rv, r, c) for (r, _), (_, rv, c) in chan_of.items() if rv >= 0})
+    send_idx = {k: i for i, k in enumerate(sends)}
+    recv_idx = {k: i for i, k in enumerate(recvs)}
+
+    tb_rows, step_rows, dep_rows, extra_rows = [], [], [], []
+    for b, ((r, tbid), steps) in enumerate(zip(blocks, per_block)):
+        if len(steps) >= 1 << abi.STEP_BITS:
+            raise LimitError(f"rank {r} TB {tbid}: {len(steps)} device steps, more than {(1 << abi.STEP_BITS) - 1}")
+        s, rv, c = chan_of[(r, tbid)]
+        tb_rows.append([ranks.index(r), r, tbid, len(step_rows), len(steps),
+                        send_idx[(r, s, c)] if s >= 0 else -1, recv_idx[(rv, r, c)] if rv >= 0 else -1, c])
+        for ds in steps:
+            info = OPCODES[ds.op]
+            flags = ((abi.C["GC3_F_RECV"] if info.recv else 0) | (abi.C["GC3_F_SEND"] if info.send else 0)
+                     | (abi.C["GC3_F_REDUCE"] if info.reduce else 0) | (abi.C["GC3_F_SIGNAL"] if ds.signal else 0))
+            dep_start = len(dep_rows)
+            for t, k in sorted(ds.waits.items()):
+                target = block_of[(r, t)]
+                dep_rows.append([target, _device_index(per_block[target], k)])
+            extra_start = len(extra_rows)
+            extra_rows.extend([abi.BUF[buf], off] for buf, off in ds.extras)
+            inp = ds.inp or (None, 0)
+            out = ds.out or (None, 0)
+            step_rows.append([abi.OPCODE[ds.op], flags, ds.cnt, abi.BUF[inp[0]], inp[1], abi.BUF[out[0]], out[1],
+                              dep_start, len(ds.waits), extra_start, len(ds.extras), ds.origs[-1]])
+    return Tables(
+        prog=prog, ranks=ranks,
+        tbs=_array(tb_rows, abi.TB_NFIELDS), steps=_array(step_rows, abi.ST_NFIELDS),
+        deps=_array(dep_rows, 2), extras=_array(extra_rows, 2),
+        sends=sends, recvs=recvs, max_cnt=max_transfer_cnt(prog), blocks=blocks, device_steps=per_block)
+
+
+def _device_index(steps: List[DeviceStep], xml_index: int) -> int:
+    for j, ds in enumerate(steps):
+        if xml_index in ds.origs:
+            return j
+    raise AssertionError(f"xml step {xml_index} has no device step")
+
+
+def _array(rows: List[List[int]], width: int) -> np.ndarray:
+    # Never empty: the kernel may take the address of row 0.
+    a = np.asarray(rows, dtype=np.int32).reshape(-1, width) if rows else np.zeros((1, width), np.int32)
+    return np.ascontiguousarray(a)

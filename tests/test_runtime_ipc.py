@@ -1,0 +1,37 @@
+"""One process per GPU (mpirun, CUDA IPC): every 2-rank sample, checked on
+data by runtime_cuda.ipc_check, plus a broken program ending in the timeout
+error on both processes."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gc3.xml_io import read_xml
+
+ROOT = Path(__file__).resolve().parent.parent
+TWO_RANK = [p for p in sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml")) + sorted((ROOT / "ir_samples").glob("*.xml"))
+            if read_xml(p).ngpus == 2]
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+def test_two_processes_two_gpus_every_two_rank_sample():
+    pytest.importorskip("mpi4py")
+    assert TWO_RANK, "no 2-rank sample found"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0")
+    proc = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "runtime_cuda.ipc_check",
+         *map(str, TWO_RANK)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    print(out)
+    assert proc.returncode == 0, out[-4000:]
+    lines = [l for l in out.splitlines() if l.startswith("IPC-CHECK")]
+    assert len(lines) == len(TWO_RANK), out[-4000:]
+    assert all(" 0 wrong" in l for l in lines), out[-4000:]
+    timeouts = [l for l in out.splitlines() if l.startswith("IPC-TIMEOUT")]
+    assert len(timeouts) == 2 and all("timed out" in l or "gave up" in l for l in timeouts), out[-4000:]

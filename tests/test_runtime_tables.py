@@ -1,0 +1,195 @@
+"""Host side of the CUDA runtime, no GPU needed: device tables (nop folding,
+waits, re fusion), the kernel ABI, call geometry and buffer binding."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gc3 import limits
+from gc3.errors import FifoOrderError, LayoutError
+from gc3.ir import Gpu, Program, Step, Threadblock
+from gc3.layout import layout_for
+from gc3.xml_io import read_xml
+from runtime_cuda import abi, binding, connections, module, tables
+
+DATA = Path(__file__).resolve().parent / "data" / "msccl"
+RING = DATA / "allreduce_ring_4r_1i.xml"
+PAIRS = DATA / "allreduce_allpairs_2r_1i.xml"
+A2A = DATA / "alltoall_two_step_2n_4g.xml"
+
+
+def step(k, t, sb="s", so=0, db="s", do=0, cnt=1, depid=-1, deps=-1, hasdep=False):
+    return Step(s=k, type=t, srcbuf=sb, srcoff=so, dstbuf=db, dstoff=do, cnt=cnt, depid=depid, deps=deps,
+                hasdep=hasdep)
+
+
+def one_rank(*tbs, s_chunks=16):
+    """A 2-rank allreduce shell whose rank 0 runs `tbs` (GC3 convention); rank 1 is idle."""
+    return Program(name="t", proto="Simple", nchannels=1, nchunksperloop=4, ngpus=2, coll="allreduce",
+                   inplace=False, gc3version="0.1",
+                   gpus=[Gpu(0, 4, 4, s_chunks, list(tbs)), Gpu(1, 4, 4, s_chunks, [])])
+
+
+def rows(t, block):
+    tb = t.tbs[block]
+    return t.steps[tb[abi.field("TB", "STEP_START")]:][:tb[abi.field("TB", "NSTEPS")]]
+
+
+def col(name):
+    return abi.field("ST", name)
+
+
+def test_abi_constants_cover_every_opcode_and_the_plan_struct():
+    from gc3.ir import STEP_TYPES
+
+    assert set(abi.OPCODE) == set(STEP_TYPES) - {"nop"}
+    assert len(set(abi.OPCODE.values())) == len(abi.OPCODE)
+    assert abi.PLAN_FIELDS[:3] == ("tbs", "steps", "deps") and abi.PLAN_FIELDS[-1] == "slot_bytes"
+    assert abi.ST_NFIELDS == 12 and abi.TB_NFIELDS == 8
+
+
+def test_nops_fold_into_the_next_real_step_as_waits():
+    t = tables.build(read_xml(A2A), ranks=[0])
+    tb7 = t.blocks.index((0, 7))
+    (send,) = rows(t, tb7)       # three nops + one send become one device step
+    assert send[col("OP")] == abi.OPCODE["s"] and send[col("ORIG")] == 3
+    deps = t.deps[send[col("DEP_START")]:][:send[col("NDEPS")]]
+    assert sorted(map(tuple, deps)) == [(0, 0), (1, 0), (2, 0), (4, 1)]
+    for blk, dstep in deps:      # each waited-on step publishes its progress
+        assert rows(t, blk)[dstep][col("FLAGS")] & abi.C["GC3_F_SIGNAL"]
+    unsignalled = rows(t, t.blocks.index((0, 4)))[0]
+    assert not unsignalled[col("FLAGS")] & abi.C["GC3_F_SIGNAL"]
+
+
+def test_a_wait_on_a_nop_becomes_a_wait_on_what_it_stands_for():
+    a = Threadblock(id=0, steps=[step(0, "cpy", "i", 0, "s", 0, hasdep=True), step(1, "nop", hasdep=True)])
+    b = Threadblock(id=1, steps=[step(0, "cpy", "i", 1, "s", 1, hasdep=True)])
+    a.steps[1].depid, a.steps[1].deps = 1, 0
+    c = Threadblock(id=2, steps=[step(0, "cpy", "s", 0, "o", 0, depid=0, deps=1)])
+    t = tables.build(one_rank(a, b, c))
+    (row,) = rows(t, 2)
+    deps = sorted(map(tuple, t.deps[row[col("DEP_START")]:][:row[col("NDEPS")]]))
+    assert deps == [(0, 0), (1, 0)]
+
+
+def test_re_runs_fuse_up_to_the_fanin_limit_and_not_across_waits():
+    n = limits.MAX_REDUCE_FANIN + 2
+    steps = [step(k, "re", "s", 1 + k, "o", 0) for k in range(n)]
+    t = tables.build(one_rank(Threadblock(id=0, steps=steps)))
+    r = rows(t, 0)
+    assert [x[col("NEXTRA")] for x in r] == [limits.MAX_REDUCE_FANIN - 1, 1]
+    extras = t.extras[r[0][col("EXTRA_START")]:][:r[0][col("NEXTRA")]]
+    assert [tuple(e) for e in extras] == [(abi.BUF["s"], 2 + k) for k in range(limits.MAX_REDUCE_FANIN - 1)]
+
+    other = Threadblock(id=1, steps=[step(0, "cpy", "i", 0, "s", 5, hasdep=True)])
+    waits = [step(0, "re", "s", 1, "o", 0), step(1, "re", "s", 5, "o", 0, depid=1, deps=0)]
+    t = tables.build(one_rank(Threadblock(id=0, steps=waits), other))
+    assert [x[col("NEXTRA")] for x in rows(t, 0)] == [0, 0]
+
+
+def test_re_into_an_operand_it_also_reads_is_not_fused():
+    steps = [step(0, "re", "s", 1, "s", 0), step(1, "re", "s", 0, "s", 0)]
+    t = tables.build(one_rank(Threadblock(id=0, steps=steps)))
+    assert len(rows(t, 0)) == 2
+
+
+def test_operands_follow_the_convention():
+    t = tables.build(read_xml(RING))
+    r = rows(t, 0)            # msccl: rrs reduces into its own dst, sends, writes nothing
+    rrs = r[1]
+    assert rrs[col("OP")] == abi.OPCODE["rrs"]
+    assert (rrs[col("IN_BUF")], rrs[col("IN_OFF")], rrs[col("OUT_BUF")]) == (abi.BUF["i"], 3, abi.BUF[None])
+    s = r[0]
+    assert (s[col("IN_BUF")], s[col("OUT_BUF")]) == (abi.BUF["i"], abi.BUF[None])
+
+
+def test_transfer_count_mismatch_is_refused_before_launch():
+    prog = read_xml(RING)
+    prog.gpu(2).threadblocks[0].steps[1].cnt = 2
+    with pytest.raises(FifoOrderError, match="rank 1 -> rank 2"):
+        tables.build(prog)
+
+
+def test_connection_records_point_into_the_right_ranks_memory():
+    prog = read_xml(RING)
+    t = tables.build(prog)
+    lays = {r: connections.rank_layout(prog, r, "Simple") for r in range(4)}
+    fifo = {r: 1_000_000 * (r + 1) for r in range(4)}
+    sync = {r: 1_000 * (r + 1) for r in range(4)}
+    sends, recvs = connections.records(t, lays, fifo.get, sync.get)
+    F = lambda n: abi.field("CONN", n)  # noqa: E731
+    k = t.sends.index((0, 1, 0))
+    assert sends[k][F("FIFO")] == fifo[1] and sync[1] <= sends[k][F("TAIL")] < sync[1] + 8 * lays[1].sync_words
+    assert sync[0] <= sends[k][F("HEAD")] < sync[0] + 8 * lays[0].sync_words
+    j = t.recvs.index((0, 1, 0))
+    assert recvs[j][F("TAIL")] == sends[k][F("TAIL")] and recvs[j][F("HEAD")] == sends[k][F("HEAD")]
+    assert recvs[j][F("COUNTER")] != sends[k][F("COUNTER")]
+    words = [int(x) for x in np.concatenate([sends[:, :4].ravel(), recvs[:, 1:4].ravel()]) if x < 1_000_000]
+    assert len(set(words)) == len(words) - 2 * len(t.sends)   # tails/heads shared by both ends, counters not
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+@pytest.mark.parametrize("proto", ["Simple", "LL"])
+@pytest.mark.parametrize("cs", [1, 7, 1000, 1 << 20, (1 << 26) + 3])
+def test_tiles_fit_slots_and_cover_the_chunk(cs, proto, itemsize):
+    max_cnt = 4
+    T = binding.tile_lanes(cs, itemsize, proto, max_cnt)
+    assert T * itemsize % 16 == 0
+    assert T * itemsize * max_cnt <= connections.slot_data_bytes(proto)
+    assert -(-cs // T) * T >= cs and (T < cs or T - cs < 16 // itemsize or T == 16 // itemsize)
+
+
+def test_ranks_must_agree_on_chunk_geometry():
+    prog = read_xml(RING)
+    prog.gpu(3).i_chunks = 8
+    with pytest.raises(LayoutError, match="disagree"):
+        binding.rank_layouts(prog, 8 * 100)
+
+
+def test_binding_of_an_inplace_program_called_out_of_place():
+    ring = read_xml(RING)
+    L = layout_for(ring, 1000, 0)
+    b = binding.bind(ring, L, 0, 10_000, 50_000, 4)
+    assert (b.i, b.o) == (50_000, 50_000) and b.pre == binding.Copy(50_000, 10_000, 4000) and b.post is None
+    assert binding.bind(ring, L, 0, 10_000, 10_000, 4) == binding.Binding(10_000, 10_000)
+
+    ag = Program(name="ag", proto="Simple", nchannels=1, nchunksperloop=2, ngpus=2, coll="allgather", inplace=True,
+                 gpus=[Gpu(0, 1, 2, 0), Gpu(1, 1, 2, 0)])
+    L = layout_for(ag, 100, 1)
+    b = binding.bind(ag, L, 1, 10_000, 50_000, 4)
+    assert (b.i, b.o) == (50_400, 50_000) and b.pre == binding.Copy(50_400, 10_000, 400)
+    assert binding.is_inplace_call(L, 1, 50_400, 50_000, 4)
+
+    rs = Program(name="rs", proto="Simple", nchannels=1, nchunksperloop=2, ngpus=2, coll="reducescatter",
+                 inplace=True, gpus=[Gpu(0, 2, 1, 0), Gpu(1, 2, 1, 0)])
+    L = layout_for(rs, 200, 1)
+    ask = binding.bind(rs, L, 1, 10_000, 50_000, 4)
+    assert ask.temp_bytes == 800
+    b = binding.bind(rs, L, 1, 10_000, 50_000, 4, temp_ptr=90_000)
+    assert (b.i, b.o) == (90_000, 90_400)
+    assert b.pre == binding.Copy(90_000, 10_000, 800) and b.post == binding.Copy(50_000, 90_400, 400)
+
+
+def test_out_of_place_program_binds_buffers_as_given():
+    prog = read_xml(A2A)
+    L = layout_for(prog, 800, 3)
+    assert binding.bind(prog, L, 3, 1, 2, 4) == binding.Binding(1, 2)
+
+
+def test_kernel_source_is_self_contained_and_compiles_for_every_variant():
+    src = module.source()
+    assert "#include \"" not in src and "gc3_interpreter" in src
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not installed; the GPU tests compile the kernel with NVRTC")
+    path = Path("/tmp") / "gc3_interpreter_check.cu"
+    path.write_text(src)
+    for dtype in abi.DTYPE:
+        for proto in abi.PROTO:
+            opts = [o for o in module.options(dtype, "max", proto) if o.startswith("-D")]
+            r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-ptx", *opts, str(path), "-o", "/dev/null"],
+                               capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
