@@ -55,7 +55,10 @@ def _compile_one(variant: Tuple[str, str, str]) -> str:
     import time
 
     t0 = time.perf_counter()
-    kernel(*variant, device=0, cooperative=cooperative_default()).kernel  # noqa: B018  (compiles and loads)
+    try:
+        kernel(*variant, device=0, cooperative=cooperative_default()).kernel  # noqa: B018  (compiles and loads)
+    except Exception as exc:  # reported, so that one bad variant does not hide the others
+        return f"{'/'.join(variant)} FAILED: {type(exc).__name__}: {exc}"
     return f"{'/'.join(variant)} {time.perf_counter() - t0:.1f}s"
 
 
