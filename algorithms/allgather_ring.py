@@ -6,10 +6,9 @@ travels N-1 hops around the ring, each rank forwarding what it just got.
 Intended sizes: medium to large messages on a single node.
 Cost: N-1 steps; each ring link carries (N-1)/N of the output buffer.
 """
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllGather
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -26,10 +25,7 @@ def allgather_ring(num_ranks: int, chunk_factor: int = 1) -> GC3Program:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    n = int(argv[0]) if len(argv) > 0 else 4
-    cf = int(argv[1]) if len(argv) > 1 else 1
-    return allgather_ring(n, cf)
+    return allgather_ring(*int_args(argv, ranks=4, chunk_factor=1))
 
 
 if __name__ == "__main__":

@@ -11,10 +11,9 @@ Intended sizes: large messages on several nodes (>= 16 MiB).
 Cost: 2(G-1) intra-node + 2(N-1) inter-node steps; each intra-node ring link
 carries 2(G-1)/G of the buffer, each GPU's inter-node link 2(N-1)/(N*G).
 """
-import sys
-
 from gc3 import Check, GC3Program, chunk, parallelize
 from gc3.collectives import AllReduce
+from gc3.program import int_args
 from gc3.topology import hierarchical
 
 
@@ -46,11 +45,7 @@ def allreduce_hierarchical(nodes: int, gpus: int, instances: int = 1) -> GC3Prog
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    nodes = int(argv[0]) if len(argv) > 0 else 2
-    gpus = int(argv[1]) if len(argv) > 1 else 4
-    instances = int(argv[2]) if len(argv) > 2 else 1
-    return allreduce_hierarchical(nodes, gpus, instances)
+    return allreduce_hierarchical(*int_args(argv, nodes=2, gpus=4, instances=1))
 
 
 if __name__ == "__main__":

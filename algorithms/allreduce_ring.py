@@ -7,10 +7,9 @@ around the ring again (all-gather).
 Intended sizes: medium to large messages (>= 1 MiB) on a single node.
 Cost: 2(N-1) steps; each ring link carries 2(N-1)/N of the buffer.
 """
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllReduce
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -29,10 +28,7 @@ def allreduce_ring(num_ranks: int, instances: int = 1) -> GC3Program:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    n = int(argv[0]) if len(argv) > 0 else 4
-    instances = int(argv[1]) if len(argv) > 1 else 1
-    return allreduce_ring(n, instances)
+    return allreduce_ring(*int_args(argv, ranks=4, instances=1))
 
 
 if __name__ == "__main__":

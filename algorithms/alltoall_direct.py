@@ -6,10 +6,9 @@ Rank r sends block j of its input straight to block r of rank j's output
 Intended sizes: any; best on a fully connected fabric (NVSwitch).
 Cost: 1 step; each directed link carries 1/N of the input buffer.
 """
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllToAll
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -25,10 +24,7 @@ def alltoall_direct(num_ranks: int, chunk_factor: int = 1) -> GC3Program:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    n = int(argv[0]) if len(argv) > 0 else 4
-    cf = int(argv[1]) if len(argv) > 1 else 1
-    return alltoall_direct(n, cf)
+    return alltoall_direct(*int_args(argv, ranks=4, chunk_factor=1))
 
 
 if __name__ == "__main__":

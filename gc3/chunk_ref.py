@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from .errors import CountMismatchError, StaleReferenceError, TopologyError, TraceError
 from .ops import Slot
-from .user_location import user_location
+from .user_input import as_int, user_location
 
 if TYPE_CHECKING:
     from .program import GC3Program
@@ -18,11 +18,9 @@ if TYPE_CHECKING:
 
 def _schedule_hint(what: str, value, where: str) -> Optional[int]:
     # msccl-tools uses -1 for "let the compiler choose".
-    if value is None or value == -1:
+    if value is None or (isinstance(value, int) and value == -1):
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise TraceError(f"{where}: {what} must be an int >= 0 (or None/-1 for automatic), got {value!r}")
-    return value
+    return as_int(value, what, 0, where)
 
 
 class ChunkRef:
@@ -92,12 +90,8 @@ class ChunkRef:
             if buffer is None:
                 buffer, index = self.buffer, self.index
             else:
-                name = canonical_buffer(buffer)
-                dst_rank = prog.topology.flatten(rank, "rank")
-                if name in ("i", "o") or not 0 <= dst_rank < prog.num_ranks:
-                    index = self.index
-                else:
-                    index = prog.next_scratch_index(dst_rank, name)
+                name = canonical_buffer(buffer, where)
+                index = self.index if name in ("i", "o") else prog.next_scratch_index(prog.rank(rank, where), name)
         elif buffer is None:
             buffer = self.buffer
         r, buf, idx = prog.locate(rank, buffer, index, self.count, where)
@@ -137,8 +131,7 @@ class ChunkRef:
         """`n` references of count/n chunks each, in order."""
         where = user_location()
         self._require_fresh(where)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise TraceError(f"{where}: split(n) needs an int n >= 1, got {n!r}")
+        n = as_int(n, "split(n): n", 1, where)
         if self.count % n:
             raise CountMismatchError(f"{where}: cannot split {self.count} chunk(s) {self.slot} into {n} equal parts")
         part = self.count // n

@@ -21,15 +21,11 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from .errors import TraceError
+from .user_input import as_int, user_location
 from .symbolic import Value, input_chunk, reduction
 
 __all__ = ["Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
            "AllToNext", "input_chunk", "reduction", "Value"]
-
-
-def _check_int(what: str, v, low: int) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < low:
-        raise TraceError(f"{what} must be an int >= {low}, got {v!r}")
 
 
 class Collective:
@@ -39,10 +35,10 @@ class Collective:
     aliased_buffer = "o"
 
     def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False, name: Optional[str] = None):
-        _check_int("num_ranks", num_ranks, 1)
-        _check_int("chunk_factor", chunk_factor, 1)
+        num_ranks = as_int(num_ranks, "num_ranks", 1)
+        chunk_factor = as_int(chunk_factor, "chunk_factor", 1)
         if not isinstance(inplace, bool):
-            raise TraceError(f"inplace must be True or False, got {inplace!r}")
+            raise TraceError(f"{user_location()}: inplace must be True or False, got {inplace!r}")
         self.num_ranks = num_ranks
         self.chunk_factor = chunk_factor
         self.inplace = inplace
@@ -89,12 +85,12 @@ class Collective:
         return True
 
     def postcondition(self, rank: int, index: int) -> Optional[Value]:
-        raise TraceError(f"collective {self.name!r} ({type(self).__name__}) defines no postcondition(rank, index)")
+        raise TraceError(f"{user_location()}: collective {self.name!r} ({type(self).__name__}) defines no postcondition(rank, index)")
 
     def _root(self, root) -> int:
-        _check_int("root", root, 0)
+        root = as_int(root, "root", 0)
         if root >= self.num_ranks:
-            raise TraceError(f"root {root} is not a rank of {self.num_ranks}")
+            raise TraceError(f"{user_location()}: root {root} is not a rank of {self.num_ranks}")
         return root
 
 

@@ -37,7 +37,7 @@ from .errors import (GC3Error, IndexOutOfRangeError, PostconditionError, TraceEr
 from .ops import Op, Slot
 from .symbolic import Value, describe, difference, input_chunk
 from .topology import Topology, fully_connected
-from .user_location import user_location
+from .user_input import as_int, user_location
 
 PROTOCOLS = ("Simple", "LL", "LL128")
 Key = Tuple[int, str, int]       # (rank, canonical buffer, index) of one chunk
@@ -54,12 +54,12 @@ _BUFFER_NAMES = {"i": "i", "in": "i", "input": "i", "o": "o", "out": "o", "outpu
                  "s": "s", "sc": "s", "scratch": "s"}
 
 
-def canonical_buffer(buffer) -> str:
+def canonical_buffer(buffer, where: str) -> str:
     """'in'/'input' -> 'i', 'out'/'output' -> 'o', 'sc'/'scratch' -> 's'; other names are named scratch."""
     if isinstance(buffer, Enum):
         buffer = buffer.value
     if not isinstance(buffer, str) or not buffer:
-        raise TraceError(f"buffer {buffer!r} must be a non-empty string")
+        raise TraceError(f"{where}: buffer {buffer!r} must be a non-empty string")
     return _BUFFER_NAMES.get(buffer, buffer)
 
 
@@ -94,8 +94,7 @@ class GC3Program:
                              f"but the collective has {collective.num_ranks}")
         if protocol not in PROTOCOLS:
             raise TraceError(f"{where}: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
-        if not isinstance(instances, int) or isinstance(instances, bool) or instances < 1:
-            raise TraceError(f"{where}: instances must be an int >= 1, got {instances!r}")
+        instances = as_int(instances, "instances", 1, where)
         self.name = name
         self.collective = collective
         self.topology = topology
@@ -150,13 +149,10 @@ class GC3Program:
     # --- addressing -------------------------------------------------------------
     def locate(self, rank, buffer, index, count: int, where: str) -> Tuple[int, str, int]:
         """User (rank, buffer, index) of a `count`-chunk run -> canonical (rank, buffer, index)."""
-        r = self.topology.flatten(rank, "rank")
-        if not 0 <= r < self.num_ranks:
-            raise IndexOutOfRangeError(f"{where}: rank {rank!r} is outside [0, {self.num_ranks})")
-        buf = canonical_buffer(buffer)
-        idx = self.topology.flatten(index, "index")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise TraceError(f"{where}: count must be an int >= 1, got {count!r}")
+        r = self.rank(rank, where)
+        buf = canonical_buffer(buffer, where)
+        idx = self.topology.flatten(index, "index", where)
+        count = as_int(count, "count", 1, where)
         if idx < 0:
             raise IndexOutOfRangeError(f"{where}: index {idx} of (rank {r}, {buf!r}) is negative")
         if buf in ("i", "o"):
@@ -168,6 +164,12 @@ class GC3Program:
                     f"({self.collective!r})")
             buf, idx = self.collective.alias(r, buf, idx)
         return r, buf, idx
+
+    def rank(self, rank, where: str) -> int:
+        r = self.topology.flatten(rank, "rank", where)
+        if not 0 <= r < self.num_ranks:
+            raise IndexOutOfRangeError(f"{where}: rank {rank!r} is outside [0, {self.num_ranks})")
+        return r
 
     def keys(self, slot: Slot):
         return [(slot.rank, slot.buffer, i) for i in slot.indices()]
@@ -264,8 +266,7 @@ def parallelize(n: int):
     """Ops traced inside are marked for splitting into `n` parallel instances by lowering."""
     where = user_location()
     prog = _current("parallelize()")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise TraceError(f"{where}: parallelize(n) needs an int n >= 1, got {n!r}")
+    n = as_int(n, "parallelize(n): n", 1, where)
     prog.begin_parallel(n, where)
     try:
         yield
@@ -276,6 +277,26 @@ def parallelize(n: int):
 def Check() -> bool:
     """Raise PostconditionError unless the traced program implements its collective; True otherwise."""
     return _current("Check()").check()
+
+
+def int_args(argv: Optional[Sequence[str]] = None, **defaults: int) -> List[int]:
+    """A program script's positional int arguments (sys.argv[1:] by default), named and
+    defaulted by `defaults` in order: `n, cf = int_args(ranks=4, chunk_factor=1)`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    names = list(defaults)
+    if len(argv) > len(names):
+        raise GC3Error(f"{user_location()}: expected at most {len(names)} arguments ({' '.join(names)}), "
+                       f"got {len(argv)}: {' '.join(map(str, argv))}")
+    values = []
+    for k, name in enumerate(names):
+        if k >= len(argv):
+            values.append(defaults[name])
+            continue
+        try:
+            values.append(int(argv[k]))
+        except ValueError:
+            raise GC3Error(f"{user_location()}: argument {name} must be an int, got {argv[k]!r}") from None
+    return values
 
 
 def run_script(path, argv: Sequence[str] = ()) -> GC3Program:

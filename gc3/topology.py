@@ -16,10 +16,12 @@ For a program that must respect a sparser fabric, build `ring(n)` or
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import FrozenSet, Iterable, Optional, Tuple
 
 from .errors import IndexOutOfRangeError, TopologyError, TraceError
+from .user_input import as_int, user_location
 
 Link = Tuple[int, int]
 
@@ -33,18 +35,20 @@ class Topology:
 
     def __init__(self, num_ranks: int, links: Optional[Iterable[Link]] = None, *,
                  name: str = "custom", gpus_per_node: Optional[int] = None):
-        _positive("num_ranks", num_ranks)
+        num_ranks = as_int(num_ranks, "num_ranks", 1, error=TopologyError)
         if gpus_per_node is not None:
-            _positive("gpus_per_node", gpus_per_node)
+            gpus_per_node = as_int(gpus_per_node, "gpus_per_node", 1, error=TopologyError)
             if num_ranks % gpus_per_node:
-                raise TopologyError(
-                    f"topology {name!r}: {num_ranks} ranks do not split into nodes of {gpus_per_node} GPUs")
+                raise TopologyError(f"{user_location()}: topology {name!r}: {num_ranks} ranks do not split "
+                                    f"into nodes of {gpus_per_node} GPUs")
         frozen = None
         if links is not None:
-            frozen = frozenset((int(a), int(b)) for a, b in links)
+            frozen = frozenset((as_int(a, "link source", 0, error=TopologyError),
+                                as_int(b, "link destination", 0, error=TopologyError)) for a, b in links)
             for a, b in frozen:
-                if not (0 <= a < num_ranks and 0 <= b < num_ranks):
-                    raise TopologyError(f"topology {name!r}: link ({a}, {b}) names a rank outside [0, {num_ranks})")
+                if a >= num_ranks or b >= num_ranks:
+                    raise TopologyError(f"{user_location()}: topology {name!r}: link ({a}, {b}) names a rank "
+                                        f"outside [0, {num_ranks})")
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "num_ranks", num_ranks)
         object.__setattr__(self, "links", frozen)
@@ -69,33 +73,35 @@ class Topology:
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node if self.gpus_per_node else 0
 
-    def flatten(self, value, what: str) -> int:
+    def flatten(self, value, what: str, where: str) -> int:
         """A rank or index written as int or as (node, local) -> int."""
-        if isinstance(value, tuple):
-            if self.gpus_per_node is None:
-                raise TraceError(
-                    f"{what} {value!r} is a (node, local) tuple but topology {self.name!r} is not hierarchical")
-            if len(value) != 2 or not all(_is_int(v) for v in value):
-                raise TraceError(f"{what} {value!r} must be an int or a (node, local) pair of ints")
-            node, local = value
-            if not 0 <= local < self.gpus_per_node:
-                raise IndexOutOfRangeError(
-                    f"{what} {value!r}: local GPU {local} is outside [0, {self.gpus_per_node})")
-            if node < 0 or (what == "rank" and node >= self.nodes):
-                raise IndexOutOfRangeError(f"{what} {value!r}: node {node} is outside [0, {self.nodes})")
-            return node * self.gpus_per_node + local
-        if not _is_int(value):
-            raise TraceError(f"{what} {value!r} must be an int")
-        return int(value)
+        if not isinstance(value, tuple):
+            number = _integer(value)
+            if number is None:
+                raise TraceError(f"{where}: {what} {value!r} must be an int or a (node, local) pair")
+            return number
+        if self.gpus_per_node is None:
+            raise TraceError(f"{where}: {what} {value!r} is a (node, local) tuple but topology {self.name!r} "
+                             f"is not hierarchical")
+        parts = [_integer(v) for v in value]
+        if len(parts) != 2 or None in parts:
+            raise TraceError(f"{where}: {what} {value!r} must be a (node, local) pair of ints")
+        node, local = parts
+        if not 0 <= local < self.gpus_per_node:
+            raise IndexOutOfRangeError(
+                f"{where}: {what} {value!r}: local GPU {local} is outside [0, {self.gpus_per_node})")
+        if node < 0 or (what == "rank" and node >= self.nodes):
+            raise IndexOutOfRangeError(f"{where}: {what} {value!r}: node {node} is outside [0, {self.nodes})")
+        return node * self.gpus_per_node + local
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _positive(what: str, v) -> None:
-    if not _is_int(v) or v < 1:
-        raise TopologyError(f"{what} must be a positive int, got {v!r}")
+def _integer(value) -> Optional[int]:
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def fully_connected(num_ranks: int) -> Topology:
@@ -103,15 +109,15 @@ def fully_connected(num_ranks: int) -> Topology:
 
 
 def hierarchical(num_nodes: int, gpus_per_node: int) -> Topology:
-    _positive("num_nodes", num_nodes)
-    _positive("gpus_per_node", gpus_per_node)
+    num_nodes = as_int(num_nodes, "num_nodes", 1, error=TopologyError)
+    gpus_per_node = as_int(gpus_per_node, "gpus_per_node", 1, error=TopologyError)
     return Topology(num_nodes * gpus_per_node, None, name=f"hierarchical({num_nodes}, {gpus_per_node})",
                     gpus_per_node=gpus_per_node)
 
 
 def ring(num_ranks: int, bidirectional: bool = True) -> Topology:
     """Each rank linked to its successor (and predecessor when bidirectional)."""
-    _positive("num_ranks", num_ranks)
+    num_ranks = as_int(num_ranks, "num_ranks", 1, error=TopologyError)
     links = {(r, (r + 1) % num_ranks) for r in range(num_ranks)}
     if bidirectional:
         links |= {(b, a) for a, b in links}

@@ -165,3 +165,36 @@ def test_cli_trace_reports_a_failing_check(tmp_path):
     result = CliRunner().invoke(main, ["trace", str(script)])
     assert result.exit_code == 1
     assert "PostconditionError" in result.output and "(rank 0, 'o', 0)" in result.output
+
+
+def test_msccl_tools_spellings_port_unchanged():
+    """Buffer enum, size=, -1 defaults, scratch appends, reduce without reassignment."""
+    from gc3.collectives import AllReduce
+    from gc3.program import Buffer
+
+    n = 3
+    with GC3Program("allpairs", AllReduce(n, n * n, True), instances=2, protocol="LL") as prog:
+        for r1 in range(n):
+            for r2 in range(n):
+                if r1 != r2:
+                    chunk(r1, Buffer.input, r2 * n, size=n).copy(r2, "scratch", sendtb=r2, recvtb=r1, ch=-1)
+        for r in range(n):
+            for k in range(n * (n - 1)):
+                c = chunk(r, Buffer.input, r * n + k % n)
+                c.reduce(chunk(r, "scratch", k), sendtb=k % n)
+        for r1 in range(n):
+            for r2 in range(n):
+                if r1 != r2:
+                    chunk(r1, Buffer.input, r1 * n, n).copy(r2, Buffer.input, r1 * n, sendtb=r2, recvtb=r1)
+        assert Check()
+    assert prog.scratch_sizes == {r: {"s": n * (n - 1)} for r in range(n)}
+    assert (prog.instances, prog.protocol) == (2, "LL")
+    first = prog.ops[0]
+    assert (first.sendtb, first.recvtb, first.ch, first.dst) == (1, 0, None, first.dst.__class__(1, "s", 0, n))
+
+
+@pytest.mark.parametrize("args, needle", [(["four"], "argument ranks must be an int, got 'four'"),
+                                          (["4", "1", "9"], "expected at most 2 arguments (ranks instances)")])
+def test_cli_trace_rejects_bad_program_arguments(args, needle):
+    result = CliRunner().invoke(main, ["trace", str(ALGOS / "allreduce_ring.py"), *args])
+    assert result.exit_code == 1 and needle in result.output, result.output

@@ -222,3 +222,31 @@ def test_all_errors_are_gc3_errors_and_nothing_is_recorded_on_failure():
             with pytest.raises(GC3Error):
                 bad()
     assert prog.ops == [] and prog.scratch_sizes == {0: {}, 1: {}}
+
+
+MISUSES = {
+    "collective size": lambda: AllReduce(0, 1, True),
+    "collective inplace": lambda: AllReduce(2, 1, "yes"),
+    "root": lambda: Broadcast(2, 1, False, root=5),
+    "topology ranks": lambda: Topology(0),
+    "topology link": lambda: Topology(2, links=[(0, 2)]),
+    "hierarchical": lambda: hierarchical(2, 0),
+    "ring": lambda: ring(-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISUSES))
+def test_misuse_outside_a_program_names_the_call_site(name):
+    with pytest.raises(GC3Error) as err:
+        MISUSES[name]()
+    assert f"{HERE}:" in str(err.value)
+
+
+def test_numpy_integers_are_accepted_and_bools_are_not():
+    np = pytest.importorskip("numpy")
+    with GC3Program("t", AllReduce(np.int64(2), np.int32(2), False)) as prog:
+        chunk(np.int64(0), "in", np.int64(0), count=np.int64(2)).copy(np.int16(1), "sc", np.int64(0), ch=np.int64(1))
+        with pytest.raises(TraceError) as err:
+            chunk(True, "in", 0)
+        assert "rank True" in str(err.value)
+    assert prog.ops[0].ch == 1 and type(prog.ops[0].dst.rank) is int

@@ -1,0 +1,42 @@
+"""What the user passed and where: the user's file:line of a DSL call, and int arguments checked once."""
+from __future__ import annotations
+
+import operator
+import os
+import sys
+from functools import lru_cache
+from typing import Optional, Type
+
+from .errors import TraceError
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_location() -> str:
+    """'file.py:line' of the innermost stack frame outside the gc3 package."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _internal(filename):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>:0"
+
+
+@lru_cache(maxsize=None)
+def _internal(filename: str) -> bool:
+    return filename.startswith("<frozen") or os.path.abspath(filename).startswith(_PACKAGE_DIR)
+
+
+def as_int(value, what: str, low: int = 0, where: Optional[str] = None,
+           error: Type[Exception] = TraceError) -> int:
+    """`value` as an int >= low (numpy ints welcome, bools not), or `error` naming the call site."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < low:
+        raise error(f"{where or user_location()}: {what} must be an int >= {low}, got {value!r}")
+    return number
