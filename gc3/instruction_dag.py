@@ -195,9 +195,10 @@ def _link(dag: InstrDAG) -> None:
                 last_writer[loc] = me
                 readers[loc] = []
         p.discard(me)
-    # Scratch whose last value nobody reads is dead at the end: it need not be stored.
+    # Scratch is dead once the program ends: its last value need not be
+    # stored beyond the reads already recorded in value_readers.
     for (rank, buf, idx), w in last_writer.items():
-        if buf == "s" and not readers.get((rank, buf, idx)):
+        if buf == "s":
             overwritten[w] += 1
     dag.preds = [sorted(p) for p in preds]
     succs: List[List[int]] = [[] for _ in range(n)]

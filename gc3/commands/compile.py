@@ -1,0 +1,75 @@
+"""`gc3 compile FILE.py [ARGS...] -o x.xml`: trace a program, lower it, verify it, write the XML IR."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from importlib import import_module
+from importlib.util import find_spec
+from typing import List, Optional
+
+import click
+
+from ..errors import GC3Error
+
+
+def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[str]:
+    """A one-screen description of a compiled program."""
+    steps = [st for g in prog.gpus for tb in g.threadblocks for st in tb.steps]
+    tbs = [len(g.threadblocks) for g in prog.gpus]
+    per_tb = [len(tb.steps) for g in prog.gpus for tb in g.threadblocks]
+    kinds = Counter(st.type for st in steps)
+    types = ", ".join(f"{t} {kinds[t]}" for t in ("s", "r", "rcs", "rrc", "rrs", "rrcs", "cpy", "re", "nop") if kinds[t])
+    deps = sum(st.depid >= 0 for st in steps)
+    g0 = prog.gpus[0] if prog.gpus else None
+    lines = [
+        f"{prog.name}: {prog.coll}, {prog.ngpus} ranks, proto {prog.proto}, "
+        f"{'in place' if prog.inplace else 'out of place'}",
+        f"chunks: {prog.nchunksperloop} per loop"
+        + (f"; rank 0 i/o/s = {g0.i_chunks}/{g0.o_chunks}/{g0.s_chunks}" if g0 else ""),
+        f"threadblocks per rank: {min(tbs, default=0)}..{max(tbs, default=0)}, {prog.nchannels} channel(s)",
+        f"steps: {len(steps)} ({types}); per threadblock at most {max(per_tb, default=0)}",
+        f"cross-threadblock dependencies: {deps}",
+    ]
+    if verified is not None:
+        lines.append(verified)
+    lines.append(f"wrote {out} in {seconds:.2f} s")
+    return lines
+
+
+@click.command("compile", context_settings={"ignore_unknown_options": True})
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the XML IR.")
+@click.option("--instances", type=click.IntRange(min=1), default=None, help="Override the program's instances.")
+@click.option("--protocol", type=click.Choice(["Simple", "LL", "LL128"]), default=None,
+              help="Override the program's protocol.")
+@click.option("--no-fusion", is_flag=True, help="Do not fuse receives with sends (rcs/rrs/rrcs).")
+@click.option("--max-tbs", type=click.IntRange(min=1), default=None,
+              help="Threadblocks allowed per rank (default: gc3.limits.MAX_TBS).")
+def command(file: str, args, output: str, instances, protocol, no_fusion: bool, max_tbs) -> None:
+    """Run FILE as a script with ARGS (as `python FILE ARGS`), lower the last
+    GC3Program it traced, verify the schedule and write it as XML.
+
+    Options given here override the program's own settings.  Put `--` before
+    program arguments that look like options of this command.
+    """
+    from ..lower import lower
+    from ..program import run_script
+    from ..xml_io import write_xml
+
+    start = time.perf_counter()
+    try:
+        program = run_script(file, list(args))
+        prog = lower(program, instances=instances, protocol=protocol,
+                     instr_fusion=False if no_fusion else None, max_tbs=max_tbs)
+        verified = None
+        if find_spec("gc3.verify") is not None:
+            checked = import_module("gc3.verify").verify(prog, max_tbs=max_tbs)
+            verified = (f"verified: FIFO order of {checked.pairs} send/receive pairs, no deadlock with "
+                        f"{checked.slots} slots per connection, within runtime limits")
+        write_xml(prog, output)
+    except GC3Error as exc:
+        click.echo(f"{file}: FAILED: {type(exc).__name__}: {exc}", err=True)
+        raise SystemExit(1)
+    for line in summary(prog, out=output, seconds=time.perf_counter() - start, verified=verified):
+        click.echo(line)
