@@ -33,13 +33,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .chunk_ref import ChunkRef
 from .collectives import Collective
-from .errors import (GC3Error, IndexOutOfRangeError, PostconditionError, TraceError, UninitializedChunkError)
+from .errors import GC3Error, IndexOutOfRangeError, PostconditionError, TraceError, UninitializedChunkError
+from .ir import PROTOCOLS
 from .ops import Op, Slot
 from .symbolic import Value, describe, difference, input_chunk
 from .topology import Topology, fully_connected
 from .user_input import as_int, user_location
 
-PROTOCOLS = ("Simple", "LL", "LL128")
+
 Key = Tuple[int, str, int]       # (rank, canonical buffer, index) of one chunk
 
 
@@ -174,11 +175,16 @@ class GC3Program:
     def keys(self, slot: Slot):
         return [(slot.rank, slot.buffer, i) for i in slot.indices()]
 
-    def require_data(self, slot: Slot, where: str, role: str) -> None:
+    def require_data(self, slot: Slot, where: str, role: str, written=None) -> None:
+        """`written`: the user's (buffer, index) of slot's first chunk, named too when in place moved it."""
         for key in self.keys(slot):
             if key not in self._values:
+                alias = ""
+                if written is not None and written != (slot.buffer, slot.index):
+                    buf, idx = written[0], written[1] + key[2] - slot.index
+                    alias = f" (the in-place alias of ({key[0]}, {buf!r}, {idx}))"
                 raise UninitializedChunkError(
-                    f"{where}: {role} chunk (rank {key[0]}, {key[1]!r}, {key[2]}) holds no data yet")
+                    f"{where}: {role} chunk (rank {key[0]}, {key[1]!r}, {key[2]}){alias} holds no data yet")
 
     def versions(self, slot: Slot) -> Tuple[int, ...]:
         return tuple(self._versions.get(k, 0) for k in self.keys(slot))
@@ -257,7 +263,8 @@ def chunk(rank, buffer, index, count: int = 1, *, size: Optional[int] = None) ->
         count = size
     r, buf, idx = prog.locate(rank, buffer, index, count, where)
     slot = Slot(r, buf, idx, count)
-    prog.require_data(slot, where, "referenced")
+    prog.require_data(slot, where, "referenced",
+                      (canonical_buffer(buffer, where), prog.topology.flatten(index, "index", where)))
     return prog.ref(slot, where)
 
 

@@ -9,7 +9,7 @@ from gc3 import Check, GC3Program, chunk, parallelize
 from gc3.chunk_dag import depth
 from gc3.cli import main
 from gc3.collectives import AllToAll
-from gc3.errors import GC3Error, PostconditionError, UninitializedChunkError
+from gc3.errors import GC3Error, UninitializedChunkError
 from gc3.program import run_script
 from gc3.topology import hierarchical
 

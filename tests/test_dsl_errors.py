@@ -250,3 +250,11 @@ def test_numpy_integers_are_accepted_and_bools_are_not():
             chunk(True, "in", 0)
         assert "rank True" in str(err.value)
     assert prog.ops[0].ch == 1 and type(prog.ops[0].dst.rank) is int
+
+
+def test_uninitialized_alias_names_both_spellings():
+    with GC3Program("t", Broadcast(3, 2, True, root=0)):
+        with pytest.raises(UninitializedChunkError) as err:
+            line = next_line()
+            chunk(2, "out", 0, count=2)
+    assert_names(err, line, "(rank 2, 'i', 0) (the in-place alias of (2, 'o', 0))")
