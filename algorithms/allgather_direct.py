@@ -1,18 +1,16 @@
 """Direct (all-pairs) AllGather, out of place or in place.
 
 Parameters: ranks N (argv[1], default 4), chunk factor C (argv[2], default 1),
-"outofplace" or "inplace" (argv[3], default outofplace).
+inplace (argv[3], 1 = in place, default 0).
 Every rank sends its C-chunk input straight into block r of every other
 rank's output, and copies it into its own block (nothing to do in place).
 Intended sizes: small to medium messages (<= 1 MiB) on a fully connected node.
 Cost: 1 step; each directed link carries 1/N of the output buffer (every
 rank sends and receives (N-1)/N of it).
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllGather
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -29,12 +27,8 @@ def allgather_direct(num_ranks: int, chunk_factor: int = 1, inplace: bool = Fals
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="allgather_direct.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=4)
-    p.add_argument("chunk_factor", type=int, nargs="?", default=1)
-    p.add_argument("place", nargs="?", default="outofplace", choices=["outofplace", "inplace"])
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return allgather_direct(a.ranks, a.chunk_factor, a.place == "inplace")
+    ranks, chunk_factor, inplace = int_args(argv, ranks=4, chunk_factor=1, inplace=0)
+    return allgather_direct(ranks, chunk_factor, bool(inplace))
 
 
 if __name__ == "__main__":

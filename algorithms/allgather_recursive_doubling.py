@@ -1,7 +1,7 @@
 """Recursive doubling AllGather, out of place or in place; N a power of two.
 
 Parameters: ranks N (argv[1], default 8; a power of two), chunk factor C
-(argv[2], default 1), "outofplace" or "inplace" (argv[3], default outofplace).
+(argv[2], default 1), inplace (argv[3], 1 = in place, default 0).
 Rank r starts with block r of the output.  In round k it exchanges all the
 blocks it holds (2^k of them, contiguous) with rank r XOR 2^k, doubling
 what it holds.
@@ -10,12 +10,10 @@ latencies dominate.
 Cost: log2 N steps; each rank sends and receives (N-1)/N of the output,
 1/N of it in the first round, 2/N in the second, ..., half in the last.
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllGather
 from gc3.errors import TraceError
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -41,12 +39,8 @@ def allgather_recursive_doubling(num_ranks: int, chunk_factor: int = 1, inplace:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="allgather_recursive_doubling.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=8, help="a power of two")
-    p.add_argument("chunk_factor", type=int, nargs="?", default=1)
-    p.add_argument("place", nargs="?", default="outofplace", choices=["outofplace", "inplace"])
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return allgather_recursive_doubling(a.ranks, a.chunk_factor, a.place == "inplace")
+    ranks, chunk_factor, inplace = int_args(argv, ranks=8, chunk_factor=1, inplace=0)
+    return allgather_recursive_doubling(ranks, chunk_factor, bool(inplace))
 
 
 if __name__ == "__main__":

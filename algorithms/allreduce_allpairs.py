@@ -9,11 +9,9 @@ two steps beat the 2(N-1) of a ring.
 Cost: 2 steps; each directed link carries 2/N of the buffer (every rank sends
 and receives 2(N-1)/N of it).
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllReduce
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -38,11 +36,7 @@ def allreduce_allpairs(num_ranks: int, chunks: int = 1) -> GC3Program:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="allreduce_allpairs.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=4)
-    p.add_argument("chunks", type=int, nargs="?", default=1, help="chunks per block (pipelining)")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return allreduce_allpairs(a.ranks, a.chunks)
+    return allreduce_allpairs(*int_args(argv, ranks=4, chunks=1))
 
 
 if __name__ == "__main__":

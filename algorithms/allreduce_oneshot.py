@@ -10,11 +10,9 @@ that matters; traffic grows as N times the buffer.
 Cost: 1 step; each directed link carries the whole buffer (every rank sends
 and receives N-1 buffers).
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllReduce
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -36,11 +34,7 @@ def allreduce_oneshot(num_ranks: int, chunks: int = 1) -> GC3Program:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="allreduce_oneshot.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=4)
-    p.add_argument("chunks", type=int, nargs="?", default=1, help="chunks of the buffer (pipelining)")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return allreduce_oneshot(a.ranks, a.chunks)
+    return allreduce_oneshot(*int_args(argv, ranks=4, chunks=1))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,10 @@ latencies dominate but the buffer is too large to send whole.
 Cost: 2 log2 N steps; each rank sends and receives 2(N-1)/N of the buffer,
 half of it on the link of the first round, a quarter on the second, ...
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllReduce
 from gc3.errors import TraceError
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -49,10 +47,7 @@ def allreduce_recursive_doubling(num_ranks: int) -> GC3Program:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="allreduce_recursive_doubling.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=8, help="a power of two")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return allreduce_recursive_doubling(a.ranks)
+    return allreduce_recursive_doubling(*int_args(argv, ranks=8))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,9 @@ G messages per node pair are latency-bound.
 Cost: 3 steps; N*(N-1) network messages of G*G*C chunks (G*G blocks) in all;
 NVLink carries each remote block twice.
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllToAll
+from gc3.program import int_args
 from gc3.topology import hierarchical
 
 
@@ -66,12 +64,7 @@ def alltoall_three_step(nodes: int, gpus: int, chunk_factor: int = 1) -> GC3Prog
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="alltoall_three_step.py", description=__doc__.splitlines()[0])
-    p.add_argument("nodes", type=int, nargs="?", default=2)
-    p.add_argument("gpus", type=int, nargs="?", default=4, help="GPUs per node")
-    p.add_argument("chunk_factor", type=int, nargs="?", default=1)
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return alltoall_three_step(a.nodes, a.gpus, a.chunk_factor)
+    return alltoall_three_step(*int_args(argv, nodes=2, gpus=4, chunk_factor=1))
 
 
 if __name__ == "__main__":

@@ -13,11 +13,9 @@ Cost: 2 steps; each GPU's network link carries (N-1)/N of the buffer in N-1
 messages (instead of (N-1)*G); NVLink carries (G-1)/G of the remote part
 plus the local part.
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllToAll
+from gc3.program import int_args
 from gc3.topology import hierarchical
 
 
@@ -52,12 +50,7 @@ def alltoall_two_step(nodes: int, gpus: int, chunk_factor: int = 1) -> GC3Progra
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="alltoall_two_step.py", description=__doc__.splitlines()[0])
-    p.add_argument("nodes", type=int, nargs="?", default=2)
-    p.add_argument("gpus", type=int, nargs="?", default=4, help="GPUs per node")
-    p.add_argument("chunk_factor", type=int, nargs="?", default=1)
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return alltoall_two_step(a.nodes, a.gpus, a.chunk_factor)
+    return alltoall_two_step(*int_args(argv, nodes=2, gpus=4, chunk_factor=1))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,9 @@ the network hop dominates.
 Cost: intra-node 1 step; cross-node 3 steps in which each of the G network
 links carries 1/G of the buffer.
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllToNext
+from gc3.program import int_args
 from gc3.topology import hierarchical
 
 
@@ -41,12 +39,7 @@ def alltonext(nodes: int, gpus: int, chunks: int = 1) -> GC3Program:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="alltonext.py", description=__doc__.splitlines()[0])
-    p.add_argument("nodes", type=int, nargs="?", default=2)
-    p.add_argument("gpus", type=int, nargs="?", default=4, help="GPUs per node")
-    p.add_argument("chunks", type=int, nargs="?", default=1, help="chunks per GPU's part (pipelining)")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return alltonext(a.nodes, a.gpus, a.chunks)
+    return alltonext(*int_args(argv, nodes=2, gpus=4, chunks=1))
 
 
 if __name__ == "__main__":

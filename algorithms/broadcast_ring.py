@@ -1,8 +1,8 @@
 """Pipelined ring Broadcast, out of place or in place.
 
 Parameters: ranks N (argv[1], default 4), chunks C (argv[2], default 4),
-root (argv[3], default 0), "outofplace" or "inplace" (argv[4], default
-outofplace).
+root (argv[3], default 0), inplace (argv[4], 1 = in place,
+default 0).
 The root's buffer is cut into C chunks; each chunk travels the ring root,
 root+1, ..., root-1, each rank forwarding it from its output as soon as it
 arrives, so C chunks are in flight on N-1 links at once.
@@ -10,11 +10,9 @@ Intended sizes: large messages (>= 1 MiB); more chunks fill the pipeline
 sooner but add a per-message latency each.
 Cost: N-1+C-1 chunk steps; each ring link carries the whole buffer once.
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import Broadcast
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -32,13 +30,8 @@ def broadcast_ring(num_ranks: int, chunks: int = 4, root: int = 0, inplace: bool
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="broadcast_ring.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=4)
-    p.add_argument("chunks", type=int, nargs="?", default=4, help="pipeline depth")
-    p.add_argument("root", type=int, nargs="?", default=0)
-    p.add_argument("place", nargs="?", default="outofplace", choices=["outofplace", "inplace"])
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return broadcast_ring(a.ranks, a.chunks, a.root, a.place == "inplace")
+    ranks, chunks, root, inplace = int_args(argv, ranks=4, chunks=4, root=0, inplace=0)
+    return broadcast_ring(ranks, chunks, root, bool(inplace))
 
 
 if __name__ == "__main__":

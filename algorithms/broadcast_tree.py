@@ -1,8 +1,8 @@
 """Binary-tree Broadcast, pipelined, out of place or in place.
 
 Parameters: ranks N (argv[1], default 8), chunks C (argv[2], default 2),
-root (argv[3], default 0), "outofplace" or "inplace" (argv[4], default
-outofplace).
+root (argv[3], default 0), inplace (argv[4], 1 = in place,
+default 0).
 Ranks are numbered v = (rank - root) mod N; rank v forwards each chunk to
 v' = 2v+1 and 2v+2 as soon as it has it.
 Intended sizes: small to medium messages on many ranks (depth log2 N
@@ -10,11 +10,9 @@ instead of the ring's N-1).
 Cost: floor(log2 N) + C-1 chunk steps; each inner rank sends the buffer
 twice (the root's two links carry it once each).
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import Broadcast
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -38,13 +36,8 @@ def broadcast_tree(num_ranks: int, chunks: int = 2, root: int = 0, inplace: bool
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="broadcast_tree.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=8)
-    p.add_argument("chunks", type=int, nargs="?", default=2, help="pipeline depth")
-    p.add_argument("root", type=int, nargs="?", default=0)
-    p.add_argument("place", nargs="?", default="outofplace", choices=["outofplace", "inplace"])
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return broadcast_tree(a.ranks, a.chunks, a.root, a.place == "inplace")
+    ranks, chunks, root, inplace = int_args(argv, ranks=8, chunks=2, root=0, inplace=0)
+    return broadcast_tree(ranks, chunks, root, bool(inplace))
 
 
 if __name__ == "__main__":

@@ -1,18 +1,16 @@
 """Direct (all-pairs) ReduceScatter, out of place or in place.
 
 Parameters: ranks N (argv[1], default 4), chunk factor C (argv[2], default 1),
-"outofplace" or "inplace" (argv[3], default outofplace).
+inplace (argv[3], 1 = in place, default 0).
 Every rank sends block j of its input to rank j's scratch in one message;
 rank j then reduces the N-1 received blocks and its own into its output.
 Intended sizes: small to medium messages (<= 1 MiB) on a fully connected node.
 Cost: 1 step; each directed link carries 1/N of the input buffer (every rank
 sends and receives (N-1)/N of it).
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import ReduceScatter
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -32,12 +30,8 @@ def reducescatter_direct(num_ranks: int, chunk_factor: int = 1, inplace: bool = 
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="reducescatter_direct.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=4)
-    p.add_argument("chunk_factor", type=int, nargs="?", default=1)
-    p.add_argument("place", nargs="?", default="outofplace", choices=["outofplace", "inplace"])
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return reducescatter_direct(a.ranks, a.chunk_factor, a.place == "inplace")
+    ranks, chunk_factor, inplace = int_args(argv, ranks=4, chunk_factor=1, inplace=0)
+    return reducescatter_direct(ranks, chunk_factor, bool(inplace))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Recursive halving ReduceScatter, out of place or in place; N a power of two.
 
 Parameters: ranks N (argv[1], default 8; a power of two), chunk factor C
-(argv[2], default 1), "outofplace" or "inplace" (argv[3], default outofplace).
+(argv[2], default 1), inplace (argv[3], 1 = in place, default 0).
 In round k rank r pairs with r XOR N/2^(k+1), keeps the half of its current
 range of blocks that holds block r, and sends the other half for its partner
 to add to its own.  After log2 N rounds rank r holds the sum of block r.
@@ -12,12 +12,10 @@ latencies dominate.
 Cost: log2 N steps; each rank sends and receives (N-1)/N of the input, half
 of it in the first round, a quarter in the second, ...
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import ReduceScatter
 from gc3.errors import TraceError
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -60,12 +58,8 @@ def reducescatter_recursive_halving(num_ranks: int, chunk_factor: int = 1, inpla
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="reducescatter_recursive_halving.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=8, help="a power of two")
-    p.add_argument("chunk_factor", type=int, nargs="?", default=1)
-    p.add_argument("place", nargs="?", default="outofplace", choices=["outofplace", "inplace"])
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return reducescatter_recursive_halving(a.ranks, a.chunk_factor, a.place == "inplace")
+    ranks, chunk_factor, inplace = int_args(argv, ranks=8, chunk_factor=1, inplace=0)
+    return reducescatter_recursive_halving(ranks, chunk_factor, bool(inplace))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Ring ReduceScatter, out of place or in place.
 
 Parameters: ranks N (argv[1], default 4), chunk factor C (argv[2], default 1),
-"outofplace" or "inplace" (argv[3], default outofplace).
+inplace (argv[3], 1 = in place, default 0).
 Block b of the input starts on rank b+1 and travels the ring b+1, b+2, ...,
 b, each rank adding its own block b, so the sum ends on rank b.  Out of
 place, a rank first copies its block into scratch and accumulates there, so
@@ -9,12 +9,10 @@ the user's input buffer is left as it was.
 Intended sizes: medium to large messages (>= 1 MiB) on a single node.
 Cost: N-1 steps; each ring link carries (N-1)/N of the input buffer.
 """
-import argparse
-import sys
-
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import ReduceScatter
 from gc3.errors import TraceError
+from gc3.program import int_args
 from gc3.topology import fully_connected
 
 
@@ -43,12 +41,8 @@ def reducescatter_ring(num_ranks: int, chunk_factor: int = 1, inplace: bool = Fa
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="reducescatter_ring.py", description=__doc__.splitlines()[0])
-    p.add_argument("ranks", type=int, nargs="?", default=4)
-    p.add_argument("chunk_factor", type=int, nargs="?", default=1)
-    p.add_argument("place", nargs="?", default="outofplace", choices=["outofplace", "inplace"])
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    return reducescatter_ring(a.ranks, a.chunk_factor, a.place == "inplace")
+    ranks, chunk_factor, inplace = int_args(argv, ranks=4, chunk_factor=1, inplace=0)
+    return reducescatter_ring(ranks, chunk_factor, bool(inplace))
 
 
 if __name__ == "__main__":
