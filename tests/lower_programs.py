@@ -133,12 +133,14 @@ def hierarchical_allreduce(nodes, gpus, instances=1, **kw):
     return prog
 
 
-def exchange(count, **kw):
-    """Two ranks swap `count` single-chunk messages: all sends are ready at once."""
+def exchange(count, one_tb=False, **kw):
+    """Two ranks swap `count` single-chunk messages: all sends are ready at once.
+    With one_tb, each rank's sends and receives share threadblock 0."""
+    tb = {"sendtb": 0, "recvtb": 0} if one_tb else {}
     with GC3Program("exchange", AllToAll(2, count, inplace=False), topology=fully_connected(2), **kw) as prog:
         for r in range(2):
             for j in range(count):
-                chunk(r, "in", (1 - r) * count + j).copy(1 - r, "out", r * count + j)
+                chunk(r, "in", (1 - r) * count + j).copy(1 - r, "out", r * count + j, **tb)
                 chunk(r, "in", r * count + j).copy(r, "out", r * count + j)
         Check()
     return prog
