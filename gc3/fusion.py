@@ -17,6 +17,7 @@ belong to different parallel fragments (their replicated sizes would differ).
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import List, Optional
 
 from .errors import ScheduleError
@@ -51,6 +52,8 @@ def fuse(dag: InstrDAG) -> InstrDAG:
         if best >= 0:
             partner[x.id] = best
             absorbed[best] = True
+
+    _break_impossible_chains(dag, partner, absorbed)
 
     new_id: List[int] = [-1] * len(instrs)
     out = []
@@ -105,6 +108,45 @@ def fuse(dag: InstrDAG) -> InstrDAG:
         if z.type in ("rcs", "rrcs", "rrs") and send_to[z.id] < 0:
             raise ScheduleError(f"internal: fused {z.describe()} lost its send")
     return InstrDAG(instrs=fused, succs=succs, preds=preds, send_to=send_to, recv_from=recv_from, plan=dag.plan)
+
+
+def _break_impossible_chains(dag: InstrDAG, partner: List[int], absorbed: List[bool]) -> None:
+    """Undo fusions that no channel could hold.
+
+    Fused instructions forward along chains (send -> fused -> ... ->
+    receive) that run on one channel.  A chain that passes a rank twice,
+    forwarding to the same peer from two different peers (or from one peer to
+    two), would need two threadblocks owning one connection; a chain whose
+    ops ask for different `ch=` cannot sit on one channel either.  The chain
+    is cut before the instruction that clashes, and the cut-off send starts a
+    chain of its own.
+    """
+    instrs, send_to = dag.instrs, dag.send_to
+    work = deque(x.id for x in instrs if x.type == "s" and not absorbed[x.id])
+    while work:
+        s = work.popleft()
+        seen = {}
+        chan = instrs[s].ch
+        while True:
+            y = send_to[s]
+            p = partner[y]
+            if p < 0:
+                break
+            x, fwd = instrs[y], instrs[p]
+            ch = x.ch if x.ch is not None else fwd.ch
+            send_key, recv_key = (x.rank, "send", fwd.send_peer), (x.rank, "recv", x.recv_peer)
+            if ((ch is not None and chan is not None and ch != chan)
+                    or seen.get(send_key, x.recv_peer) != x.recv_peer
+                    or seen.get(recv_key, fwd.send_peer) != fwd.send_peer):
+                partner[y] = -1
+                absorbed[p] = False
+                work.append(p)
+                break
+            seen[send_key] = x.recv_peer
+            seen[recv_key] = fwd.send_peer
+            if ch is not None:
+                chan = ch
+            s = p
 
 
 def _renumber(x: Instr, new: int) -> Instr:

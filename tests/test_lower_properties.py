@@ -1,0 +1,86 @@
+"""Property tests: random small valid programs lower, verify, round-trip and compute the right thing."""
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gc3 import Check, GC3Program, chunk
+from gc3.collectives import AllGather, AllReduce, AllToAll
+from gc3.lower import lower
+from gc3.simulator import simulate
+from gc3.verify import verify
+from gc3.xml_io import from_xml, to_xml
+
+
+def _route(draw, n, start, end=None):
+    """A random simple path of ranks from `start` (to `end` if given)."""
+    others = [r for r in range(n) if r not in (start, end)]
+    hops = draw(st.permutations(others))[:draw(st.integers(0, len(others)))]
+    return [start, *hops] + ([end] if end is not None and end != start else [])
+
+
+@st.composite
+def allgather_programs(draw):
+    n, c = draw(st.integers(2, 4)), draw(st.integers(1, 3))
+    grouped = draw(st.booleans())
+    with GC3Program("rand_allgather", AllGather(n, c, inplace=False)) as prog:
+        for r in range(n):
+            pieces = [(0, c)] if grouped else [(j, 1) for j in range(c)]
+            for j, cnt in pieces:
+                # a random order in which the chunk visits every rank (a chain of copies)
+                order = [r, *draw(st.permutations([x for x in range(n) if x != r]))]
+                c0 = chunk(r, "in", j, count=cnt).copy(r, "out", r * c + j)
+                prev = c0
+                for dst in order[1:]:
+                    # copy from the latest holder, sometimes via a scratch hop
+                    if draw(st.booleans()):
+                        prev = prev.copy(dst, "out", r * c + j)
+                    else:
+                        prev = prev.copy(dst, "stage").copy(dst, "out", r * c + j)
+        Check()
+    return prog
+
+
+@st.composite
+def allreduce_programs(draw):
+    n, c = draw(st.integers(2, 4)), draw(st.integers(1, 2))
+    with GC3Program("rand_allreduce", AllReduce(n, c * n, inplace=True)) as prog:
+        for j in range(c * n):
+            order = draw(st.permutations(range(n)))
+            acc = chunk(order[0], "in", j)
+            for r in order[1:]:
+                acc = chunk(r, "in", j).reduce(acc)
+            holders = [order[-1]]
+            for r in draw(st.permutations(order[:-1])):
+                # broadcast the sum from any rank that already has it
+                src = holders[draw(st.integers(0, len(holders) - 1))]
+                chunk(src, "in", j).copy(r, "in", j)
+                holders.append(r)
+        Check()
+    return prog
+
+
+@st.composite
+def alltoall_programs(draw):
+    n = draw(st.integers(2, 4))
+    with GC3Program("rand_alltoall", AllToAll(n, 1, inplace=False)) as prog:
+        for src in range(n):
+            for dst in range(n):
+                path = _route(draw, n, src, dst)
+                ref = chunk(src, "in", dst)
+                for hop in path[1:-1]:
+                    ref = ref.copy(hop, f"relay{src}")
+                ref.copy(dst, "out", src)
+        Check()
+    return prog
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.one_of(allgather_programs(), allreduce_programs(), alltoall_programs()),
+       instances=st.integers(1, 3), fused=st.booleans(), proto=st.sampled_from(["Simple", "LL", "LL128"]))
+def test_random_programs_lower_verify_round_trip_and_simulate(program, instances, fused, proto):
+    prog = lower(program, instances=instances, instr_fusion=fused, protocol=proto)
+    verify(prog)
+    text = to_xml(prog)
+    assert from_xml(text) == prog and to_xml(from_xml(text)) == text
+    n = prog.ngpus
+    for count in (n * 5, n * prog.nchunksperloop * 2 + n):
+        res = simulate(prog, count=count, dtype="int32")
+        assert res.ok, res.errors[:3]
