@@ -1,0 +1,166 @@
+"""Compile the shipped algorithm samples into ir_samples/*.xml and ir_samples/index.json.
+
+    python scripts/gen_ir_samples.py            # (re)write ir_samples/
+    python scripts/gen_ir_samples.py --check    # exit 1 if ir_samples/ differs from what this writes
+
+Each sample is an algorithm from algorithms/ with fixed arguments, instances
+and protocol, plus the message sizes it is recommended for.  index.json
+follows the schema in runtime_cuda/nccl/catalog.py; the NCCL-replacement
+layer takes the first entry, in file order, that serves a call, so the size
+ranges of entries with the same collective, rank count and placement do not
+overlap.  The 2 nodes x 4 GPUs samples come after the single-node 8-rank ones
+and so serve no call from this index: on a two-node cluster, list them first
+in a GC3_CONFIG file.  Output is byte-for-byte deterministic.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:      # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+
+from gc3.lower import lower  # noqa: E402
+from gc3.program import run_script  # noqa: E402
+from gc3.verify import verify  # noqa: E402
+from gc3.xml_io import to_xml  # noqa: E402
+
+ALGORITHMS = ROOT / "algorithms"
+SAMPLES_DIR = ROOT / "ir_samples"
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@dataclass(frozen=True)
+class Sample:
+    file: str                     # ir_samples/<file>.xml
+    algorithm: str                # algorithms/<algorithm>.py
+    args: Tuple[int, ...]
+    instances: int
+    protocol: str
+    min_bytes: int                # recommended sizes, nccl-tests' "size" (the larger user buffer)
+    max_bytes: Optional[int]      # None: no upper bound
+
+
+S = Sample
+SAMPLES: Tuple[Sample, ...] = (
+    # 2 ranks
+    S("allreduce_allpairs_2r_LL", "allreduce_allpairs", (2,), 1, "LL", 0, 256 * KiB),
+    S("allreduce_ring_2r_Simple", "allreduce_ring", (2,), 1, "Simple", 256 * KiB + 1, None),
+    # 4 ranks
+    S("allreduce_oneshot_4r_LL", "allreduce_oneshot", (4,), 1, "LL", 0, 16 * KiB),
+    S("allreduce_allpairs_4r_LL", "allreduce_allpairs", (4,), 1, "LL", 16 * KiB + 1, 256 * KiB),
+    S("allreduce_ring_4r_Simple_i2", "allreduce_ring", (4,), 2, "Simple", 256 * KiB + 1, None),
+    S("allgather_ring_4r_Simple", "allgather_ring", (4,), 1, "Simple", 0, None),
+    S("reducescatter_ring_4r_inplace_Simple", "reducescatter_ring", (4, 1, 1), 1, "Simple", 0, None),
+    S("alltoall_direct_4r_LL", "alltoall_direct", (4,), 1, "LL", 0, None),
+    # 8 ranks on one node
+    S("allreduce_oneshot_8r_LL", "allreduce_oneshot", (8,), 1, "LL", 0, 16 * KiB),
+    S("allreduce_allpairs_8r_LL", "allreduce_allpairs", (8,), 1, "LL", 16 * KiB + 1, 256 * KiB),
+    S("allreduce_recursive_doubling_8r_Simple", "allreduce_recursive_doubling", (8,), 1, "Simple",
+      256 * KiB + 1, 2 * MiB),
+    S("allreduce_ring_8r_Simple", "allreduce_ring", (8,), 1, "Simple", 2 * MiB + 1, 32 * MiB),
+    S("allreduce_ring_8r_Simple_i4", "allreduce_ring", (8,), 4, "Simple", 32 * MiB + 1, None),
+    S("allgather_direct_8r_LL", "allgather_direct", (8,), 1, "LL", 0, 256 * KiB),
+    S("allgather_recursive_doubling_8r_Simple", "allgather_recursive_doubling", (8,), 1, "Simple",
+      256 * KiB + 1, 4 * MiB),
+    S("allgather_ring_8r_Simple_i2", "allgather_ring", (8,), 2, "Simple", 4 * MiB + 1, None),
+    S("allgather_direct_8r_inplace_Simple", "allgather_direct", (8, 1, 1), 1, "Simple", 0, None),
+    S("reducescatter_direct_8r_LL", "reducescatter_direct", (8,), 1, "LL", 0, 256 * KiB),
+    S("reducescatter_recursive_halving_8r_Simple", "reducescatter_recursive_halving", (8,), 1, "Simple",
+      256 * KiB + 1, 4 * MiB),
+    S("reducescatter_ring_8r_Simple_i2", "reducescatter_ring", (8,), 2, "Simple", 4 * MiB + 1, None),
+    S("alltoall_direct_8r_Simple", "alltoall_direct", (8,), 1, "Simple", 0, None),
+    S("broadcast_tree_8r_LL", "broadcast_tree", (8, 1), 1, "LL", 0, 256 * KiB),
+    S("broadcast_ring_8r_Simple", "broadcast_ring", (8, 4), 1, "Simple", 256 * KiB + 1, None),
+    S("reduce_ring_8r_Simple", "reduce_ring", (8, 4), 1, "Simple", 0, None),
+    # 2 nodes x 4 GPUs (shadowed by the 8-rank entries above; see the module docstring)
+    S("allreduce_hierarchical_2x4_Simple", "allreduce_hierarchical", (2, 4), 1, "Simple", 0, 32 * MiB),
+    S("allreduce_hierarchical_2x4_Simple_i2", "allreduce_hierarchical", (2, 4), 2, "Simple", 32 * MiB + 1, None),
+    S("alltoall_two_step_2x4_LL", "alltoall_two_step", (2, 4), 1, "LL", 0, 1 * MiB),
+    S("alltoall_three_step_2x4_Simple", "alltoall_three_step", (2, 4), 1, "Simple", 1 * MiB + 1, None),
+)
+
+
+def compile_sample(sample: Sample):
+    """(traced GC3Program, verified ir.Program named after the sample's file, with its size range)."""
+    traced = run_script(ALGORITHMS / f"{sample.algorithm}.py", [str(a) for a in sample.args])
+    prog = lower(traced, instances=sample.instances, protocol=sample.protocol)
+    prog = dataclasses.replace(prog, name=sample.file, minBytes=sample.min_bytes,
+                               maxBytes=sample.max_bytes if sample.max_bytes is not None else prog.maxBytes)
+    verify(prog)
+    return traced, prog
+
+
+def index_entry(sample: Sample, traced, prog) -> dict:
+    entry = {"file": f"{sample.file}.xml", "collective": prog.coll, "ranks": prog.ngpus,
+             "inplace": prog.inplace, "protocol": prog.proto, "min_bytes": sample.min_bytes,
+             "max_bytes": sample.max_bytes}
+    if traced.collective.root is not None:
+        entry["root"] = traced.collective.root
+    return entry
+
+
+def generate(out_dir: Path) -> List[Path]:
+    """Write every sample and index.json into `out_dir`; remove stale *.xml there. Returns the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written, entries = [], []
+    for sample in SAMPLES:
+        traced, prog = compile_sample(sample)
+        path = out_dir / f"{sample.file}.xml"
+        path.write_text(to_xml(prog))
+        written.append(path)
+        entries.append(index_entry(sample, traced, prog))
+    index = out_dir / "index.json"
+    index.write_text(json.dumps({"version": 1, "algorithms": entries}, indent=2) + "\n")
+    written.append(index)
+    for stale in sorted(set(out_dir.glob("*.xml")) - set(written)):
+        stale.unlink()
+    return written
+
+
+def differences(committed: Path) -> List[str]:
+    """What differs between `committed` and a fresh generation, one line per file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp)
+        generate(fresh)
+        names = sorted({p.name for p in fresh.iterdir()} | {p.name for p in committed.glob("*.xml")}
+                       | ({"index.json"} if (committed / "index.json").exists() else set()))
+        out = []
+        for name in names:
+            a, b = committed / name, fresh / name
+            if not a.exists():
+                out.append(f"{name}: missing from {committed}")
+            elif not b.exists():
+                out.append(f"{name}: in {committed} but no longer generated")
+            elif a.read_bytes() != b.read_bytes():
+                out.append(f"{name}: differs from what scripts/gen_ir_samples.py writes now")
+        return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=SAMPLES_DIR, help="output folder (default: ir_samples/)")
+    p.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
+    a = p.parse_args(argv)
+    if a.check:
+        diff = differences(a.out)
+        for line in diff:
+            print(line)
+        if diff:
+            print("run: python scripts/gen_ir_samples.py", file=sys.stderr)
+        return 1 if diff else 0
+    written = generate(a.out)
+    total = sum(p.stat().st_size for p in written)
+    print(f"wrote {len(written) - 1} samples and index.json to {a.out} ({total / 1024:.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
