@@ -1,0 +1,69 @@
+"""`gc3 compile`: runs a program file, lowers, verifies, writes XML, summarises."""
+import textwrap
+
+from click.testing import CliRunner
+
+from gc3.cli import main
+from gc3.simulator import simulate
+from gc3.xml_io import read_xml
+
+RING = textwrap.dedent("""
+    import sys
+    from gc3 import Check, GC3Program, chunk
+    from gc3.collectives import AllReduce
+
+    n = int(sys.argv[1])
+    instances = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    with GC3Program("cli_ring", AllReduce(n, n, inplace=True), instances=instances, protocol="LL"):
+        for r in range(n):
+            c = chunk(r, "in", r)
+            for step in range(1, n):
+                c = chunk((r + step) % n, "in", r).reduce(c)
+            for step in range(n - 1):
+                c = c.copy((r + step) % n, "in", r)
+        Check()
+""")
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["compile", *map(str, args)], catch_exceptions=False)
+
+
+def test_compile_writes_verified_xml_and_a_summary(tmp_path):
+    src = tmp_path / "ring.py"
+    src.write_text(RING)
+    out = tmp_path / "ring.xml"
+    res = run(src, 5, "-o", out)
+    assert res.exit_code == 0, res.output
+    prog = read_xml(out)
+    assert (prog.name, prog.ngpus, prog.proto, prog.gc3version is not None) == ("cli_ring", 5, "LL", True)
+    assert "5 ranks" in res.output and "verified" in res.output and str(out) in res.output
+    assert "rrs" in res.output
+    assert simulate(prog, count=5 * 11).ok
+
+
+def test_options_override_the_program(tmp_path):
+    src = tmp_path / "ring.py"
+    src.write_text(RING)
+    out = tmp_path / "ring.xml"
+    res = run(src, 4, 2, "--instances", 3, "--protocol", "Simple", "--no-fusion", "-o", out)
+    assert res.exit_code == 0, res.output
+    prog = read_xml(out)
+    assert (prog.proto, prog.nchannels, prog.gpu(0).i_chunks) == ("Simple", 3, 12)
+    kinds = {st.type for g in prog.gpus for tb in g.threadblocks for st in tb.steps}
+    assert kinds <= {"s", "r", "rrc", "nop"}
+    res = run(src, 4, "--max-tbs", 1, "--no-fusion", "-o", out)
+    assert res.exit_code == 1 and "max_tbs=1" in res.output
+
+
+def test_program_errors_are_reported_with_their_location(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(RING.replace("c = c.copy((r + step) % n", "c = c.copy((r + step) % n + n"))
+    res = run(bad, 3, "-o", tmp_path / "x.xml")
+    assert res.exit_code == 1
+    assert "FAILED" in res.output and "bad.py:" in res.output
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    res = run(empty, "-o", tmp_path / "x.xml")
+    assert res.exit_code == 1 and "traced no GC3Program" in res.output
+    assert not (tmp_path / "x.xml").exists()
