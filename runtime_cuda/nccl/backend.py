@@ -8,6 +8,7 @@ A backend answers three questions for the dispatcher:
                                                learns every rank's outcome, so
                                                all take the same path
     run(decision)                             enqueue on the call's stream
+    check_async_error(), close(), abandon()   NCCL's counterparts (abandon: after abort)
 
 `make_backend` builds the real one when the runtime imports, and otherwise an
 `Unavailable` backend whose reason shows up in the GC3_DEBUG=INFO log as the
@@ -39,7 +40,13 @@ class Unavailable:
     def run(self, decision: Decision) -> None:
         raise CommunicatorError(f"gc3 runtime asked to run {decision.call.describe()} but {self.reason}")
 
+    def check_async_error(self) -> None:
+        pass
+
     def close(self) -> None:
+        pass
+
+    def abandon(self) -> None:
         pass
 
 

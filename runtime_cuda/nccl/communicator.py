@@ -131,13 +131,14 @@ class NcclCommunicator(ArrayCollectives):
 
     def check_async_error(self) -> None:
         self._nccl.check_async_error()
+        self._backend.check_async_error()
 
     def destroy(self) -> None:
         self._backend.close()
         self._nccl.destroy()
 
     def abort(self) -> None:
-        self._backend.close()
+        self._backend.abandon()
         self._nccl.abort()
 
     # --- collectives, cupy.cuda.nccl's signatures ---------------------------

@@ -51,6 +51,7 @@ class Dispatcher:
         if decision.uses_gc3:
             reason = self.gc3.prepare(decision)
             if reason:
+                self.selector.forget()
                 name = decision.candidate.name
                 self.selector.report_fallback(call, f"gc3 algorithm {name} could not be set up: {reason}")
                 return Decision(call, rejections=decision.rejections + [Rejection(name, "runtime", reason)])

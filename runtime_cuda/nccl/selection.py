@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from gc3.errors import GC3Error
 from gc3.layout import Layout, layout_for
@@ -117,18 +117,35 @@ def select(catalog: Catalog, call: Call, runtime: Optional[RuntimeCheck] = None)
 
 
 class Selector:
-    """`select` plus the GC3_DEBUG log, remembering what it has already said."""
+    """`select` plus the GC3_DEBUG log, remembering what it has already said.
+
+    Decisions are cached by everything selection reads from a call (not its
+    addresses or stream), so a repeated call costs one dictionary lookup."""
 
     def __init__(self, catalog: Catalog, logger: logging.Logger, runtime: Optional[RuntimeCheck] = None):
         self.catalog = catalog
         self.log = logger
         self.runtime = runtime
         self._said: Set[Tuple] = set()
+        self._cache: Dict[Tuple, Decision] = {}
 
     def choose(self, call: Call) -> Decision:
+        key = (call.coll, call.count, call.dtype, call.op, call.root, call.nranks, call.rank, call.inplace)
+        hit = self._cache.get(key)
+        if hit is not None:
+            if self.log.isEnabledFor(logging.DEBUG):
+                self._report(hit)
+            return Decision(call, hit.candidate, hit.layout, hit.rejections)
         decision = select(self.catalog, call, self.runtime)
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[key] = decision
         self._report(decision)
         return decision
+
+    def forget(self) -> None:
+        """Drop cached decisions (the runtime's answer changed, e.g. a set-up failed)."""
+        self._cache.clear()
 
     def report_fallback(self, call: Call, reason: str) -> None:
         """Log a fallback decided outside selection (a group with an unsupported member, ...)."""

@@ -1,0 +1,114 @@
+"""gc3's CUDA runtime behind the communicator: one `runtime_cuda.ipc.IpcRanks`
+launch group per selected algorithm, set up on its first call.
+
+The communicator's own NCCL communicator is the rendezvous (`NcclExchange`
+stands in for the mpi4py communicator IpcRanks expects), so this works for
+any launcher that can start a cupy.cuda.nccl program, mpirun or not.
+
+Set-up is collective: every rank selects the same algorithm for the same
+call, builds its launch group at that call, and then all ranks agree on the
+outcome, so that a failure anywhere sends every rank to NCCL together.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+from gc3.errors import GC3Error
+
+from .call import REDUCING, Call
+from .catalog import Candidate
+from .rendezvous import NcclExchange
+from .selection import Decision
+
+
+def _key(cand: Candidate) -> Tuple:
+    return (str(cand.path), cand.name, cand.program.proto)
+
+
+class Gc3Backend:
+    def __init__(self, nccl_comm, rank: int, size: int, device: int):
+        # Imported here so that a machine without the runtime's dependencies
+        # gets an `Unavailable` backend from make_backend instead of an error.
+        from runtime_cuda import abi, binding, launcher, tables
+        from runtime_cuda.ipc import IpcRanks
+
+        self._abi, self._binding, self._launcher, self._tables_mod = abi, binding, launcher, tables
+        self._IpcRanks = IpcRanks
+        self.exchange = NcclExchange(nccl_comm, rank, size)
+        self.rank, self.size, self.device = rank, size, device
+        self._groups: Dict[Tuple, object] = {}
+        self._failed: Dict[Tuple, str] = {}
+        self._tables: Dict[Tuple, object] = {}
+        self._streams: Dict[int, object] = {}
+
+    # -- what the runtime can run ------------------------------------------------
+    def check(self, cand: Candidate, call: Call) -> Optional[str]:
+        key = _key(cand)
+        if key in self._failed:
+            return self._failed[key]
+        if call.dtype_name not in self._abi.DTYPE:
+            return f"the interpreter is not built for {call.dtype_name} (it has {', '.join(self._abi.DTYPE)})"
+        if call.coll in REDUCING and call.op_name not in self._abi.REDOP:
+            return f"the interpreter has no {call.op_name} reduction (it has {', '.join(self._abi.REDOP)})"
+        try:
+            proto = self._launcher.runtime_protocol(cand.program.proto)
+            tables = self._tables.get(key)
+            if tables is None:
+                tables = self._tables[key] = self._tables_mod.build(cand.program, ranks=[self.rank])
+            self._binding.call_shape(cand.program, call.in_elems, call.itemsize, proto, tables.max_cnt)
+        except GC3Error as exc:
+            return str(exc)
+        return None
+
+    # -- collective set-up ---------------------------------------------------------
+    def prepare(self, decision: Decision) -> Optional[str]:
+        cand = decision.candidate
+        key = _key(cand)
+        if key in self._groups:
+            return None
+        if key in self._failed:
+            return self._failed[key]
+        why = ""
+        try:
+            group = self._IpcRanks(cand.program, self.exchange, device=self.device)
+        except Exception as exc:  # reported to every rank below, then NCCL serves the call
+            group, why = None, f"{type(exc).__name__}: {exc}"
+        reasons = self.exchange.all_agree(group is not None, why)
+        bad = [f"rank {r}: {w}" for r, w in enumerate(reasons) if w]
+        if bad:
+            self._failed[key] = "launch group set-up failed (" + "; ".join(bad) + ")"
+            if group is not None:
+                group.close()
+            return self._failed[key]
+        self._groups[key] = group
+        return None
+
+    # -- calls -----------------------------------------------------------------------
+    def _stream(self, ptr: int):
+        s = self._streams.get(ptr)
+        if s is None:
+            import cupy
+            s = cupy.cuda.Stream.null if ptr == 0 else cupy.cuda.ExternalStream(ptr)
+            self._streams[ptr] = s
+        return s
+
+    def run(self, decision: Decision) -> None:
+        c = decision.call
+        group = self._groups[_key(decision.candidate)]
+        # Non-reducing collectives never reduce: share the sum build of the kernel.
+        op = c.op_name if c.coll in REDUCING else "sum"
+        group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, self._stream(c.stream))
+
+    def check_async_error(self) -> None:
+        """Raise RuntimeTimeoutError if a gc3 kernel of this communicator gave up waiting."""
+        for group in self._groups.values():
+            group.executor.check(synchronize=False)
+
+    def close(self) -> None:
+        groups, self._groups = self._groups, {}
+        for group in groups.values():
+            group.close()
+
+    def abandon(self) -> None:
+        """After NCCL's abort: drop the launch groups without the collective close."""
+        self._groups = {}
