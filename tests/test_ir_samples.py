@@ -1,0 +1,99 @@
+"""The shipped ir_samples/: exactly what scripts/gen_ir_samples.py writes now,
+an index.json the NCCL-replacement catalog accepts entry for entry, and every
+sample verified and simulated against numpy for 3 sizes, 2 dtypes and every
+reduction op its collective takes."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from gc3.dtypes import OPS
+from gc3.layout import blocks_of
+from gc3.simulator import simulate
+from gc3.verify import verify
+from gc3.xml_io import read_xml
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "ir_samples"
+INDEX = json.loads((SAMPLES / "index.json").read_text())["algorithms"]
+REDUCING = {"allreduce", "reducescatter", "reduce"}
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_ir_samples", ROOT / "scripts" / "gen_ir_samples.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_samples_are_what_the_generator_writes_now():
+    assert _generator().differences(SAMPLES) == [], "run: python scripts/gen_ir_samples.py"
+
+
+def test_generator_check_mode_reports_a_changed_sample(tmp_path):
+    gen = _generator()
+    gen.generate(tmp_path)
+    victim = tmp_path / INDEX[0]["file"]
+    victim.write_text(victim.read_text().replace('proto="', 'proto="X', 1))
+    (tmp_path / "stale.xml").write_text("<algo/>")
+    assert gen.main(["--out", str(tmp_path), "--check"]) == 1
+    assert sorted(gen.differences(tmp_path)) == [
+        f"{INDEX[0]['file']}: differs from what scripts/gen_ir_samples.py writes now",
+        "stale.xml: in %s but no longer generated" % tmp_path]
+
+
+def test_sample_set_is_moderate_and_covers_the_configurations():
+    files = sorted(p.name for p in SAMPLES.glob("*.xml"))
+    assert files == sorted(e["file"] for e in INDEX)
+    assert 20 <= len(files) <= 30
+    assert sum(p.stat().st_size for p in SAMPLES.iterdir()) < 3 * 1024 * 1024
+    progs = [read_xml(SAMPLES / e["file"]) for e in INDEX]
+    assert {p.ngpus for p in progs} == {2, 4, 8}
+    assert {p.proto for p in progs} == {"Simple", "LL"}
+    assert {p.nchannels > 1 for p in progs} == {True, False}
+    assert {p.inplace for p in progs} == {True, False}
+    assert {"allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce"} == {p.coll for p in progs}
+    assert any("2x4" in e["file"] for e in INDEX)
+
+
+def test_index_entries_state_what_the_xml_holds_and_ranges_do_not_overlap():
+    ranges = defaultdict(list)
+    for e in INDEX:
+        prog = read_xml(SAMPLES / e["file"])
+        assert (e["collective"], e["ranks"], e["inplace"], e["protocol"]) == \
+               (prog.coll, prog.ngpus, prog.inplace, prog.proto), e["file"]
+        assert prog.minBytes == e["min_bytes"]
+        assert e["max_bytes"] is None or prog.maxBytes == e["max_bytes"]
+        assert ("root" in e) == (prog.coll in ("broadcast", "reduce"))
+        ranges[(prog.coll, prog.ngpus, prog.inplace, "2x4" in e["file"])].append(
+            (e["min_bytes"], e["max_bytes"] if e["max_bytes"] is not None else float("inf")))
+    for key, spans in ranges.items():
+        spans.sort()
+        for (lo1, hi1), (lo2, hi2) in zip(spans, spans[1:]):
+            assert lo1 <= hi1 < lo2 <= hi2, f"{key}: size ranges overlap: {spans}"
+
+
+def test_catalog_loads_every_index_entry():
+    from runtime_cuda.nccl.catalog import load_catalog
+    catalog = load_catalog({})
+    assert [c.path.name for c in catalog.candidates] == [e["file"] for e in INDEX]
+
+
+@pytest.mark.parametrize("entry", INDEX, ids=[e["file"][:-4] for e in INDEX])
+def test_sample_verifies_and_simulates_correctly(entry):
+    prog = read_xml(SAMPLES / entry["file"])
+    verify(prog)
+    g = prog.gpus[0]
+    blocks, _ = blocks_of(prog.coll, prog.ngpus, g.i_chunks, g.o_chunks)
+    ops = sorted(OPS) if prog.coll in REDUCING else ["sum"]
+    for count in (blocks, blocks * 37, blocks * 1000):       # one element per block; two uneven
+        for dtype in ("float32", "bfloat16"):
+            for op in ops:
+                res = simulate(prog, count=count, dtype=dtype, op=op, root=entry.get("root", 0))
+                assert res.ok, f"count={count} {dtype} {op}: {res.errors[:2]}"
