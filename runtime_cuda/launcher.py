@@ -117,8 +117,8 @@ class Executor:
             else:
                 with stream:
                     k((self.tables.nblocks,), (nt,), args)
-        except self.cupy.cuda.driver.CUDADriverError as exc:
-            if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(exc):
+        except Exception as exc:
+            if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(exc) or "TooLarge" in str(exc):
                 raise LimitError(f"{self.tables.prog.name}: {self.tables.nblocks} blocks of {nt} threads cannot be "
                                  f"co-resident on device {self.device.id} (cooperative launch refused)") from None
             raise
@@ -161,10 +161,10 @@ class Executor:
 
 
 def _blocks_per_sm(k, nthreads: int, device) -> int:
-    import cupy
-
     try:
-        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, nthreads, 0))
+        from cupy_backends.cuda.api import driver
+
+        return int(driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, nthreads, 0))
     except Exception:  # older CuPy: estimate from the register count
         regs = max(int(k.num_regs), 1)
         per_block = -(-regs * nthreads // 256) * 256

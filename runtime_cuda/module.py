@@ -32,7 +32,8 @@ def source() -> str:
 
 
 def options(dtype: str, op: str, proto: str) -> Tuple[str, ...]:
-    return ("-std=c++17",
+    debug = ("-lineinfo",) if os.environ.get("GC3_NVRTC_LINEINFO") else ()
+    return debug + ("-std=c++17",
             f"-DGC3_DTYPE={abi.DTYPE[dtype]}", f"-DGC3_REDOP={abi.REDOP[op]}", f"-DGC3_PROTO={abi.PROTO[proto]}",
             f"-DGC3_MAX_FANIN={limits.MAX_REDUCE_FANIN}", f"-DGC3_MAX_THREADS={MAX_THREADS}")
 

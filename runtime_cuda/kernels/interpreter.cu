@@ -96,6 +96,7 @@ __device__ bool copy_reduce_step(const StepCtx& c, const int* st, Operand* extra
     }
     if (nd) reduce_copy<B, 4>(c.n, s, d0, d1, nd);
 #else
+    (void)d1;
     const i64 lines = (i64)T * sizeof(elem_t) / 8;   // lines per chunk-tile
     const uint4* rl = recv ? (const uint4*)c.rslot + k * lines : nullptr;
     uint4* sl = send ? (uint4*)c.sslot + k * lines : nullptr;
@@ -112,8 +113,12 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
   const int rank_slot = tb[GC3_TB_RANK_SLOT];
   const int nsteps = tb[GC3_TB_NSTEPS];
   const int* steps = P.steps + (i64)tb[GC3_TB_STEP_START] * GC3_ST_NFIELDS;
-  const u64* sc = tb[GC3_TB_SEND] >= 0 ? P.sends + (i64)tb[GC3_TB_SEND] * GC3_CONN_NFIELDS : nullptr;
-  const u64* rc = tb[GC3_TB_RECV] >= 0 ? P.recvs + (i64)tb[GC3_TB_RECV] * GC3_CONN_NFIELDS : nullptr;
+  // A TB without a connection still points at row 0 (the host never leaves
+  // a table empty), so no load through sc/rc can fault whatever the compiler
+  // speculates; `has_send`/`has_recv` decide what is used.
+  const bool has_send = tb[GC3_TB_SEND] >= 0, has_recv = tb[GC3_TB_RECV] >= 0;
+  const u64* sc = P.sends + (i64)max(tb[GC3_TB_SEND], 0) * GC3_CONN_NFIELDS;
+  const u64* rc = P.recvs + (i64)max(tb[GC3_TB_RECV], 0) * GC3_CONN_NFIELDS;
   __shared__ Operand extra[GC3_MAX_FANIN];
   StepCtx c;
   c.P = &P;
@@ -121,9 +126,9 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
   c.w.tb = tb[GC3_TB_ID];
   for (int b = 0; b < 3; ++b) c.base[b] = (elem_t*)bufs[3 * rank_slot + b];
   c.sh = sh;
-  c.rpeer = rc ? (int)rc[GC3_CONN_PEER] : -1;
-  c.rchan = rc ? (int)rc[GC3_CONN_CHAN] : -1;
-  const int speer = sc ? (int)sc[GC3_CONN_PEER] : -1, schan = sc ? (int)sc[GC3_CONN_CHAN] : -1;
+  c.rpeer = has_recv ? (int)rc[GC3_CONN_PEER] : -1;
+  c.rchan = has_recv ? (int)rc[GC3_CONN_CHAN] : -1;
+  const int speer = has_send ? (int)sc[GC3_CONN_PEER] : -1, schan = has_send ? (int)sc[GC3_CONN_CHAN] : -1;
 
   for (int t = 0; t < ntiles; ++t) {
     c.lane0 = (i64)t * sh.T;
@@ -153,8 +158,8 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
       __syncthreads();
       if (sh_stop) return;
       const u64 sent = sh_sent, recvd = sh_recvd;
-      c.rslot = rc ? (char*)rc[GC3_CONN_FIFO] + (recvd % P.nslots) * P.slot_bytes : nullptr;
-      c.sslot = sc ? (char*)sc[GC3_CONN_FIFO] + (sent % P.nslots) * P.slot_bytes : nullptr;
+      c.rslot = has_recv ? (char*)rc[GC3_CONN_FIFO] + (recvd % P.nslots) * P.slot_bytes : nullptr;
+      c.sslot = has_send ? (char*)sc[GC3_CONN_FIFO] + (sent % P.nslots) * P.slot_bytes : nullptr;
       c.rflag = (unsigned)(recvd + 1);
       c.sflag = (unsigned)(sent + 1);
 
@@ -191,14 +196,16 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
 }
 
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
-gc3_interpreter(const Plan* __restrict__ plan, const u64* __restrict__ bufs, i64 unit, i64 cs, int cpb, int T,
+gc3_interpreter(const Plan* plan, const u64* bufs, i64 unit, i64 cs, int cpb, int T,
                 int ntiles, unsigned epoch) {
   __shared__ u64 sh_sent, sh_recvd;
   __shared__ int sh_stop;
   const Plan& P = *plan;
   const int* tb = P.tbs + (i64)blockIdx.x * GC3_TB_NFIELDS;
-  u64* sent_ctr = tb[GC3_TB_SEND] >= 0 ? (u64*)P.sends[(i64)tb[GC3_TB_SEND] * GC3_CONN_NFIELDS + GC3_CONN_COUNTER] : nullptr;
-  u64* recv_ctr = tb[GC3_TB_RECV] >= 0 ? (u64*)P.recvs[(i64)tb[GC3_TB_RECV] * GC3_CONN_NFIELDS + GC3_CONN_COUNTER] : nullptr;
+  u64* sent_ctr = (u64*)P.sends[(i64)max(tb[GC3_TB_SEND], 0) * GC3_CONN_NFIELDS + GC3_CONN_COUNTER];
+  u64* recv_ctr = (u64*)P.recvs[(i64)max(tb[GC3_TB_RECV], 0) * GC3_CONN_NFIELDS + GC3_CONN_COUNTER];
+  if (tb[GC3_TB_SEND] < 0) sent_ctr = nullptr;
+  if (tb[GC3_TB_RECV] < 0) recv_ctr = nullptr;
   if (threadIdx.x == 0) {
     sh_sent = sent_ctr ? *sent_ctr : 0;
     sh_recvd = recv_ctr ? *recv_ctr : 0;
