@@ -18,7 +18,7 @@ import click
 from ..errors import GC3Error
 
 _COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
-_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8", "int8", "uint32", "uint64")
+_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8")   # gc3.dtypes' names
 
 
 def _size(ctx, param, value):

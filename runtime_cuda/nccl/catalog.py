@@ -221,7 +221,8 @@ def _candidate(path: Path, origin: str, s: _Settings) -> Candidate:
     if prog.coll not in COLLECTIVES:
         raise CatalogEntryError(f"{path}: collective {prog.coll!r} has no NCCL call (NCCL has {', '.join(COLLECTIVES)})")
     _verify(prog, path)
-    if s.protocol is not None and s.protocol != prog.proto:
+    overridden = s.protocol is not None and s.protocol != prog.proto
+    if overridden:
         prog = dataclasses.replace(prog, proto=s.protocol)
     ops = s.ops
     if ops is None and prog.redop and prog.redop.lower() not in ("nop", "none") and prog.coll in REDUCING:
@@ -238,7 +239,7 @@ def _candidate(path: Path, origin: str, s: _Settings) -> Candidate:
     max_bytes = None if s.max_unbounded else (s.max_bytes if s.max_bytes is not None else prog.maxBytes)
     outofplace = s.outofplace if s.outofplace is not None else (
         prog.outofplace if prog.outofplace is not None else not prog.inplace)
-    label = s.name or path.name + (f"[{prog.proto}]" if s.protocol else "")
+    label = s.name or path.name + (f"[{prog.proto}]" if overridden else "")
     return Candidate(name=label, origin=origin, path=path, program=prog, serves_inplace=prog.inplace,
                      serves_outofplace=outofplace, min_bytes=min_bytes, max_bytes=max_bytes,
                      dtypes=s.dtypes, ops=ops, root=root, count_multiple=s.count_multiple)

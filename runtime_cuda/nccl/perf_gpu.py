@@ -123,9 +123,9 @@ def _as_stored(values, dtype: str):
     """What `values` become once written in `dtype` and read back (rounding, wrap-around)."""
     import cupy
     tmp = cupy.empty(values.size * ITEMSIZE[DTYPE_CODES[dtype]], dtype=cupy.uint8)
-    if dtype_info(dtype).is_float:
+    if dtype_info(dtype).is_float or values.dtype.kind in "iu":
         _store(tmp, 0, values, dtype)
-    else:
+    else:  # avg of integers: NCCL divides and truncates
         _store(tmp, 0, cupy.trunc(values).astype(cupy.int64), dtype)
     return _load(tmp, 0, values.size, dtype)
 
@@ -252,7 +252,7 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
             ref.run(Call(coll, send, recv, count, dtype, op, stream, host.size, host.rank, root))
             return "NCCL"
         impls["nccl"] = nccl_issue
-    biggest = max(cfg.sizes) + 256
+    biggest = (max(cfg.sizes) + 256 + 15) // 16 * 16   # whole elements of every dtype
     sendbuf = cupy.empty(biggest, dtype=cupy.uint8)
     recvbuf = cupy.empty(biggest, dtype=cupy.uint8)
     stream = cupy.cuda.Stream(non_blocking=True)
