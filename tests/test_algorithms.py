@@ -27,7 +27,7 @@ REDUCING = {"allreduce", "reducescatter", "reduce"}
 # algorithm -> argument lists; each is traced, checked, compiled with every
 # schedule variant, verified and simulated.
 CONFIGS = {
-    "allreduce_ring": [(2,), (3,), (5,), (8,)],
+    "allreduce_ring": [(2,), (3,), (5, 1, 3), (8,), (4, 2, 2)],
     "allreduce_allpairs": [(2,), (3, 2), (5,), (8,)],
     "allreduce_recursive_doubling": [(2,), (4,), (16,), (8,)],
     "allreduce_oneshot": [(2,), (3, 2), (6,), (5,)],
@@ -177,6 +177,14 @@ def test_alltonext_spreads_the_network_hop_over_every_gpu():
         cross = {(src, dst): chunks for (src, dst), chunks in traffic(prog).items()
                  if src // G == n and dst // G == n + 1}
         assert cross == {(n * G + g, (n + 1) * G + g): c for g in range(G)}
+
+
+def test_ring_allreduce_runs_one_logical_ring_per_channel():
+    prog = trace("allreduce_ring", (5, 1, 3))
+    assert {op.ch for op in prog.ops} == {0, 1, 2}
+    assert traffic(prog) == {(r, (r + 1) % 5): 3 * 2 * 4 for r in range(5)}
+    assert lower(prog).nchannels == 3
+    assert lower(prog, instances=2).nchannels == 6
 
 
 def test_broadcast_tree_root_sends_to_two_children():

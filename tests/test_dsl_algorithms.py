@@ -194,7 +194,7 @@ def test_msccl_tools_spellings_port_unchanged():
 
 
 @pytest.mark.parametrize("args, needle", [(["four"], "argument ranks must be an int, got 'four'"),
-                                          (["4", "1", "9"], "expected at most 2 arguments (ranks instances)")])
+                                          (["4", "1", "1", "9"], "expected at most 3 arguments (ranks instances channels)")])
 def test_cli_trace_rejects_bad_program_arguments(args, needle):
     result = CliRunner().invoke(main, ["trace", str(ALGOS / "allreduce_ring.py"), *args])
     assert result.exit_code == 1 and needle in result.output, result.output
