@@ -1,41 +1,27 @@
 """Small DSL programs the lowering tests compile (written here so the tests do
 not depend on algorithms/, which other work may change)."""
+import importlib.util
+from pathlib import Path
+
 from gc3 import Check, GC3Program, chunk, parallelize
 from gc3.collectives import AllGather, AllReduce, AllToAll, Broadcast, ReduceScatter
 from gc3.topology import fully_connected
 
+# The benchmark's programs (scripts/bench_compile.py) are tested here too.
+_spec = importlib.util.spec_from_file_location(
+    "bench_compile", Path(__file__).resolve().parent.parent / "scripts" / "bench_compile.py")
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+
 
 def ring_allreduce(n, instances=1, **kw):
-    """msccl-tools' ring: chunk r starts at rank r, is reduced around the ring,
-    and the rank that finished it passes it on (tests/data/msccl/allreduce_ring_4r_1i.xml)."""
-    with GC3Program("ring_allreduce", AllReduce(n, n, inplace=True), instances=instances, **kw) as prog:
-        for r in range(n):
-            c = chunk(r, "in", r)
-            for step in range(1, n):
-                c = chunk((r + step) % n, "in", r).reduce(c)
-            for step in range(n - 1):
-                c = c.copy((r + step) % n, "in", r)
-        Check()
-    return prog
+    """msccl-tools' ring (tests/data/msccl/allreduce_ring_4r_1i.xml is its output)."""
+    return _bench.gc3_ring(n, instances, **kw)
 
 
 def allpairs_allreduce(n, instances=1, **kw):
-    """msccl-tools' all-pairs AllReduce: scatter into scratch, local reduces on
-    n threadblocks, gather; every op placed by hand (sendtb/recvtb)."""
-    with GC3Program("allpairs_allreduce", AllReduce(n, n * n, inplace=True), instances=instances, **kw) as prog:
-        for r1 in range(n):
-            for r2 in range(n):
-                if r1 != r2:
-                    chunk(r1, "in", r2 * n, count=n).copy(r2, "scratch", sendtb=r2, recvtb=r1)
-        for r in range(n):
-            for index in range(n * (n - 1)):
-                chunk(r, "in", r * n + index % n).reduce(chunk(r, "scratch", index), sendtb=index % n)
-        for r1 in range(n):
-            for r2 in range(n):
-                if r1 != r2:
-                    chunk(r1, "in", r1 * n, count=n).copy(r2, "in", r1 * n, sendtb=r2, recvtb=r1)
-        Check()
-    return prog
+    """msccl-tools' all-pairs AllReduce, manual threadblocks and scratch."""
+    return _bench.gc3_allpairs(n, instances, **kw)
 
 
 def two_step_alltoall(nodes, gpus, instances=1, **kw):

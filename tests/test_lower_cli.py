@@ -9,19 +9,9 @@ from gc3.xml_io import read_xml
 
 RING = textwrap.dedent("""
     import sys
-    from gc3 import Check, GC3Program, chunk
-    from gc3.collectives import AllReduce
+    from lower_programs import ring_allreduce
 
-    n = int(sys.argv[1])
-    instances = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-    with GC3Program("cli_ring", AllReduce(n, n, inplace=True), instances=instances, protocol="LL"):
-        for r in range(n):
-            c = chunk(r, "in", r)
-            for step in range(1, n):
-                c = chunk((r + step) % n, "in", r).reduce(c)
-            for step in range(n - 1):
-                c = c.copy((r + step) % n, "in", r)
-        Check()
+    ring_allreduce(*map(int, sys.argv[1:]), protocol="LL")
 """)
 
 
@@ -36,7 +26,7 @@ def test_compile_writes_verified_xml_and_a_summary(tmp_path):
     res = run(src, 5, "-o", out)
     assert res.exit_code == 0, res.output
     prog = read_xml(out)
-    assert (prog.name, prog.ngpus, prog.proto, prog.gc3version is not None) == ("cli_ring", 5, "LL", True)
+    assert (prog.name, prog.ngpus, prog.proto, prog.gc3version is not None) == ("allreduce_ring", 5, "LL", True)
     assert "5 ranks" in res.output and "verified" in res.output and str(out) in res.output
     assert "rrs" in res.output
     assert simulate(prog, count=5 * 11).ok
@@ -58,10 +48,15 @@ def test_options_override_the_program(tmp_path):
 
 def test_program_errors_are_reported_with_their_location(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text(RING.replace("c = c.copy((r + step) % n", "c = c.copy((r + step) % n + n"))
-    res = run(bad, 3, "-o", tmp_path / "x.xml")
+    bad.write_text(textwrap.dedent("""
+        from gc3 import GC3Program, chunk
+        from gc3.collectives import AllReduce
+        with GC3Program("bad", AllReduce(2, 1)):
+            chunk(0, "in", 5)
+    """))
+    res = run(bad, "-o", tmp_path / "x.xml")
     assert res.exit_code == 1
-    assert "FAILED" in res.output and "bad.py:" in res.output
+    assert "FAILED: IndexOutOfRangeError" in res.output and f"{bad}:5:" in res.output
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
     res = run(empty, "-o", tmp_path / "x.xml")

@@ -14,7 +14,7 @@ from lower_programs import (allpairs_allreduce, hierarchical_allreduce, ring_all
 
 def test_algo_attributes_follow_program_and_overrides():
     prog = lower(ring_allreduce(4))
-    assert (prog.name, prog.coll, prog.ngpus, prog.proto) == ("ring_allreduce", "allreduce", 4, "Simple")
+    assert (prog.name, prog.coll, prog.ngpus, prog.proto) == ("allreduce_ring", "allreduce", 4, "Simple")
     assert (prog.inplace, prog.outofplace, prog.redop) == (True, False, None)
     assert (prog.minBytes, prog.maxBytes) == (0, MAX_BYTES)
     assert prog.gc3version == gc3.__version__ and prog.convention == Convention.GC3
@@ -118,3 +118,17 @@ def test_fast_xml_writer_falls_back_for_unknown_keywords_and_empty_elements():
     assert to_xml(prog) == _to_xml_lxml(prog)
     empty = Program(name="e", proto="LL", nchannels=1, nchunksperloop=1, ngpus=0, coll="allreduce", inplace=True)
     assert to_xml(empty) == _to_xml_lxml(empty)
+
+
+def test_emitted_steps_read_the_same_under_msccl_convention():
+    # Receive-reduce steps reduce into their own local operand, so an MSCCL
+    # runtime (which reads rrc's operand from dst) executes our XML unchanged.
+    for p in (ring_allreduce(4), allpairs_allreduce(3), hierarchical_allreduce(2, 2)):
+        prog = lower(p, instances=2)
+        for g in prog.gpus:
+            for tb in g.threadblocks:
+                for st_ in tb.steps:
+                    if st_.type == "nop":
+                        continue
+                    assert local_input(st_, Convention.GC3) == local_input(st_, Convention.MSCCL)
+                    assert local_output(st_, Convention.GC3) == local_output(st_, Convention.MSCCL)
