@@ -5,7 +5,8 @@ kernel's scalars: gc3.layout's unit/cs/chunks-per-block plus the tile size.
 `bind` decides which addresses the kernel uses for the i and o buffers of a
 rank, including the copies an in-place program needs when called out of
 place (as in MSCCL: the input is first copied into the output's aliased
-region, gc3.layout.Layout.inplace_offset).
+region, gc3.layout.Layout.inplace_offset), and the private input copy an
+out-of-place program reads when called in place.
 """
 from __future__ import annotations
 
@@ -92,10 +93,18 @@ def bind(prog: Program, lay: Layout, rank: int, in_ptr: int, out_ptr: int, items
          temp_ptr: int = 0) -> Binding:
     """Addresses of i and o for one rank's call; `temp_ptr` is used only when
     `bind(...).temp_bytes` (ask first with temp_ptr=0)."""
-    if is_inplace_call(lay, rank, in_ptr, out_ptr, itemsize) or not prog.inplace:
-        return Binding(in_ptr, out_ptr)
     base, off = lay.inplace_offset(rank)
     in_bytes, out_bytes = lay.in_elems * itemsize, lay.out_elems * itemsize
+    if is_inplace_call(lay, rank, in_ptr, out_ptr, itemsize):
+        if prog.inplace or in_bytes == 0:
+            return Binding(in_ptr, out_ptr)
+        # An out-of-place schedule may overwrite input that it (or a peer,
+        # through this rank) still has to read: it reads a private copy.
+        if not temp_ptr:
+            return Binding(0, 0, temp_bytes=in_bytes)
+        return Binding(temp_ptr, out_ptr, pre=Copy(temp_ptr, in_ptr, in_bytes), temp_bytes=in_bytes)
+    if not prog.inplace:
+        return Binding(in_ptr, out_ptr)
     if base == "o":
         view = out_ptr + off * itemsize
         return Binding(view, out_ptr, pre=Copy(view, in_ptr, in_bytes))

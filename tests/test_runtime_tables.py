@@ -173,10 +173,13 @@ def test_binding_of_an_inplace_program_called_out_of_place():
     assert b.pre == binding.Copy(90_000, 10_000, 800) and b.post == binding.Copy(50_000, 90_400, 400)
 
 
-def test_out_of_place_program_binds_buffers_as_given():
+def test_out_of_place_program_binds_buffers_as_given_and_reads_a_copy_in_place():
     prog = read_xml(A2A)
     L = layout_for(prog, 800, 3)
     assert binding.bind(prog, L, 3, 1, 2, 4) == binding.Binding(1, 2)
+    assert binding.bind(prog, L, 3, 5000, 5000, 4).temp_bytes == 3200
+    b = binding.bind(prog, L, 3, 5000, 5000, 4, temp_ptr=90_000)
+    assert (b.i, b.o, b.pre) == (90_000, 5000, binding.Copy(90_000, 5000, 3200))
 
 
 def test_kernel_source_is_self_contained_and_compiles_for_every_variant():
