@@ -7,8 +7,8 @@ fused instructions gives *chains* (send -> fused -> ... -> fused -> receive)
 that must each sit on one channel.  On a channel, a rank can pair a given
 send peer with only one receive peer (one TB per connection and direction),
 so two chains forwarding through a rank in incompatible ways go to different
-channels.  Each chain takes the user's `ch=` if given (all ops in it must
-agree), otherwise the lowest channel where its pairings fit.  Unfused sends
+channels.  Each chain takes the user's `ch=` if given (fusion never chains ops
+that ask for different ones), otherwise the lowest channel where its pairings fit.  Unfused sends
 and receives carry no such constraint and take channel 0 (or `ch=`).
 
 Channels are chosen once, on the first parallel copy; copy q of an
@@ -89,18 +89,11 @@ def assign_channels(dag: InstrDAG) -> ChannelAssignment:
             if x.tb is not None:
                 tb_chan.setdefault((x.rank, x.tb), (c, i))
 
-    chains = list(_chains(dag))
     pinned, free = [], []
-    for chain in chains:
+    for chain in _chains(dag):
+        # fusion cut every chain whose ops ask for two different channels
         wanted = {instrs[i].ch for i in chain} - {None}
-        if len(wanted) > 1:
-            a, b = sorted(wanted)[:2]
-            xa = next(instrs[i] for i in chain if instrs[i].ch == a)
-            xb = next(instrs[i] for i in chain if instrs[i].ch == b)
-            raise ScheduleError(
-                f"{xa.where}: ch={a} and {xb.where}: ch={b} are fused into one chain of forwarding "
-                f"instructions, which runs on one channel; give them the same ch= or compile with --no-fusion")
-        (pinned if wanted else free).append((chain, wanted.pop() if wanted else None))
+        (pinned if wanted else free).append((chain, min(wanted) if wanted else None))
     for chain, c in pinned:
         clash = conflict(chain, c)
         if clash is not None:

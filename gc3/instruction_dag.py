@@ -65,10 +65,9 @@ class Instr:
         return " and ".join(dict.fromkeys(op.where for op in self.ops)) or "<no op>"
 
     def describe(self) -> str:
-        span = f"{self.dstbuf}[{self.dstoff}]" if self.cnt == 1 else f"{self.dstbuf}[{self.dstoff}:{self.dstoff + self.cnt}]"
-        if self.type in ("s",):
-            span = f"{self.srcbuf}[{self.srcoff}]" if self.cnt == 1 else f"{self.srcbuf}[{self.srcoff}:{self.srcoff + self.cnt}]"
-        return f"{self.type} {span} on rank {self.rank} (from {self.where})"
+        buf, off = (self.srcbuf, self.srcoff) if self.type == "s" else (self.dstbuf, self.dstoff)
+        span = f"{off}" if self.cnt == 1 else f"{off}:{off + self.cnt}"
+        return f"{self.type} {buf}[{span}] on rank {self.rank} (from {self.where})"
 
 
 @dataclass

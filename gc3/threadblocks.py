@@ -21,8 +21,11 @@ deadlock-free with that many slots).  Every threadblock lists its
 instructions in this order.
 
 `sendtb`/`recvtb` (manual assignment) put an instruction on the user's
-threadblock (one per instance); an assignment that breaks the rules above
-raises ScheduleError naming the op and the conflict.
+threadblock (one per parallel copy and instance); an assignment that breaks
+the rules above raises ScheduleError naming the op and the conflict.
+
+Only the first instance is scheduled: the others are the same schedule on
+their own channels and chunks, stamped out when the IR is emitted.
 """
 from __future__ import annotations
 
@@ -275,7 +278,6 @@ def _explain_stuck(dag, chan, order, waiting_recv, blocked_send, queue, conn_ind
     lines = []
     for i, flag in enumerate(waiting_recv):
         if flag:
-            c = dag.recv_from[i]
             conn = names[next(k for k, q in enumerate(queue) if i in q)]
             head = next(q[0] for q in queue if i in q)
             lines.append(f"{instrs[i].describe()} must wait on connection {conn[0]}->{conn[1]} channel {conn[2]} "
