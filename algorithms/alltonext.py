@@ -14,12 +14,15 @@ links carries 1/G of the buffer.
 """
 from gc3 import Check, GC3Program, chunk
 from gc3.collectives import AllToNext
+from gc3.errors import TraceError
 from gc3.program import int_args
 from gc3.topology import hierarchical
 
 
 def alltonext(nodes: int, gpus: int, chunks: int = 1) -> GC3Program:
     N, G, c = nodes, gpus, chunks
+    if N * G < 2:
+        raise TraceError(f"alltonext needs at least 2 ranks, got {N} node(s) x {G} GPU(s)")
     with GC3Program("alltonext", AllToNext(num_ranks=N * G, chunk_factor=G * c, inplace=False),
                     topology=hierarchical(N, G)) as prog:
         for n in range(N):

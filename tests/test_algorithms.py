@@ -12,8 +12,11 @@ from pathlib import Path
 import networkx as nx
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gc3.cli import main as cli
+from gc3.dtypes import OPS
 from gc3.errors import GC3Error, TraceError
 from gc3.layout import blocks_of
 from gc3.lower import lower
@@ -212,10 +215,10 @@ def test_recursive_algorithms_reject_non_powers_of_two(name, n):
         trace(name, (n,))
 
 
-@pytest.mark.parametrize("name", ["reducescatter_ring", "reduce_ring"])
-def test_ring_algorithms_need_two_ranks(name):
+@pytest.mark.parametrize("name, args", [("reducescatter_ring", (1,)), ("reduce_ring", (1,)), ("alltonext", (1, 1))])
+def test_algorithms_that_need_two_ranks_say_so(name, args):
     with pytest.raises(TraceError, match="needs at least 2 ranks, got 1"):
-        trace(name, (1,))
+        trace(name, args)
 
 
 def test_bad_program_arguments_name_the_argument():
@@ -232,7 +235,7 @@ SCHEDULES = [(1, "Simple"), (2, "LL"), (3, "LL128")]
 DTYPES = ["int32", "float32", "bfloat16"]
 
 
-def element_counts(prog, ir):
+def element_counts(ir):
     """Input element counts: one element per block (most chunks empty), and two uneven sizes."""
     blocks, _ = blocks_of(ir.coll, ir.ngpus, ir.gpus[0].i_chunks, ir.gpus[0].o_chunks)
     return [blocks * k for k in (1, 37, 203)]
@@ -246,14 +249,51 @@ def test_compiles_verifies_and_simulates(name, args, instances, protocol):
     assert (ir.coll, ir.ngpus, ir.inplace, ir.proto) == (prog.collective.name, prog.num_ranks,
                                                          prog.collective.inplace, protocol)
     verify(ir)
-    ops = ["sum", "max", "prod"] if ir.coll in REDUCING else ["sum"]
+    ops = sorted(OPS) if ir.coll in REDUCING else ["sum"]
     root = prog.collective.root or 0
-    for k, count in enumerate(element_counts(prog, ir)):
-        op = ops[k % len(ops)]
+    for k, count in enumerate(element_counts(ir)):
         dtype = DTYPES[(k + instances) % len(DTYPES)]
-        res = simulate(ir, count=count, dtype=dtype, op=op, root=root, seed=k)
-        assert res.ok, f"{name}{args} x{instances} {protocol} count={count} {dtype} {op}: {res.errors[:2]}"
-        assert not res.warnings, res.warnings
+        for op in ops:
+            res = simulate(ir, count=count, dtype=dtype, op=op, root=root, seed=k)
+            assert res.ok, f"{name}{args} x{instances} {protocol} count={count} {dtype} {op}: {res.errors[:2]}"
+            assert not res.warnings, res.warnings
+
+
+def _args(draw, name):
+    """Arguments `name` accepts: any rank count >= 2 (powers of two where required), chunks, flags."""
+    ints = st.integers
+    if name in ("allreduce_hierarchical", "alltoall_two_step", "alltoall_three_step", "alltonext"):
+        nodes = draw(ints(1, 3))
+        gpus = draw(ints(2 if nodes == 1 else 1, 4))
+        return (nodes, gpus) if name == "allreduce_hierarchical" else (nodes, gpus, draw(ints(1, 2)))
+    power = "recursive" in name
+    n = 2 ** draw(ints(1, 4)) if power else draw(ints(2, 9))
+    if name in ("broadcast_ring", "broadcast_tree", "reduce_ring"):
+        return n, draw(ints(1, 3)), draw(ints(0, n - 1)), draw(ints(0, 1))
+    if name == "allreduce_ring":
+        return n, 1, draw(ints(1, 2))
+    if name == "allreduce_recursive_doubling":
+        return (n,)
+    if name.startswith(("allgather_direct", "allgather_recursive", "reducescatter")):
+        return n, draw(ints(1, 2)), draw(ints(0, 1))
+    return n, draw(ints(1, 2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_random_configurations_compile_and_compute_the_collective(data):
+    name = data.draw(st.sampled_from(sorted(CONFIGS)), label="algorithm")
+    args = _args(data.draw, name)
+    instances, protocol = data.draw(st.sampled_from(SCHEDULES), label="schedule")
+    prog = trace(name, args)
+    ir = lower(prog, instances=instances, protocol=protocol)
+    verify(ir)
+    blocks, _ = blocks_of(ir.coll, ir.ngpus, ir.gpus[0].i_chunks, ir.gpus[0].o_chunks)
+    count = blocks * data.draw(st.integers(1, 300), label="elements per block")
+    op = data.draw(st.sampled_from(sorted(OPS) if ir.coll in REDUCING else ["sum"]), label="op")
+    res = simulate(ir, count=count, dtype=data.draw(st.sampled_from(DTYPES), label="dtype"), op=op,
+                   root=prog.collective.root or 0)
+    assert res.ok, res.errors[:2]
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
