@@ -62,3 +62,10 @@ def test_program_errors_are_reported_with_their_location(tmp_path):
     res = run(empty, "-o", tmp_path / "x.xml")
     assert res.exit_code == 1 and "traced no GC3Program" in res.output
     assert not (tmp_path / "x.xml").exists()
+
+
+def test_unwritable_output_is_a_clean_error(tmp_path):
+    src = tmp_path / "ring.py"
+    src.write_text(RING)
+    res = run(src, 3, "-o", tmp_path / "missing" / "x.xml")
+    assert res.exit_code == 1 and "cannot write" in res.output

@@ -84,3 +84,33 @@ def test_random_programs_lower_verify_round_trip_and_simulate(program, instances
     for count in (n * 5, n * prog.nchunksperloop * 2 + n):
         res = simulate(prog, count=count, dtype="int32")
         assert res.ok, res.errors[:3]
+
+
+def _instruction_graph(program):
+    import networkx as nx
+    from gc3.instruction_dag import build
+    from gc3.replication import plan_buffers
+
+    dag = build(program.ops, plan_buffers(program, 1))
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(dag.instrs)))
+    g.add_edges_from((u, v) for u, vs in enumerate(dag.succs) for v in vs)
+    g.add_edges_from((u, v) for u, v in enumerate(dag.send_to) if v >= 0)
+    return dag, g
+
+
+@settings(max_examples=25, deadline=None)
+@given(program=st.one_of(allgather_programs(), allreduce_programs(), alltoall_programs()))
+def test_every_chunk_dag_edge_is_kept_by_the_instruction_dag(program):
+    import networkx as nx
+
+    dag, g = _instruction_graph(program)
+    of_op = {}
+    for x in dag.instrs:
+        of_op.setdefault(x.ops[0].id, []).append(x.id)
+    closure = nx.transitive_closure_dag(g)
+    cd = program.chunk_dag
+    for u, v in cd.edges:
+        if cd.nodes[u].get("kind") == "source":
+            continue
+        assert any(closure.has_edge(a, b) for a in of_op[u] for b in of_op[v]), (cd.nodes[u]["op"], cd.nodes[v]["op"])

@@ -71,5 +71,8 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
     except GC3Error as exc:
         click.echo(f"{file}: FAILED: {type(exc).__name__}: {exc}", err=True)
         raise SystemExit(1)
+    except OSError as exc:
+        click.echo(f"{output}: cannot write: {exc.strerror}", err=True)
+        raise SystemExit(1)
     for line in summary(prog, out=output, seconds=time.perf_counter() - start, verified=verified):
         click.echo(line)
