@@ -1,8 +1,7 @@
 """Pipelined ring Broadcast, out of place or in place.
 
 Parameters: ranks N (argv[1], default 4), chunks C (argv[2], default 4),
-root (argv[3], default 0), inplace (argv[4], 1 = in place,
-default 0).
+root (argv[3], default 0), inplace (argv[4], 1 = in place, default 0).
 The root's buffer is cut into C chunks; each chunk travels the ring root,
 root+1, ..., root-1, each rank forwarding it from its output as soon as it
 arrives, so C chunks are in flight on N-1 links at once.

@@ -1,8 +1,7 @@
 """Binary-tree Broadcast, pipelined, out of place or in place.
 
 Parameters: ranks N (argv[1], default 8), chunks C (argv[2], default 2),
-root (argv[3], default 0), inplace (argv[4], 1 = in place,
-default 0).
+root (argv[3], default 0), inplace (argv[4], 1 = in place, default 0).
 Ranks are numbered v = (rank - root) mod N; rank v forwards each chunk to
 v' = 2v+1 and 2v+2 as soon as it has it.
 Intended sizes: small to medium messages on many ranks (depth log2 N

@@ -1,8 +1,7 @@
 """Pipelined ring Reduce to a root, out of place or in place.
 
 Parameters: ranks N (argv[1], default 4), chunks C (argv[2], default 4),
-root (argv[3], default 0), inplace (argv[4], 1 = in place,
-default 0).
+root (argv[3], default 0), inplace (argv[4], 1 = in place, default 0).
 Each of the C chunks starts on rank root+1 and travels root+1, root+2, ...,
 root, each rank adding its own chunk in scratch (so no user buffer but the
 root's output is written), and the root adding its own into its output.
