@@ -4,6 +4,9 @@
         --assign_channels--> ChannelAssignment --assign_threadblocks--> Schedule
         --insert_sync--> [ir.Gpu] --(here)--> ir.Program
 
+Passes 4-6 schedule the first instance only; `insert_sync` stamps the other
+instances onto their own channels and chunks (see `replication.py`).
+
 The result uses gc3's operand convention (every operand local, see
 `gc3.ir.Convention`) and is marked with `gc3version`.  Buffer sizes come from
 the collective's declared chunk counts times the replication factor, never
