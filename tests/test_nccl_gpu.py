@@ -26,8 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # --- running a function on N ranks ------------------------------------------------
 
+# The runtime's IPC set-up imports mpi4py; outside mpirun that is an MPI
+# singleton, which Open MPI refuses to start as root unless told it may.
+_SINGLETON_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
 def _child(fn, rank, n, uid, env, args, out):
     try:
+        os.environ.update(_SINGLETON_ENV)
         os.environ.update(env)
         import cupy
         cupy.cuda.Device(rank).use()
