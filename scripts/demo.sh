@@ -4,10 +4,7 @@
 # CUDA GPU (and cupy), also run it with the interpreter kernel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+bash scripts/setup.sh
 GC3=.venv/bin/gc3
 mkdir -p build
 $GC3 compile algorithms/allreduce_ring.py 4 -o build/allreduce_ring_4.xml
