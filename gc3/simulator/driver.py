@@ -259,9 +259,7 @@ def format_summary(res: Result) -> str:
         item = dtype_info(res.dtype).np.itemsize
         lines.append(f"size       {format_bytes(L.in_elems * item)} per rank input ({L.in_elems} x {res.dtype}), "
                      f"op {res.op}, seed {res.seed}, FIFO slots {res.slots}")
-        short = "" if L.unit == L.chunks_per_block * L.cs else \
-            f"; uneven: last chunk of each block holds {L.unit - (L.chunks_per_block - 1) * L.cs if L.cs else 0} " \
-            f"element(s) or fewer, padding reads as zero"
+        short = "" if L.unit == L.chunks_per_block * L.cs else "; uneven: " + _uneven(L)
         lines.append(f"layout     {L.blocks_in} in / {L.blocks_out} out block(s) x {L.chunks_per_block} chunk(s), "
                      f"cs = {L.cs} elements ({format_bytes(L.cs * item)}), scratch {L.s_chunks} chunk(s){short}")
     if res.expected is not None:
@@ -294,3 +292,12 @@ def format_summary(res: Result) -> str:
                      f"(alpha-beta model: {t.config_name}{mark})")
     lines.append("OK" if res.ok else "FAILED")
     return "\n".join(lines)
+
+
+def _uneven(L) -> str:
+    """Describe the short and empty chunks of a block (layout.py's rule)."""
+    full, rest = divmod(L.unit, L.cs) if L.cs else (0, 0)
+    empty = L.chunks_per_block - full - (1 if rest else 0)
+    parts = [f"{full} full chunk(s)"] + ([f"one of {rest} element(s)"] if rest else []) + \
+        ([f"{empty} empty"] if empty else [])
+    return ", ".join(parts) + " per block; padding lanes read as zero"
