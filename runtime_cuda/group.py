@@ -45,7 +45,7 @@ class LaunchGroup:
             self._prepared.clear()
         return buf.data.ptr
 
-    def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, itemsize: int):
+    def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, itemsize: int, stream):
         lay, shape = self._shape(in_elems, itemsize)
         ptrs: List[int] = []
         pre: List[Copy] = []
@@ -60,7 +60,9 @@ class LaunchGroup:
             scratch = self._grown(self._scratch, r, self.prog.gpu(r).s_chunks * shape.cs * itemsize)
             ptrs.extend((b.i, b.o, scratch))
         keep = (self._scratch.copy(), self._temp.copy())
-        return self.executor.buffer_table(tuple(ptrs)), shape, pre, post, keep
+        if self._scratch or self._temp:   # freshly grown buffers are zeroed on the default stream
+            self.cupy.cuda.Stream.null.synchronize()
+        return self.executor.buffer_table(tuple(ptrs), stream), shape, pre, post, keep
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                  stream=None) -> None:
@@ -71,7 +73,7 @@ class LaunchGroup:
         if prepared is None:
             if len(self._prepared) > 1024:
                 self._prepared.clear()
-            prepared = self._prepare(in_ptrs, out_ptrs, in_elems, info.np.itemsize)
+            prepared = self._prepare(in_ptrs, out_ptrs, in_elems, info.np.itemsize, stream)
             self._prepared[key] = prepared
         bufs, shape, pre, post, _ = prepared
         sptr = (stream or self.cupy.cuda.get_current_stream()).ptr

@@ -63,6 +63,8 @@ class Executor:
                    abort_peers=self._abort_peers.data.ptr, n_abort_peers=len(abort_peers),
                    timeout_ns=int(self.timeout * 1e9), nslots=nslots(proto), slot_bytes=slot_bytes(proto))
         self.plan = cupy.asarray(np.array([ptr[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
+        # Tables and zeroed memory must be in place before a launch on any stream reads them.
+        self.device.synchronize()
         self.epoch = 0
         self.broken: Optional[str] = None
         self._kernels: Dict[Tuple[str, str], Tuple[object, int]] = {}
@@ -92,13 +94,16 @@ class Executor:
             f"so the runtime refuses to launch (use fewer virtual ranks or TBs)")
 
     # -- calls ----------------------------------------------------------
-    def buffer_table(self, ptrs: Tuple[int, ...]):
-        """Device copy of the per-rank (i, o, s) addresses, cached by value."""
+    def buffer_table(self, ptrs: Tuple[int, ...], stream=None):
+        """Device copy of the per-rank (i, o, s) addresses, cached by value.
+        Written on the launch stream: a copy queued on another stream could
+        still be pending when a kernel on this one reads it."""
         tab = self._bufs.get(ptrs)
         if tab is None:
             if len(self._bufs) > 256:
                 self._bufs.clear()
-            tab = self.cupy.asarray(np.asarray(ptrs, dtype=np.uint64))
+            tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
+            tab.set(np.asarray(ptrs, dtype=np.uint64), stream=stream)
             self._bufs[ptrs] = tab
         return tab
 

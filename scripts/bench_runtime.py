@@ -76,6 +76,8 @@ def main() -> int:
     ap.add_argument("--max", default="1GiB")
     ap.add_argument("--ll-max", default="256KiB", help="largest size run with the LL algorithm")
     ap.add_argument("--instances", type=int, default=16, help="channels of the Simple algorithms")
+    ap.add_argument("--ll-instances", type=int, default=1, help="channels of the LL algorithms")
+    ap.add_argument("--min", default="1KiB")
     ap.add_argument("--colls", default="allreduce,allgather,reducescatter,alltoall")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -95,7 +97,7 @@ def main() -> int:
     ncomm = nccl.NcclCommunicator(n, world.bcast(uid, root=0), rank)
     stream = cupy.cuda.Stream(non_blocking=True)
     sizes = []
-    s = 1024
+    s = parse_size(args.min)
     while s <= parse_size(args.max):
         sizes.append(s)
         s *= 4
@@ -107,7 +109,7 @@ def main() -> int:
     for coll in args.colls.split(","):
         groups = {}
         for proto in ("LL", "Simple"):
-            prog = compile_program(coll, proto, 1 if proto == "LL" else args.instances)
+            prog = compile_program(coll, proto, args.ll_instances if proto == "LL" else args.instances)
             groups[proto] = IpcRanks(prog, world, proto=proto)
         for size in sizes:
             proto = "LL" if size <= ll_max else "Simple"
