@@ -3,7 +3,7 @@ against gc3.reference (used by the tests and `gc3 run`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -63,25 +63,31 @@ def reference_case(prog: Program, in_elems: int, dtype: str, op: str, seed: int 
     return inputs, reference(prog.coll, inputs, op, prog.ngpus)
 
 
+def device_buffers(group, inputs: Sequence[np.ndarray], in_elems: int, dtype: str, inplace: bool):
+    """Per rank of the group: (input view, output view) of one device
+    allocation laid out by `host_buffers`."""
+    import cupy
+
+    ins, outs = [], []
+    for r in group.tables.ranks:
+        host, si, so = host_buffers(layout_for(group.prog, in_elems, r), r, inputs[r], inplace)
+        dev = cupy.asarray(host.view(storage_dtype(dtype)))
+        ins.append(dev[si])
+        outs.append(dev[so])
+    return ins, outs
+
+
 def run_checked(group, in_elems: int, dtype: str, op: str, inplace: bool, seed: int = 0,
                 repeat: int = 1) -> CheckResult:
     """Checked calls on a launch group (virtual ranks or this process's rank):
     `repeat` times, from fresh buffers each time (FIFO counters and progress
     flags carry over between calls).  Every process draws all ranks' inputs
     from the same seed and checks its own ranks."""
-    import cupy
-
     prog = group.prog
     inputs, expected = reference_case(prog, in_elems, dtype, op, seed)
-    st = storage_dtype(dtype)
     res = CheckResult()
     for _ in range(repeat):
-        ins, outs = [], []
-        for r in group.tables.ranks:
-            host, si, so = host_buffers(layout_for(prog, in_elems, r), r, inputs[r], inplace)
-            dev = cupy.asarray(host.view(st))
-            ins.append(dev[si])
-            outs.append(dev[so])
+        ins, outs = device_buffers(group, inputs, in_elems, dtype, inplace)
         group(ins, outs, op=op, dtype=dtype)
         group.check()
         res = CheckResult()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,8 +74,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max", default="1GiB")
     ap.add_argument("--ll-max", default="256KiB", help="largest size run with the LL algorithm")
-    ap.add_argument("--instances", type=int, default=16, help="channels of the Simple algorithms")
-    ap.add_argument("--ll-instances", type=int, default=1, help="channels of the LL algorithms")
+    ap.add_argument("--instances", type=int, default=32, help="channels of the Simple algorithms")
+    ap.add_argument("--ll-instances", type=int, default=4, help="channels of the LL algorithms")
     ap.add_argument("--min", default="1KiB")
     ap.add_argument("--colls", default="allreduce,allgather,reducescatter,alltoall")
     ap.add_argument("--out", default=None)

@@ -1,6 +1,5 @@
 """Host side of the CUDA runtime, no GPU needed: device tables (nop folding,
 waits, re fusion), the kernel ABI, call geometry and buffer binding."""
-import re
 import shutil
 import subprocess
 from pathlib import Path

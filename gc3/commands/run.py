@@ -59,10 +59,9 @@ def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout)
 def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout):
     import cupy
 
-    from runtime_cuda.checking import host_buffers, reference_case, run_checked, storage_dtype
+    from runtime_cuda.checking import device_buffers, reference_case, run_checked
     from runtime_cuda.perf import bus_factor, in_elems_for, nbytes_of, parse_size
     from ..dtypes import dtype_info
-    from ..layout import layout_for
 
     itemsize = dtype_info(dtype).np.itemsize
     if _world_size() > 1:
@@ -88,14 +87,7 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout):
         ok = res.wrong == 0
         click.echo(f"check{'' if lead else f' (rank {group.tables.ranks[0]})'}: {res.wrong} wrong of "
                    f"{res.checked} elements{'' if ok else ': ' + str(res.first)}")
-    inputs, _ = reference_case(prog, n, dtype, op)
-    st = storage_dtype(dtype)
-    ins, outs = [], []
-    for r in group.tables.ranks:
-        host, si, so = host_buffers(layout_for(prog, n, r), r, inputs[r], inplace)
-        dev = cupy.asarray(host.view(st))
-        ins.append(dev[si])
-        outs.append(dev[so])
+    ins, outs = device_buffers(group, reference_case(prog, n, dtype, op)[0], n, dtype, inplace)
     for _ in range(warmup):
         group(ins, outs, op=op, dtype=dtype)
     group.check()
