@@ -66,6 +66,8 @@ def test_table_columns_line_up():
     assert "4.00x" in lines[0] and "2.00x" in lines[0] and "ll.xml" in lines[0]
     assert "N/A" in lines[0]                       # an unchecked case says so
     assert "1.00x" in lines[1]
+    rows[1].results["gc3"]["ip"].algorithm = "NCCL"
+    assert perf.format_row(rows[1], impls).endswith("ll.xml / NCCL")
     foot = perf.footer(rows, impls)
     assert "gc3: out of bounds values: 6 FAILED" in foot[0] and "NCCL: out of bounds values: 0 OK" in foot[1]
 

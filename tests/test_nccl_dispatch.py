@@ -8,6 +8,7 @@ import pytest
 
 from gc3.errors import CommunicatorError
 from runtime_cuda.nccl import communicator as cm
+from runtime_cuda.nccl.arrays import is_array
 from runtime_cuda.nccl.backend import Unavailable
 from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_FLOAT64, NCCL_INT32, NCCL_MAX, NCCL_SUM
 
@@ -171,3 +172,19 @@ def test_bad_arguments_name_rank_and_call(log, monkeypatch, call, needle):
     with pytest.raises(CommunicatorError, match=needle) as err:
         call(comm)
     assert "rank 0" in str(err.value) and log == []
+
+
+class DeviceArray:
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def test_broadcast_and_reduce_tell_array_form_from_pointer_form():
+    assert is_array((DeviceArray(),), {}) and is_array((), {"x": DeviceArray()})
+    assert not is_array((S, R, 10, NCCL_FLOAT32, 0, ST), {}) and not is_array((), {})
+
+
+def test_pointer_broadcast_and_reduce_keep_cupy_keywords(log, monkeypatch):
+    comm = make_comm(log, monkeypatch)
+    comm.broadcast(sendbuff=S, recvbuff=R, count=4, datatype=NCCL_FLOAT32, root=1, stream=ST)
+    comm.reduce(S, R, 4, NCCL_FLOAT32, NCCL_MAX, 0, ST)
+    assert log == [("broadcast", S, R, 4, NCCL_FLOAT32, 1, ST), ("reduce", S, R, 4, NCCL_FLOAT32, NCCL_MAX, 0, ST)]

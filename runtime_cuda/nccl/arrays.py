@@ -9,13 +9,23 @@
     r = comm.reduce(x, root=0, op="max")        # meaningful on the root only
 
 Every call takes `stream=` (a cupy Stream, or None for cupy's current stream)
-and goes through the same selection as the pointer API.
+and goes through the same selection as the pointer API.  `broadcast` and
+`reduce` share their names with cupy.cuda.nccl's pointer methods: the
+communicator sends a call whose first argument is an array here
+(`is_array`), and one whose first argument is an address to the pointer form.
 """
 from __future__ import annotations
 
 from gc3.errors import CommunicatorError
 
 from .constants import code_of_dtype, code_of_op
+
+
+def is_array(args, kwargs) -> bool:
+    """Whether a broadcast/reduce call is the array form (x first) or cupy's pointer form."""
+    if "x" in kwargs:
+        return True
+    return bool(args) and hasattr(args[0], "__cuda_array_interface__")
 
 
 class ArrayCollectives:
@@ -86,12 +96,12 @@ class ArrayCollectives:
                      self._stream(stream))
         return out
 
-    def broadcast(self, x, root=0, out=None, stream=None):
+    def array_broadcast(self, x, root=0, out=None, stream=None):
         code, out = self._prepare("broadcast", x, x if out is None else out, x.shape)
         self._submit("broadcast", x.data.ptr, out.data.ptr, x.size, code, None, self._stream(stream), root)
         return out
 
-    def reduce(self, x, root=0, op="sum", out=None, stream=None):
+    def array_reduce(self, x, root=0, op="sum", out=None, stream=None):
         code, out = self._prepare("reduce", x, out, x.shape)
         self._submit("reduce", x.data.ptr, out.data.ptr, x.size, code, self._op("reduce", op),
                      self._stream(stream), root)

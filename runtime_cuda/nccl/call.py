@@ -17,7 +17,7 @@ REDUCING = ("allreduce", "reducescatter", "reduce")
 ROOTED = ("broadcast", "reduce")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Call:
     coll: str           # one of COLLECTIVES, or "send"/"recv"
     sendbuf: int        # raw device pointers (0 where the call has none)

@@ -21,17 +21,18 @@ from typing import List, Tuple
 
 from gc3.errors import CommunicatorError
 
-from .arrays import ArrayCollectives
+from .arrays import ArrayCollectives, is_array
 from .backend import make_backend, unavailable_backend
 from .call import COLLECTIVES, Call
 from .catalog import load_catalog
-from .constants import dtype_name, op_name
+from .constants import DTYPE_NAMES, OP_NAMES, dtype_name, op_name
 from .dispatch import P2P, Dispatcher, run_group
 from .fallback import NcclFallback, originals
 from .log import get_logger
 from .selection import Selector
 
 _group = threading.local()
+_CALLS = COLLECTIVES + P2P
 
 
 def _pending() -> List[Tuple["NcclCommunicator", Call]]:
@@ -145,10 +146,24 @@ class NcclCommunicator(ArrayCollectives):
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
         self._submit("allreduce", sendbuf, recvbuf, count, datatype, op, stream)
 
-    def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
+    def reduce(self, *args, **kwargs):
+        """cupy's reduce(sendbuf, recvbuf, count, datatype, op, root, stream), or the
+        array form reduce(x, root=0, op="sum", out=None, stream=None)."""
+        if is_array(args, kwargs):
+            return self.array_reduce(*args, **kwargs)
+        return self._pointer_reduce(*args, **kwargs)
+
+    def broadcast(self, *args, **kwargs):
+        """cupy's broadcast(sendbuff, recvbuff, count, datatype, root, stream), or the
+        array form broadcast(x, root=0, out=None, stream=None)."""
+        if is_array(args, kwargs):
+            return self.array_broadcast(*args, **kwargs)
+        return self._pointer_broadcast(*args, **kwargs)
+
+    def _pointer_reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
         self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
 
-    def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
+    def _pointer_broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
         self._submit("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root)
 
     def bcast(self, buff, count, datatype, root, stream):
@@ -176,28 +191,33 @@ class NcclCommunicator(ArrayCollectives):
         return self._submit(coll, sendbuf, recvbuf, count, datatype, op, stream, root)
 
     def _submit(self, coll, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
-        if coll not in COLLECTIVES + P2P:
-            raise CommunicatorError(f"rank {self._rank}: unknown collective {coll!r} "
-                                    f"(known: {', '.join(COLLECTIVES + P2P)})")
-        try:
-            dtype_name(int(datatype))
-            if op is not None:
-                op_name(int(op))
-        except ValueError as exc:
-            raise CommunicatorError(f"rank {self._rank}: {coll}: {exc}") from None
-        if int(count) < 0:
-            raise CommunicatorError(f"rank {self._rank}: {coll}: count must be >= 0, got {count}")
-        if not 0 <= int(root) < self._size:
-            what = "peer" if coll in ("send", "recv") else "root"
-            raise CommunicatorError(f"rank {self._rank}: {coll}: {what} {root} is not a rank of this "
-                                    f"{self._size}-rank communicator")
-        call = Call(coll, int(sendbuf), int(recvbuf), int(count), int(datatype),
-                    None if op is None else int(op), int(stream), self._size, self._rank, int(root))
+        # The hot path: plain lookups; the wordy checks run only once one fails.
+        datatype, count, root = int(datatype), int(count), int(root)
+        op = None if op is None else int(op)
+        if (coll not in _CALLS or datatype not in DTYPE_NAMES or (op is not None and op not in OP_NAMES)
+                or count < 0 or not 0 <= root < self._size):
+            self._reject(coll, datatype, op, count, root)
+        call = Call(coll, int(sendbuf), int(recvbuf), count, datatype, op, int(stream), self._size, self._rank, root)
         if getattr(_group, "depth", 0):
             _pending().append((self, call))
             return "group"
         decision = self._dispatch.run(call)
         return self._count(decision)
+
+    def _reject(self, coll, datatype, op, count, root):
+        where = f"rank {self._rank}: {coll}"
+        if coll not in _CALLS:
+            raise CommunicatorError(f"rank {self._rank}: unknown collective {coll!r} (known: {', '.join(_CALLS)})")
+        try:
+            dtype_name(datatype)
+            if op is not None:
+                op_name(op)
+        except ValueError as exc:
+            raise CommunicatorError(f"{where}: {exc}") from None
+        if count < 0:
+            raise CommunicatorError(f"{where}: count must be >= 0, got {count}")
+        what = "peer" if coll in P2P else "root"
+        raise CommunicatorError(f"{where}: {what} {root} is not a rank of this {self._size}-rank communicator")
 
     def _count(self, decision) -> str:
         route = decision.candidate.name if decision is not None and decision.uses_gc3 else "NCCL"

@@ -122,7 +122,7 @@ def header(coll: str, nranks: int, dtype: str, redop: str, impls: Sequence[str])
         top,
         "#" + blank[1:] + " | " + " | ".join(sides) + (" | speedup (NCCL time / gc3 time)" if speed else ""),
         "#" + lead.format("size", "count", "type", "redop", "root")[1:] + " | " + " | ".join(cols)
-        + (" | {:>6} {:>6}  gc3 algorithm".format("oop", "ip") if speed else ""),
+        + (" | {:>6} {:>6}  gc3 algorithm (oop / ip)".format("oop", "ip") if speed else ""),
         "#" + lead.format("(B)", "(elements)", "", "", "")[1:] + " | " + " | ".join(units),
     ]
 
@@ -136,9 +136,9 @@ def format_row(row: Row, impls: Sequence[str]) -> str:
     if len(impls) == 2:
         sp = [row.speedup(p) for p in PLACES]
         algos = [row.results.get("gc3", {}).get(p) for p in PLACES]
-        names = sorted({m.algorithm for m in algos if m is not None and m.algorithm})
+        names = [m.algorithm if m is not None and m.algorithm else "-" for m in algos]
         line += " | " + " ".join("{:>6}".format("-" if s is None else f"{s:.2f}x") for s in sp)
-        line += "  " + " / ".join(names)
+        line += "  " + (names[0] if names[0] == names[1] else " / ".join(names))
     return line
 
 
