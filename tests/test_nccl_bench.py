@@ -99,6 +99,6 @@ def test_cli_help_and_bad_arguments():
     out = runner.invoke(main, ["bench", "-c", "allreduce,gossip"])
     assert out.exit_code != 0 and "unknown collective(s) gossip" in out.output
     out = runner.invoke(main, ["bench", "-b", "1Q"])
-    assert out.exit_code != 0 and "byte size" in out.output
+    assert out.exit_code != 0 and "cannot read size '1Q'" in out.output
     out = runner.invoke(main, ["bench", "-b", "1M", "-e", "1K"])
     assert out.exit_code != 0 and "-b" in out.output

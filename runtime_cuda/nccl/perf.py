@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from runtime_cuda.perf import bus_factor
+
 from .call import COLLECTIVES, REDUCING, ROOTED
 
 IMPLS = ("gc3", "nccl")
@@ -23,14 +25,9 @@ PLACES = ("oop", "ip")
 
 
 def busbw_factor(coll: str, nranks: int) -> float:
-    n = nranks
-    if coll == "allreduce":
-        return 2 * (n - 1) / n
-    if coll in ("allgather", "reducescatter", "alltoall"):
-        return (n - 1) / n
-    if coll in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"no bus bandwidth factor for {coll!r} (known: {', '.join(COLLECTIVES)})")
+    if coll not in COLLECTIVES:
+        raise ValueError(f"no bus bandwidth factor for {coll!r} (known: {', '.join(COLLECTIVES)})")
+    return bus_factor(coll, nranks)
 
 
 def sweep(min_bytes: int, max_bytes: int, factor: int = 2, step_bytes: int = 0) -> List[int]:
