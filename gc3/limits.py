@@ -14,5 +14,6 @@ FIFO_SLOTS = {"Simple": 8, "LL": 8, "LL128": 8}
 MAX_TBS = 128
 MAX_STEPS_PER_TB = 1024
 MAX_CNT = 256              # chunks one step may move
-MAX_CHANNELS = 32
+# 64: on 2 GPUs a 2-TB-per-channel schedule needs 64 channels to put 64 SMs on the link.
+MAX_CHANNELS = 64
 MAX_REDUCE_FANIN = 8       # consecutive `re` steps into one dst fused into one pass

@@ -19,7 +19,7 @@ from gc3.ir import Program
 from gc3.layout import Layout, layout_for
 
 from . import abi
-from .connections import slot_data_bytes
+from .connections import TileSplit, slot_data_bytes, tile_split
 
 
 @dataclass(frozen=True)
@@ -43,22 +43,30 @@ def rank_layouts(prog: Program, in_elems: int):
     return lays
 
 
-def tile_lanes(cs: int, itemsize: int, proto: str, max_cnt: int) -> int:
+def tile_lanes(cs: int, itemsize: int, proto: str, max_cnt: int, split: Optional[TileSplit] = None) -> int:
     """Lanes per tile: as many as a slot holds for the largest transfer, in
-    whole 16-byte granules, and no more than the chunk needs."""
+    whole 16-byte granules, and no more than the chunk needs -- or, with a
+    `split`, small enough that a chunk makes `split.tiles` tiles (so that the
+    steps of one chunk pipeline across FIFO slots) but no smaller than
+    `split.min_bytes`."""
     g = max(16 // itemsize, 1)
     fit = slot_data_bytes(proto) // (max_cnt * itemsize) // g * g
     if fit < g:
         raise LimitError(f"a FIFO slot of {slot_data_bytes(proto)} data bytes cannot hold {max_cnt} chunks of "
                          f"{g} x {itemsize}-byte elements; raise GC3_SLOT_BYTES_{proto.upper()}")
-    return min(fit, max(g, -(-cs // g) * g))
+    lanes = cs
+    if split is not None and split.tiles > 1:
+        lanes = min(cs, max(-(-cs // split.tiles), split.min_bytes // itemsize))
+    return min(fit, max(g, -(-lanes // g) * g))
 
 
-def call_shape(prog: Program, in_elems: int, itemsize: int, proto: str, max_cnt: int) -> Tuple[Layout, Shape]:
+def call_shape(prog: Program, in_elems: int, itemsize: int, proto: str, max_cnt: int,
+               split: Optional[TileSplit] = None) -> Tuple[Layout, Shape]:
+    """`split` defaults to the protocol's `tile_split` (environment)."""
     lay = rank_layouts(prog, in_elems)[0]
     if lay.cs == 0:
         return lay, Shape(lay.unit, 0, max(lay.chunks_per_block, 1), 16, 0)
-    T = tile_lanes(lay.cs, itemsize, proto, max_cnt)
+    T = tile_lanes(lay.cs, itemsize, proto, max_cnt, tile_split(proto) if split is None else split)
     ntiles = math.ceil(lay.cs / T)
     if ntiles >= 1 << abi.TILE_BITS:
         raise LimitError(f"{ntiles} tiles per chunk (chunk of {lay.cs} elements, tile {T}); "

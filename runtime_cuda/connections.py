@@ -40,6 +40,31 @@ def slot_bytes(proto: str) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class TileSplit:
+    """Cut each chunk into at least `tiles` tiles while a tile stays >= min_bytes."""
+    tiles: int = 1
+    min_bytes: int = 0
+
+
+# No split by default: a tile is as large as a slot holds.
+_TILE_SPLIT = {"Simple": TileSplit(), "LL": TileSplit()}
+
+
+def tile_split(proto: str) -> TileSplit:
+    """GC3_TILE_SPLIT_<PROTO>=TILES:MIN_BYTES overrides the default."""
+    env = os.environ.get(f"GC3_TILE_SPLIT_{proto.upper()}")
+    if not env:
+        return _TILE_SPLIT[proto]
+    try:
+        tiles, min_bytes = (int(x) for x in env.split(":"))
+    except ValueError:
+        raise GC3Error(f"GC3_TILE_SPLIT_{proto.upper()}={env!r}: expected TILES:MIN_BYTES, e.g. 4:65536") from None
+    if tiles < 1 or min_bytes < 0:
+        raise GC3Error(f"GC3_TILE_SPLIT_{proto.upper()}={env!r}: TILES must be >= 1 and MIN_BYTES >= 0")
+    return TileSplit(tiles, min_bytes)
+
+
 def nslots(proto: str) -> int:
     return limits.FIFO_SLOTS[proto]
 
@@ -88,14 +113,19 @@ def rank_layout(prog: Program, rank: int, proto: str) -> RankLayout:
                       fifo_bytes_per_conn=nslots(proto) * slot_bytes(proto))
 
 
-# Control area of a launch group, in u64 words.
+# Control area of a launch group, in u64 words: abort word, error record,
+# then one progress flag and one launch count (epoch) per block.
 CONTROL_ABORT = 0
 CONTROL_ERR = 1
 CONTROL_FLAGS = CONTROL_ERR + abi.ERR_NFIELDS // 2
 
 
-def control_words(nblocks: int) -> int:
+def control_epochs(nblocks: int) -> int:
     return CONTROL_FLAGS + nblocks
+
+
+def control_words(nblocks: int) -> int:
+    return control_epochs(nblocks) + nblocks
 
 
 def records(t: Tables, layouts: Dict[int, RankLayout], fifo_base: Callable[[int], int],

@@ -10,10 +10,31 @@ from gc3.dtypes import dtype_info
 from gc3.ir import Program
 
 from .binding import Copy, Shape, bind, call_shape
-from .launcher import Executor
+from .connections import tile_split
+from .launcher import Executor, Launch
 from .tables import Tables
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
+
+
+class PreparedCall:
+    """One cached call: the copies an in-place/out-of-place mismatch needs, and the launch."""
+    __slots__ = ("launch", "pre", "post", "shape", "keep", "_memcpy")
+
+    def __init__(self, launch: Optional[Launch], pre: List[Copy], post: List[Copy], shape: Shape, keep):
+        import cupy
+
+        self.launch, self.pre, self.post, self.shape = launch, pre, post, shape
+        self.keep = keep   # scratch/temp buffers this call's addresses point into
+        self._memcpy = cupy.cuda.runtime.memcpyAsync
+
+    def __call__(self, stream_ptr: int) -> None:
+        for c in self.pre:
+            self._memcpy(c.dst, c.src, c.nbytes, _D2D, stream_ptr)
+        if self.launch is not None:
+            self.launch(stream_ptr)
+        for c in self.post:
+            self._memcpy(c.dst, c.src, c.nbytes, _D2D, stream_ptr)
 
 
 class LaunchGroup:
@@ -28,9 +49,10 @@ class LaunchGroup:
         self.cupy = cupy
         self._scratch: Dict[int, object] = {}
         self._temp: Dict[int, object] = {}
-        self._prepared: Dict[tuple, Tuple[object, Shape, List[Copy], List[Copy]]] = {}
+        self._prepared: Dict[tuple, PreparedCall] = {}
+        split = tile_split(self.proto)   # fixed for the group's life, like its slot size
         self._shape = lru_cache(maxsize=64)(
-            lambda n, itemsize: call_shape(self.prog, n, itemsize, self.proto, self.tables.max_cnt))
+            lambda n, itemsize: call_shape(self.prog, n, itemsize, self.proto, self.tables.max_cnt, split))
 
     def _grown(self, pool: Dict[int, object], rank: int, nbytes: int) -> int:
         if nbytes == 0:
@@ -45,7 +67,10 @@ class LaunchGroup:
             self._prepared.clear()
         return buf.data.ptr
 
-    def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, itemsize: int, stream):
+    def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
+                 stream) -> "PreparedCall":
+        info = dtype_info(dtype)
+        itemsize = info.np.itemsize
         lay, shape = self._shape(in_elems, itemsize)
         ptrs: List[int] = []
         pre: List[Copy] = []
@@ -62,26 +87,21 @@ class LaunchGroup:
         keep = (self._scratch.copy(), self._temp.copy())
         if self._scratch or self._temp:   # freshly grown buffers are zeroed on the default stream
             self.cupy.cuda.Stream.null.synchronize()
-        return self.executor.buffer_table(tuple(ptrs), stream), shape, pre, post, keep
+        bufs = self.executor.buffer_table(tuple(ptrs), stream)
+        return PreparedCall(self.executor.prepare(info.name, op, bufs, shape), pre, post, shape, keep)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                  stream=None) -> None:
-        """Enqueue one call on raw device addresses (one per rank of the group)."""
-        info = dtype_info(dtype)
-        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, info.np.itemsize)
-        prepared = self._prepared.get(key)
-        if prepared is None:
+        """Enqueue one call on raw device addresses (one per rank of the group).
+        Everything but the launch itself is cached per (addresses, size, dtype, op)."""
+        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op)
+        call = self._prepared.get(key)
+        if call is None:
             if len(self._prepared) > 1024:
                 self._prepared.clear()
-            prepared = self._prepare(in_ptrs, out_ptrs, in_elems, info.np.itemsize, stream)
-            self._prepared[key] = prepared
-        bufs, shape, pre, post, _ = prepared
-        sptr = (stream or self.cupy.cuda.get_current_stream()).ptr
-        for c in pre:
-            self.cupy.cuda.runtime.memcpyAsync(c.dst, c.src, c.nbytes, _D2D, sptr)
-        self.executor.launch(info.name, op, bufs, shape, stream)
-        for c in post:
-            self.cupy.cuda.runtime.memcpyAsync(c.dst, c.src, c.nbytes, _D2D, sptr)
+            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, stream)
+            self._prepared[key] = call
+        call((stream or self.cupy.cuda.get_current_stream()).ptr)
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
                  stream=None) -> List:

@@ -2,12 +2,14 @@
 co-residency check, the launch, and turning the kernel's error record into
 gc3.errors.RuntimeTimeoutError.
 
-The per-call host path is a dictionary lookup and one kernel launch: the
-plan, tables and kernel are built once, the per-call buffer table is cached
-by address.
+The per-call host path is a dictionary lookup and one driver call: the
+plan, tables and kernel are built once, and each call shape's arguments are
+packed once (`Launch`); the launch count lives on the device (Plan.epochs),
+so the arguments never change and a call can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -17,7 +19,7 @@ from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
 
 from . import abi, module
 from .binding import Shape
-from .connections import CONTROL_ABORT, CONTROL_ERR, CONTROL_FLAGS, nslots, slot_bytes
+from .connections import CONTROL_ABORT, CONTROL_ERR, CONTROL_FLAGS, control_epochs, nslots, slot_bytes
 from .tables import Tables
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -44,6 +46,48 @@ class CommunicatorBroken(GC3Error):
     """A call after a timeout: the FIFO counters no longer agree, so the group must be rebuilt."""
 
 
+class _Args(ctypes.Structure):
+    """The kernel's parameters, in gc3_interpreter's order."""
+    _fields_ = [("plan", ctypes.c_uint64), ("bufs", ctypes.c_uint64), ("unit", ctypes.c_int64),
+                ("cs", ctypes.c_int64), ("cpb", ctypes.c_int32), ("T", ctypes.c_int32), ("ntiles", ctypes.c_int32)]
+
+
+class Launch:
+    """One call shape of one executor, ready to go: the parameter block is
+    packed once and every call is a single driver launch on a stream."""
+    __slots__ = ("ex", "fn", "grid", "block", "coop", "args", "params", "params_ptr", "keep", "_driver")
+
+    def __init__(self, ex: "Executor", k, nt: int, coop: bool, bufs, shape: Shape):
+        from cupy_backends.cuda.api import driver
+
+        self._driver = driver
+        self.ex = ex
+        self.fn = k.kernel.ptr
+        self.grid, self.block, self.coop = ex.tables.nblocks, nt, coop
+        self.args = _Args(ex.plan.data.ptr, bufs.data.ptr, shape.unit, shape.cs, shape.cpb, shape.T, shape.ntiles)
+        base = ctypes.addressof(self.args)
+        self.params = (ctypes.c_void_p * len(_Args._fields_))(
+            *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
+        self.params_ptr = ctypes.addressof(self.params)
+        self.keep = bufs   # the buffer table must outlive every queued launch
+
+    def __call__(self, stream_ptr: int) -> None:
+        if self.ex.broken:
+            raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
+        d = self._driver
+        try:
+            if self.coop:
+                d.launchCooperativeKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream_ptr, self.params_ptr)
+            else:
+                d.launchKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream_ptr, self.params_ptr, 0)
+        except d.CUDADriverError as exc:
+            if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(exc):
+                t = self.ex.tables
+                raise LimitError(f"{t.prog.name}: {t.nblocks} blocks of {self.block} threads cannot be co-resident "
+                                 f"on device {self.ex.device.id} (cooperative launch refused)") from None
+            raise
+
+
 class Executor:
     def __init__(self, t: Tables, proto: str, send_records: np.ndarray, recv_records: np.ndarray,
                  control, abort_peers: Sequence[int] = (), timeout: Optional[float] = None):
@@ -59,15 +103,18 @@ class Executor:
         self._abort_peers = cupy.asarray(np.asarray(list(abort_peers) or [0], dtype=np.uint64))
         ptr = {name: a.data.ptr for name, a in zip(("tbs", "steps", "deps", "extras", "sends", "recvs"), self._keep)}
         base = control.data.ptr
+        self.trace_on = module.trace_enabled()
+        self._trace = cupy.zeros(t.nblocks * abi.C["GC3_TRACE_WORDS"], dtype=cupy.uint64) if self.trace_on else None
         ptr.update(flags=base + 8 * CONTROL_FLAGS, err=base + 8 * CONTROL_ERR, abort_local=base + 8 * CONTROL_ABORT,
                    abort_peers=self._abort_peers.data.ptr, n_abort_peers=len(abort_peers),
-                   timeout_ns=int(self.timeout * 1e9), nslots=nslots(proto), slot_bytes=slot_bytes(proto))
+                   timeout_ns=int(self.timeout * 1e9), nslots=nslots(proto), slot_bytes=slot_bytes(proto),
+                   epochs=base + 8 * control_epochs(t.nblocks),
+                   trace=self._trace.data.ptr if self._trace is not None else 0)
         self.plan = cupy.asarray(np.array([ptr[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
         # Tables and zeroed memory must be in place before a launch on any stream reads them.
         self.device.synchronize()
-        self.epoch = 0
         self.broken: Optional[str] = None
-        self._kernels: Dict[Tuple[str, str], Tuple[object, int]] = {}
+        self._kernels: Dict[Tuple[str, str], Tuple[object, int, bool]] = {}
         self._bufs: Dict[Tuple[int, ...], object] = {}
 
     # -- kernels --------------------------------------------------------
@@ -75,7 +122,7 @@ class Executor:
         key = (dtype, op)
         if key not in self._kernels:
             coop = module.cooperative_default()
-            k = module.kernel(dtype, op, self.proto, self.device.id, coop)
+            k = module.kernel(dtype, op, self.proto, self.device.id, coop, self.trace_on)
             self._kernels[key] = (k, self._threads(k), coop)
         return self._kernels[key]
 
@@ -107,26 +154,31 @@ class Executor:
             self._bufs[ptrs] = tab
         return tab
 
+    def prepare(self, dtype: str, op: str, bufs, shape: Shape) -> Optional[Launch]:
+        """The launch of one call shape (None: nothing to do, an empty call)."""
+        if shape.ntiles == 0:
+            return None
+        k, nt, coop = self.kernel(dtype, op)
+        return Launch(self, k, nt, coop, bufs, shape)
+
     def launch(self, dtype: str, op: str, bufs, shape: Shape, stream=None) -> None:
+        """One-off launch; the call path keeps `prepare`'s result instead."""
         if self.broken:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.broken}")
-        if shape.ntiles == 0:
-            return
-        k, nt, coop = self.kernel(dtype, op)
-        self.epoch = (self.epoch + 1) & 0xFFFFFFFF
-        args = (self.plan, bufs, np.int64(shape.unit), np.int64(shape.cs), np.int32(shape.cpb), np.int32(shape.T),
-                np.int32(shape.ntiles), np.uint32(self.epoch))
-        try:
-            if stream is None:
-                k((self.tables.nblocks,), (nt,), args)
-            else:
-                with stream:
-                    k((self.tables.nblocks,), (nt,), args)
-        except Exception as exc:
-            if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(exc) or "TooLarge" in str(exc):
-                raise LimitError(f"{self.tables.prog.name}: {self.tables.nblocks} blocks of {nt} threads cannot be "
-                                 f"co-resident on device {self.device.id} (cooperative launch refused)") from None
-            raise
+        go = self.prepare(dtype, op, bufs, shape)
+        if go is not None:
+            go((stream or self.cupy.cuda.get_current_stream()).ptr)
+
+    def clear_trace(self) -> None:
+        if self._trace is not None:
+            self._trace.fill(0)
+
+    def trace(self):
+        """Per block, the %globaltimer stamps of the last call in a GC3_TRACE=1 build (ns; 0 = not reached)."""
+        if self._trace is None:
+            raise GC3Error("tracing is off: set GC3_TRACE=1 before the launch group is built")
+        self.device.synchronize()
+        return self._trace.get().reshape(self.tables.nblocks, abi.C["GC3_TRACE_WORDS"])
 
     def check(self, synchronize: bool = True) -> None:
         """Raise RuntimeTimeoutError if any wait of any launch so far gave up."""

@@ -31,8 +31,14 @@ def source() -> str:
     return expand("interpreter.cu")
 
 
-def options(dtype: str, op: str, proto: str) -> Tuple[str, ...]:
+def trace_enabled() -> bool:
+    """GC3_TRACE=1: build the kernel that timestamps each block's steps (Executor.trace)."""
+    return os.environ.get("GC3_TRACE", "0") not in ("", "0")
+
+
+def options(dtype: str, op: str, proto: str, trace: bool = False) -> Tuple[str, ...]:
     debug = ("-lineinfo",) if os.environ.get("GC3_NVRTC_LINEINFO") else ()
+    debug += ("-DGC3_TRACE",) if trace else ()
     return debug + ("-std=c++17",
             f"-DGC3_DTYPE={abi.DTYPE[dtype]}", f"-DGC3_REDOP={abi.REDOP[op]}", f"-DGC3_PROTO={abi.PROTO[proto]}",
             f"-DGC3_MAX_FANIN={limits.MAX_REDUCE_FANIN}", f"-DGC3_MAX_THREADS={MAX_THREADS}")
@@ -43,11 +49,11 @@ def cooperative_default() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(dtype: str, op: str, proto: str, device: int, cooperative: bool = True):
+def kernel(dtype: str, op: str, proto: str, device: int, cooperative: bool = True, trace: bool = False):
     """The compiled interpreter for the current device (`device` is part of the cache key)."""
     import cupy
 
-    mod = cupy.RawModule(code=source(), options=options(dtype, op, proto),
+    mod = cupy.RawModule(code=source(), options=options(dtype, op, proto, trace),
                          enable_cooperative_groups=cooperative)
     return mod.get_function(KERNEL_NAME)
 

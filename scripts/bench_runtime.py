@@ -3,37 +3,118 @@
     mpirun --allow-run-as-root -np 2 python3 scripts/bench_runtime.py [--max 1GiB] [--out table.txt]
 
 For allreduce, allgather, reducescatter and alltoall at sizes from 1 KiB to
---max (x4 steps, sizes as nccl-tests counts them), it compiles a 2-rank gc3
-algorithm per size class (LL below --ll-max, Simple with --instances channels
-above), runs it through runtime_cuda.ipc, runs NCCL (cupy.cuda.nccl) on the
-same buffers in the same processes, and prints time, busbw and the ratio of
-busbw (ours / NCCL).  Results are checked once per size against numpy.
+--max (x4 steps, sizes as nccl-tests counts them), it runs every candidate
+program of CANDIDATES that serves the size (2-rank algorithms from
+algorithms/, a protocol, a channel count, and optionally environment
+settings such as the slot size), each through runtime_cuda.ipc, and NCCL
+(cupy.cuda.nccl) on the same buffers in the same processes.  The table shows
+the fastest candidate per size (`program`), its time and busbw, NCCL's, and
+the ratio of busbw (ours / NCCL); --log writes every candidate's row.
+Results are checked against numpy for sizes up to --check-max.
+Columns host_us (CPU time to enqueue one call) and, with --graph, graph_us
+(one call replayed from a CUDA graph) show where small-message time goes.
 """
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# (collective, algorithm script, its argv for 2 ranks)
-ALGORITHMS = {
-    "allreduce": {"LL": ("allreduce_allpairs.py", ["2"]), "Simple": ("allreduce_ring.py", ["2"])},
-    "allgather": {"LL": ("allgather_direct.py", ["2"]), "Simple": ("allgather_direct.py", ["2"])},
-    "reducescatter": {"LL": ("reducescatter_direct.py", ["2"]), "Simple": ("reducescatter_direct.py", ["2"])},
-    "alltoall": {"LL": ("alltoall_direct.py", ["2"]), "Simple": ("alltoall_direct.py", ["2"])},
-}
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
-def compile_program(coll: str, proto: str, instances: int):
+@dataclass(frozen=True)
+class Candidate:
+    label: str
+    coll: str
+    script: str                      # algorithms/<script>.py
+    argv: Tuple[str, ...]
+    proto: str
+    instances: int
+    lo: int                          # serves sizes lo..hi (nccl-tests bytes)
+    hi: int
+    env: Tuple[Tuple[str, str], ...] = field(default=())
+
+
+def _c(label, coll, script, argv, proto, inst, lo, hi, **env):
+    return Candidate(label, coll, script, tuple(argv), proto, inst, lo, hi, tuple(sorted(env.items())))
+
+
+SPLIT = "4:65536"        # >= 4 tiles per chunk, tiles >= 64 KiB
+BIG = 1 << 40
+CANDIDATES: Tuple[Candidate, ...] = (
+    # allreduce, small: one-shot (1 hop) vs all-pairs (2 hops)
+    _c("allpairs-LL-i4", "allreduce", "allreduce_allpairs", ["2"], "LL", 4, 0, 256 * KiB),
+    _c("oneshot-LL-i1", "allreduce", "allreduce_oneshot", ["2"], "LL", 1, 0, 64 * KiB),
+    _c("oneshot-LL-i4", "allreduce", "allreduce_oneshot", ["2"], "LL", 4, 0, 1 * MiB),
+    _c("oneshot-LL-i16", "allreduce", "allreduce_oneshot", ["2"], "LL", 16, 16 * KiB, 1 * MiB),
+    _c("ring-S-i32", "allreduce", "allreduce_ring", ["2"], "Simple", 32, 1 * MiB, BIG),
+    _c("ring-S-i64", "allreduce", "allreduce_ring", ["2"], "Simple", 64, 1 * MiB, BIG),
+    _c("ring-S-i64-split", "allreduce", "allreduce_ring", ["2"], "Simple", 64, 1 * MiB, BIG,
+       GC3_TILE_SPLIT_SIMPLE=SPLIT),
+    _c("ring-S-i32-1M", "allreduce", "allreduce_ring", ["2"], "Simple", 32, 16 * MiB, BIG,
+       GC3_SLOT_BYTES_SIMPLE=str(1 << 20), GC3_TILE_SPLIT_SIMPLE=SPLIT),
+    # reducescatter: direct (receive into scratch, then reduce) vs ring (reduce straight from the FIFO)
+    _c("direct-LL-i4", "reducescatter", "reducescatter_direct", ["2"], "LL", 4, 0, 256 * KiB),
+    _c("ring-LL-i1", "reducescatter", "reducescatter_ring", ["2"], "LL", 1, 0, 64 * KiB),
+    _c("ring-LL-i4", "reducescatter", "reducescatter_ring", ["2"], "LL", 4, 0, 1 * MiB),
+    _c("ring-LL-i16", "reducescatter", "reducescatter_ring", ["2"], "LL", 16, 16 * KiB, 1 * MiB),
+    _c("direct-S-i32", "reducescatter", "reducescatter_direct", ["2"], "Simple", 32, 1 * MiB, BIG),
+    _c("ring-S-i32", "reducescatter", "reducescatter_ring", ["2"], "Simple", 32, 1 * MiB, BIG),
+    _c("ring-S-i64", "reducescatter", "reducescatter_ring", ["2"], "Simple", 64, 1 * MiB, BIG),
+    _c("ring-S-i64-split", "reducescatter", "reducescatter_ring", ["2"], "Simple", 64, 1 * MiB, BIG,
+       GC3_TILE_SPLIT_SIMPLE=SPLIT),
+    # alltoall and allgather: direct, more or fewer channels
+    _c("direct-LL-i1", "alltoall", "alltoall_direct", ["2"], "LL", 1, 0, 64 * KiB),
+    _c("direct-LL-i4", "alltoall", "alltoall_direct", ["2"], "LL", 4, 0, 1 * MiB),
+    _c("direct-LL-i16", "alltoall", "alltoall_direct", ["2"], "LL", 16, 16 * KiB, 1 * MiB),
+    _c("direct-S-i32", "alltoall", "alltoall_direct", ["2"], "Simple", 32, 1 * MiB, BIG),
+    _c("direct-S-i64", "alltoall", "alltoall_direct", ["2"], "Simple", 64, 1 * MiB, BIG),
+    _c("direct-S-i64-split", "alltoall", "alltoall_direct", ["2"], "Simple", 64, 1 * MiB, BIG,
+       GC3_TILE_SPLIT_SIMPLE=SPLIT),
+    _c("direct-LL-i1", "allgather", "allgather_direct", ["2"], "LL", 1, 0, 64 * KiB),
+    _c("direct-LL-i4", "allgather", "allgather_direct", ["2"], "LL", 4, 0, 1 * MiB),
+    _c("direct-LL-i16", "allgather", "allgather_direct", ["2"], "LL", 16, 16 * KiB, 1 * MiB),
+    _c("direct-S-i32", "allgather", "allgather_direct", ["2"], "Simple", 32, 1 * MiB, BIG),
+    _c("direct-S-i64", "allgather", "allgather_direct", ["2"], "Simple", 64, 1 * MiB, BIG),
+    _c("direct-S-i64-split", "allgather", "allgather_direct", ["2"], "Simple", 64, 1 * MiB, BIG,
+       GC3_TILE_SPLIT_SIMPLE=SPLIT),
+)
+
+
+class _Env:
+    """Environment settings in force while a launch group is built (it reads them once)."""
+
+    def __init__(self, pairs):
+        self.pairs, self.saved = pairs, {}
+
+    def __enter__(self):
+        for k, v in self.pairs:
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def compile_candidate(c: Candidate):
     from gc3.lower import lower
     from gc3.program import run_script
 
-    script, argv = ALGORITHMS[coll][proto]
-    traced = run_script(str(ROOT / "algorithms" / script), argv)
-    return lower(traced, instances=instances, protocol=proto)
+    traced = run_script(str(ROOT / "algorithms" / f"{c.script}.py"), list(c.argv))
+    return lower(traced, instances=c.instances, protocol=c.proto)
 
 
 def nccl_call(nccl, comm, coll, sbuf, rbuf, n_in, stream, nranks):
@@ -53,8 +134,10 @@ def nccl_call(nccl, comm, coll, sbuf, rbuf, n_in, stream, nranks):
         nccl.groupEnd()
 
 
-def timed(fn, iters, mpi_comm, stream):
+def timed(fn, iters, mpi_comm, stream) -> Tuple[float, float]:
+    """(device us per call, host us to enqueue one call), the slower rank's."""
     import cupy
+    from mpi4py import MPI
 
     for _ in range(3):
         fn()
@@ -62,23 +145,57 @@ def timed(fn, iters, mpi_comm, stream):
     mpi_comm.Barrier()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     start.record(stream)
+    t0 = time.perf_counter()
     for _ in range(iters):
         fn()
+    host = (time.perf_counter() - t0) * 1e6 / iters
     stop.record(stream)
     stop.synchronize()
     us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / iters
-    return mpi_comm.allreduce(us, op=__import__("mpi4py").MPI.MAX)
+    return mpi_comm.allreduce(us, op=MPI.MAX), mpi_comm.allreduce(host, op=MPI.MAX)
+
+
+def graph_timed(fn, reps, mpi_comm, stream) -> float:
+    """us per call when `reps` calls are replayed from one CUDA graph (nan if
+    either rank cannot capture); both ranks replay or neither does."""
+    import cupy
+    from mpi4py import MPI
+
+    graph = None
+    try:
+        stream.begin_capture()
+        try:
+            for _ in range(reps):
+                fn()
+        finally:
+            graph = stream.end_capture()
+    except Exception:  # capture unsupported here: report nan, never launch half of a pair
+        graph = None
+    if mpi_comm.allreduce(int(graph is not None), op=MPI.MIN) == 0:
+        return math.nan
+    graph.launch(stream)
+    stream.synchronize()
+    mpi_comm.Barrier()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(stream)
+    for _ in range(5):
+        graph.launch(stream)
+    stop.record(stream)
+    stop.synchronize()
+    us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / (5 * reps)
+    return mpi_comm.allreduce(us, op=MPI.MAX)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max", default="1GiB")
-    ap.add_argument("--ll-max", default="256KiB", help="largest size run with the LL algorithm")
-    ap.add_argument("--instances", type=int, default=32, help="channels of the Simple algorithms")
-    ap.add_argument("--ll-instances", type=int, default=4, help="channels of the LL algorithms")
     ap.add_argument("--min", default="1KiB")
     ap.add_argument("--colls", default="allreduce,allgather,reducescatter,alltoall")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--only", default="", help="comma-separated candidate labels (default: all)")
+    ap.add_argument("--check-max", default="16MiB", help="largest size checked against numpy")
+    ap.add_argument("--graph", default="0", help="also time CUDA-graph replay for sizes up to this (0: never)")
+    ap.add_argument("--out", default=None, help="write the table here")
+    ap.add_argument("--log", default=None, help="write every candidate's row here")
     args = ap.parse_args()
 
     import cupy
@@ -100,45 +217,69 @@ def main() -> int:
     while s <= parse_size(args.max):
         sizes.append(s)
         s *= 4
-    ll_max = parse_size(args.ll_max)
-    lines = [f"{'coll':<14}{'size':>10}{'proto':>8}{'gc3 us':>11}{'gc3 busbw':>11}{'nccl us':>11}"
-             f"{'nccl busbw':>12}{'ratio':>8}  check"]
+    check_max, graph_max = parse_size(args.check_max), parse_size(args.graph)
+    only = set(filter(None, args.only.split(",")))
+    head = (f"{'coll':<14}{'size':>8}  {'program':<20}{'gc3 us':>9}{'gc3 busbw':>10}{'nccl us':>9}"
+            f"{'nccl busbw':>11}{'ratio':>7}  check")
+    loghead = (f"{'coll':<14}{'size':>8}  {'program':<20}{'gc3 us':>9}{'host us':>9}{'graph us':>9}"
+               f"{'gc3 busbw':>10}{'nccl us':>9}{'ratio':>7}  check")
+    table, log = [head], [loghead]
     if rank == 0:
-        print(lines[0], flush=True)
+        print(head, flush=True)
     for coll in args.colls.split(","):
-        groups = {}
-        for proto in ("LL", "Simple"):
-            prog = compile_program(coll, proto, args.ll_instances if proto == "LL" else args.instances)
-            groups[proto] = IpcRanks(prog, world, proto=proto)
+        cands = [c for c in CANDIDATES if c.coll == coll and (not only or c.label in only)]
+        groups: Dict[str, object] = {}
         for size in sizes:
-            proto = "LL" if size <= ll_max else "Simple"
-            g = groups[proto]
-            n_in = in_elems_for(g.prog, size, 4)
-            nbytes = nbytes_of(g.prog, n_in, 4)
-            res = run_checked(g, n_in, "float32", "sum", inplace=g.prog.inplace)
-            wrong = world.allreduce(res.wrong)
-            n_out = g._shape(n_in, 4)[0].out_elems
-            sbuf = cupy.ones(n_in, dtype=cupy.float32)
-            # In-place schedules (the allreduces) are timed in place, NCCL too.
-            rbuf = sbuf if g.prog.inplace and n_out == n_in else cupy.zeros(n_out, dtype=cupy.float32)
-            iters = 200 if size <= (1 << 20) else 40 if size <= (64 << 20) else 8
-            ours = timed(lambda: g.run_ptrs([sbuf.data.ptr], [rbuf.data.ptr], n_in, "float32", "sum", stream),
-                         iters, world, stream)
-            g.check()
-            theirs = timed(lambda: nccl_call(nccl, ncomm, coll, sbuf, rbuf, n_in, stream, n), iters, world, stream)
-            f = bus_factor(coll, n)
-            bw_ours, bw_nccl = nbytes / ours / 1e3 * f, nbytes / theirs / 1e3 * f
-            line = (f"{coll:<14}{_h(nbytes):>10}{proto:>8}{ours:>11.1f}{bw_ours:>11.2f}{theirs:>11.1f}"
-                    f"{bw_nccl:>12.2f}{bw_ours / bw_nccl if bw_nccl else 0:>8.2f}  "
-                    f"{'ok' if wrong == 0 else f'{wrong} WRONG'}")
-            lines.append(line)
-            if rank == 0:
-                print(line, flush=True)
-            del sbuf, rbuf
+            rows: List[Tuple[float, str]] = []
+            nccl_us: Optional[float] = None
+            for c in cands:
+                if not c.lo <= size <= c.hi:
+                    continue
+                g = groups.get(c.label)
+                if g is None:
+                    with _Env(c.env):
+                        g = groups[c.label] = IpcRanks(compile_candidate(c), world, proto=c.proto)
+                n_in = in_elems_for(g.prog, size, 4)
+                nbytes = nbytes_of(g.prog, n_in, 4)
+                wrong = None
+                if size <= check_max:
+                    wrong = world.allreduce(run_checked(g, n_in, "float32", "sum", inplace=g.prog.inplace).wrong)
+                n_out = g._shape(n_in, 4)[0].out_elems
+                sbuf = cupy.ones(n_in, dtype=cupy.float32)
+                # In-place schedules (the allreduces) are timed in place, NCCL too.
+                rbuf = sbuf if g.prog.inplace and n_out == n_in else cupy.zeros(n_out, dtype=cupy.float32)
+                iters = 200 if size <= MiB else 40 if size <= 64 * MiB else 8
+                call = lambda: g.run_ptrs([sbuf.data.ptr], [rbuf.data.ptr], n_in, "float32", "sum", stream)  # noqa: E731
+                ours, host = timed(call, iters, world, stream)
+                graph = graph_timed(call, 20, world, stream) if size <= graph_max else math.nan
+                g.check()
+                if nccl_us is None:
+                    nccl_us, _ = timed(lambda: nccl_call(nccl, ncomm, coll, sbuf, rbuf, n_in, stream, n), iters,
+                                       world, stream)
+                f = bus_factor(coll, n)
+                bw, bw_nccl = nbytes / ours / 1e3 * f, nbytes / nccl_us / 1e3 * f
+                ok = "-" if wrong is None else "ok" if wrong == 0 else f"{wrong} WRONG"
+                ratio = bw / bw_nccl if bw_nccl else 0.0
+                log.append(f"{coll:<14}{_h(nbytes):>8}  {c.label:<20}{ours:>9.1f}{host:>9.1f}{graph:>9.1f}"
+                           f"{bw:>10.2f}{nccl_us:>9.1f}{ratio:>7.2f}  {ok}")
+                if rank == 0 and args.log:
+                    print("  " + log[-1], flush=True)
+                if wrong in (None, 0):
+                    rows.append((ours, f"{coll:<14}{_h(nbytes):>8}  {c.label:<20}{ours:>9.1f}{bw:>10.2f}"
+                                       f"{nccl_us:>9.1f}{bw_nccl:>11.2f}{ratio:>7.2f}  {ok}"))
+                else:
+                    rows.append((math.inf, log[-1]))
+                del sbuf, rbuf
+            if rows:
+                table.append(min(rows)[1])
+                if rank == 0:
+                    print(table[-1], flush=True)
         for g in groups.values():
             g.close()
     if rank == 0 and args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        Path(args.out).write_text("\n".join(table) + "\n")
+    if rank == 0 and args.log:
+        Path(args.log).write_text("\n".join(log) + "\n")
     return 0
 
 

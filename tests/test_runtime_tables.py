@@ -46,7 +46,8 @@ def test_abi_constants_cover_every_opcode_and_the_plan_struct():
 
     assert set(abi.OPCODE) == set(STEP_TYPES) - {"nop"}
     assert len(set(abi.OPCODE.values())) == len(abi.OPCODE)
-    assert abi.PLAN_FIELDS[:3] == ("tbs", "steps", "deps") and abi.PLAN_FIELDS[-1] == "slot_bytes"
+    assert abi.PLAN_FIELDS[:3] == ("tbs", "steps", "deps")
+    assert abi.PLAN_FIELDS[-4:] == ("nslots", "slot_bytes", "epochs", "trace")
     assert abi.ST_NFIELDS == 12 and abi.TB_NFIELDS == 8
 
 
@@ -139,6 +140,38 @@ def test_tiles_fit_slots_and_cover_the_chunk(cs, proto, itemsize):
     assert T * itemsize % 16 == 0
     assert T * itemsize * max_cnt <= connections.slot_data_bytes(proto)
     assert -(-cs // T) * T >= cs and (T < cs or T - cs < 16 // itemsize or T == 16 // itemsize)
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+@pytest.mark.parametrize("cs", [1, 1000, 1 << 16, 1 << 20, (1 << 24) + 5])
+@pytest.mark.parametrize("tiles,min_bytes", [(4, 65536), (8, 0), (3, 1 << 20)])
+def test_tile_split_pipelines_a_chunk_but_keeps_tiles_large(cs, itemsize, tiles, min_bytes):
+    split = connections.TileSplit(tiles, min_bytes)
+    T = binding.tile_lanes(cs, itemsize, "Simple", 1, split)
+    whole = binding.tile_lanes(cs, itemsize, "Simple", 1)
+    g = 16 // itemsize
+    assert T % g == 0 and T <= whole and T * itemsize <= connections.slot_data_bytes("Simple")
+    if T < whole:   # split: as many tiles as asked, none below min_bytes unless the chunk is smaller
+        assert -(-cs // T) >= tiles or T * itemsize >= min_bytes
+        assert T * itemsize >= min(min_bytes, -(-cs // g) * g * itemsize) - 16
+    assert -(-cs // T) * T >= cs
+
+
+def test_tile_split_comes_from_the_environment(monkeypatch):
+    from gc3.errors import GC3Error
+
+    monkeypatch.setenv("GC3_TILE_SPLIT_SIMPLE", "4:65536")
+    assert connections.tile_split("Simple") == connections.TileSplit(4, 65536)
+    n = 4 * (1 << 17)                                                # 4 chunks of 512 KiB (float32)
+    lay, shape = binding.call_shape(read_xml(RING), n, 4, "Simple", 1)
+    assert shape.ntiles == 4 and shape.T * 4 == 128 << 10           # 4 tiles of 128 KiB
+    monkeypatch.delenv("GC3_TILE_SPLIT_SIMPLE")
+    lay, shape = binding.call_shape(read_xml(RING), n, 4, "Simple", 1)
+    assert shape.ntiles == 2 and shape.T * 4 == connections.slot_data_bytes("Simple")
+    for bad in ("4", "x:1", "0:10"):
+        monkeypatch.setenv("GC3_TILE_SPLIT_LL", bad)
+        with pytest.raises(GC3Error, match="GC3_TILE_SPLIT_LL"):
+            connections.tile_split("LL")
 
 
 def test_ranks_must_agree_on_chunk_geometry():

@@ -104,6 +104,10 @@ typedef long long i64;
 #define GC3_ERR_OP 12
 #define GC3_ERR_NFIELDS 16
 
+// Timestamps per block in a GC3_TRACE build: entry, start of work, then
+// (after waits, after data) per step of the first tiles, last: exit.
+#define GC3_TRACE_WORDS 64
+
 // The plan: device pointers and constants of one launch group, all 8-byte
 // fields so that the host can write it as a plain uint64 array.
 struct Plan {
@@ -121,4 +125,7 @@ struct Plan {
   u64 timeout_ns;
   u64 nslots;                // FIFO slots per connection
   u64 slot_bytes;            // bytes per slot (LL: bytes of lines)
+  u64* epochs;               // [nblocks] launches each block has run: the kernel's
+                             // arguments stay the same from call to call (CUDA graphs)
+  u64* trace;                // null, or [nblocks][GC3_TRACE_WORDS] timestamps (GC3_TRACE builds)
 };

@@ -15,6 +15,16 @@
 #define GC3_MAX_THREADS 512
 #endif
 
+// GC3_TRACE builds record %globaltimer at fixed points of each block (thread 0)
+// into P.trace, to see where a call spends its time.
+#ifdef GC3_TRACE
+#define TRACE_AT(P, k) \
+  do { if (threadIdx.x == 0 && (P).trace && (k) < GC3_TRACE_WORDS) \
+         (P).trace[(u64)blockIdx.x * GC3_TRACE_WORDS + (k)] = global_ns(); } while (0)
+#else
+#define TRACE_AT(P, k) do { } while (0)
+#endif
+
 // Chunk geometry of one call (gc3.layout.Layout).
 struct Shape {
   i64 unit;   // elements per block of a user buffer
@@ -31,7 +41,9 @@ __device__ __forceinline__ Operand chunk_operand(elem_t* const (&base)[3], int b
   if (buf == GC3_BUF_S) return make_operand<B>(base[GC3_BUF_S] + idx * sh.cs + lane0, n, n);
   const i64 b = idx / sh.cpb, j = idx - b * sh.cpb;
   const i64 lo = min(j * sh.cs, sh.unit), hi = min((j + 1) * sh.cs, sh.unit);
-  return make_operand<B>(base[buf] + b * sh.unit + lo + lane0, hi - lo - lane0, n);
+  // A select, not base[buf]: a run-time index would put the array in local memory.
+  elem_t* const p = buf == GC3_BUF_I ? base[GC3_BUF_I] : base[GC3_BUF_O];
+  return make_operand<B>(p + b * sh.unit + lo + lane0, hi - lo - lane0, n);
 }
 
 // Everything one step needs besides the step descriptor itself.
@@ -52,7 +64,7 @@ struct StepCtx {
 // and/or local operands, combine, write to the send slot and/or a local
 // operand".  Returns false if a wait inside the data path gave up (LL).
 // `extra` is shared memory for the additional sources of a fused `re`.
-__device__ bool copy_reduce_step(const StepCtx& c, const int* st, Operand* extra) {
+__device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st, Operand* extra) {
   constexpr int B = (GC3_PROTO == GC3_PROTO_LL) ? 8 : 16;
   const int op = st[GC3_ST_OP], flags = st[GC3_ST_FLAGS], cnt = st[GC3_ST_CNT];
   const int in_buf = st[GC3_ST_IN_BUF], in_off = st[GC3_ST_IN_OFF];
@@ -119,6 +131,17 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
   const bool has_send = tb[GC3_TB_SEND] >= 0, has_recv = tb[GC3_TB_RECV] >= 0;
   const u64* sc = P.sends + (i64)max(tb[GC3_TB_SEND], 0) * GC3_CONN_NFIELDS;
   const u64* rc = P.recvs + (i64)max(tb[GC3_TB_RECV], 0) * GC3_CONN_NFIELDS;
+  // The connection words, loaded once: the waits' memory clobbers would
+  // otherwise reload them from the record at every step.
+  char* const rfifo = (char*)rc[GC3_CONN_FIFO];
+  char* const sfifo = (char*)sc[GC3_CONN_FIFO];
+  const u64* const data_in = (const u64*)rc[GC3_CONN_TAIL];     // filled slots (recv side, local)
+  u64* const credit_out = (u64*)rc[GC3_CONN_HEAD];              // consumed slots (recv side, remote)
+  const u64* const credit_in = (const u64*)sc[GC3_CONN_HEAD];   // consumed slots (send side, local)
+  u64* const data_out = (u64*)sc[GC3_CONN_TAIL];                // filled slots (send side, remote)
+  const u64 nslots = P.nslots, slot_bytes = P.slot_bytes;
+  (void)data_in;
+  (void)data_out;   // LL carries its signal in the data
   __shared__ Operand extra[GC3_MAX_FANIN];
   StepCtx c;
   c.P = &P;
@@ -130,6 +153,7 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
   c.rchan = has_recv ? (int)rc[GC3_CONN_CHAN] : -1;
   const int speer = has_send ? (int)sc[GC3_CONN_PEER] : -1, schan = has_send ? (int)sc[GC3_CONN_CHAN] : -1;
 
+  int ev = 2;   // next trace slot
   for (int t = 0; t < ntiles; ++t) {
     c.lane0 = (i64)t * sh.T;
     c.n = (int)min((i64)sh.T, sh.cs - c.lane0);
@@ -147,19 +171,21 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
                                GC3_WAIT_DEP, dep[2 * d], dep[2 * d + 1]);
 #if GC3_PROTO == GC3_PROTO_SIMPLE
         if (ok && (flags & GC3_F_RECV))
-          ok = wait_geq<true>(P, (const u64*)rc[GC3_CONN_TAIL], sh_recvd + 1, c.w, GC3_WAIT_DATA, c.rpeer, c.rchan);
+          ok = wait_geq<true>(P, data_in, sh_recvd + 1, c.w, GC3_WAIT_DATA, c.rpeer, c.rchan);
 #endif
         if (ok && (flags & GC3_F_SEND)) {
-          const u64 want = sh_sent + 1 > P.nslots ? sh_sent + 1 - P.nslots : 0;
-          ok = wait_geq<true>(P, (const u64*)sc[GC3_CONN_HEAD], want, c.w, GC3_WAIT_CREDIT, speer, schan);
+          const u64 want = sh_sent + 1 > nslots ? sh_sent + 1 - nslots : 0;
+          ok = wait_geq<true>(P, credit_in, want, c.w, GC3_WAIT_CREDIT, speer, schan);
         }
         sh_stop = !ok;
       }
+      TRACE_AT(P, ev < GC3_TRACE_WORDS - 1 ? ev : GC3_TRACE_WORDS);
+      ++ev;
       __syncthreads();
       if (sh_stop) return;
       const u64 sent = sh_sent, recvd = sh_recvd;
-      c.rslot = has_recv ? (char*)rc[GC3_CONN_FIFO] + (recvd % P.nslots) * P.slot_bytes : nullptr;
-      c.sslot = has_send ? (char*)sc[GC3_CONN_FIFO] + (sent % P.nslots) * P.slot_bytes : nullptr;
+      c.rslot = has_recv ? rfifo + (recvd % nslots) * slot_bytes : nullptr;
+      c.sslot = has_send ? sfifo + (sent % nslots) * slot_bytes : nullptr;
       c.rflag = (unsigned)(recvd + 1);
       c.sflag = (unsigned)(sent + 1);
 
@@ -173,34 +199,38 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
           break;
       }
       if (__syncthreads_or(!ok)) return;
+      TRACE_AT(P, ev < GC3_TRACE_WORDS - 1 ? ev : GC3_TRACE_WORDS);
+      ++ev;
 
+      // One releasing store publishes what the whole block wrote: the
+      // barrier above orders the other threads' stores before thread 0's
+      // release, and release is cumulative (no separate fence needed).
       if (threadIdx.x == 0) {
         if (flags & GC3_F_SEND) {
 #if GC3_PROTO == GC3_PROTO_SIMPLE
-          __threadfence_system();
-          st_release_sys((u64*)sc[GC3_CONN_TAIL], sent + 1);
+          st_release_sys(data_out, sent + 1);
 #endif
           sh_sent = sent + 1;
         }
         if (flags & GC3_F_RECV) {
-          st_release_sys((u64*)rc[GC3_CONN_HEAD], recvd + 1);
+          st_release_sys(credit_out, recvd + 1);
           sh_recvd = recvd + 1;
         }
-        if (flags & GC3_F_SIGNAL) {
-          __threadfence();
-          st_release_gpu(P.flags + blockIdx.x, progress_value(epoch, t, j));
-        }
+        if (flags & GC3_F_SIGNAL) st_release_gpu(P.flags + blockIdx.x, progress_value(epoch, t, j));
       }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
-gc3_interpreter(const Plan* plan, const u64* bufs, i64 unit, i64 cs, int cpb, int T,
-                int ntiles, unsigned epoch) {
+// Every argument is fixed for a given (group, buffers, size), so a call can
+// be replayed from a CUDA graph; the launch count lives in P.epochs.
+extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS, 1)
+gc3_interpreter(const Plan* plan, const u64* bufs, i64 unit, i64 cs, int cpb, int T, int ntiles) {
   __shared__ u64 sh_sent, sh_recvd;
   __shared__ int sh_stop;
+  __shared__ unsigned sh_epoch;
   const Plan& P = *plan;
+  TRACE_AT(P, 0);
   const int* tb = P.tbs + (i64)blockIdx.x * GC3_TB_NFIELDS;
   u64* sent_ctr = (u64*)P.sends[(i64)max(tb[GC3_TB_SEND], 0) * GC3_CONN_NFIELDS + GC3_CONN_COUNTER];
   u64* recv_ctr = (u64*)P.recvs[(i64)max(tb[GC3_TB_RECV], 0) * GC3_CONN_NFIELDS + GC3_CONN_COUNTER];
@@ -209,10 +239,13 @@ gc3_interpreter(const Plan* plan, const u64* bufs, i64 unit, i64 cs, int cpb, in
   if (threadIdx.x == 0) {
     sh_sent = sent_ctr ? *sent_ctr : 0;
     sh_recvd = recv_ctr ? *recv_ctr : 0;
+    sh_epoch = (unsigned)(P.epochs[blockIdx.x] + 1);
     sh_stop = aborted(P);
   }
   __syncthreads();
   if (sh_stop) return;
+  const unsigned epoch = sh_epoch;
+  TRACE_AT(P, 1);
   Shape sh;
   sh.unit = unit;
   sh.cs = cs;
@@ -223,5 +256,7 @@ gc3_interpreter(const Plan* plan, const u64* bufs, i64 unit, i64 cs, int cpb, in
   if (threadIdx.x == 0) {
     if (sent_ctr) *sent_ctr = sh_sent;
     if (recv_ctr) *recv_ctr = sh_recvd;
+    P.epochs[blockIdx.x] = epoch;
   }
+  TRACE_AT(P, GC3_TRACE_WORDS - 1);
 }

@@ -13,6 +13,19 @@ __device__ __forceinline__ u64 ld_acquire_gpu(const u64* p) {
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+// Relaxed loads for spinning: an acquire load also invalidates the SM's L1
+// (CCTL.IVALL), which would evict every other warp's cached tables on each
+// poll; waits acquire once, after the value is there.
+__device__ __forceinline__ u64 ld_relaxed_sys(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 ld_relaxed_gpu(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
@@ -82,14 +95,19 @@ __device__ void record_failure(const Plan& P, const Where& w, int kind, int a, i
 
 // Spins until *p >= want.  Returns false when the wait timed out (recorded)
 // or another block gave up first.
+// The counters only grow, so the acquiring load after the relaxed polls
+// reads a value >= want and synchronises with the store that made it so.
 template <bool SYS>
 __device__ bool wait_geq(const Plan& P, const u64* p, u64 want, const Where& w, int kind, int a, int b) {
   u64 v = SYS ? ld_acquire_sys(p) : ld_acquire_gpu(p);
   if (v >= want) return true;
   const u64 t0 = global_ns();
   for (unsigned spins = 1;; ++spins) {
-    v = SYS ? ld_acquire_sys(p) : ld_acquire_gpu(p);
-    if (v >= want) return true;
+    v = SYS ? ld_relaxed_sys(p) : ld_relaxed_gpu(p);
+    if (v >= want) {
+      if (SYS) ld_acquire_sys(p); else ld_acquire_gpu(p);
+      return true;
+    }
     if ((spins & 63) == 0) {
       if (aborted(P)) return false;
       if (global_ns() - t0 > P.timeout_ns) {
