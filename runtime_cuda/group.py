@@ -4,7 +4,7 @@ scratch, launch.  A launch group is the set of ranks one kernel launch runs
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from gc3.dtypes import dtype_info
 from gc3.ir import Program
