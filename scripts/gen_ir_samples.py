@@ -50,9 +50,11 @@ class Sample:
 
 S = Sample
 SAMPLES: Tuple[Sample, ...] = (
-    # 2 ranks
-    S("allreduce_allpairs_2r_LL", "allreduce_allpairs", (2,), 1, "LL", 0, 256 * KiB),
-    S("allreduce_ring_2r_Simple", "allreduce_ring", (2,), 1, "Simple", 256 * KiB + 1, None),
+    # 2 ranks (sizes and channel counts from scripts/bench_runtime.py on 2x H200, runtime_cuda/README.md)
+    S("allreduce_oneshot_2r_LL_i16", "allreduce_oneshot", (2,), 16, "LL", 0, 256 * KiB),
+    S("allreduce_ring_2r_Simple_i64", "allreduce_ring", (2,), 64, "Simple", 256 * KiB + 1, None),
+    S("allgather_direct_2r_Simple_i64", "allgather_direct", (2,), 64, "Simple", 4 * MiB, None),
+    S("reducescatter_ring_2r_Simple_i64", "reducescatter_ring", (2,), 64, "Simple", 4 * MiB, None),
     # 4 ranks
     S("allreduce_oneshot_4r_LL", "allreduce_oneshot", (4,), 1, "LL", 0, 16 * KiB),
     S("allreduce_allpairs_4r_LL", "allreduce_allpairs", (4,), 1, "LL", 16 * KiB + 1, 256 * KiB),
