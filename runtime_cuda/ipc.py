@@ -46,49 +46,78 @@ class IpcRanks(LaunchGroup):
     def __init__(self, prog: Program, comm=None, *, proto: Optional[str] = None, timeout: Optional[float] = None,
                  device: Optional[int] = None):
         import cupy
-        from mpi4py import MPI
 
-        comm = comm or MPI.COMM_WORLD
+        if comm is None:
+            from mpi4py import MPI   # only when no communicator is given: importing it starts MPI
+
+            comm = MPI.COMM_WORLD
         if comm.size != prog.ngpus:
             raise GC3Error(f"{prog.name} is a {prog.ngpus}-rank program but {comm.size} processes were started "
                            f"(mpirun -np {prog.ngpus})")
         self.comm = comm
         self.rank = rank = comm.rank
-        ndev = cupy.cuda.runtime.getDeviceCount()
-        cupy.cuda.Device(device if device is not None else rank % ndev).use()
         self.prog = prog
-        self.proto = runtime_protocol(prog.proto, proto)
-        self.tables = tables_mod.build(prog, ranks=[rank])
-        layouts = {r: rank_layout(prog, r, self.proto) for r in range(prog.ngpus)}
-        mine = layouts[rank]
-        self._own = [_RawBuffer(mine.fifo_bytes), _RawBuffer(8 * mine.sync_words),
-                     _RawBuffer(8 * control_words(self.tables.nblocks))]
-        handles = comm.allgather([cupy.cuda.runtime.ipcGetMemHandle(b.ptr) for b in self._own])
+        self._own, self._opened = [], []
+        # Set-up runs in two local phases, each closed by a collective that every
+        # rank reaches whether its phase failed or not: a rank that failed alone
+        # would otherwise leave its peers waiting in the next collective forever.
+        failure, handles = None, None
+        try:
+            ndev = cupy.cuda.runtime.getDeviceCount()
+            cupy.cuda.Device(device if device is not None else rank % ndev).use()
+            self.proto = runtime_protocol(prog.proto, proto)
+            self.tables = tables_mod.build(prog, ranks=[rank])
+            layouts = {r: rank_layout(prog, r, self.proto) for r in range(prog.ngpus)}
+            mine = layouts[rank]
+            self._own = [_RawBuffer(mine.fifo_bytes), _RawBuffer(8 * mine.sync_words),
+                         _RawBuffer(8 * control_words(self.tables.nblocks))]
+            handles = [cupy.cuda.runtime.ipcGetMemHandle(b.ptr) for b in self._own]
+        except Exception as exc:  # reported to every rank below, then raised everywhere
+            failure = f"rank {rank}: {type(exc).__name__}: {exc}"
+        handles = self._agree(comm.allgather((failure, handles)), "allocating its buffers")
+        failure = None
+        try:
+            bases: Dict[int, Tuple[int, int, int]] = {}
+            for r, hs in enumerate(handles):
+                if r == rank:
+                    bases[r] = tuple(b.ptr for b in self._own)
+                else:
+                    ptrs = tuple(cupy.cuda.runtime.ipcOpenMemHandle(h, _LAZY_PEER_ACCESS) for h in hs)
+                    self._opened.extend(ptrs)
+                    bases[r] = ptrs
+            sends, recvs = records(self.tables, layouts, lambda r: bases[r][0], lambda r: bases[r][1])
+            aborts = [bases[r][2] + 8 * CONTROL_ABORT for r in range(prog.ngpus) if r != rank]
+            control = self._own[2].array(cupy.uint64, control_words(self.tables.nblocks))
+            self.executor = Executor(self.tables, self.proto, sends, recvs, control, abort_peers=aborts,
+                                     timeout=timeout)
+            self._init_calls()
+            cupy.cuda.Device().synchronize()
+        except Exception as exc:
+            failure = f"rank {rank}: {type(exc).__name__}: {exc}"
+        # Every peer's memory is zeroed and mapped before anyone signals into it.
+        self._agree(comm.allgather((failure, None)), "mapping its peers' memory")
+
+    def _agree(self, gathered, phase: str):
+        """Raise on every rank if any rank failed `phase`; else return what each rank sent."""
+        failures = [f for f, _ in gathered if f is not None]
+        if failures:
+            self._release()
+            raise GC3Error(f"{self.prog.name}: set-up failed while {phase}: " + "; ".join(failures))
+        return [payload for _, payload in gathered]
+
+    def _release(self, between=lambda: None) -> None:
+        import cupy
+
+        for p in self._opened:
+            cupy.cuda.runtime.ipcCloseMemHandle(p)
         self._opened = []
-        bases: Dict[int, Tuple[int, int, int]] = {}
-        for r, hs in enumerate(handles):
-            if r == rank:
-                bases[r] = tuple(b.ptr for b in self._own)
-            else:
-                ptrs = tuple(cupy.cuda.runtime.ipcOpenMemHandle(h, _LAZY_PEER_ACCESS) for h in hs)
-                self._opened.extend(ptrs)
-                bases[r] = ptrs
-        sends, recvs = records(self.tables, layouts, lambda r: bases[r][0], lambda r: bases[r][1])
-        aborts = [bases[r][2] + 8 * CONTROL_ABORT for r in range(prog.ngpus) if r != rank]
-        control = self._own[2].array(cupy.uint64, control_words(self.tables.nblocks))
-        self.executor = Executor(self.tables, self.proto, sends, recvs, control, abort_peers=aborts, timeout=timeout)
-        self._init_calls()
-        cupy.cuda.Device().synchronize()
-        comm.Barrier()   # every peer's memory is zeroed and mapped before anyone signals into it
+        between()
+        for b in self._own:
+            b.free()
 
     def close(self) -> None:
         import cupy
 
         cupy.cuda.Device().synchronize()
         self.comm.Barrier()
-        for p in self._opened:
-            cupy.cuda.runtime.ipcCloseMemHandle(p)
-        self._opened = []
-        self.comm.Barrier()
-        for b in self._own:
-            b.free()
+        self._release(between=self.comm.Barrier)   # no peer still maps our memory when we free it
