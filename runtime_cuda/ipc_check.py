@@ -14,7 +14,7 @@ import sys
 import time
 
 from gc3.dtypes import DTYPES
-from gc3.errors import RuntimeTimeoutError
+from gc3.errors import GC3Error, RuntimeTimeoutError
 from gc3.xml_io import read_xml
 
 from .checking import CheckResult, geometry, run_checked
@@ -70,6 +70,19 @@ def check_timeout(path: str, comm) -> str:
     return msg
 
 
+def check_setup_failure(path: str, comm) -> str:
+    """Rank 1 alone asks for a GPU that does not exist: every rank must raise,
+    none may be left waiting for it in a collective."""
+    import cupy
+
+    bad = cupy.cuda.runtime.getDeviceCount() + 7 if comm.rank == 1 else None
+    try:
+        IpcRanks(read_xml(path), comm, device=bad).close()
+    except GC3Error as exc:
+        return str(exc)
+    return ""
+
+
 def main(argv) -> int:
     from mpi4py import MPI
 
@@ -99,6 +112,11 @@ def main(argv) -> int:
         if comm.rank == 0:
             print(f"IPC-TIMEOUT rank 0: {msgs[0] or 'NO ERROR RAISED'}", flush=True)
             print(f"IPC-TIMEOUT rank 1: {msgs[1] or 'NO ERROR RAISED'}", flush=True)
+            failed |= not all(msgs)
+        msgs = comm.gather(check_setup_failure(paths[0], comm), root=0)
+        if comm.rank == 0:
+            for r, m in enumerate(msgs):
+                print(f"IPC-SETUP rank {r}: {m or 'NO ERROR RAISED'}", flush=True)
             failed |= not all(msgs)
     failed = comm.bcast(failed, root=0)
     return 1 if failed else 0

@@ -35,3 +35,6 @@ def test_two_processes_two_gpus_every_two_rank_sample():
     assert all(" 0 wrong" in l for l in lines), out[-4000:]
     timeouts = [l for l in out.splitlines() if l.startswith("IPC-TIMEOUT")]
     assert len(timeouts) == 2 and all("timed out" in l or "gave up" in l for l in timeouts), out[-4000:]
+    # a set-up failure on rank 1 alone is raised on both ranks, naming rank 1
+    setup = [l for l in out.splitlines() if l.startswith("IPC-SETUP")]
+    assert len(setup) == 2 and all("set-up failed while allocating" in l and "rank 1:" in l for l in setup), out[-4000:]
