@@ -3,7 +3,7 @@ against gc3.reference (used by the tests and `gc3 run`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -50,12 +50,23 @@ def host_buffers(L: Layout, rank: int, data: np.ndarray, inplace: bool) -> Tuple
 def compare(rank: int, got: np.ndarray, expected: Optional[np.ndarray], dtype: str) -> CheckResult:
     if expected is None:
         return CheckResult()
+    if _same_bits(got, expected):
+        # make_inputs' data reduce exactly, so a correct result is bit-identical;
+        # the tolerance test (float64 copies of both) runs only when it is not.
+        return CheckResult(checked=got.size)
     bad = mismatches(got, expected, dtype)
     first = None
     if bad.size:
         i = int(bad[0])
         first = f"rank {rank} output[{i}] = {got[i]!r}, expected {expected[i]!r} ({bad.size} wrong on this rank)"
     return CheckResult(checked=got.size, wrong=int(bad.size), first=first)
+
+
+def _same_bits(got: np.ndarray, expected: np.ndarray) -> bool:
+    if got.dtype != expected.dtype or got.shape != expected.shape:
+        return False
+    bits = np.dtype(f"u{got.dtype.itemsize}")
+    return bool(np.array_equal(got.view(bits), expected.view(bits)))
 
 
 def reference_case(prog: Program, in_elems: int, dtype: str, op: str, seed: int = 0):
@@ -69,9 +80,10 @@ def device_buffers(group, inputs: Sequence[np.ndarray], in_elems: int, dtype: st
     import cupy
 
     ins, outs = [], []
-    for r in group.tables.ranks:
+    for r in group.ranks:
         host, si, so = host_buffers(layout_for(group.prog, in_elems, r), r, inputs[r], inplace)
-        dev = cupy.asarray(host.view(storage_dtype(dtype)))
+        with cupy.cuda.Device(group.rank_device(r)):
+            dev = cupy.asarray(host.view(storage_dtype(dtype)))
         ins.append(dev[si])
         outs.append(dev[so])
     return ins, outs
@@ -85,14 +97,18 @@ def run_checked(group, in_elems: int, dtype: str, op: str, inplace: bool, seed: 
     from the same seed and checks its own ranks."""
     prog = group.prog
     inputs, expected = reference_case(prog, in_elems, dtype, op, seed)
+    import cupy
+
     res = CheckResult()
     for _ in range(repeat):
         ins, outs = device_buffers(group, inputs, in_elems, dtype, inplace)
         group(ins, outs, op=op, dtype=dtype)
         group.check()
         res = CheckResult()
-        for r, out in zip(group.tables.ranks, outs):
-            res.add(compare(r, out.get().view(dtype_info(dtype).np), expected[r], dtype))
+        for r, out in zip(group.ranks, outs):
+            with cupy.cuda.Device(group.rank_device(r)):
+                got = out.get()
+            res.add(compare(r, got.view(dtype_info(dtype).np), expected[r], dtype))
     return res
 
 
@@ -105,3 +121,35 @@ def geometry(prog: Program) -> Tuple[int, int]:
     bi, bo = blocks_of(prog.coll, prog.ngpus, g.i_chunks, g.o_chunks)
     c = g.i_chunks // bi if g.i_chunks else (g.o_chunks // bo if g.o_chunks else max(prog.nchunksperloop, 1))
     return bi, c
+
+
+# The largest size the GPU suite checks, per rank (nccl-tests' size: the larger buffer).
+LARGE_BYTES = 256 << 20
+
+
+def recommended_max_bytes(path) -> Optional[int]:
+    """The largest size the catalog beside `path` (ir_samples/index.json)
+    recommends the program for, or None where it sets no bound."""
+    import json
+    from pathlib import Path
+
+    index = Path(path).with_name("index.json")
+    if not index.is_file():
+        return None
+    entries = json.loads(index.read_text()).get("algorithms", [])
+    return next((e.get("max_bytes") for e in entries if e.get("file") == Path(path).name), None)
+
+
+def large_cases(prog: Program, nbytes: int) -> List[Tuple[int, str, bool]]:
+    """(in_elems, dtype, inplace) of the large-size checks: `nbytes` per rank
+    in float32 as the program prefers to be called, and a count just below it
+    that does not divide evenly (short last chunks, an odd lane count) in
+    bfloat16 the other way round."""
+    from .perf import in_elems_for
+
+    bi, c = geometry(prog)
+    k = max(in_elems_for(prog, nbytes, 4) // (bi * c), 1)
+    even = bi * c * k
+    m = max(in_elems_for(prog, nbytes, 2) // (bi * c) - 2, 1) | 1
+    uneven = bi * (c * m + c - 1) if c > 1 else bi * m
+    return [(even, "float32", prog.inplace), (uneven, "bfloat16", not prog.inplace)]

@@ -54,6 +54,15 @@ class LaunchGroup:
         self._shape = lru_cache(maxsize=64)(
             lambda n, itemsize: call_shape(self.prog, n, itemsize, self.proto, self.tables.max_cnt, split))
 
+    @property
+    def ranks(self):
+        """The ranks this process runs, in the order calls take their buffers."""
+        return self.tables.ranks
+
+    def rank_device(self, rank: int) -> int:
+        """The GPU that holds `rank`'s buffers (all ranks share one unless a mode says otherwise)."""
+        return self.executor.device.id
+
     def _grown(self, pool: Dict[int, object], rank: int, nbytes: int) -> int:
         if nbytes == 0:
             return 0
@@ -105,11 +114,11 @@ class LaunchGroup:
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
                  stream=None) -> List:
-        """Enqueue one collective: rank tables.ranks[k] reads inputs[k] and
+        """Enqueue one collective: rank ranks[k] reads inputs[k] and
         writes outputs[k] (cupy arrays; views of one allocation for an in-place
         call).  `dtype` names the element type where the arrays' own cannot
         (bfloat16 travels as uint16)."""
-        n = len(self.tables.ranks)
+        n = len(self.ranks)
         if len(inputs) != n or len(outputs) != n:
             raise ValueError(f"{self.prog.name}: need {n} input and {n} output buffers")
         self.run_ptrs([a.data.ptr for a in inputs], [a.data.ptr for a in outputs], inputs[0].size,

@@ -1,10 +1,13 @@
 """Data-checks XML programs with one process per GPU:
 
-    mpirun --allow-run-as-root -np 2 python3 -m runtime_cuda.ipc_check a.xml [b.xml ...] [--quick]
+    mpirun --allow-run-as-root -np 2 python3 -m runtime_cuda.ipc_check a.xml [b.xml ...] [--quick | --large]
 
 Runs each program for sizes from one lane per chunk to tens of MiB, uneven
 ones included, every dtype and op, in and out of place, plus a broken
 program (a receive with no send) that must end in RuntimeTimeoutError.
+With --large, only the large sizes instead: 256 MiB per rank (or the most
+ir_samples/index.json recommends the program for) in float32 and an uneven
+count just below it in bfloat16 (checking.large_cases).
 Prints one summary line per program on rank 0 and exits 1 on any wrong
 element or unexpected error."""
 from __future__ import annotations
@@ -17,7 +20,7 @@ from gc3.dtypes import DTYPES
 from gc3.errors import GC3Error, RuntimeTimeoutError
 from gc3.xml_io import read_xml
 
-from .checking import CheckResult, geometry, run_checked
+from .checking import LARGE_BYTES, CheckResult, geometry, large_cases, recommended_max_bytes, run_checked
 from .ipc import IpcRanks
 
 OPS = ("sum", "prod", "max", "min")
@@ -45,6 +48,16 @@ def check_program(path: str, comm, quick: bool) -> CheckResult:
                     total.add(run_checked(group, n, dtype, op, inplace=bool(n % 2)))
         total.add(run_checked(group, sizes(prog, True)[-1], "bfloat16", "sum", False, repeat=20))
         group.close()
+    return total
+
+
+def check_large(path: str, comm) -> CheckResult:
+    prog = read_xml(path)
+    group = IpcRanks(prog, comm)
+    total = CheckResult()
+    for n, dtype, inplace in large_cases(prog, recommended_max_bytes(path) or LARGE_BYTES):
+        total.add(run_checked(group, n, dtype, "sum", inplace))
+    group.close()
     return total
 
 
@@ -88,12 +101,13 @@ def main(argv) -> int:
 
     comm = MPI.COMM_WORLD
     quick = "--quick" in argv
+    large = "--large" in argv
     paths = [a for a in argv if not a.startswith("--")]
     failed = False
     for path in paths:
         t0 = time.perf_counter()
         try:
-            res = check_program(path, comm, quick)
+            res = check_large(path, comm) if large else check_program(path, comm, quick)
             err = ""
         except Exception as exc:  # reported with the rank, then the job fails
             res, err = CheckResult(), f"{type(exc).__name__}: {exc}"
@@ -107,7 +121,7 @@ def main(argv) -> int:
                   f"{time.perf_counter() - t0:.1f} s {'; ' + firsts[0] if firsts else ''}{'; ' + '; '.join(errs) if errs else ''}",
                   flush=True)
             failed |= bool(wrong or errs or not checked)
-    if paths:
+    if paths and not large:
         msgs = comm.gather(check_timeout(paths[0], comm), root=0)
         if comm.rank == 0:
             print(f"IPC-TIMEOUT rank 0: {msgs[0] or 'NO ERROR RAISED'}", flush=True)

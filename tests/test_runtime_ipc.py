@@ -38,3 +38,36 @@ def test_two_processes_two_gpus_every_two_rank_sample():
     # a set-up failure on rank 1 alone is raised on both ranks, naming rank 1
     setup = [l for l in out.splitlines() if l.startswith("IPC-SETUP")]
     assert len(setup) == 2 and all("set-up failed while allocating" in l and "rank 1:" in l for l in setup), out[-4000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+def test_two_processes_256mib_per_rank(tmp_path):
+    """The ring (Simple), the one-shot (LL, at the most ir_samples/index.json
+    recommends it for) and an alltoall at 256 MiB per rank in float32 and an
+    uneven count near it in bfloat16: `ipc_check --large`."""
+    pytest.importorskip("mpi4py")
+    from gc3.lower import lower
+    from gc3.program import run_script
+    from gc3.xml_io import write_xml
+
+    a2a = tmp_path / "alltoall_direct_2r_Simple_i8.xml"
+    write_xml(lower(run_script(str(ROOT / "algorithms" / "alltoall_direct.py"), ["2"]), instances=8,
+                    protocol="Simple"), a2a)
+    paths = [ROOT / "ir_samples" / "allreduce_ring_2r_Simple_i64.xml",
+             ROOT / "ir_samples" / "allreduce_oneshot_2r_LL_i16.xml", a2a]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0")
+    proc = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "runtime_cuda.ipc_check",
+         "--large", *map(str, paths)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    print(out)
+    assert proc.returncode == 0, out[-4000:]
+    lines = [l for l in out.splitlines() if l.startswith("IPC-CHECK")]
+    assert len(lines) == len(paths), out[-4000:]
+    assert all(" 0 wrong" in l for l in lines), out[-4000:]
+    # 256 MiB per rank of float32 and nearly as much bfloat16, on both ranks
+    ring = next(l for l in lines if "allreduce_ring_2r" in l)
+    assert int(ring.split(": ")[1].split()[0]) >= 2 * (2 * (64 << 20) - 1), ring

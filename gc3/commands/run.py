@@ -1,8 +1,10 @@
 """`gc3 run`: execute an XML IR on GPUs with the CUDA interpreter, check the
 data against numpy and report time and bandwidth.
 
-Without mpirun, all ranks run as virtual ranks on one GPU; under
-`mpirun -np N` each process runs one rank on its own GPU (CUDA IPC)."""
+Modes (--mode): `virtual`, all ranks on one GPU in one launch; `ipc`, one
+process per GPU under `mpirun -np N` (CUDA IPC); `peer`, this one process
+drives GPUs 0..N-1 through peer access.  `auto` (the default) is ipc under
+mpirun and virtual otherwise."""
 from __future__ import annotations
 
 import os
@@ -17,6 +19,18 @@ def _world_size() -> int:
         if os.environ.get(var):
             return int(os.environ[var])
     return 1
+
+
+def _mode(mode: str, world: int) -> str:
+    """The mode to run in, or a ClickException when it contradicts how the process was started."""
+    if mode == "auto":
+        return "ipc" if world > 1 else "virtual"
+    if mode == "ipc" and world < 2:
+        raise click.ClickException("--mode ipc needs one process per GPU: start it with mpirun -np N")
+    if mode != "ipc" and world > 1:
+        raise click.ClickException(f"--mode {mode} runs every rank in one process; start it without mpirun "
+                                   f"(this is process {os.environ.get('OMPI_COMM_WORLD_RANK', '?')} of {world})")
+    return mode
 
 
 def _need_gpu() -> None:
@@ -44,19 +58,24 @@ def _need_gpu() -> None:
               help="override the XML's protocol (LL128 runs as Simple)")
 @click.option("--check/--no-check", default=True, show_default=True, help="compare the result with numpy")
 @click.option("--timeout", type=float, default=None, help="seconds any GPU wait may take (default GC3_TIMEOUT_S or 5)")
-def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout):
-    """Run XML on GPUs: virtual ranks on one GPU, or one rank per process under mpirun."""
+@click.option("--mode", default="auto", show_default=True, type=click.Choice(["auto", "virtual", "ipc", "peer"]),
+              help="virtual: all ranks on one GPU; ipc: one process per GPU (mpirun); "
+                   "peer: this process drives one GPU per rank; auto: ipc under mpirun, else virtual")
+def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode):
+    """Run XML on GPUs: virtual ranks on one GPU, one rank per process under mpirun,
+    or one process driving one GPU per rank (--mode peer)."""
     from ..dtypes import dtype_info
     from ..xml_io import read_xml
 
+    mode = _mode(mode, _world_size())
     _need_gpu()
     try:
-        _run(read_xml(xml), size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout)
+        _run(read_xml(xml), size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout, mode)
     except GC3Error as exc:
         raise click.ClickException(str(exc)) from None
 
 
-def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout):
+def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode):
     import cupy
 
     from runtime_cuda.checking import device_buffers, reference_case, run_checked
@@ -64,12 +83,18 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout):
     from ..dtypes import dtype_info
 
     itemsize = dtype_info(dtype).np.itemsize
-    if _world_size() > 1:
+    if mode == "ipc":
         from runtime_cuda.ipc import IpcRanks
 
         group = IpcRanks(prog, proto=proto, timeout=timeout)
         where = f"rank {group.rank} of {prog.ngpus} processes"
         lead = group.rank == 0
+    elif mode == "peer":
+        from runtime_cuda.peer import PeerRanks
+
+        group = PeerRanks(prog, proto=proto, timeout=timeout)
+        where = f"{prog.ngpus} ranks on GPUs {', '.join(map(str, group.devices))} in one process (peer access)"
+        lead = True
     else:
         from runtime_cuda.virtual import VirtualRanks
 
@@ -85,7 +110,7 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout):
     if check:
         res = run_checked(group, n, dtype, op, inplace)
         ok = res.wrong == 0
-        click.echo(f"check{'' if lead else f' (rank {group.tables.ranks[0]})'}: {res.wrong} wrong of "
+        click.echo(f"check{'' if lead else f' (rank {group.ranks[0]})'}: {res.wrong} wrong of "
                    f"{res.checked} elements{'' if ok else ': ' + str(res.first)}")
     ins, outs = device_buffers(group, reference_case(prog, n, dtype, op)[0], n, dtype, inplace)
     for _ in range(warmup):
