@@ -87,6 +87,41 @@ def test_device_choice_refusals_say_why(nranks, devices, ndev, access, words):
     assert all(w in str(exc.value) for w in words), str(exc.value)
 
 
+def test_large_cases_are_256mib_and_an_uneven_count_near_it():
+    from runtime_cuda.checking import LARGE_BYTES, geometry, large_cases, recommended_max_bytes
+    from runtime_cuda.perf import nbytes_of
+
+    assert recommended_max_bytes(ONESHOT) == 256 << 10
+    assert recommended_max_bytes(RING) is None          # no upper bound in the catalog
+    assert recommended_max_bytes(PAIRS) is None         # not in any catalog
+    for path in TWO_RANK:
+        prog = read_xml(path)
+        bi, c = geometry(prog)
+        nbytes = recommended_max_bytes(path) or LARGE_BYTES
+        (even, d1, ip1), (uneven, d2, ip2) = large_cases(prog, nbytes)
+        assert (d1, d2) == ("float32", "bfloat16") and ip1 != ip2
+        assert nbytes_of(prog, even, 4) == nbytes and even % (bi * c) == 0
+        assert uneven % bi == 0 and (uneven // bi) % c != 0 or c == 1
+        assert 0.99 * nbytes < nbytes_of(prog, uneven, 2) < nbytes
+        assert (uneven // bi) % 2 == 1 or c > 1
+
+
+def test_compare_counts_exactly_what_differs():
+    import numpy as np
+
+    from runtime_cuda.checking import compare
+
+    x = np.arange(1000, dtype=np.float32)
+    assert compare(0, x.copy(), x, "float32").wrong == 0
+    y = x.copy()
+    y[17] += 1
+    res = compare(1, y, x, "float32")
+    assert (res.checked, res.wrong) == (1000, 1) and "rank 1 output[17]" in res.first
+    z = x.copy()
+    z[3] = np.nextafter(z[3], np.float32(1e9))    # within the float tolerance: not wrong
+    assert compare(0, z, x, "float32").wrong == 0
+
+
 def test_run_mode_must_match_how_the_process_started(monkeypatch):
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
     for var in ("PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
