@@ -55,6 +55,8 @@ SAMPLES: Tuple[Sample, ...] = (
     S("allreduce_ring_2r_Simple_i64", "allreduce_ring", (2,), 64, "Simple", 256 * KiB + 1, None),
     S("allgather_direct_2r_Simple_i64", "allgather_direct", (2,), 64, "Simple", 4 * MiB, None),
     S("reducescatter_ring_2r_Simple_i64", "reducescatter_ring", (2,), 64, "Simple", 4 * MiB, None),
+    S("alltoall_direct_2r_LL_i16", "alltoall_direct", (2,), 16, "LL", 0, 256 * KiB),
+    S("alltoall_direct_2r_Simple_i64", "alltoall_direct", (2,), 64, "Simple", 256 * KiB + 1, None),
     # 4 ranks
     S("allreduce_oneshot_4r_LL", "allreduce_oneshot", (4,), 1, "LL", 0, 16 * KiB),
     S("allreduce_allpairs_4r_LL", "allreduce_allpairs", (4,), 1, "LL", 16 * KiB + 1, 256 * KiB),
