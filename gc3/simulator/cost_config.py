@@ -1,32 +1,39 @@
-"""Alpha-beta parameters of the cost model, per machine preset.
+"""Parameters of the cost model, per machine preset.
 
-UNCALIBRATED: these are rough figures from public specifications (NVLink 4
-through NVSwitch: 450 GB/s per GPU and direction; HBM3 3.35 TB/s on H100,
-HBM3e 4.8 TB/s on H200; NDR InfiniBand 400 Gb/s per GPU) and NCCL-like
-per-hop latencies per protocol.  They have not been fitted to measurements
-on the lent GPUs; every report prints "uncalibrated" while `calibrated` is
-False.  To calibrate, time the runtime on a few sizes and replace the numbers
-here (or pass a `CostConfig` to `simulate(cost=...)`).
+`h200`: the NVLink figures are fitted to the CUDA runtime measured on
+nvidia-h200-x2 (2x H200, NV18) by scripts/calibrate_cost_model.py, which
+rewrites the block between the CALIBRATED markers below; the points it fits
+are gc3/simulator/measured_h200x2.csv.  `h100`: the same fit with the local
+memory rates scaled by HBM bandwidth (H100 3.35 TB/s, H200 4.8 TB/s) -- the
+link is the same NVLink 4 and the SM count the same, but it was never
+measured, so it stays uncalibrated.  PCIe and network links are spec figures
+(PCIe 5 x16, NDR InfiniBand 400 Gb/s per GPU), uncalibrated in every preset;
+a prediction is reported as calibrated only when every link it used is.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict
+from typing import Dict, Tuple
 
 from ..errors import GC3Error
 
-PROTOCOL_EFFICIENCY = {
-    "Simple": 1.0,
-    "LL128": 120 / 128,  # 8 flag bytes per 128-byte line
-    "LL": 0.5,           # a 4-byte flag with every 4 data bytes
-}
+# Payload fraction of the bytes on the wire: an LL line carries a 4-byte flag
+# with every 4 data bytes, LL128 8 flag bytes per 128-byte line.
+PROTOCOL_EFFICIENCY = {"Simple": 1.0, "LL128": 120 / 128, "LL": 0.5}
+
+# Data bytes one FIFO slot holds, as runtime_cuda/connections.py sizes them
+# (LL: a 32 KiB slot of 16-byte lines with 8 data bytes each).  A chunk moves
+# in tiles of at most this many bytes, and each (step, tile) is one unit of
+# work: a threadblock walks, per tile, all of its steps.
+SLOT_DATA_BYTES = {"Simple": 256 << 10, "LL128": 256 << 10, "LL": 16 << 10}
 
 
 @dataclass(frozen=True)
 class LinkParams:
-    alpha_s: Dict[str, float]   # per-message latency by protocol, seconds
-    port_Bps: float             # per-GPU, per-direction bandwidth of the link type
-    tb_Bps: float               # what one threadblock can push over it
+    alpha_s: Dict[str, float]   # one hop: data stored by the sender -> seen by the receiver, by protocol
+    tb_Bps: Dict[str, float]    # payload one threadblock moves over the link, by protocol
+    port_Bps: float             # wire bytes per GPU and direction, shared by all its threadblocks
+    calibrated: bool = False
 
 
 @dataclass(frozen=True)
@@ -34,29 +41,61 @@ class CostConfig:
     name: str
     links: Dict[str, LinkParams]
     gpus_per_node: int = 8
-    intra_node: str = "nvlink"  # link type between GPUs of a node
+    intra_node: str = "nvlink"      # link type between GPUs of a node
     inter_node: str = "network"
-    tb_mem_Bps: float = 200e9   # one threadblock's local copy/reduce rate
-    step_overhead_s: float = 0.3e-6
-    launch_s: float = 5e-6
+    launch_s: float = 5e-6          # per call: launch, prologue, teardown
+    step_overhead_s: float = 0.3e-6  # per step and tile: barrier, flag polls
+    dep_s: float = 0.5e-6           # a cross-threadblock dependency: flag store -> seen by the waiter
+    tb_mem_Bps: float = 200e9       # one threadblock's local copy rate (r out of the FIFO, cpy)
+    tb_reduce_Bps: float = 150e9    # one threadblock's reduction rate (rrc, re; added to rrs/rrcs)
+    slot_data_bytes: Dict[str, int] = field(default_factory=lambda: dict(SLOT_DATA_BYTES))
+    tile_split: Tuple[int, int] = (1, 0)  # (tiles, min bytes): runtime's GC3_TILE_SPLIT_<PROTO>
     calibrated: bool = False
-    extra: Dict[str, float] = field(default_factory=dict)
+    calibration: str = "spec figures"     # where the numbers come from, printed with each prediction
+    measured_ranks: int = 0               # rank count of the calibration runs (0: none)
 
     def link_type(self, a: int, b: int) -> str:
         same = a // self.gpus_per_node == b // self.gpus_per_node
         return self.intra_node if same else self.inter_node
 
 
-_NVLINK4 = LinkParams(alpha_s={"LL": 0.8e-6, "LL128": 1.5e-6, "Simple": 2.5e-6}, port_Bps=450e9, tb_Bps=25e9)
-_PCIE5 = LinkParams(alpha_s={"LL": 1.5e-6, "LL128": 2.5e-6, "Simple": 4.0e-6}, port_Bps=50e9, tb_Bps=20e9)
-_NDR_IB = LinkParams(alpha_s={"LL": 5.0e-6, "LL128": 6.0e-6, "Simple": 8.0e-6}, port_Bps=48e9, tb_Bps=20e9)
+# Uncalibrated link types (public specifications, NCCL-like latencies).
+_PCIE5 = LinkParams(alpha_s={"LL": 1.5e-6, "LL128": 2.5e-6, "Simple": 4.0e-6},
+                    tb_Bps={"LL": 5e9, "LL128": 10e9, "Simple": 10e9}, port_Bps=50e9)
+_NDR_IB = LinkParams(alpha_s={"LL": 5.0e-6, "LL128": 6.0e-6, "Simple": 8.0e-6},
+                     tb_Bps={"LL": 5e9, "LL128": 10e9, "Simple": 10e9}, port_Bps=48e9)
 
-PRESETS: Dict[str, CostConfig] = {
-    "h100": CostConfig(name="H100 SXM (NVLink4/NVSwitch, NDR IB)",
-                       links={"nvlink": _NVLINK4, "pcie": _PCIE5, "network": _NDR_IB}, tb_mem_Bps=200e9),
-    "h200": CostConfig(name="H200 SXM (NVLink4/NVSwitch, NDR IB)",
-                       links={"nvlink": _NVLINK4, "pcie": _PCIE5, "network": _NDR_IB}, tb_mem_Bps=250e9),
-}
+# HBM bandwidth ratio H100 SXM / H200 SXM: scales the local copy and reduce rates.
+H100_MEM_SCALE = 3.35 / 4.8
+
+# CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)
+H200_CALIBRATION = "calibrated on nvidia-h200-x2, 2026-11-22, 148 points, median error 3.0%"
+# LL128: the runtime runs it as Simple, so it gets Simple's figures.
+H200_NVLINK = LinkParams(alpha_s={"LL": 1.309e-06, "LL128": 4.6e-06, "Simple": 4.6e-06},
+                         tb_Bps={"LL": 4.383e+09, "LL128": 1.453e+10, "Simple": 1.453e+10},
+                         port_Bps=3.359e+11, calibrated=True)
+H200_CORE = dict(launch_s=4.011e-06, step_overhead_s=2.288e-06, dep_s=1.641e-07, tb_mem_Bps=4.994e+10,
+                 tb_reduce_Bps=3.895e+10)
+# CALIBRATED h200 END
+
+
+def _h200() -> CostConfig:
+    calibrated = H200_NVLINK.calibrated
+    return CostConfig(name="H200 SXM (NVLink4, NDR IB)", links={"nvlink": H200_NVLINK, "pcie": _PCIE5,
+                                                                    "network": _NDR_IB},
+                      calibrated=calibrated, calibration=H200_CALIBRATION, measured_ranks=2, **H200_CORE)
+
+
+def _h100() -> CostConfig:
+    core = dict(H200_CORE, tb_mem_Bps=H200_CORE["tb_mem_Bps"] * H100_MEM_SCALE,
+                tb_reduce_Bps=H200_CORE["tb_reduce_Bps"] * H100_MEM_SCALE)
+    nvlink = replace(H200_NVLINK, calibrated=False)
+    return CostConfig(name="H100 SXM (NVLink4, NDR IB)", links={"nvlink": nvlink, "pcie": _PCIE5, "network": _NDR_IB},
+                      calibrated=False, calibration="the H200 fit with memory rates scaled by HBM bandwidth; "
+                                                    "not measured on H100", **core)
+
+
+PRESETS: Dict[str, CostConfig] = {"h100": _h100(), "h200": _h200()}
 DEFAULT = "h100"
 
 

@@ -1,25 +1,33 @@
-"""Predicted run time of an executed schedule (alpha-beta, UNCALIBRATED).
+"""Predicted run time of an executed schedule, tile by tile, as the runtime runs it.
 
-The executor's trace already holds every ordering edge of the run: program
-order within a threadblock, depid/deps, the send each receive matched and the
-receive that freed each FIFO slot.  Replaying it in trace order (a valid
-topological order) with a duration per step gives each step's start and end:
+The executor's trace holds every ordering edge of the run: program order
+within a threadblock, depid/deps, the send each receive matched.  The CUDA
+runtime moves each chunk in tiles (as many bytes as a FIFO slot holds, see
+`CostConfig.slot_data_bytes`) and each threadblock walks, per tile, all of
+its steps; so the model replays the trace once per tile (tile-major order is
+a valid topological order: every edge points to the same or an earlier tile)
+with these costs per (step, tile) of B payload bytes:
 
-* sending `B` bytes over a link costs `B / rate` on the sender, with
-  `rate = min(tb_Bps, port_Bps) * protocol efficiency`; the receiver sees the
-  first byte `alpha` after the send started and finishes `B / rate` after
-  that, so send and receive overlap as NCCL's sliced pipeline does;
-* steps that receive and send (rcs, rrs, rrcs) forward while receiving;
-* reductions and local copies cost `B / tb_mem_Bps` per extra operand pass;
-* each rank's egress port of a link type is shared: transfers from one rank
-  queue on it at `port_Bps` (a coarse fluid model, in trace order);
-* every step pays `step_overhead_s`; the kernel launch pays `launch_s`.
+* every step pays `step_overhead_s`, a cross-threadblock wait `dep_s` on top
+  of the step it waits for, the kernel launch `launch_s` once;
+* sending costs B / tb_Bps[proto] on the sender, and its wire bytes
+  (B / protocol efficiency) queue on the sending rank's port of that link
+  type at port_Bps, so many threadblocks share one link's bandwidth;
+* Simple: a receiver sees a tile `alpha` after the sender finished storing
+  it (the tail is written after the whole tile); LL: lines are seen `alpha`
+  after they are stored, so receiving overlaps sending;
+* a receiving step then copies B out of the FIFO at tb_mem_Bps (r, rcs), or
+  reduces at tb_reduce_Bps (rrc; rrs/rrcs reduce and then forward), cpy
+  copies at tb_mem_Bps and re reduces at tb_reduce_Bps;
+* a send needs a free FIFO slot: the receive `slots` messages earlier on the
+  same connection must have finished, and its credit travels back in alpha.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from .. import limits
 from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
 from .executor import Executed
 
@@ -32,68 +40,200 @@ _BUS_FACTOR = {
     "alltoall": lambda n: (n - 1) / n,
 }
 
+_GRANULE = 16          # the runtime tiles in whole 16-byte granules
+_SENDS = {"s", "rcs", "rrs", "rrcs"}
+_REDUCES = {"rrc", "rrs", "rrcs", "re"}
+
 
 @dataclass
 class Timing:
-    start: List[float]
-    end: List[float]
+    start: List[float]      # per trace record: its first tile's start ...
+    end: List[float]        # ... and its last tile's end
     total_s: float
     size_bytes: int
     algbw_GBps: float
     busbw_GBps: float
     calibrated: bool
     config_name: str
+    calibration: str = "spec figures"   # where the figures come from (or why they are not calibrated)
+    tile_bytes: int = 0
+    ntiles: int = 0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The trace's ordering edges as flat arrays, built once per trace and
+    reused for every size and configuration (the calibration times each
+    program at many sizes)."""
+    types: Tuple[str, ...]
+    cnt: Tuple[int, ...]
+    tb: Tuple[int, ...]              # dense threadblock index of each record
+    ntbs: int
+    first_of_tb: Tuple[bool, ...]    # record is its threadblock's first step
+    dep: Tuple[int, ...]             # -1: none
+    msg_from: Tuple[int, ...]        # -1: receives nothing
+    send_conn: Tuple[int, ...]       # dense connection index, -1: sends nothing
+    send_pos: Tuple[int, ...]        # k: the record is the k-th send of its connection within a tile
+    conn_sends: Tuple[int, ...]      # sends per tile on each connection
+    conn_recvs: Tuple[Tuple[int, ...], ...]  # per connection, the receiving record of its k-th message
+    conn_port: Tuple[Tuple[int, str], ...]   # (sending rank, link type) of each connection
+    max_cnt: int
+
+    @classmethod
+    def of(cls, records: Sequence[Executed], config: CostConfig) -> "Schedule":
+        tbs: Dict[Tuple[int, int], int] = {}
+        conns: Dict[tuple, int] = {}
+        tb, first, send_conn, send_pos = [], [], [], []
+        conn_sends: List[int] = []
+        for rec in records:
+            key = (rec.rank, rec.tb)
+            first.append(key not in tbs)
+            tb.append(tbs.setdefault(key, len(tbs)))
+            if rec.conn_out is not None and rec.type in _SENDS:
+                c = conns.setdefault(rec.conn_out, len(conns))
+                if c == len(conn_sends):
+                    conn_sends.append(0)
+                send_conn.append(c)
+                send_pos.append(conn_sends[c])
+                conn_sends[c] += 1
+            else:
+                send_conn.append(-1)
+                send_pos.append(-1)
+        recvs: List[List[int]] = [[0] * n for n in conn_sends]
+        for j, rec in enumerate(records):
+            if rec.msg_from is not None:
+                i = rec.msg_from
+                recvs[send_conn[i]][send_pos[i]] = j
+        ports = [None] * len(conns)
+        for (src, dst, _chan), c in conns.items():
+            ports[c] = (src, config.link_type(src, dst))
+        moving = [r.cnt for r in records if r.type != "nop" and (r.msg_from is not None or r.conn_out is not None)]
+        return cls(
+            types=tuple(r.type for r in records), cnt=tuple(r.cnt for r in records), tb=tuple(tb), ntbs=len(tbs),
+            first_of_tb=tuple(first), dep=tuple(-1 if r.dep is None else r.dep for r in records),
+            msg_from=tuple(-1 if r.msg_from is None else r.msg_from for r in records),
+            send_conn=tuple(send_conn), send_pos=tuple(send_pos), conn_sends=tuple(conn_sends),
+            conn_recvs=tuple(tuple(x) for x in recvs), conn_port=tuple(ports), max_cnt=max(moving, default=1))
+
+
+def tile_of(chunk_bytes: int, itemsize: int, proto: str, max_cnt: int, config: CostConfig) -> Tuple[int, int]:
+    """(bytes per chunk-tile, tiles per chunk), the runtime's rule
+    (runtime_cuda.binding.tile_lanes) in bytes."""
+    if chunk_bytes <= 0:
+        return 0, 0
+    g = max(_GRANULE, itemsize)
+    fit = max(config.slot_data_bytes[proto] // max_cnt // g * g, g)
+    want = chunk_bytes
+    tiles, min_bytes = config.tile_split
+    if tiles > 1:
+        want = min(chunk_bytes, max(-(-chunk_bytes // tiles), min_bytes))
+    tile = min(fit, max(g, -(-want // g) * g))
+    return tile, -(-chunk_bytes // tile)
 
 
 def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chunk_bytes: int,
-            size_bytes: int, config: CostConfig) -> Timing:
-    eff = PROTOCOL_EFFICIENCY[proto]
-    start = [0.0] * len(records)
-    end = [0.0] * len(records)
-    xfer_start: Dict[int, float] = {}
-    tb_free: Dict[Tuple[int, int], float] = {}
-    port_free: Dict[Tuple[int, str], float] = {}
-    t_launch = config.launch_s
-    for i, rec in enumerate(records):
-        B = rec.cnt * chunk_bytes
-        t0 = tb_free.get((rec.rank, rec.tb), t_launch)
-        if rec.dep is not None:
-            t0 = max(t0, end[rec.dep])
-        if rec.slot_from is not None:
-            t0 = max(t0, end[rec.slot_from])
-        t = t0 + config.step_overhead_s
-        local = B / config.tb_mem_Bps
-        finish = t
-        data_start = t
-        if rec.msg_from is not None:
-            src = records[rec.msg_from]
-            lt = config.link_type(src.rank, rec.rank)
-            link = config.links[lt]
-            rate = min(link.tb_Bps, link.port_Bps) * eff
-            data_start = max(t, xfer_start[rec.msg_from] + link.alpha_s[proto])
-            finish = data_start + B / rate
-        if rec.type in ("rrc", "rrs", "rrcs", "re"):
-            finish += local                      # one extra operand read
-        elif rec.type == "cpy":
-            finish = t + local
-        if rec.conn_out is not None:
-            dst = rec.conn_out[1]
-            lt = config.link_type(rec.rank, dst)
-            link = config.links[lt]
-            rate = min(link.tb_Bps, link.port_Bps) * eff
-            s0 = data_start
-            key = (rec.rank, lt)
-            port_done = max(port_free.get(key, 0.0), s0) + B / (link.port_Bps * eff)
-            port_free[key] = port_done
-            xfer_start[i] = s0
-            finish = max(finish, s0 + B / rate, port_done)
-        start[i] = t0
-        end[i] = finish
-        tb_free[(rec.rank, rec.tb)] = finish
-    total = max(end, default=t_launch)
+            size_bytes: int, config: CostConfig, itemsize: int = 4, slots: Optional[int] = None,
+            schedule: Optional[Schedule] = None) -> Timing:
+    sched = Schedule.of(records, config) if schedule is None else schedule
+    slots = limits.FIFO_SLOTS[proto] if slots is None else slots
+    tile, ntiles = tile_of(chunk_bytes, itemsize, proto, sched.max_cnt, config)
+    n = len(sched.types)
+    launch = config.launch_s
+    start = [launch] * n
+    end = [launch] * n
+    total = launch
+    if ntiles:
+        total = _replay(sched, config, proto, slots, chunk_bytes, tile, ntiles, start, end)
     algbw = size_bytes / total / 1e9 if total > 0 else 0.0
-    factor = _BUS_FACTOR.get(coll, lambda n: 1.0)(nranks)
-    return Timing(start, end, total, size_bytes, algbw, algbw * factor, config.calibrated, config.name)
+    factor = _BUS_FACTOR.get(coll, lambda k: 1.0)(nranks)
+    used = {lt for _, lt in sched.conn_port}
+    calibrated = config.calibrated and all(config.links[lt].calibrated for lt in used)
+    note = config.calibration
+    if config.calibrated and not calibrated:
+        note = f"{', '.join(sorted(lt for lt in used if not config.links[lt].calibrated))} link(s) not measured"
+    elif calibrated and config.measured_ranks and nranks != config.measured_ranks:
+        note += f"; {nranks} ranks extrapolated from {config.measured_ranks}"
+    return Timing(start, end, total, size_bytes, algbw, algbw * factor, calibrated, config.name, note, tile, ntiles)
+
+
+def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: int, tile: int, ntiles: int,
+            start: List[float], end: List[float]) -> float:
+    eff = PROTOCOL_EFFICIENCY[proto]
+    ll = proto != "Simple" and proto != "LL128"   # LL is read line by line as it lands
+    n = len(s.types)
+    ports = sorted(set(s.conn_port))
+    port_idx = {p: k for k, p in enumerate(ports)}
+    conn_port = [port_idx[p] for p in s.conn_port]
+    conn_alpha = [cfg.links[lt].alpha_s[proto] for _, lt in s.conn_port]
+    conn_tb_rate = [cfg.links[lt].tb_Bps[proto] for _, lt in s.conn_port]
+    wire_rate = [cfg.links[lt].port_Bps * eff for _, lt in ports]
+    port_free = [0.0] * len(ports)
+    mem, red = 1.0 / cfg.tb_mem_Bps, 1.0 / cfg.tb_reduce_Bps
+    over, dep_s, launch = cfg.step_overhead_s, cfg.dep_s, cfg.launch_s
+    types, cnt, tbi, dep, msg = s.types, s.cnt, s.tb, s.dep, s.msg_from
+    send_conn, send_pos, conn_sends, conn_recvs = s.send_conn, s.send_pos, s.conn_sends, s.conn_recvs
+    tb_free = [launch] * s.ntbs
+    # Per tile: when each record's tile ended, and when its send began/ended.
+    ends: List[List[float]] = []
+    xs = [0.0] * n
+    xe = [0.0] * n
+    total = launch
+    for t in range(ntiles):
+        B_lane = min(tile, chunk_bytes - t * tile)
+        e_t = [0.0] * n
+        for i in range(n):
+            B = B_lane * cnt[i]
+            t0 = tb_free[tbi[i]]
+            d = dep[i]
+            if d >= 0:
+                t0 = max(t0, e_t[d] + dep_s)
+            c = send_conn[i]
+            if c >= 0:
+                m = t * conn_sends[c] + send_pos[i] - slots   # the message whose slot this send reuses
+                if m >= 0:
+                    mt, mk = divmod(m, conn_sends[c])
+                    r = conn_recvs[c][mk]
+                    t0 = max(t0, (ends[mt] if mt < t else e_t)[r] + conn_alpha[c])
+            now = t0 + over
+            x0 = now
+            j = msg[i]
+            if j >= 0:                       # receive: wait for the data, copy or reduce it out of the FIFO
+                a = conn_alpha[send_conn[j]]
+                landed = xe[j] + a
+                now = max(now, xs[j] + a if ll else landed)
+                x0 = now                     # a forward stores as it reads
+                work = B * (red if types[i] in _REDUCES else mem)
+                if c < 0:
+                    now += work
+                    if ll and now < landed:
+                        now = landed
+            else:
+                ty = types[i]
+                if ty == "cpy":
+                    now += B * mem
+                elif ty == "re":
+                    now += B * red
+            if c >= 0:
+                p = conn_port[c]
+                pf = max(port_free[p], x0) + B / wire_rate[p]
+                port_free[p] = pf
+                busy = B / conn_tb_rate[c]
+                if j >= 0:
+                    busy = max(work, busy + (B * red if types[i] in _REDUCES else 0.0))
+                now = max(x0 + busy, pf)
+                if j >= 0 and ll and now < landed:
+                    now = landed
+                xs[i], xe[i] = x0, now
+            e_t[i] = now
+            tb_free[tbi[i]] = now
+            if t == 0:
+                start[i] = t0
+            if now > total:
+                total = now
+        ends.append(e_t)
+        for i in range(n):
+            end[i] = e_t[i]
+    return total
 
 
 def format_time(seconds: Optional[float]) -> str:

@@ -17,7 +17,7 @@ from ..reference import COLLECTIVES, make_inputs
 from ..reference import reference as builtin_reference
 from ..xml_io import from_xml, read_xml
 from .cost_config import CostConfig, preset
-from .cost_model import Timing, format_time, predict
+from .cost_model import Schedule, Timing, format_time, predict
 from .executor import Executed, Executor, hasdep_warnings, static_errors
 from .memory import RankMemory
 from .races import Race
@@ -196,10 +196,43 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
         L = layouts[0]
         result.timing = predict(run.records, proto=prog.proto, coll=prog.coll, nranks=nranks,
                                 chunk_bytes=L.cs * info.np.itemsize,
-                                size_bytes=max(L.in_elems, L.out_elems) * info.np.itemsize, config=cfg)
+                                size_bytes=max(L.in_elems, L.out_elems) * info.np.itemsize, config=cfg,
+                                itemsize=info.np.itemsize, slots=slots)
         result.predicted_time = result.timing.total_s
     result.ok = not result.errors
     return result
+
+
+class TimedProgram:
+    """Predicts a program's run time at any call size without executing it at
+    that size: it runs once on the smallest buffers (one element per chunk)
+    and the cost model re-times that trace, whose ordering edges do not depend
+    on the size, for each size asked (the calibration times programs up to
+    1 GiB this way)."""
+
+    def __init__(self, program_or_xml, dtype: str = "float32", slots: Optional[int] = None):
+        self.program = load_program(program_or_xml)
+        self.itemsize = dtype_info(dtype).np.itemsize
+        prog = self.program
+        L = layout_for(prog, 0)
+        res = simulate(prog, count=L.blocks_in * L.chunks_per_block, dtype=dtype, slots=slots, detect_races=False)
+        if res.timing is None or not res.ok:
+            raise SimulationError(f"{prog.name}: cannot time a program that does not run correctly: "
+                                  + "; ".join(res.errors[:3]))
+        self.records, self.slots = res.records, res.slots
+        self._schedules: dict = {}
+
+    def timing(self, size=None, *, count: Optional[int] = None, cost: Union[str, CostConfig] = "h100") -> Timing:
+        """`size`: bytes of each rank's input buffer (as `simulate`), or `count` elements."""
+        cfg = preset(cost) if isinstance(cost, str) else cost
+        prog = self.program
+        L = layout_for(prog, _element_count(size, count, self.itemsize))
+        key = (cfg.gpus_per_node, cfg.intra_node, cfg.inter_node)
+        if key not in self._schedules:
+            self._schedules[key] = Schedule.of(self.records, cfg)
+        return predict(self.records, proto=prog.proto, coll=prog.coll, nranks=prog.ngpus,
+                       chunk_bytes=L.cs * self.itemsize, size_bytes=max(L.in_elems, L.out_elems) * self.itemsize,
+                       config=cfg, itemsize=self.itemsize, slots=self.slots, schedule=self._schedules[key])
 
 
 def _changed(now: np.ndarray, before: np.ndarray) -> np.ndarray:
@@ -287,9 +320,9 @@ def format_summary(res: Result) -> str:
     lines += [f"warning    {w}" for w in res.warnings[:8]]
     if res.timing is not None:
         t = res.timing
-        mark = "" if t.calibrated else ", UNCALIBRATED"
+        mark = t.calibration if t.calibrated else f"UNCALIBRATED: {t.calibration}"
         lines.append(f"predicted  {format_time(t.total_s)}, algbw {t.algbw_GBps:.1f} GB/s, busbw {t.busbw_GBps:.1f} GB/s "
-                     f"(alpha-beta model: {t.config_name}{mark})")
+                     f"(cost model: {t.config_name}, {mark})")
     lines.append("OK" if res.ok else "FAILED")
     return "\n".join(lines)
 

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Fit the simulator's cost model to the CUDA runtime measured on nvidia-h200-x2.
+
+    python3 scripts/calibrate_cost_model.py                # fit to the committed CSV, print, write the preset
+    python3 scripts/calibrate_cost_model.py --from-sweep runtime_cuda/measured/sweep_2xh200_2026-11-22.txt
+    python3 scripts/calibrate_cost_model.py --dry-run      # fit and print, write nothing
+
+1. --from-sweep reads every candidate's row of a bench_runtime.py --log file
+   (program, size, measured us per call), names each row's program -- the
+   ir_samples/ XML when the candidate compiles to exactly that sample, else
+   the algorithm with `gc3 compile`'s --instances/--protocol -- and writes
+   gc3/simulator/measured_h200x2.csv.  Without it the committed CSV is used.
+2. Each program is executed once by the simulator (gc3.simulator.TimedProgram)
+   and the cost model predicts every point from that trace.
+3. The model's parameters (launch, per step-tile overhead, cross-threadblock
+   wait, hop latency and per-threadblock link rate per protocol, the link's
+   shared bandwidth, local copy and reduce rates) are fitted by least squares
+   on log(predicted / measured): Levenberg-Marquardt steps solved with
+   numpy.linalg.lstsq on a finite-difference Jacobian, from a few starts.
+4. Prints every point (measured, predicted before/after, relative error) and
+   the median/max relative error before and after.
+5. Writes the fit into gc3/simulator/cost_config.py (the CALIBRATED block),
+   marked with the machine, date, point count and median error.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gc3.simulator import cost_config  # noqa: E402
+from gc3.simulator.calibration import (MEASURED_CSV, MeasuredPoint, PointSet, compile_spec,  # noqa: E402
+                                       read_points, write_points)
+from gc3.simulator.cost_config import CostConfig, LinkParams, preset  # noqa: E402
+
+MACHINE = "nvidia-h200-x2"
+SWEEP_ROW = re.compile(r"^(\w+)\s+(\d+(?:\.\d+)?[KMG]iB|\d+)\s+(\S+)\s+([\d.]+)\s")
+UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+# Fitted parameters: (name, how to read it from a config, initial guess).
+PARAMS: Tuple[str, ...] = ("launch_s", "step_overhead_s", "dep_s", "alpha_LL", "alpha_Simple", "tb_LL",
+                           "tb_Simple", "port_Bps", "tb_mem_Bps", "tb_reduce_Bps")
+# "Before": the uncalibrated figures the presets had (NVLink 4 line rate 450 GB/s, 25 GB/s per threadblock,
+# LL at half of it, NCCL-like latencies, HBM-class local rates), in the order of PARAMS.
+SPEC = np.array([5e-6, 0.3e-6, 0.0, 0.8e-6, 2.5e-6, 12.5e9, 25e9, 450e9, 250e9, 250e9])
+# Starting points of the fit: a spec-like guess with a nonzero dependency wait, and the preset in force.
+GUESS = np.array([6e-6, 0.3e-6, 0.5e-6, 1e-6, 2e-6, 4e9, 10e9, 400e9, 100e9, 80e9])
+
+
+# --------------------------------------------------------------------------- measured points
+
+def _bench_candidates() -> Dict[Tuple[str, str], object]:
+    """bench_runtime.CANDIDATES by (collective, label): what each sweep row ran."""
+    spec = importlib.util.spec_from_file_location("bench_runtime", ROOT / "scripts" / "bench_runtime.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod      # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return {(c.coll, c.label): c for c in mod.CANDIDATES}
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMG]iB)?", text)
+    return int(float(m.group(1)) * UNITS.get(m.group(2) or "", 1))
+
+
+def _same_schedule(a, b) -> bool:
+    """Equal programs apart from name and recommended sizes."""
+    keep = dict(name="", minBytes=None, maxBytes=None)
+    return replace(a, **keep) == replace(b, **keep)
+
+
+def points_from_sweep(path: Path) -> List[MeasuredPoint]:
+    from runtime_cuda.perf import in_elems_for   # the bench's own size rule
+
+    cands = _bench_candidates()
+    samples = {p: compile_spec(str(p.relative_to(ROOT))) for p in sorted((ROOT / "ir_samples").glob("*_2r_*.xml"))}
+    spec_of: Dict[str, str] = {}
+    points = []
+    for line in path.read_text().splitlines()[1:]:
+        m = SWEEP_ROW.match(line)
+        if not m:
+            continue
+        coll, size, label, us = m.group(1), _size(m.group(2)), m.group(3), float(m.group(4))
+        c = cands[(coll, label)]
+        key = f"{c.coll}/{c.label}"
+        if key not in spec_of:
+            compiled = f"algorithms/{c.script}.py {' '.join(c.argv)} --instances {c.instances} --protocol {c.proto}"
+            prog = compile_spec(compiled)
+            sample = next((s for s, sp in samples.items() if _same_schedule(sp, prog)), None)
+            spec_of[key] = str(sample.relative_to(ROOT)) if sample else compiled
+            spec_of[key + "#prog"] = prog
+        prog = spec_of[key + "#prog"]
+        env = ";".join(f"{k}={v}" for k, v in c.env)
+        points.append(MeasuredPoint(coll, size, in_elems_for(prog, size, 4), label, spec_of[key], c.proto,
+                                    c.instances, env, us))
+    return points
+
+
+# --------------------------------------------------------------------------- parameters <-> configuration
+
+def vector_of(cfg: CostConfig) -> np.ndarray:
+    nv = cfg.links["nvlink"]
+    return np.array([cfg.launch_s, cfg.step_overhead_s, cfg.dep_s, nv.alpha_s["LL"], nv.alpha_s["Simple"],
+                     nv.tb_Bps["LL"], nv.tb_Bps["Simple"], nv.port_Bps, cfg.tb_mem_Bps, cfg.tb_reduce_Bps])
+
+
+def config_of(x: np.ndarray, base: CostConfig, calibrated: bool = False, note: str = "") -> CostConfig:
+    launch, over, dep, a_ll, a_s, tb_ll, tb_s, port, mem, red = (float(v) for v in x)
+    # The runtime runs LL128 as Simple (runtime_cuda.launcher.PROTOCOL_SUBSTITUTES): same figures.
+    nv = LinkParams(alpha_s={"LL": a_ll, "LL128": a_s, "Simple": a_s}, tb_Bps={"LL": tb_ll, "LL128": tb_s,
+                                                                               "Simple": tb_s},
+                    port_Bps=port, calibrated=calibrated)
+    return replace(base, links=dict(base.links, nvlink=nv), launch_s=launch, step_overhead_s=over, dep_s=dep,
+                   tb_mem_Bps=mem, tb_reduce_Bps=red, calibrated=calibrated,
+                   calibration=note or base.calibration)
+
+
+# --------------------------------------------------------------------------- fitting
+
+def residuals(ps: PointSet, logx: np.ndarray, base: CostConfig) -> np.ndarray:
+    return np.log(ps.predict_us(config_of(np.exp(logx), base)) / ps.measured_us)
+
+
+def fit(ps: PointSet, x0: np.ndarray, base: CostConfig, iters: int = 25, verbose: bool = True) -> np.ndarray:
+    """Levenberg-Marquardt in log-parameters; the model has kinks (max of
+    paths), so the Jacobian uses central differences over a finite step."""
+    logx = np.log(x0)
+    r = residuals(ps, logx, base)
+    cost = float(r @ r)
+    lam, h = 1e-2, 0.05
+    for it in range(iters):
+        J = np.empty((r.size, logx.size))
+        for k in range(logx.size):
+            d = np.zeros_like(logx)
+            d[k] = h
+            J[:, k] = (residuals(ps, logx + d, base) - residuals(ps, logx - d, base)) / (2 * h)
+        improved = False
+        for _ in range(8):
+            A = np.vstack([J, np.sqrt(lam) * np.eye(logx.size)])
+            b = np.concatenate([-r, np.zeros(logx.size)])
+            step = np.linalg.lstsq(A, b, rcond=None)[0]
+            step = np.clip(step, -1.0, 1.0)
+            r_new = residuals(ps, logx + step, base)
+            c_new = float(r_new @ r_new)
+            if c_new < cost:
+                logx, r, cost, improved = logx + step, r_new, c_new, True
+                lam = max(lam / 3, 1e-6)
+                break
+            lam *= 4
+        if verbose:
+            print(f"  iteration {it + 1:2d}: sum of squared log errors {cost:.4f} (lambda {lam:.1e})", flush=True)
+        if not improved or np.abs(step).max() < 1e-3:
+            break
+    return np.exp(logx)
+
+
+def relative(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return pred / meas - 1.0
+
+
+# --------------------------------------------------------------------------- output
+
+def _h(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def table(points: Sequence[MeasuredPoint], before: np.ndarray, after: np.ndarray) -> List[str]:
+    meas = np.array([p.measured_us for p in points])
+    eb, ea = relative(before, meas), relative(after, meas)
+    lines = [f"{'coll':<14}{'size':>7}  {'program':<20}{'measured':>10}{'before':>10}{'after':>10}"
+             f"{'err before':>11}{'err after':>10}"]
+    for p, b, a, xb, xa in zip(points, before, after, eb, ea):
+        lines.append(f"{p.coll:<14}{_h(p.size):>7}  {p.label:<20}{p.measured_us:>10.1f}{b:>10.1f}{a:>10.1f}"
+                     f"{xb:>+11.1%}{xa:>+10.1%}")
+    return lines
+
+
+def summary(name: str, err: np.ndarray) -> str:
+    a = np.abs(err)
+    return (f"{name}: median |rel. error| {np.median(a):.1%}, 90th percentile {np.percentile(a, 90):.1%}, "
+            f"max {a.max():.1%} over {a.size} points")
+
+
+def _num(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def preset_block(x: np.ndarray, note: str) -> str:
+    launch, over, dep, a_ll, a_s, tb_ll, tb_s, port, mem, red = (float(v) for v in x)
+    return (
+        "# CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)\n"
+        f"H200_CALIBRATION = {json.dumps(note)}\n"
+        "# LL128: the runtime runs it as Simple, so it gets Simple's figures.\n"
+        f"H200_NVLINK = LinkParams(alpha_s={{\"LL\": {_num(a_ll)}, \"LL128\": {_num(a_s)}, \"Simple\": {_num(a_s)}}},\n"
+        f"                         tb_Bps={{\"LL\": {_num(tb_ll)}, \"LL128\": {_num(tb_s)}, \"Simple\": {_num(tb_s)}}},\n"
+        f"                         port_Bps={_num(port)}, calibrated=True)\n"
+        f"H200_CORE = dict(launch_s={_num(launch)}, step_overhead_s={_num(over)}, dep_s={_num(dep)}, "
+        f"tb_mem_Bps={_num(mem)},\n                 tb_reduce_Bps={_num(red)})\n"
+        "# CALIBRATED h200 END\n")
+
+
+def write_preset(block: str, path: Path = Path(cost_config.__file__)) -> None:
+    text = path.read_text()
+    pat = re.compile(r"# CALIBRATED h200 BEGIN.*?# CALIBRATED h200 END\n", re.S)
+    if not pat.search(text):
+        raise SystemExit(f"{path}: no CALIBRATED h200 block to replace")
+    path.write_text(pat.sub(lambda _m: block, text))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from-sweep", type=Path, default=None, help="rebuild the CSV from this bench --log file")
+    ap.add_argument("--csv", type=Path, default=MEASURED_CSV)
+    ap.add_argument("--date", default="2026-11-22", help="date of the measurements, for the preset's label")
+    ap.add_argument("--dry-run", action="store_true", help="fit and print; write neither CSV nor preset")
+    args = ap.parse_args(argv)
+
+    if args.from_sweep:
+        points = points_from_sweep(args.from_sweep)
+        if not args.dry_run:
+            write_points(points, args.csv)
+            print(f"wrote {len(points)} points to {args.csv}")
+    else:
+        points = read_points(args.csv)
+    ps = PointSet(points)
+    print(f"{len(points)} measured points, {len(ps.timed)} programs")
+
+    current = preset("h200")
+    before = ps.predict_us(config_of(SPEC, current))
+    starts = [GUESS, vector_of(current)]
+    best, best_cost = None, np.inf
+    for k, x0 in enumerate(starts):
+        print(f"fit from start {k + 1}:")
+        x = fit(ps, x0, current)
+        r = residuals(ps, np.log(x), current)
+        if r @ r < best_cost:
+            best, best_cost = x, float(r @ r)
+    after = ps.predict_us(config_of(best, current))
+    err = relative(after, ps.measured_us)
+    print("\n".join(table(points, before, after)))
+    print(summary("before (uncalibrated spec figures)", relative(before, ps.measured_us)))
+    print(summary("after (fitted)", err))
+    for name, v in zip(PARAMS, best):
+        print(f"  {name:<16}{v:.4g}")
+    note = (f"calibrated on {MACHINE}, {args.date}, {len(points)} points, "
+            f"median error {np.median(np.abs(err)):.1%}")
+    if args.dry_run:
+        print(f"dry run: would write the preset '{note}'")
+    else:
+        write_preset(preset_block(best, note))
+        print(f"wrote the h200 preset into {cost_config.__file__}: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
