@@ -4,6 +4,7 @@
     python3 scripts/calibrate_cost_model.py                # fit to the committed CSV, print, write the preset
     python3 scripts/calibrate_cost_model.py --from-sweep runtime_cuda/measured/sweep_2xh200_2026-11-22.txt
     python3 scripts/calibrate_cost_model.py --dry-run      # fit and print, write nothing
+    python3 scripts/calibrate_cost_model.py --holdout-above 16777216   # fit <= 16 MiB, check the larger sizes
 
 1. --from-sweep reads every candidate's row of a bench_runtime.py --log file
    (program, size, measured us per call), names each row's program -- the
@@ -220,12 +221,25 @@ def write_preset(block: str, path: Path = Path(cost_config.__file__)) -> None:
     path.write_text(pat.sub(lambda _m: block, text))
 
 
+def holdout(points: Sequence[MeasuredPoint], limit: int) -> int:
+    """Fit to the small sizes only and predict the large ones: how far the model extrapolates."""
+    train = PointSet([p for p in points if p.size <= limit])
+    test = PointSet([p for p in points if p.size > limit])
+    x = fit(train, GUESS, preset("h200"), verbose=False)
+    cfg = config_of(x, preset("h200"))
+    print(summary(f"fitted to {len(train.points)} points <= {_h(limit)}", train.relative_errors(cfg)))
+    print(summary(f"predicting the {len(test.points)} larger ones", test.relative_errors(cfg)))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from-sweep", type=Path, default=None, help="rebuild the CSV from this bench --log file")
     ap.add_argument("--csv", type=Path, default=MEASURED_CSV)
     ap.add_argument("--date", default="2026-11-22", help="date of the measurements, for the preset's label")
     ap.add_argument("--dry-run", action="store_true", help="fit and print; write neither CSV nor preset")
+    ap.add_argument("--holdout-above", type=int, default=None, metavar="BYTES",
+                    help="validation only: fit to the points up to BYTES, report the error on the larger ones")
     args = ap.parse_args(argv)
 
     if args.from_sweep:
@@ -235,6 +249,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"wrote {len(points)} points to {args.csv}")
     else:
         points = read_points(args.csv)
+    if args.holdout_above is not None:
+        return holdout(points, args.holdout_above)
     ps = PointSet(points)
     print(f"{len(points)} measured points, {len(ps.timed)} programs")
 

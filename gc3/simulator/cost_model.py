@@ -58,6 +58,7 @@ class Timing:
     calibration: str = "spec figures"   # where the figures come from (or why they are not calibrated)
     tile_bytes: int = 0
     ntiles: int = 0
+    spans: Optional[List[List[Tuple[float, float]]]] = None   # per record, (start, end) of each tile
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ def tile_of(chunk_bytes: int, itemsize: int, proto: str, max_cnt: int, config: C
 
 def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chunk_bytes: int,
             size_bytes: int, config: CostConfig, itemsize: int = 4, slots: Optional[int] = None,
-            schedule: Optional[Schedule] = None) -> Timing:
+            schedule: Optional[Schedule] = None, spans: bool = False) -> Timing:
+    """`spans`: also keep every (step, tile)'s interval, for the timeline."""
     sched = Schedule.of(records, config) if schedule is None else schedule
     slots = limits.FIFO_SLOTS[proto] if slots is None else slots
     tile, ntiles = tile_of(chunk_bytes, itemsize, proto, sched.max_cnt, config)
@@ -142,8 +144,9 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
     start = [launch] * n
     end = [launch] * n
     total = launch
+    tile_spans = [[] for _ in range(n)] if spans else None
     if ntiles:
-        total = _replay(sched, config, proto, slots, chunk_bytes, tile, ntiles, start, end)
+        total = _replay(sched, config, proto, slots, chunk_bytes, tile, ntiles, start, end, tile_spans)
     algbw = size_bytes / total / 1e9 if total > 0 else 0.0
     factor = _BUS_FACTOR.get(coll, lambda k: 1.0)(nranks)
     used = {lt for _, lt in sched.conn_port}
@@ -153,11 +156,12 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
         note = f"{', '.join(sorted(lt for lt in used if not config.links[lt].calibrated))} link(s) not measured"
     elif calibrated and config.measured_ranks and nranks != config.measured_ranks:
         note += f"; {nranks} ranks extrapolated from {config.measured_ranks}"
-    return Timing(start, end, total, size_bytes, algbw, algbw * factor, calibrated, config.name, note, tile, ntiles)
+    return Timing(start, end, total, size_bytes, algbw, algbw * factor, calibrated, config.name, note, tile, ntiles,
+                  tile_spans)
 
 
 def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: int, tile: int, ntiles: int,
-            start: List[float], end: List[float]) -> float:
+            start: List[float], end: List[float], spans: Optional[List[list]]) -> float:
     eff = PROTOCOL_EFFICIENCY[proto]
     ll = proto != "Simple" and proto != "LL128"   # LL is read line by line as it lands
     n = len(s.types)
@@ -228,6 +232,8 @@ def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: i
             tb_free[tbi[i]] = now
             if t == 0:
                 start[i] = t0
+            if spans is not None:
+                spans[i].append((t0, now))
             if now > total:
                 total = now
         ends.append(e_t)

@@ -197,7 +197,7 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
         result.timing = predict(run.records, proto=prog.proto, coll=prog.coll, nranks=nranks,
                                 chunk_bytes=L.cs * info.np.itemsize,
                                 size_bytes=max(L.in_elems, L.out_elems) * info.np.itemsize, config=cfg,
-                                itemsize=info.np.itemsize, slots=slots)
+                                itemsize=info.np.itemsize, slots=slots, spans=True)
         result.predicted_time = result.timing.total_s
     result.ok = not result.errors
     return result
