@@ -92,7 +92,10 @@ def points_from_sweep(path: Path) -> List[MeasuredPoint]:
         if not m:
             continue
         coll, size, label, us = m.group(1), _size(m.group(2)), m.group(3), float(m.group(4))
-        c = cands[(coll, label)]
+        c = cands.get((coll, label))
+        if c is None:
+            raise SystemExit(f"{path}: row {line.split()[:3]} names a candidate that scripts/bench_runtime.py "
+                             "does not define (any more); the committed CSV still holds what it ran")
         key = f"{c.coll}/{c.label}"
         if key not in spec_of:
             compiled = f"algorithms/{c.script}.py {' '.join(c.argv)} --instances {c.instances} --protocol {c.proto}"

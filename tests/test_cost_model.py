@@ -189,3 +189,20 @@ def test_timed_program_matches_a_full_simulation():
     prog = _program("allreduce_allpairs", 4, "LL")
     full = simulate(prog, size=256 * 1024, detect_races=False, cost="h200").predicted_time
     assert TimedProgram(prog).timing(256 * 1024, cost="h200").total_s == pytest.approx(full)
+
+
+@pytest.mark.parametrize("xml,size", [("allreduce_oneshot_2r_LL_i16.xml", MiB), ("allreduce_ring_2r_Simple_i64.xml",
+                                                                                   64 * MiB)])
+def test_a_threadblock_runs_one_step_tile_at_a_time(xml, size):
+    res = simulate(str(ROOT / "ir_samples" / xml), size=size, detect_races=False, cost="h200")
+    t = res.timing
+    assert t.ntiles >= 2
+    by_tb = {}
+    for rec, spans in zip(res.records, t.spans):
+        assert len(spans) == t.ntiles
+        for tile, (s, e) in enumerate(spans):
+            by_tb.setdefault((rec.rank, rec.tb), []).append((tile, rec.step, s, e))
+    for items in by_tb.values():
+        items.sort()                       # the order the runtime walks them: tile-major, then step
+        for (_, _, s0, e0), (_, _, s1, e1) in zip(items, items[1:]):
+            assert s0 <= e0 <= s1 <= e1 <= t.total_s

@@ -8,7 +8,7 @@ its steps; so the model replays the trace once per tile (tile-major order is
 a valid topological order: every edge points to the same or an earlier tile)
 with these costs per (step, tile) of B payload bytes:
 
-* every step pays `step_overhead_s`, a cross-threadblock wait `dep_s` on top
+* every step but nop pays `step_overhead_s`, a cross-threadblock wait `dep_s` on top
   of the step it waits for, the kernel launch `launch_s` once;
 * sending costs B / tb_Bps[proto] on the sender, and its wire bytes
   (B / protocol efficiency) queue on the sending rank's port of that link
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import limits
+from ..ir import OPCODES
 from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
 from .executor import Executed
 
@@ -41,8 +42,8 @@ _BUS_FACTOR = {
 }
 
 _GRANULE = 16          # the runtime tiles in whole 16-byte granules
-_SENDS = {"s", "rcs", "rrs", "rrcs"}
-_REDUCES = {"rrc", "rrs", "rrcs", "re"}
+_SENDS = frozenset(t for t, info in OPCODES.items() if info.send)
+_REDUCES = frozenset(t for t, info in OPCODES.items() if info.reduce)
 
 
 @dataclass
@@ -198,7 +199,7 @@ def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: i
                     mt, mk = divmod(m, conn_sends[c])
                     r = conn_recvs[c][mk]
                     t0 = max(t0, (ends[mt] if mt < t else e_t)[r] + conn_alpha[c])
-            now = t0 + over
+            now = t0 + over if types[i] != "nop" else t0   # the runtime folds nops into dependencies
             x0 = now
             j = msg[i]
             if j >= 0:                       # receive: wait for the data, copy or reduce it out of the FIFO
