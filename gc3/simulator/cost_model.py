@@ -164,7 +164,7 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
 def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: int, tile: int, ntiles: int,
             start: List[float], end: List[float], spans: Optional[List[list]]) -> float:
     eff = PROTOCOL_EFFICIENCY[proto]
-    ll = proto != "Simple" and proto != "LL128"   # LL is read line by line as it lands
+    ll = proto == "LL"   # LL is read line by line as it lands; LL128 runs as Simple
     n = len(s.types)
     ports = sorted(set(s.conn_port))
     port_idx = {p: k for k, p in enumerate(ports)}
