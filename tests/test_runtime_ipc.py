@@ -16,21 +16,27 @@ TWO_RANK = [p for p in sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml"))
             if read_xml(p).ngpus == 2]
 
 
+def _ipc_check(args, timeout):
+    """Run runtime_cuda.ipc_check with 2 processes; its output and IPC-CHECK lines."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               NVSHMEM_DISABLE_NVLS="1")
+    proc = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "runtime_cuda.ipc_check",
+         *map(str, args)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    print(out)
+    assert proc.returncode == 0, out[-4000:]
+    return out, [l for l in out.splitlines() if l.startswith("IPC-CHECK")]
+
+
 @pytest.mark.gpu
 @pytest.mark.multigpu
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 def test_two_processes_two_gpus_every_two_rank_sample():
     pytest.importorskip("mpi4py")
     assert TWO_RANK, "no 2-rank sample found"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0")
-    proc = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "runtime_cuda.ipc_check",
-         *map(str, TWO_RANK)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    print(out)
-    assert proc.returncode == 0, out[-4000:]
-    lines = [l for l in out.splitlines() if l.startswith("IPC-CHECK")]
+    out, lines = _ipc_check(TWO_RANK, timeout=600)
     assert len(lines) == len(TWO_RANK), out[-4000:]
     assert all(" 0 wrong" in l for l in lines), out[-4000:]
     timeouts = [l for l in out.splitlines() if l.startswith("IPC-TIMEOUT")]
@@ -57,15 +63,7 @@ def test_two_processes_256mib_per_rank(tmp_path):
                     protocol="Simple"), a2a)
     paths = [ROOT / "ir_samples" / "allreduce_ring_2r_Simple_i64.xml",
              ROOT / "ir_samples" / "allreduce_oneshot_2r_LL_i16.xml", a2a]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0")
-    proc = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "runtime_cuda.ipc_check",
-         "--large", *map(str, paths)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    print(out)
-    assert proc.returncode == 0, out[-4000:]
-    lines = [l for l in out.splitlines() if l.startswith("IPC-CHECK")]
+    out, lines = _ipc_check(["--large", *paths], timeout=300)
     assert len(lines) == len(paths), out[-4000:]
     assert all(" 0 wrong" in l for l in lines), out[-4000:]
     # 256 MiB per rank of float32 and nearly as much bfloat16, on both ranks
