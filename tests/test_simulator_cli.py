@@ -28,8 +28,11 @@ def test_cli_ok_summary():
     assert "1.00 MiB per rank input (524288 x bfloat16), op min" in out
     assert "cs = 131072 elements" in out
     assert "result     OK: all 1048576 checked element(s) match" in out
-    assert "UNCALIBRATED" in out and "busbw" in out
+    # by default the preset fitted on 2x H200 (NVLink): a 2-rank NVLink program is within what it measured
+    assert "calibrated on nvidia-h200-x2" in out and "UNCALIBRATED" not in out and "busbw" in out
     assert out.rstrip().endswith("OK")
+    r = _run(PAIRS, "--size", "1MiB", "--cost", "h100")
+    assert r.exit_code == 0 and "UNCALIBRATED" in r.output, r.output
 
 
 def test_cli_reports_wrong_data_and_exits_1(tmp_path):
@@ -74,10 +77,10 @@ def test_predicted_time_grows_with_size_and_bandwidth_saturates():
     times = [simulate(str(RING), size=s, detect_races=False).predicted_time for s in (4096, 1 << 20, 16 << 20)]
     assert times[0] < times[1] < times[2]
     big = simulate(str(RING), size=16 << 20, detect_races=False).timing
-    # A single-TB ring can never beat one threadblock's link rate (25 GB/s by default).
-    assert 0 < big.algbw_GBps < 25
+    # A single-TB ring can never beat one threadblock's link rate.
+    per_tb = max(preset().links["nvlink"].tb_Bps.values()) / 1e9
+    assert 0 < big.algbw_GBps < per_tb
     assert big.busbw_GBps == pytest.approx(big.algbw_GBps * 2 * 3 / 4)
-    assert not big.calibrated
 
 
 def test_more_instances_predict_more_bandwidth_and_ll_costs_bandwidth():

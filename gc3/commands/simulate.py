@@ -5,7 +5,7 @@ import click
 
 from ..dtypes import DTYPES, OPS
 from ..errors import GC3Error
-from ..simulator.cost_config import PRESETS
+from ..simulator.cost_config import DEFAULT, PRESETS
 
 
 @click.command("simulate", context_settings={"ignore_unknown_options": True})
@@ -25,7 +25,7 @@ from ..simulator.cost_config import PRESETS
 @click.option("--root", type=int, default=0, show_default=True, help="Root rank of broadcast/reduce.")
 @click.option("--interleave-seed", type=int, default=None,
               help="Schedule threadblocks in a seeded random order instead of round-robin.")
-@click.option("--cost", "cost", type=click.Choice(sorted(PRESETS)), default="h100", show_default=True,
+@click.option("--cost", "cost", type=click.Choice(sorted(PRESETS)), default=DEFAULT, show_default=True,
               help="Cost-model preset: h200 is calibrated on nvidia-h200-x2 (NVLink); h100 is derived from it, "
                    "uncalibrated.")
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None,

@@ -16,7 +16,7 @@ from ..layout import Layout, layout_for
 from ..reference import COLLECTIVES, make_inputs
 from ..reference import reference as builtin_reference
 from ..xml_io import from_xml, read_xml
-from .cost_config import CostConfig, preset
+from .cost_config import DEFAULT as DEFAULT_COST, CostConfig, preset
 from .cost_model import Schedule, Timing, format_time, predict
 from .executor import Executed, Executor, hasdep_warnings, static_errors
 from .memory import RankMemory
@@ -124,7 +124,7 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
              reference: Union[None, Callable, Sequence] = None, *, count: Optional[int] = None,
              root: int = 0, inputs: Optional[Sequence[np.ndarray]] = None,
              interleave_seed: Optional[int] = None, detect_races: bool = True,
-             cost: Union[str, CostConfig] = "h100") -> Result:
+             cost: Union[str, CostConfig] = DEFAULT_COST) -> Result:
     """Execute `program_or_xml` on every rank's numpy buffers and check it.
 
     size: bytes of each rank's input buffer (int or "1MiB"); or `count`
@@ -222,7 +222,7 @@ class TimedProgram:
         self.records, self.slots = res.records, res.slots
         self._schedules: dict = {}
 
-    def timing(self, size=None, *, count: Optional[int] = None, cost: Union[str, CostConfig] = "h100") -> Timing:
+    def timing(self, size=None, *, count: Optional[int] = None, cost: Union[str, CostConfig] = DEFAULT_COST) -> Timing:
         """`size`: bytes of each rank's input buffer (as `simulate`), or `count` elements."""
         cfg = preset(cost) if isinstance(cost, str) else cost
         prog = self.program
