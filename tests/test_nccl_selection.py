@@ -429,3 +429,17 @@ def test_parse_size_rejects(text):
 
 def test_size_bucket_is_power_of_two():
     assert [size_bucket(n) for n in (0, 1, 2, 3, 4, 1023, 1024)] == [0, 1, 2, 2, 3, 10, 11]
+
+
+def test_default_index_found_in_a_checkout_and_in_a_wheel_install(tmp_path, monkeypatch):
+    from runtime_cuda.nccl import catalog as catalog_mod
+
+    here = catalog_mod.default_index()
+    assert here.is_file() and here.parent.name == "ir_samples"
+    # outside a checkout: the copy pyproject's data-files installs under sys.prefix
+    shared = tmp_path / "share" / "gc3" / "ir_samples" / "index.json"
+    shared.parent.mkdir(parents=True)
+    shared.write_text('{"version": 1, "algorithms": []}')
+    monkeypatch.setattr(catalog_mod, "__file__", str(tmp_path / "site" / "runtime_cuda" / "nccl" / "catalog.py"))
+    monkeypatch.setattr(catalog_mod.sys, "prefix", str(tmp_path))
+    assert catalog_mod.default_index() == shared

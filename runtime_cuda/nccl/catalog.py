@@ -52,6 +52,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
@@ -69,7 +70,15 @@ from .sizes import parse_size
 
 ENV_FILES = ("GC3_XML_FILES", "MSCCL_XML_FILES")
 ENV_CONFIG = "GC3_CONFIG"
-DEFAULT_INDEX = Path(__file__).resolve().parents[2] / "ir_samples" / "index.json"
+def default_index() -> Path:
+    """The shipped index: beside the sources (a checkout or an editable
+    install), else where a wheel puts it (pyproject's data-files)."""
+    candidates = [Path(__file__).resolve().parents[2] / "ir_samples" / "index.json",
+                  Path(sys.prefix) / "share" / "gc3" / "ir_samples" / "index.json"]
+    return next((c for c in candidates if c.is_file()), candidates[0])
+
+
+DEFAULT_INDEX = default_index()
 
 _ENTRY_KEYS = {"file", "collective", "ranks", "inplace", "outofplace", "protocol", "min_bytes", "max_bytes",
                "minBytes", "maxBytes", "dtypes", "ops", "count_multiple", "root", "name"}
