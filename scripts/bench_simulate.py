@@ -50,9 +50,7 @@ def main() -> int:
     print(f"program: {prog.name}, {nsteps} steps, XML {len(text) / 1e3:.0f} KB (parse {parse_s:.3f} s)")
     print(f"simulate {args.size}: best {min(times):.3f} s, median {sorted(times)[len(times) // 2]:.3f} s "
           f"over {args.repeat} runs; from XML text {end_to_end:.3f} s (one Python thread)")
-    t = res.timing
-    mark = t.calibration if t.calibrated else f"UNCALIBRATED: {t.calibration}"
-    print(f"predicted: {res.predicted_time * 1e6:.1f} us ({t.config_name}, {mark})")
+    print(f"predicted: {res.predicted_time * 1e6:.1f} us ({res.timing.provenance})")
     return 0
 
 

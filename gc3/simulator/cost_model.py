@@ -61,6 +61,12 @@ class Timing:
     ntiles: int = 0
     spans: Optional[List[List[Tuple[float, float]]]] = None   # per record, (start, end) of each tile
 
+    @property
+    def provenance(self) -> str:
+        """Which figures predicted this, and whether they were measured."""
+        mark = self.calibration if self.calibrated else f"UNCALIBRATED: {self.calibration}"
+        return f"{self.config_name}, {mark}"
+
 
 @dataclass(frozen=True)
 class Schedule:

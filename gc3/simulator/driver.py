@@ -320,9 +320,8 @@ def format_summary(res: Result) -> str:
     lines += [f"warning    {w}" for w in res.warnings[:8]]
     if res.timing is not None:
         t = res.timing
-        mark = t.calibration if t.calibrated else f"UNCALIBRATED: {t.calibration}"
         lines.append(f"predicted  {format_time(t.total_s)}, algbw {t.algbw_GBps:.1f} GB/s, busbw {t.busbw_GBps:.1f} GB/s "
-                     f"(cost model: {t.config_name}, {mark})")
+                     f"(cost model: {t.provenance})")
     lines.append("OK" if res.ok else "FAILED")
     return "\n".join(lines)
 
