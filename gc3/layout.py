@@ -90,6 +90,9 @@ class Layout:
 def layout_for(prog: Program, in_elems: int, rank: int = 0) -> Layout:
     """The layout of `prog` on rank `rank` for a call of `in_elems` elements."""
     g = prog.gpu(rank)
+    for name in ("i_chunks", "o_chunks", "s_chunks"):
+        if getattr(g, name) < 0:
+            raise LayoutError(f"rank {rank}: {name}={getattr(g, name)}; a buffer cannot have a negative size")
     bi, bo = blocks_of(prog.coll, prog.ngpus, g.i_chunks, g.o_chunks)
     if in_elems < 0 or in_elems % bi:
         raise LayoutError(

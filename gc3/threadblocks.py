@@ -9,7 +9,8 @@ Following the GC3 paper (section 5.2):
   already owns its connection;
 * instructions are taken in one global topological order, from a heap keyed
   by (dependency depth, -reverse depth): shallow first, then the longest
-  remaining path first;
+  remaining path first (if that greedy order gets stuck on a connection's
+  FIFO order, the order the program was traced in is tried instead);
 * local instructions (`cpy`, `re`) go to the threadblock of their rank and
   channel whose last instruction is earliest in that order.
 
@@ -79,6 +80,19 @@ class _Shapes:
         self.manual: Dict[Tuple[int, int, int], int] = {}       # (rank, user tb, part) -> tb
         self.by_chan: Dict[Tuple[int, int], List[int]] = {}     # (rank, ch) -> tbs
         self.tb_of = [-1] * len(dag.instrs)
+
+    def snapshot(self):
+        return [len(t) for t in self.tbs], {k: list(v) for k, v in self.by_chan.items()}, list(self.tb_of)
+
+    def restore(self, saved) -> None:
+        """Undo what ordering did since `snapshot()`: local placements and TBs it opened."""
+        counts, by_chan, tb_of = saved
+        for tbs, c in zip(self.tbs, counts):
+            del tbs[c:]
+            for tb in tbs:
+                tb.instrs.clear()
+        self.by_chan = by_chan
+        self.tb_of[:] = tb_of
 
     def new(self, rank: int, send: int, recv: int, ch: int, user=None, part=0) -> int:
         tbs = self.tbs[rank]
@@ -171,7 +185,21 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
         if x.tb is None and (x.type in SENDS) != (x.type in RECVS):
             shapes.place_auto(x)
 
-    order = _global_order(dag, chan, shapes, slots)
+    depth, rdepth = depths(dag)
+    saved = shapes.snapshot()
+    try:
+        order = _global_order(dag, chan, shapes, slots, depth, [-d for d in rdepth])
+    except ScheduleError as first:
+        # The depth heuristic fixes each connection's FIFO order greedily: it
+        # may send a tile early whose receive must wait (e.g. to reuse a slot)
+        # for a tile sent later on the same connection.  The order the user
+        # traced never does that, so it is the fallback before giving up.
+        shapes.restore(saved)
+        trace = [min((op.id for op in x.ops), default=0) for x in instrs]
+        try:
+            order = _global_order(dag, chan, shapes, slots, trace, [0] * n)
+        except ScheduleError:
+            raise first from None
     k = dag.plan.instances
     for rank, rank_tbs in enumerate(shapes.tbs):
         if max_tbs is not None and len(rank_tbs) * k > max_tbs:
@@ -183,10 +211,11 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
                     tbs=shapes.tbs, tb_of=shapes.tb_of, order=order)
 
 
-def _global_order(dag: InstrDAG, chan: List[int], shapes: _Shapes, slots: int) -> List[int]:
+def _global_order(dag: InstrDAG, chan: List[int], shapes: _Shapes, slots: int,
+                  key1: List[int], key2: List[int]) -> List[int]:
+    """Ready instructions are taken smallest (key1, key2) first."""
     instrs = dag.instrs
     n = len(instrs)
-    depth, rdepth = depths(dag)
     succs, send_to, recv_from = dag.succs, dag.send_to, dag.recv_from
     pending = [len(p) for p in dag.preds]
     # Connection of each send / receive, as a dense index.
@@ -212,7 +241,7 @@ def _global_order(dag: InstrDAG, chan: List[int], shapes: _Shapes, slots: int) -
         if c >= 0 and queue[c][0] != i:
             waiting_recv[i] = True
             return
-        heappush(heap, (depth[i], -rdepth[i], i))
+        heappush(heap, (key1[i], key2[i], i))
 
     for i in range(n):
         if pending[i] == 0:
@@ -245,7 +274,7 @@ def _global_order(dag: InstrDAG, chan: List[int], shapes: _Shapes, slots: int) -
                 offer(queue[rc][0])
             if blocked_send[rc]:
                 for j in blocked_send[rc]:
-                    heappush(heap, (depth[j], -rdepth[j], j))
+                    heappush(heap, (key1[j], key2[j], j))
                 blocked_send[rc] = []
         if sc >= 0:
             inflight[sc] += 1

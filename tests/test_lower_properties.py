@@ -1,7 +1,7 @@
 """Property tests: random small valid programs lower, verify, round-trip and compute the right thing."""
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, parallelize
 from gc3.collectives import AllGather, AllReduce, AllToAll
 from gc3.lower import lower
 from gc3.simulator import simulate
@@ -72,8 +72,32 @@ def alltoall_programs(draw):
     return prog
 
 
+@st.composite
+def staged_allreduce_programs(draw):
+    """Reductions staged through ONE reused scratch slot per rank (false
+    dependencies between chunks sharing a connection), some in parallelize."""
+    n, c = draw(st.integers(2, 5)), draw(st.integers(1, 2))
+    with GC3Program("rand_staged", AllReduce(n, c * n, inplace=True)) as prog:
+        for j in range(c * n):
+            order = draw(st.permutations(range(n)))
+            with parallelize(draw(st.sampled_from([1, 2]))):
+                acc = chunk(order[0], "in", j)
+                for r in order[1:]:
+                    if draw(st.booleans()):
+                        acc = chunk(r, "in", j).reduce(acc.copy(r, "tmp", 0))
+                    else:
+                        acc = chunk(r, "in", j).reduce(acc)
+            for r in order[:-1]:
+                copied = acc.copy(r, "in", j)
+                if draw(st.booleans()):
+                    acc = copied            # a chain; otherwise a star from the same holder
+        Check()
+    return prog
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(program=st.one_of(allgather_programs(), allreduce_programs(), alltoall_programs()),
+@given(program=st.one_of(allgather_programs(), allreduce_programs(), alltoall_programs(),
+                         staged_allreduce_programs()),
        instances=st.integers(1, 3), fused=st.booleans(), proto=st.sampled_from(["Simple", "LL", "LL128"]))
 def test_random_programs_lower_verify_round_trip_and_simulate(program, instances, fused, proto):
     prog = lower(program, instances=instances, instr_fusion=fused, protocol=proto)

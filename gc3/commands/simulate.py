@@ -22,7 +22,8 @@ from ..simulator.cost_config import DEFAULT, PRESETS
               help="FIFO slots per connection (default: gc3.limits.FIFO_SLOTS for the protocol).")
 @click.option("--inplace/--out-of-place", default=None,
               help="Call in place or out of place (default: as the program declares).")
-@click.option("--root", type=int, default=0, show_default=True, help="Root rank of broadcast/reduce.")
+@click.option("--root", type=int, default=None,
+              help="Root rank of broadcast/reduce (default: a DSL program's own root; 0 for XML).")
 @click.option("--interleave-seed", type=int, default=None,
               help="Schedule threadblocks in a seeded random order instead of round-robin.")
 @click.option("--cost", "cost", type=click.Choice(sorted(PRESETS)), default=DEFAULT, show_default=True,
@@ -36,6 +37,7 @@ def command(file: str, args, size, count, dtype, op, seed, slots, inplace, root,
     buffers of every rank; check outputs, report deadlocks and races, predict time.
     Exits 1 on any failure."""
     from ..simulator import load_program, simulate
+    from ..simulator.driver import program_root
 
     try:
         if file.endswith(".py"):
@@ -45,6 +47,8 @@ def command(file: str, args, size, count, dtype, op, seed, slots, inplace, root,
             raise click.UsageError(f"unexpected arguments {' '.join(args)} (only a DSL program FILE.py takes them)")
         else:
             source = file
+        if root is None:
+            root = program_root(source)
         prog = load_program(source)
         res = simulate(prog, size=size if count is None else None, count=count, dtype=dtype, op=op, seed=seed,
                        slots=slots, inplace=inplace, root=root, interleave_seed=interleave_seed, cost=cost)

@@ -91,6 +91,12 @@ class Result:
         return draw(self.records, self.timing, path, title=f"{self.program.name}: predicted timeline")
 
 
+def program_root(obj) -> int:
+    """The root a traced GC3Program's collective declares; 0 for anything else."""
+    root = getattr(getattr(obj, "collective", None), "root", None)
+    return 0 if root is None else int(root)
+
+
 def load_program(obj) -> Program:
     """An ir.Program, an XML path, XML text, or a traced GC3Program (lowered here)."""
     if isinstance(obj, Program):
@@ -122,7 +128,7 @@ def _element_count(size, count, itemsize: int) -> int:
 def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum", seed: int = 0,
              slots: Optional[int] = None, inplace: Optional[bool] = None,
              reference: Union[None, Callable, Sequence] = None, *, count: Optional[int] = None,
-             root: int = 0, inputs: Optional[Sequence[np.ndarray]] = None,
+             root: Optional[int] = None, inputs: Optional[Sequence[np.ndarray]] = None,
              interleave_seed: Optional[int] = None, detect_races: bool = True,
              cost: Union[str, CostConfig] = DEFAULT_COST) -> Result:
     """Execute `program_or_xml` on every rank's numpy buffers and check it.
@@ -132,8 +138,11 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
     program is always run on aliased buffers (called out of place, the input
     is first copied into the output, as MSCCL does).  reference: for custom
     collectives, a callable `(inputs, op, nranks) -> outputs` or the expected
-    outputs themselves (None entries are not checked).
+    outputs themselves (None entries are not checked).  root: of broadcast/
+    reduce; None takes a traced GC3Program's own root (XML records none: 0).
     """
+    if root is None:
+        root = program_root(program_or_xml)
     prog = load_program(program_or_xml)
     info = dtype_info(dtype)
     ufunc = reduce_op(op)

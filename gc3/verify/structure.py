@@ -40,6 +40,10 @@ def _check_gpus(prog: Program) -> None:
         raise IRStructureError(f"two <gpu> elements with id {dup}")
     if sorted(ids) != list(range(prog.ngpus)):
         raise IRStructureError(f"ngpus={prog.ngpus} but the <gpu> ids are {sorted(ids)}; expected 0..{prog.ngpus - 1}")
+    for g in prog.gpus:
+        for name in ("i_chunks", "o_chunks", "s_chunks"):
+            if getattr(g, name) < 0:
+                raise IRStructureError(f"rank {g.id}: {name}={getattr(g, name)}; a buffer cannot have a negative size")
 
 
 def _check_connections(prog: Program, g: Gpu) -> None:
