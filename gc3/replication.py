@@ -106,9 +106,31 @@ def plan_buffers(program, instances: int) -> BufferPlan:
             total += scratch[name]
         declared[(r, "s")] = total
         block[(r, "s")] = max(total, 1)
+    if instances > 1:
+        _require_same_positions(coll, block)
     P = lcm(*factors)
     return BufferPlan(coll=coll.name, nranks=n, instances=instances, parallel=P, copies=max(factors),
                       block=block, declared=declared, scratch_offset=offsets)
+
+
+def _require_same_positions(coll, block) -> None:
+    """The instance-major mapping is only right when the collective pairs each
+    output chunk with input chunks at the same position in their blocks; the
+    built-in collectives do, a user's subclass may not (it would compute the
+    wrong thing silently)."""
+    if type(coll).__module__ == __name__.rpartition(".")[0] + ".collectives":
+        return
+    for r in range(coll.num_ranks):
+        co = block[(r, "o")]
+        for idx in range(coll.output_size(r)):
+            value = coll.postcondition(r, idx)
+            for src, j in (value.terms if value is not None else ()):
+                if j % block[(src, "i")] != idx % co:
+                    raise LoweringError(
+                        f"instances>1 cannot replicate collective {coll.name!r}: it pairs output chunk "
+                        f"(rank {r}, 'o', {idx}) with input chunk (rank {src}, 'i', {j}), at another position "
+                        f"in its block, and instances split every block instance-major; use instances=1 "
+                        f"(parallelize(n) keeps chunks whole)")
 
 
 def replicate(dag, plan: BufferPlan):

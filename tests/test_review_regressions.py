@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gc3 import Check, GC3Program, chunk
-from gc3.collectives import AllReduce, Broadcast, Reduce
-from gc3.errors import GC3Error, IRStructureError
+from gc3.collectives import AllReduce, Broadcast, Collective, Reduce, input_chunk
+from gc3.errors import GC3Error, IRStructureError, LoweringError
 from gc3.lower import lower
 from gc3.simulator import simulate
 from gc3.verify import verify
@@ -122,3 +122,40 @@ def test_cli_simulate_dsl_program_uses_its_root(tmp_path):
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "result     OK" in r.stdout
+
+
+class _Reverse(Collective):
+    """A custom collective: out[j] = in[C-1-j] on every rank."""
+    name = "reverse"
+
+    def postcondition(self, rank, index):
+        return input_chunk(rank, self.chunk_factor - 1 - index)
+
+
+def _reverse_program():
+    with GC3Program("rev", _Reverse(2, 2)) as prog:
+        for r in range(2):
+            chunk(r, "in", 0).copy(r, "out", 1)
+            chunk(r, "in", 1).copy(r, "out", 0)
+        Check()
+    return prog
+
+
+def _reversed_halves(inputs, op, n):
+    return [np.concatenate([x[len(x) // 2:], x[:len(x) // 2]]) for x in inputs]
+
+
+def test_custom_collective_pairing_other_chunk_positions_is_not_silently_miscompiled():
+    prog = _reverse_program()
+    for count in (4, 12):
+        assert simulate(lower(prog, instances=1), count=count, reference=_reversed_halves).ok
+    # Instances cut every block instance-major, which only keeps pairings of
+    # the same chunk position: anything else must be refused, not compiled wrong.
+    for k in (2, 3):
+        try:
+            ir = lower(prog, instances=k)
+        except LoweringError as exc:
+            assert "instances" in str(exc) and "(rank 0, 'o', 0)" in str(exc)
+        else:
+            res = simulate(ir, count=4 * k, reference=_reversed_halves)
+            assert res.ok, res.errors[:1]
