@@ -114,23 +114,29 @@ def plan_buffers(program, instances: int) -> BufferPlan:
 
 
 def _require_same_positions(coll, block) -> None:
-    """The instance-major mapping is only right when the collective pairs each
-    output chunk with input chunks at the same position in their blocks; the
-    built-in collectives do, a user's subclass may not (it would compute the
-    wrong thing silently)."""
+    """The instance-major mapping interleaves the chunks of a block, so it is
+    only right when every chunk of an output block is made the same way: from
+    the same ranks' blocks, at its own position (or left unspecified alike).
+    The built-in collectives are; a user's subclass may not be, and would
+    compute the wrong thing silently."""
     if type(coll).__module__ == __name__.rpartition(".")[0] + ".collectives":
         return
     for r in range(coll.num_ranks):
         co = block[(r, "o")]
+        first = {}
         for idx in range(coll.output_size(r)):
             value = coll.postcondition(r, idx)
-            for src, j in (value.terms if value is not None else ()):
-                if j % block[(src, "i")] != idx % co:
-                    raise LoweringError(
-                        f"instances>1 cannot replicate collective {coll.name!r}: it pairs output chunk "
-                        f"(rank {r}, 'o', {idx}) with input chunk (rank {src}, 'i', {j}), at another position "
-                        f"in its block, and instances split every block instance-major; use instances=1 "
-                        f"(parallelize(n) keeps chunks whole)")
+            terms = None if value is None else tuple(sorted(
+                (src, j // block[(src, "i")], j % block[(src, "i")] - idx % co) for src, j in value.terms))
+            made = first.setdefault(idx // co, (idx, terms))
+            shifted = terms is not None and any(d for _, _, d in terms)
+            if shifted or made[1] != terms:
+                other = f"input chunk(s) {sorted(value.terms)}" if value is not None else "nothing"
+                raise LoweringError(
+                    f"instances>1 cannot replicate collective {coll.name!r}: output chunk (rank {r}, 'o', {idx}) "
+                    f"gets {other}, unlike chunk {made[0]} of its block; instances interleave the chunks of "
+                    f"every block, which is only right when all of a block's chunks are made alike at their own "
+                    f"positions; use instances=1 (parallelize(n) keeps chunks whole)")
 
 
 def replicate(dag, plan: BufferPlan):

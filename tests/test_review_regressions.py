@@ -159,3 +159,33 @@ def test_custom_collective_pairing_other_chunk_positions_is_not_silently_miscomp
         else:
             res = simulate(ir, count=4 * k, reference=_reversed_halves)
             assert res.ok, res.errors[:1]
+
+
+class _Diagonal(Collective):
+    """A custom collective: out_r[j] = in_j[j] (same positions, but the source rank depends on j)."""
+    name = "diagonal"
+
+    def postcondition(self, rank, index):
+        return input_chunk(index, index)
+
+
+def test_custom_collective_whose_source_rank_varies_inside_a_block_is_refused_with_instances():
+    n = 2
+    with GC3Program("diag", _Diagonal(n, n)) as prog:
+        for r in range(n):
+            for j in range(n):
+                chunk(j, "in", j).copy(r, "out", j)
+        Check()
+
+    def ref(inputs, op, nranks):
+        u = len(inputs[0]) // n
+        return [np.concatenate([inputs[j][j * u:(j + 1) * u] for j in range(n)]) for _ in range(nranks)]
+
+    assert simulate(lower(prog), count=12, reference=ref).ok
+    try:
+        ir = lower(prog, instances=2)
+    except LoweringError as exc:
+        assert "instances" in str(exc) and "(rank 0, 'o', 1)" in str(exc)
+    else:
+        res = simulate(ir, count=12, reference=ref)
+        assert res.ok, res.errors[:1]
