@@ -189,3 +189,18 @@ def test_custom_collective_whose_source_rank_varies_inside_a_block_is_refused_wi
     else:
         res = simulate(ir, count=12, reference=ref)
         assert res.ok, res.errors[:1]
+
+
+def test_cli_simulate_out_of_memory_is_a_clear_failure(monkeypatch):
+    from click.testing import CliRunner
+
+    from gc3.cli import main
+    import gc3.simulator as sim
+
+    def too_big(*args, **kwargs):
+        raise MemoryError("Unable to allocate 60.0 GiB")
+
+    monkeypatch.setattr(sim, "simulate", too_big)
+    res = CliRunner().invoke(main, ["simulate", str(SAMPLE), "--size", "10GiB"])
+    assert res.exit_code == 1 and not isinstance(res.exception, MemoryError), res.output
+    assert "FAILED" in res.output and "memory" in res.output and "--size" in res.output

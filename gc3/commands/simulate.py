@@ -55,6 +55,10 @@ def command(file: str, args, size, count, dtype, op, seed, slots, inplace, root,
     except GC3Error as exc:
         click.echo(f"{file}: FAILED: {type(exc).__name__}: {exc}", err=True)
         raise SystemExit(1)
+    except MemoryError as exc:
+        click.echo(f"{file}: FAILED: not enough memory to simulate every rank's buffers ({exc}); "
+                   f"use a smaller --size or --count", err=True)
+        raise SystemExit(1)
     click.echo(res.summary())
     if timeline:
         if res.timing is None:
