@@ -204,3 +204,11 @@ def test_cli_simulate_out_of_memory_is_a_clear_failure(monkeypatch):
     res = CliRunner().invoke(main, ["simulate", str(SAMPLE), "--size", "10GiB"])
     assert res.exit_code == 1 and not isinstance(res.exception, MemoryError), res.output
     assert "FAILED" in res.output and "memory" in res.output and "--size" in res.output
+
+
+def test_simulate_rejects_a_channel_outside_nchannels_like_check():
+    prog = dataclasses.replace(read_xml(SAMPLE), nchannels=0)
+    with pytest.raises(IRStructureError, match="chan=0 outside"):
+        verify(prog)
+    res = simulate(prog, count=8)
+    assert not res.ok and any("chan=0" in e and "nchannels=0" in e for e in res.errors), res.errors

@@ -122,6 +122,9 @@ def static_errors(prog: Program, memories: Dict[int, RankMemory]) -> List[str]:
             tbs[tb.id] = tb
         used: Dict[Tuple[str, int, int], int] = {}
         for tb in g.threadblocks:
+            if not 0 <= tb.chan < prog.nchannels:
+                errs.append(f"rank {r} tb {tb.id}: chan={tb.chan} outside 0..{prog.nchannels - 1} "
+                            f"(nchannels={prog.nchannels}); the runtime opens no such channel")
             for role, peer in (("send", tb.send), ("recv", tb.recv)):
                 if peer == -1:
                     continue
