@@ -20,7 +20,7 @@ from typing import Optional
 
 from . import __version__, limits
 from .channels import assign_channels
-from .errors import LoweringError
+from .errors import LoweringError, ScheduleError
 from .fusion import fuse
 from .instruction_dag import build
 from .ir import PROTOCOLS, Program
@@ -56,13 +56,28 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
     gc.disable()
     try:
         plan = plan_buffers(program, k)
-        dag = build(program.ops, plan)
-        if fusion_on:
-            dag = fuse(dag)
-        dag = replicate(dag, plan)
-        channels = assign_channels(dag)
-        schedule = assign_threadblocks(channels, slots=limits.FIFO_SLOTS[proto],
+
+        def schedule_of(fused: bool):
+            dag = build(program.ops, plan)
+            if fused:
+                dag = fuse(dag)
+            dag = replicate(dag, plan)
+            return assign_threadblocks(assign_channels(dag), slots=limits.FIFO_SLOTS[proto],
                                        max_tbs=limits.MAX_TBS if max_tbs is None else max_tbs)
+
+        try:
+            schedule = schedule_of(fusion_on)
+        except ScheduleError as first:
+            # Fusion ties a receive connection to one send peer per channel;
+            # with the user's ch=/sendtb=/recvtb= that can be impossible where
+            # the unfused program schedules fine, and fusion is only an
+            # optimization.
+            if not fusion_on:
+                raise
+            try:
+                schedule = schedule_of(False)
+            except ScheduleError:
+                raise first from None
         gpus = insert_sync(schedule, plan)
     finally:
         if collecting:

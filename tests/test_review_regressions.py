@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gc3 import Check, GC3Program, chunk
-from gc3.collectives import AllReduce, Broadcast, Collective, Reduce, input_chunk
+from gc3.collectives import AllGather, AllReduce, Broadcast, Collective, Reduce, input_chunk
 from gc3.errors import GC3Error, IRStructureError, LoweringError
 from gc3.lower import lower
 from gc3.simulator import simulate
@@ -212,3 +212,28 @@ def test_simulate_rejects_a_channel_outside_nchannels_like_check():
         verify(prog)
     res = simulate(prog, count=8)
     assert not res.ok and any("chan=0" in e and "nchannels=0" in e for e in res.errors), res.errors
+
+
+def test_fusion_never_turns_a_valid_program_with_channel_hints_into_a_schedule_error():
+    # Rank 1 forwards two chunks it receives from rank 0 on channel 0 to two
+    # different peers, all on ch=0: fine unfused (one TB per connection), but
+    # two fused rcs would need the one receive connection in two TBs.
+    with GC3Program("fanout", AllGather(4, 2, inplace=False)) as prog:
+        for r in range(4):
+            chunk(r, "in", 0, count=2).copy(r, "out", 2 * r)
+        chunk(0, "in", 0).copy(1, "out", 0, ch=0).copy(2, "out", 0, ch=0)
+        chunk(0, "in", 1).copy(1, "out", 1, ch=0).copy(3, "out", 1, ch=0)
+        chunk(0, "in", 1).copy(2, "out", 1)
+        chunk(0, "in", 0).copy(3, "out", 0)
+        for s in (1, 2, 3):
+            for d in range(4):
+                if d != s:
+                    chunk(s, "in", 0, count=2).copy(d, "out", 2 * s)
+        Check()
+    for fused in (False, True):
+        for k in (1, 2):
+            ir = lower(prog, instr_fusion=fused, instances=k)
+            verify(ir)
+            for count in (8, 13):
+                res = simulate(ir, count=count, dtype="int32")
+                assert res.ok, res.errors[:2]
