@@ -1,4 +1,5 @@
 """Property tests: random small valid programs lower, verify, round-trip and compute the right thing."""
+import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gc3 import Check, GC3Program, chunk, parallelize
@@ -138,3 +139,69 @@ def test_every_chunk_dag_edge_is_kept_by_the_instruction_dag(program):
         if cd.nodes[u].get("kind") == "source":
             continue
         assert any(closure.has_edge(a, b) for a in of_op[u] for b in of_op[v]), (cd.nodes[u]["op"], cd.nodes[v]["op"])
+
+
+@st.composite
+def arbitrary_programs(draw):
+    """Any sequence of copies and reduces between random slots (not a valid
+    collective): the trace itself, interpreted on numpy, is the reference."""
+    n, c = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    trace = []
+    with GC3Program("rand_any", AllReduce(n, c, inplace=False)) as prog:
+        have = [(r, "i", j) for r in range(n) for j in range(c)]
+        for _ in range(draw(st.integers(1, 12))):
+            with parallelize(draw(st.sampled_from([1, 1, 2, 3]))):
+                src = draw(st.sampled_from(have))
+                ch = draw(st.sampled_from([None, None, 0, 1]))
+                if draw(st.booleans()):
+                    buf = draw(st.sampled_from(["o", "sc", "tmp", "i"]))
+                    dst = (draw(st.integers(0, n - 1)), buf, draw(st.integers(0, c - 1)))
+                    if dst == src:
+                        continue
+                    chunk(*src).copy(*dst, ch=ch)
+                    if dst not in have:
+                        have.append(dst)
+                    trace.append(("copy", src, dst))
+                else:
+                    dst = draw(st.sampled_from(have))
+                    if dst == src:
+                        continue
+                    chunk(*dst).reduce(chunk(*src), ch=ch)
+                    trace.append(("reduce", src, dst))
+        for r in range(n):
+            for j in range(c):
+                src = draw(st.sampled_from(have))
+                if src != (r, "o", j):
+                    chunk(*src).copy(r, "o", j)
+                    trace.append(("copy", src, (r, "o", j)))
+                    have.append((r, "o", j))
+    return prog, trace
+
+
+def _interpret(trace, inputs, n, c):
+    u = len(inputs[0]) // c
+    mem = {(r, "i", j): inputs[r][j * u:(j + 1) * u] for r in range(n) for j in range(c)}
+    for kind, src, dst in trace:
+        mem[dst] = mem[src] if kind == "copy" else mem[dst] + mem[src]
+    return [np.concatenate([mem[(r, "o", j)] for j in range(c)]) for r in range(n)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=arbitrary_programs(), fused=st.booleans(), unit=st.sampled_from([6, 12]),
+       interleave=st.sampled_from([None, 3]))
+def test_any_traced_program_computes_what_its_trace_says(case, fused, unit, interleave):
+    from gc3.errors import ScheduleError
+
+    (program, trace), n, c = case, case[0].collective.num_ranks, case[0].collective.chunk_factor
+    try:
+        prog = lower(program, instr_fusion=fused)
+    except ScheduleError:
+        # only the user's channel hints may make a program unschedulable
+        assert any(op.ch is not None for op in program.ops)
+        return
+    verify(prog)
+    rng = np.random.default_rng(unit)
+    inputs = [rng.integers(-50, 50, c * unit).astype(np.int64) for _ in range(n)]
+    res = simulate(prog, count=c * unit, dtype="int64", inputs=inputs,
+                   reference=_interpret(trace, inputs, n, c), interleave_seed=interleave)
+    assert res.ok, (trace, res.errors[:3])
