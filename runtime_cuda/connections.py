@@ -4,9 +4,9 @@ point at them.
 Each rank owns, for every connection *into* it, a FIFO of `nslots` slots and
 a tail word (slots filled; the sender writes it), and for every connection
 *out of* it a head word (slots consumed; the receiver writes it) -- so every
-wait spins on local memory and every signal is one remote store.  Both ends
-also keep their own running count.  All counts only grow: nothing is reset
-between calls.  A launch group (all ranks for virtual ranks, one rank per
+wait spins on local memory and every signal is one remote store.  Each end's
+own running count lives in its block's row (block_rows.py).  All counts only
+grow: nothing is reset between calls.  A launch group (all ranks for virtual ranks, one rank per
 process) also owns a control area: its abort word, its error record and one
 progress flag per block.
 
@@ -87,7 +87,7 @@ class RankLayout:
 
     @property
     def sync_words(self) -> int:
-        return 2 * len(self.recvs) + 2 * len(self.sends) + 1
+        return len(self.recvs) + len(self.sends) + 1
 
     def fifo_offset(self, key: ConnKey) -> int:
         return self.recvs.index(key) * self.fifo_bytes_per_conn
@@ -95,14 +95,8 @@ class RankLayout:
     def tail_word(self, key: ConnKey) -> int:
         return self.recvs.index(key)
 
-    def recvd_word(self, key: ConnKey) -> int:
-        return len(self.recvs) + self.recvs.index(key)
-
     def head_word(self, key: ConnKey) -> int:
-        return 2 * len(self.recvs) + self.sends.index(key)
-
-    def sent_word(self, key: ConnKey) -> int:
-        return 2 * len(self.recvs) + len(self.sends) + self.sends.index(key)
+        return len(self.recvs) + self.sends.index(key)
 
 
 def rank_layout(prog: Program, rank: int, proto: str) -> RankLayout:
@@ -114,18 +108,14 @@ def rank_layout(prog: Program, rank: int, proto: str) -> RankLayout:
 
 
 # Control area of a launch group, in u64 words: abort word, error record,
-# then one progress flag and one launch count (epoch) per block.
+# then one progress flag per block.
 CONTROL_ABORT = 0
 CONTROL_ERR = 1
 CONTROL_FLAGS = CONTROL_ERR + abi.ERR_NFIELDS // 2
 
 
-def control_epochs(nblocks: int) -> int:
-    return CONTROL_FLAGS + nblocks
-
-
 def control_words(nblocks: int) -> int:
-    return control_epochs(nblocks) + nblocks
+    return CONTROL_FLAGS + nblocks
 
 
 def records(t: Tables, layouts: Dict[int, RankLayout], fifo_base: Callable[[int], int],
@@ -139,12 +129,12 @@ def records(t: Tables, layouts: Dict[int, RankLayout], fifo_base: Callable[[int]
     for key in t.sends:
         src, dst, chan = key
         sends.append([fifo_base(dst) + layouts[dst].fifo_offset(key), word(dst, layouts[dst].tail_word(key)),
-                      word(src, layouts[src].head_word(key)), word(src, layouts[src].sent_word(key)), dst, chan])
+                      word(src, layouts[src].head_word(key)), dst, chan])
     recvs: List[List[int]] = []
     for key in t.recvs:
         src, dst, chan = key
         recvs.append([fifo_base(dst) + layouts[dst].fifo_offset(key), word(dst, layouts[dst].tail_word(key)),
-                      word(src, layouts[src].head_word(key)), word(dst, layouts[dst].recvd_word(key)), src, chan])
+                      word(src, layouts[src].head_word(key)), src, chan])
     return _u64(sends), _u64(recvs)
 
 

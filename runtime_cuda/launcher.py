@@ -4,8 +4,9 @@ gc3.errors.RuntimeTimeoutError.
 
 The per-call host path is a dictionary lookup and one driver call: the
 plan, tables and kernel are built once, and each call shape's arguments are
-packed once (`Launch`); the launch count lives on the device (Plan.epochs),
-so the arguments never change and a call can be captured in a CUDA graph.
+packed once (`Launch`); the launch count lives on the device (each block's
+row, block_rows.py), so the arguments never change and a call can be
+captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
 
 from . import abi, module
 from .binding import Shape
-from .connections import CONTROL_ABORT, CONTROL_ERR, CONTROL_FLAGS, control_epochs, nslots, slot_bytes
+from . import block_rows
+from .connections import CONTROL_ABORT, CONTROL_ERR, CONTROL_FLAGS, nslots, slot_bytes
 from .tables import Tables
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -48,8 +50,10 @@ class CommunicatorBroken(GC3Error):
 
 class _Args(ctypes.Structure):
     """The kernel's parameters, in gc3_interpreter's order."""
-    _fields_ = [("plan", ctypes.c_uint64), ("bufs", ctypes.c_uint64), ("unit", ctypes.c_int64),
-                ("cs", ctypes.c_int64), ("cpb", ctypes.c_int32), ("T", ctypes.c_int32), ("ntiles", ctypes.c_int32)]
+    _fields_ = [("plan", ctypes.c_uint64), ("rows", ctypes.c_uint64), ("row_words", ctypes.c_int32),
+                ("bufs", ctypes.c_uint64), ("nbufs", ctypes.c_int32), ("abort_word", ctypes.c_uint64),
+                ("unit", ctypes.c_int64), ("cs", ctypes.c_int64), ("cpb", ctypes.c_int32), ("T", ctypes.c_int32),
+                ("ntiles", ctypes.c_int32)]
 
 
 class Launch:
@@ -64,7 +68,8 @@ class Launch:
         self.ex = ex
         self.fn = k.kernel.ptr
         self.grid, self.block, self.coop = ex.tables.nblocks, nt, coop
-        self.args = _Args(ex.plan.data.ptr, bufs.data.ptr, shape.unit, shape.cs, shape.cpb, shape.T, shape.ntiles)
+        self.args = _Args(ex.plan.data.ptr, ex.rows.data.ptr, ex.row_words, bufs.data.ptr, bufs.size,
+                          ex.abort_word, shape.unit, shape.cs, shape.cpb, shape.T, shape.ntiles)
         base = ctypes.addressof(self.args)
         self.params = (ctypes.c_void_p * len(_Args._fields_))(
             *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
@@ -99,16 +104,19 @@ class Executor:
         self.timeout = timeout_s(timeout)
         self.device = cupy.cuda.Device()
         self.control = control
-        self._keep = [cupy.asarray(a) for a in (t.tbs, t.steps, t.deps, t.extras, send_records, recv_records)]
+        br = block_rows.build(t, send_records, recv_records)
+        self.rows = cupy.asarray(br.rows)         # the kernel stores each block's state back into it
+        self.row_words = br.row_words
+        self._keep = [cupy.asarray(a) for a in (br.cold, t.deps, t.extras)]
         self._abort_peers = cupy.asarray(np.asarray(list(abort_peers) or [0], dtype=np.uint64))
-        ptr = {name: a.data.ptr for name, a in zip(("tbs", "steps", "deps", "extras", "sends", "recvs"), self._keep)}
+        ptr = {name: a.data.ptr for name, a in zip(("cold", "deps", "extras"), self._keep)}
         base = control.data.ptr
+        self.abort_word = base + 8 * CONTROL_ABORT
         self.trace_on = module.trace_enabled()
         self._trace = cupy.zeros(t.nblocks * abi.C["GC3_TRACE_WORDS"], dtype=cupy.uint64) if self.trace_on else None
-        ptr.update(flags=base + 8 * CONTROL_FLAGS, err=base + 8 * CONTROL_ERR, abort_local=base + 8 * CONTROL_ABORT,
+        ptr.update(flags=base + 8 * CONTROL_FLAGS, err=base + 8 * CONTROL_ERR, abort_local=self.abort_word,
                    abort_peers=self._abort_peers.data.ptr, n_abort_peers=len(abort_peers),
                    timeout_ns=int(self.timeout * 1e9), nslots=nslots(proto), slot_bytes=slot_bytes(proto),
-                   epochs=base + 8 * control_epochs(t.nblocks),
                    trace=self._trace.data.ptr if self._trace is not None else 0)
         self.plan = cupy.asarray(np.array([ptr[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
         # Tables and zeroed memory must be in place before a launch on any stream reads them.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,9 +56,26 @@ def main() -> int:
         rbuf = sbuf if g.prog.inplace and n_out == n_in else cupy.zeros(n_out, dtype=cupy.float32)
         call = lambda: g.run_ptrs([sbuf.data.ptr], [rbuf.data.ptr], n_in, "float32", "sum", stream)  # noqa: E731
         us, host = br.timed(call, 300, world, stream)
+        # Host time of each layer of the call path: the public call, the
+        # cached prepared call, the bare driver launch.
+        key = next(iter(g._prepared))
+        prepared = g._prepared[key]
+        layers = {"run_ptrs": call, "prepared": lambda: prepared(stream.ptr)}
+        if prepared.launch is not None:
+            layers["launch"] = lambda: prepared.launch(stream.ptr)
+        host_us = {}
+        for name, fn in layers.items():
+            stream.synchronize()
+            world.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(200):
+                fn()
+            host_us[name] = (time.perf_counter() - t0) * 1e6 / 200
+            stream.synchronize()
         if rank == 0:
             print(f"{c.coll} {c.label} {args.size}: {us:.2f} us/call, host {host:.2f} us/call"
-                  f"{' (trace build)' if trace else ''}", flush=True)
+                  f"{' (trace build)' if trace else ''}; host us by layer: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in host_us.items()), flush=True)
         if trace:
             world.Barrier()
             call()

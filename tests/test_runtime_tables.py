@@ -46,9 +46,18 @@ def test_abi_constants_cover_every_opcode_and_the_plan_struct():
 
     assert set(abi.OPCODE) == set(STEP_TYPES) - {"nop"}
     assert len(set(abi.OPCODE.values())) == len(abi.OPCODE)
-    assert abi.PLAN_FIELDS[:3] == ("tbs", "steps", "deps")
-    assert abi.PLAN_FIELDS[-4:] == ("nslots", "slot_bytes", "epochs", "trace")
+    assert abi.PLAN_FIELDS[:3] == ("cold", "deps", "extras")
+    assert abi.PLAN_FIELDS[-3:] == ("nslots", "slot_bytes", "trace")
+    assert len(abi.PLAN_FIELDS) == abi.C["GC3_PLAN_WORDS"]
     assert abi.ST_NFIELDS == 12 and abi.TB_NFIELDS == 8
+    # The device step starts with the table's step fields; rows keep u64 fields 8-byte aligned
+    # and steps 16-byte aligned (the kernel copies rows as uint4).
+    assert abi.C["GC3_DS_DEP0"] == abi.ST_NFIELDS and abi.C["GC3_DS_NFIELDS"] % 4 == 0
+    assert abi.C["GC3_BK_HEADER_WORDS"] % 4 == 0 and abi.C["GC3_HOT_WORDS"] % 4 == 0
+    qfields = [v for k, v in abi.C.items() if k.startswith("GC3_BKQ_")]
+    ifields = [v for k, v in abi.C.items() if k.startswith("GC3_BK_") and k != "GC3_BK_HEADER_WORDS"]
+    assert max(ifields) < 2 * min(qfields) and 2 * max(qfields) + 2 <= abi.C["GC3_BK_HEADER_WORDS"]
+    assert len(set(qfields)) == len(qfields) and len(set(ifields)) == len(ifields)
 
 
 def test_nops_fold_into_the_next_real_step_as_waits():
@@ -126,9 +135,9 @@ def test_connection_records_point_into_the_right_ranks_memory():
     assert sync[0] <= sends[k][F("HEAD")] < sync[0] + 8 * lays[0].sync_words
     j = t.recvs.index((0, 1, 0))
     assert recvs[j][F("TAIL")] == sends[k][F("TAIL")] and recvs[j][F("HEAD")] == sends[k][F("HEAD")]
-    assert recvs[j][F("COUNTER")] != sends[k][F("COUNTER")]
-    words = [int(x) for x in np.concatenate([sends[:, :4].ravel(), recvs[:, 1:4].ravel()]) if x < 1_000_000]
-    assert len(set(words)) == len(words) - 2 * len(t.sends)   # tails/heads shared by both ends, counters not
+    assert recvs[j][F("PEER")] == 0 and sends[k][F("PEER")] == 1
+    words = [int(x) for x in np.concatenate([sends[:, 1:3].ravel(), recvs[:, 1:3].ravel()])]
+    assert len(set(words)) == len(words) // 2 == 2 * len(t.sends)   # each tail/head word shared by both ends only
 
 
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8])

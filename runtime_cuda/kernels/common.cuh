@@ -53,7 +53,8 @@ typedef long long i64;
 #define GC3_WAIT_CREDIT 3    // a free FIFO slot (the receiver to consume one)
 #define GC3_WAIT_LL 4        // an LL line to carry the expected flag
 
-// int32 fields of one TB descriptor.
+// int32 fields of one TB descriptor (the host's table; block_rows.py turns
+// it and the connection records into the rows the kernel reads).
 #define GC3_TB_RANK_SLOT 0   // which entry of the per-call buffer table (3 pointers per rank)
 #define GC3_TB_RANK 1
 #define GC3_TB_ID 2
@@ -79,14 +80,56 @@ typedef long long i64;
 #define GC3_ST_ORIG 11       // the step's index in the XML, for error messages
 #define GC3_ST_NFIELDS 12
 
-// u64 fields of one connection record (send side and receive side alike).
+// A device step as the kernel reads it: the GC3_ST_* fields, then its first
+// two waits inline (most steps have at most two, and an inline wait costs no
+// extra dependent load); waits beyond those are GC3_ST_DEP_START + 2.. of P.deps.
+#define GC3_DS_DEP0 12       // (block, device step) of wait 0, then wait 1
+#define GC3_DS_INLINE_DEPS 2
+#define GC3_DS_NFIELDS 16
+
+// One row per block (runtime_cuda/block_rows.py), copied into shared memory
+// by all threads at once when the block starts: everything a block needs
+// before its first step arrives in one round trip to memory instead of a
+// chain of dependent loads.  int32 fields first ...
+#define GC3_BK_RANK_SLOT 0   // which entry of the per-call buffer table (3 pointers per rank)
+#define GC3_BK_RANK 1
+#define GC3_BK_TB 2
+#define GC3_BK_NSTEPS 3
+#define GC3_BK_NHOT 4        // steps held in the row; the rest are rows COLD_START.. of P.cold
+#define GC3_BK_COLD_START 5
+#define GC3_BK_SPEER 6       // -1: the TB sends to nobody
+#define GC3_BK_SCHAN 7
+#define GC3_BK_RPEER 8       // -1: the TB receives from nobody
+#define GC3_BK_RCHAN 9
+// ... then u64 fields, indexed in u64 units of the row: connection words
+// (as GC3_CONN_*), and the block's running state, which only this block
+// touches and stores back at exit.
+#define GC3_BKQ_SFIFO 8      // slots of the send connection (receiver's memory)
+#define GC3_BKQ_DATA_OUT 9   // its tail word (receiver's memory): slots filled
+#define GC3_BKQ_CREDIT_IN 10 // its head word (own memory): slots the receiver consumed
+#define GC3_BKQ_RFIFO 11     // slots of the receive connection (own memory)
+#define GC3_BKQ_DATA_IN 12   // its tail word (own memory)
+#define GC3_BKQ_CREDIT_OUT 13  // its head word (sender's memory)
+#define GC3_BKQ_SENT 14      // slots sent so far on the send connection
+#define GC3_BKQ_RECVD 15     // slots received so far on the receive connection
+#define GC3_BKQ_EPOCH 16     // launches this block has run
+#define GC3_BKQ_CREDIT_SEEN 17 // the last head value read: credits only grow, so sends that
+                             // fit under it need not read the head again
+#define GC3_BK_HEADER_WORDS 40
+// Rows hold at most this many int32 words (the rest of a long TB's steps stay
+// in P.cold); it is the size of the shared-memory copy.
+#define GC3_HOT_WORDS 4096
+// Per-call buffer table entries a launch can hold (3 per rank of the group).
+#define GC3_MAX_BUFS 192
+
+// u64 fields of one connection record (send side and receive side alike);
+// block_rows.py copies them into the rows of the blocks that own them.
 #define GC3_CONN_FIFO 0      // slots, in the receiver's memory
 #define GC3_CONN_TAIL 1      // slots filled so far (receiver's memory; sender writes)
 #define GC3_CONN_HEAD 2      // slots consumed so far (sender's memory; receiver writes)
-#define GC3_CONN_COUNTER 3   // this side's own running count (local memory)
-#define GC3_CONN_PEER 4
-#define GC3_CONN_CHAN 5
-#define GC3_CONN_NFIELDS 6
+#define GC3_CONN_PEER 3
+#define GC3_CONN_CHAN 4
+#define GC3_CONN_NFIELDS 5
 
 // int32 fields of the error record (one per launch group; the first failure wins).
 #define GC3_ERR_SET 0
@@ -111,12 +154,9 @@ typedef long long i64;
 // The plan: device pointers and constants of one launch group, all 8-byte
 // fields so that the host can write it as a plain uint64 array.
 struct Plan {
-  const int* tbs;            // [nblocks][GC3_TB_NFIELDS]
-  const int* steps;          // [nsteps][GC3_ST_NFIELDS]
+  const int* cold;           // [ncold][GC3_DS_NFIELDS] steps that did not fit their block's row
   const int* deps;           // [ndeps][2]: (block waited on, its device step index)
   const int* extras;         // [nextra][2]: (buf, chunk offset)
-  const u64* sends;          // [nsend][GC3_CONN_NFIELDS]
-  const u64* recvs;          // [nrecv][GC3_CONN_NFIELDS]
   u64* flags;                // [nblocks] progress of each TB, see progress_value()
   int* err;                  // [GC3_ERR_NFIELDS]
   int* abort_local;          // set when any block gave up; every wait watches it
@@ -125,7 +165,6 @@ struct Plan {
   u64 timeout_ns;
   u64 nslots;                // FIFO slots per connection
   u64 slot_bytes;            // bytes per slot (LL: bytes of lines)
-  u64* epochs;               // [nblocks] launches each block has run: the kernel's
-                             // arguments stay the same from call to call (CUDA graphs)
   u64* trace;                // null, or [nblocks][GC3_TRACE_WORDS] timestamps (GC3_TRACE builds)
 };
+#define GC3_PLAN_WORDS 12

@@ -39,11 +39,12 @@ template <int B>
 __device__ __forceinline__ Operand chunk_operand(elem_t* const (&base)[3], int buf, int idx, const Shape& sh,
                                                  i64 lane0, int n) {
   if (buf == GC3_BUF_S) return make_operand<B>(base[GC3_BUF_S] + idx * sh.cs + lane0, n, n);
-  const i64 b = idx / sh.cpb, j = idx - b * sh.cpb;
+  // 32-bit: a 64-bit division is a long subroutine, and chunk indices fit.
+  const int b = idx / sh.cpb, j = idx - b * sh.cpb;
   const i64 lo = min(j * sh.cs, sh.unit), hi = min((j + 1) * sh.cs, sh.unit);
   // A select, not base[buf]: a run-time index would put the array in local memory.
   elem_t* const p = buf == GC3_BUF_I ? base[GC3_BUF_I] : base[GC3_BUF_O];
-  return make_operand<B>(p + b * sh.unit + lo + lane0, hi - lo - lane0, n);
+  return make_operand<B>(p + (i64)b * sh.unit + lo + lane0, hi - lo - lane0, n);
 }
 
 // Everything one step needs besides the step descriptor itself.
@@ -118,40 +119,50 @@ __device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st
   return true;
 }
 
-// Runs one block's threadblock to the end of the call.  Returns with the
-// connection counters in shared memory for the caller to store.
-__device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shape& sh, int ntiles,
-                       unsigned epoch, u64& sh_sent, u64& sh_recvd, int& sh_stop) {
-  const int rank_slot = tb[GC3_TB_RANK_SLOT];
-  const int nsteps = tb[GC3_TB_NSTEPS];
-  const int* steps = P.steps + (i64)tb[GC3_TB_STEP_START] * GC3_ST_NFIELDS;
-  // A TB without a connection still points at row 0 (the host never leaves
-  // a table empty), so no load through sc/rc can fault whatever the compiler
-  // speculates; `has_send`/`has_recv` decide what is used.
-  const bool has_send = tb[GC3_TB_SEND] >= 0, has_recv = tb[GC3_TB_RECV] >= 0;
-  const u64* sc = P.sends + (i64)max(tb[GC3_TB_SEND], 0) * GC3_CONN_NFIELDS;
-  const u64* rc = P.recvs + (i64)max(tb[GC3_TB_RECV], 0) * GC3_CONN_NFIELDS;
-  // The connection words, loaded once: the waits' memory clobbers would
-  // otherwise reload them from the record at every step.
-  char* const rfifo = (char*)rc[GC3_CONN_FIFO];
-  char* const sfifo = (char*)sc[GC3_CONN_FIFO];
-  const u64* const data_in = (const u64*)rc[GC3_CONN_TAIL];     // filled slots (recv side, local)
-  u64* const credit_out = (u64*)rc[GC3_CONN_HEAD];              // consumed slots (recv side, remote)
-  const u64* const credit_in = (const u64*)sc[GC3_CONN_HEAD];   // consumed slots (send side, local)
-  u64* const data_out = (u64*)sc[GC3_CONN_TAIL];                // filled slots (send side, remote)
+// The wait list of a device step: the first GC3_DS_INLINE_DEPS inline, the rest in P.deps.
+__device__ __forceinline__ const int* dep_at(const Plan& P, const int* st, int d) {
+  return d < GC3_DS_INLINE_DEPS ? st + GC3_DS_DEP0 + 2 * d
+                                : P.deps + 2 * (st[GC3_ST_DEP_START] + d);
+}
+
+// A block's running state, kept in shared memory while it runs and stored
+// back into its row at exit.
+struct BlockState {
+  u64 sent, recvd, credit_seen;
+  unsigned epoch;
+  int stop;
+};
+
+// Runs one block's threadblock to the end of the call.  `row` is the
+// block's row in shared memory (GC3_BK_*); `cold` its steps beyond the row.
+__device__ void run_tb(const Plan& P, const int* row, const u64* bufs, const Shape& sh, int ntiles,
+                       BlockState& bs) {
+  const u64* q = (const u64*)row;
+  const int nsteps = row[GC3_BK_NSTEPS], nhot = row[GC3_BK_NHOT];
+  const int* hot = row + GC3_BK_HEADER_WORDS;
+  const int* cold = P.cold + (i64)row[GC3_BK_COLD_START] * GC3_DS_NFIELDS;
+  char* const rfifo = (char*)q[GC3_BKQ_RFIFO];
+  char* const sfifo = (char*)q[GC3_BKQ_SFIFO];
+  const u64* const data_in = (const u64*)q[GC3_BKQ_DATA_IN];     // filled slots (recv side, local)
+  u64* const credit_out = (u64*)q[GC3_BKQ_CREDIT_OUT];          // consumed slots (recv side, remote)
+  const u64* const credit_in = (const u64*)q[GC3_BKQ_CREDIT_IN];  // consumed slots (send side, local)
+  u64* const data_out = (u64*)q[GC3_BKQ_DATA_OUT];              // filled slots (send side, remote)
   const u64 nslots = P.nslots, slot_bytes = P.slot_bytes;
+  const unsigned epoch = bs.epoch;
   (void)data_in;
   (void)data_out;   // LL carries its signal in the data
   __shared__ Operand extra[GC3_MAX_FANIN];
   StepCtx c;
   c.P = &P;
-  c.w.rank = tb[GC3_TB_RANK];
-  c.w.tb = tb[GC3_TB_ID];
+  c.w.rank = row[GC3_BK_RANK];
+  c.w.tb = row[GC3_BK_TB];
+  const int rank_slot = row[GC3_BK_RANK_SLOT];
   for (int b = 0; b < 3; ++b) c.base[b] = (elem_t*)bufs[3 * rank_slot + b];
   c.sh = sh;
-  c.rpeer = has_recv ? (int)rc[GC3_CONN_PEER] : -1;
-  c.rchan = has_recv ? (int)rc[GC3_CONN_CHAN] : -1;
-  const int speer = has_send ? (int)sc[GC3_CONN_PEER] : -1, schan = has_send ? (int)sc[GC3_CONN_CHAN] : -1;
+  c.rpeer = row[GC3_BK_RPEER];
+  c.rchan = row[GC3_BK_RCHAN];
+  const int speer = row[GC3_BK_SPEER], schan = row[GC3_BK_SCHAN];
+  const bool has_send = speer >= 0, has_recv = c.rpeer >= 0;
 
   int ev = 2;   // next trace slot
   for (int t = 0; t < ntiles; ++t) {
@@ -159,31 +170,37 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
     c.n = (int)min((i64)sh.T, sh.cs - c.lane0);
     c.w.tile = t;
     for (int j = 0; j < nsteps; ++j) {
-      const int* st = steps + (i64)j * GC3_ST_NFIELDS;
+      const int* st = j < nhot ? hot + j * GC3_DS_NFIELDS : cold + (i64)(j - nhot) * GC3_DS_NFIELDS;
       const int flags = st[GC3_ST_FLAGS];
       c.w.step = st[GC3_ST_ORIG];
       c.w.op = st[GC3_ST_OP];
       if (threadIdx.x == 0) {
         bool ok = true;
-        const int* dep = P.deps + 2 * st[GC3_ST_DEP_START];
-        for (int d = 0; ok && d < st[GC3_ST_NDEPS]; ++d)
-          ok = wait_geq<false>(P, P.flags + dep[2 * d], progress_value(epoch, t, dep[2 * d + 1]), c.w,
-                               GC3_WAIT_DEP, dep[2 * d], dep[2 * d + 1]);
+        u64 seen;
+        const int ndeps = st[GC3_ST_NDEPS];
+        for (int d = 0; ok && d < ndeps; ++d) {
+          const int* dep = dep_at(P, st, d);
+          ok = wait_geq<false, true>(P, P.flags + dep[0], progress_value(epoch, t, dep[1]), c.w,
+                                     GC3_WAIT_DEP, dep[0], dep[1], seen);
+        }
 #if GC3_PROTO == GC3_PROTO_SIMPLE
         if (ok && (flags & GC3_F_RECV))
-          ok = wait_geq<true>(P, data_in, sh_recvd + 1, c.w, GC3_WAIT_DATA, c.rpeer, c.rchan);
+          ok = wait_geq<true, true>(P, data_in, bs.recvd + 1, c.w, GC3_WAIT_DATA, c.rpeer, c.rchan, seen);
 #endif
         if (ok && (flags & GC3_F_SEND)) {
-          const u64 want = sh_sent + 1 > nslots ? sh_sent + 1 - nslots : 0;
-          ok = wait_geq<true>(P, credit_in, want, c.w, GC3_WAIT_CREDIT, speer, schan);
+          const u64 want = bs.sent + 1 > nslots ? bs.sent + 1 - nslots : 0;
+          if (bs.credit_seen < want) {
+            ok = wait_geq<true, false>(P, credit_in, want, c.w, GC3_WAIT_CREDIT, speer, schan, seen);
+            if (ok) bs.credit_seen = seen;
+          }
         }
-        sh_stop = !ok;
+        bs.stop = !ok;
       }
       TRACE_AT(P, ev < GC3_TRACE_WORDS - 1 ? ev : GC3_TRACE_WORDS);
       ++ev;
       __syncthreads();
-      if (sh_stop) return;
-      const u64 sent = sh_sent, recvd = sh_recvd;
+      if (bs.stop) return;
+      const u64 sent = bs.sent, recvd = bs.recvd;
       c.rslot = has_recv ? rfifo + (recvd % nslots) * slot_bytes : nullptr;
       c.sslot = has_send ? sfifo + (sent % nslots) * slot_bytes : nullptr;
       c.rflag = (unsigned)(recvd + 1);
@@ -205,58 +222,73 @@ __device__ void run_tb(const Plan& P, const int* tb, const u64* bufs, const Shap
       // One releasing store publishes what the whole block wrote: the
       // barrier above orders the other threads' stores before thread 0's
       // release, and release is cumulative (no separate fence needed).
+      // Most urgent first: the data a peer or another block waits for, then
+      // the credit, which only matters once the sender's FIFO is full.
       if (threadIdx.x == 0) {
         if (flags & GC3_F_SEND) {
 #if GC3_PROTO == GC3_PROTO_SIMPLE
           st_release_sys(data_out, sent + 1);
 #endif
-          sh_sent = sent + 1;
-        }
-        if (flags & GC3_F_RECV) {
-          st_release_sys(credit_out, recvd + 1);
-          sh_recvd = recvd + 1;
+          bs.sent = sent + 1;
         }
         if (flags & GC3_F_SIGNAL) st_release_gpu(P.flags + blockIdx.x, progress_value(epoch, t, j));
+        if (flags & GC3_F_RECV) {
+          st_relaxed_sys(credit_out, recvd + 1);
+          bs.recvd = recvd + 1;
+        }
       }
     }
   }
 }
 
 // Every argument is fixed for a given (group, buffers, size), so a call can
-// be replayed from a CUDA graph; the launch count lives in P.epochs.
+// be replayed from a CUDA graph; the launch count lives in the block's row.
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS, 1)
-gc3_interpreter(const Plan* plan, const u64* bufs, i64 unit, i64 cs, int cpb, int T, int ntiles) {
-  __shared__ u64 sh_sent, sh_recvd;
-  __shared__ int sh_stop;
-  __shared__ unsigned sh_epoch;
-  const Plan& P = *plan;
-  TRACE_AT(P, 0);
-  const int* tb = P.tbs + (i64)blockIdx.x * GC3_TB_NFIELDS;
-  u64* sent_ctr = (u64*)P.sends[(i64)max(tb[GC3_TB_SEND], 0) * GC3_CONN_NFIELDS + GC3_CONN_COUNTER];
-  u64* recv_ctr = (u64*)P.recvs[(i64)max(tb[GC3_TB_RECV], 0) * GC3_CONN_NFIELDS + GC3_CONN_COUNTER];
-  if (tb[GC3_TB_SEND] < 0) sent_ctr = nullptr;
-  if (tb[GC3_TB_RECV] < 0) recv_ctr = nullptr;
+gc3_interpreter(const Plan* plan, int* rows, int row_words, const u64* bufs, int nbufs, const int* abort_word,
+                i64 unit, i64 cs, int cpb, int T, int ntiles) {
+  __shared__ __align__(16) int row[GC3_HOT_WORDS];
+  __shared__ Plan sP;
+  __shared__ u64 sbufs[GC3_MAX_BUFS];
+  __shared__ BlockState bs;
+#ifdef GC3_TRACE
+  const u64 t_entry = global_ns();   // before the loads below; stored once P is known
+#endif
+  // Everything the block needs, loaded by all threads at once: one round
+  // trip to memory, not a chain of dependent loads.
+  int* grow = rows + (i64)blockIdx.x * row_words;
+  for (int i = threadIdx.x; i < row_words / 4; i += blockDim.x)
+    ((uint4*)row)[i] = ((const uint4*)grow)[i];
+  for (int i = threadIdx.x; i < GC3_PLAN_WORDS; i += blockDim.x) ((u64*)&sP)[i] = ((const u64*)plan)[i];
+  for (int i = threadIdx.x; i < nbufs; i += blockDim.x) sbufs[i] = bufs[i];
+  if (threadIdx.x == 0) bs.stop = *(volatile const int*)abort_word;
+  __syncthreads();
+  const Plan& P = sP;
+#ifdef GC3_TRACE
+  if (threadIdx.x == 0 && P.trace) P.trace[(u64)blockIdx.x * GC3_TRACE_WORDS] = t_entry;
+#endif
+  if (bs.stop) return;
+  const u64* q = (const u64*)row;
   if (threadIdx.x == 0) {
-    sh_sent = sent_ctr ? *sent_ctr : 0;
-    sh_recvd = recv_ctr ? *recv_ctr : 0;
-    sh_epoch = (unsigned)(P.epochs[blockIdx.x] + 1);
-    sh_stop = aborted(P);
+    bs.sent = q[GC3_BKQ_SENT];
+    bs.recvd = q[GC3_BKQ_RECVD];
+    bs.credit_seen = q[GC3_BKQ_CREDIT_SEEN];
+    bs.epoch = (unsigned)(q[GC3_BKQ_EPOCH] + 1);
   }
   __syncthreads();
-  if (sh_stop) return;
-  const unsigned epoch = sh_epoch;
   TRACE_AT(P, 1);
   Shape sh;
   sh.unit = unit;
   sh.cs = cs;
   sh.cpb = cpb;
   sh.T = T;
-  run_tb(P, tb, bufs, sh, ntiles, epoch, sh_sent, sh_recvd, sh_stop);
+  run_tb(P, row, sbufs, sh, ntiles, bs);
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (sent_ctr) *sent_ctr = sh_sent;
-    if (recv_ctr) *recv_ctr = sh_recvd;
-    P.epochs[blockIdx.x] = epoch;
+    u64* gq = (u64*)grow;
+    gq[GC3_BKQ_SENT] = bs.sent;
+    gq[GC3_BKQ_RECVD] = bs.recvd;
+    gq[GC3_BKQ_CREDIT_SEEN] = bs.credit_seen;
+    gq[GC3_BKQ_EPOCH] = bs.epoch;
   }
   TRACE_AT(P, GC3_TRACE_WORDS - 1);
 }

@@ -29,6 +29,12 @@ __device__ __forceinline__ u64 ld_relaxed_gpu(const u64* p) {
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
+// Returning FIFO credits needs no release: the receiver's loads of the slot
+// have returned (their values were stored before the block barrier), so a
+// later overwrite by the sender cannot reach them.
+__device__ __forceinline__ void st_relaxed_sys(u64* p, u64 v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
 __device__ __forceinline__ void st_release_gpu(u64* p, u64 v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
@@ -93,21 +99,24 @@ __device__ void record_failure(const Plan& P, const Where& w, int kind, int a, i
   __threadfence_system();
 }
 
-// Spins until *p >= want.  Returns false when the wait timed out (recorded)
-// or another block gave up first.
-// The counters only grow, so the acquiring load after the relaxed polls
-// reads a value >= want and synchronises with the store that made it so.
-template <bool SYS>
-__device__ bool wait_geq(const Plan& P, const u64* p, u64 want, const Where& w, int kind, int a, int b) {
-  u64 v = SYS ? ld_acquire_sys(p) : ld_acquire_gpu(p);
-  if (v >= want) return true;
+// Spins until *p >= want; `seen` gets the value that satisfied it.  Returns
+// false when the wait timed out (recorded) or another block gave up first.
+// The counters only grow, so with ACQ the acquiring load after the relaxed
+// polls reads a value >= want and synchronises with the store that made it
+// so.  Without ACQ (FIFO credits: the sender only overwrites a slot after
+// the wait, and stores are never performed ahead of the branch that guards
+// them) the relaxed load is enough and the SM's L1 is left alone.
+template <bool SYS, bool ACQ>
+__device__ bool wait_geq(const Plan& P, const u64* p, u64 want, const Where& w, int kind, int a, int b, u64& seen) {
+  u64 v = ACQ ? (SYS ? ld_acquire_sys(p) : ld_acquire_gpu(p)) : (SYS ? ld_relaxed_sys(p) : ld_relaxed_gpu(p));
+  if (v >= want) {
+    seen = v;
+    return true;
+  }
   const u64 t0 = global_ns();
   for (unsigned spins = 1;; ++spins) {
     v = SYS ? ld_relaxed_sys(p) : ld_relaxed_gpu(p);
-    if (v >= want) {
-      if (SYS) ld_acquire_sys(p); else ld_acquire_gpu(p);
-      return true;
-    }
+    if (v >= want) break;
     if ((spins & 63) == 0) {
       if (aborted(P)) return false;
       if (global_ns() - t0 > P.timeout_ns) {
@@ -116,4 +125,9 @@ __device__ bool wait_geq(const Plan& P, const u64* p, u64 want, const Where& w, 
       }
     }
   }
+  if (ACQ) {
+    if (SYS) ld_acquire_sys(p); else ld_acquire_gpu(p);
+  }
+  seen = v;
+  return true;
 }
