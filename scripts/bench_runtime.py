@@ -12,7 +12,9 @@ the fastest candidate per size (`program`), its time and busbw, NCCL's, and
 the ratio of busbw (ours / NCCL); --log writes every candidate's row.
 Results are checked against numpy for sizes up to --check-max.
 Columns host_us (CPU time to enqueue one call) and, with --graph, graph_us
-(one call replayed from a CUDA graph) show where small-message time goes.
+and nccl_graph_us (one call replayed from a CUDA graph, ours and NCCL's) show
+where small-message time goes: without the CPU's launch path, both sides'
+GPU time alone.
 """
 from __future__ import annotations
 
@@ -223,7 +225,7 @@ def main() -> int:
     head = (f"{'coll':<14}{'size':>8}  {'program':<20}{'gc3 us':>9}{'gc3 busbw':>10}{'nccl us':>9}"
             f"{'nccl busbw':>11}{'ratio':>7}  check")
     loghead = (f"{'coll':<14}{'size':>8}  {'program':<20}{'gc3 us':>9}{'host us':>9}{'graph us':>9}"
-               f"{'gc3 busbw':>10}{'nccl us':>9}{'ratio':>7}  check")
+               f"{'gc3 busbw':>10}{'nccl us':>9}{'nccl graph':>11}{'ratio':>7}  check")
     table, log = [head], [loghead]
     if rank == 0:
         print(head, flush=True)
@@ -233,6 +235,7 @@ def main() -> int:
         for size in sizes:
             rows: List[Tuple[float, str]] = []
             nccl_us: Optional[float] = None
+            nccl_graph = math.nan
             for c in cands:
                 if not c.lo <= size <= c.hi:
                     continue
@@ -266,14 +269,16 @@ def main() -> int:
                     del sbuf, rbuf
                     continue
                 if nccl_us is None:
-                    nccl_us, _ = timed(lambda: nccl_call(nccl, ncomm, coll, sbuf, rbuf, n_in, stream, n), iters,
-                                       world, stream)
+                    ncall = lambda: nccl_call(nccl, ncomm, coll, sbuf, rbuf, n_in, stream, n)  # noqa: E731
+                    nccl_us, _ = timed(ncall, iters, world, stream)
+                    if size <= graph_max:
+                        nccl_graph = graph_timed(ncall, 20, world, stream)
                 f = bus_factor(coll, n)
                 bw, bw_nccl = nbytes / ours / 1e3 * f, nbytes / nccl_us / 1e3 * f
                 ok = "-" if wrong is None else "ok" if wrong == 0 else f"{wrong} WRONG"
                 ratio = bw / bw_nccl if bw_nccl else 0.0
                 log.append(f"{coll:<14}{_h(nbytes):>8}  {c.label:<20}{ours:>9.1f}{host:>9.1f}{graph:>9.1f}"
-                           f"{bw:>10.2f}{nccl_us:>9.1f}{ratio:>7.2f}  {ok}")
+                           f"{bw:>10.2f}{nccl_us:>9.1f}{nccl_graph:>11.1f}{ratio:>7.2f}  {ok}")
                 if rank == 0 and args.log:
                     print("  " + log[-1], flush=True)
                 if wrong in (None, 0):
