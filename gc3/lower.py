@@ -1,17 +1,22 @@
 """The lowering pipeline: a traced `GC3Program` -> a scheduled `gc3.ir.Program`.
 
-    ops --build--> InstrDAG --fuse--> InstrDAG --replicate--> InstrDAG
+    ops --build--> InstrDAG --absorb--> InstrDAG --fuse--> InstrDAG --replicate--> InstrDAG
         --assign_channels--> ChannelAssignment --assign_threadblocks--> Schedule
         --insert_sync--> [ir.Gpu] --(here)--> ir.Program
+
+`absorb` and `fuse` are the optional optimizations (`instr_fusion`; absorption
+can also be turned off alone): without them the program lowers as traced.
 
 Passes 4-6 schedule the first instance only; `insert_sync` stamps the other
 instances onto their own channels and chunks (see `replication.py`).
 
 The result uses gc3's operand convention (every operand local, see
-`gc3.ir.Convention`) and is marked with `gc3version`.  Buffer sizes come from
-the collective's declared chunk counts times the replication factor, never
-from the indices the program happens to touch, so `gc3/layout.py` maps every
-chunk of a call exactly as the program meant.
+`gc3.ir.Convention`) and is marked with `gc3version`.  Input and output sizes
+come from the collective's declared chunk counts times the replication factor,
+never from the indices the program happens to touch, so `gc3/layout.py` maps
+every chunk of a call exactly as the program meant.  Scratch is the declared
+size too, except that after absorption it is cut to the chunks the program
+still names (`replication.fit_scratch`).
 """
 from __future__ import annotations
 
@@ -19,12 +24,13 @@ import gc
 from typing import Optional
 
 from . import __version__, limits
+from .absorption import absorb
 from .channels import assign_channels
 from .errors import LoweringError, ScheduleError
 from .fusion import fuse
 from .instruction_dag import build
 from .ir import PROTOCOLS, Program
-from .replication import plan_buffers, replicate
+from .replication import fit_scratch, plan_buffers, replicate
 from .sync import insert_sync
 from .threadblocks import assign_threadblocks
 
@@ -36,8 +42,13 @@ MAX_BYTES = 1 << 40
 
 
 def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] = None,
-          instr_fusion: Optional[bool] = None, max_tbs: Optional[int] = None) -> Program:
-    """Compile a traced program; keyword arguments override the program's own settings."""
+          instr_fusion: Optional[bool] = None, max_tbs: Optional[int] = None,
+          absorption: Optional[bool] = None) -> Program:
+    """Compile a traced program; keyword arguments override the program's own settings.
+
+    `absorption` (default: on whenever fusion is) can be turned off alone, to
+    get the schedules compiled before it existed (measurements taken on them).
+    """
     k = program.instances if instances is None else instances
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise LoweringError(f"instances must be an int >= 1, got {k!r}")
@@ -45,6 +56,7 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
     if proto not in PROTOCOLS:
         raise LoweringError(f"protocol {proto!r} is not one of {', '.join(PROTOCOLS)}")
     fusion_on = program.instr_fusion if instr_fusion is None else instr_fusion
+    absorb_on = fusion_on if absorption is None else (absorption and fusion_on)
     coll = program.collective
     if not program.ops:
         raise LoweringError(f"program {program.name!r} traced no operations; nothing to compile")
@@ -60,8 +72,11 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         def schedule_of(fused: bool):
             dag = build(program.ops, plan)
             if fused:
+                if absorb_on:
+                    dag = absorb(dag)
+                    dag.plan = fit_scratch(plan, dag)   # scratch only the absorbed steps used
                 dag = fuse(dag)
-            dag = replicate(dag, plan)
+            dag = replicate(dag, dag.plan)
             return assign_threadblocks(assign_channels(dag), slots=limits.FIFO_SLOTS[proto],
                                        max_tbs=limits.MAX_TBS if max_tbs is None else max_tbs)
 
@@ -78,7 +93,7 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
                 schedule = schedule_of(False)
             except ScheduleError:
                 raise first from None
-        gpus = insert_sync(schedule, plan)
+        gpus = insert_sync(schedule, schedule.dag.plan)
     finally:
         if collecting:
             gc.enable()

@@ -31,7 +31,7 @@ laid out one after another inside "s"), so instance i gets its own copy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import lcm
 from typing import Dict, List, Sequence, Tuple
 
@@ -39,7 +39,7 @@ from .errors import LoweringError
 from .layout import blocks_of
 from .ops import Op
 
-__all__ = ["BufferPlan", "plan_buffers", "replicate"]
+__all__ = ["BufferPlan", "plan_buffers", "fit_scratch", "replicate"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,33 @@ def plan_buffers(program, instances: int) -> BufferPlan:
     P = lcm(*factors)
     return BufferPlan(coll=coll.name, nranks=n, instances=instances, parallel=P, copies=max(factors),
                       block=block, declared=declared, scratch_offset=offsets)
+
+
+def fit_scratch(plan: BufferPlan, dag) -> BufferPlan:
+    """`plan` with each rank's scratch cut to the chunks `dag`'s instructions name.
+
+    Only scratch may shrink: the user buffers' sizes fix `gc3/layout.py`'s
+    blocks, while scratch chunk k sits at k*cs whatever s_chunks says, and is
+    one block per instance, so a shorter block only packs the instances' copies
+    closer.  Every operand field counts, read or not (an `rrs` names its dst),
+    so any reader of the IR finds every named chunk inside the buffer.  Used
+    after absorption, which can leave declared scratch unnamed (fusion renames
+    no operand, so it may run before or after).
+    """
+    extent: Dict[int, int] = {}
+    for x in dag.instrs:
+        for buf, off in ((x.srcbuf, x.srcoff), (x.dstbuf, x.dstoff)):
+            if buf == "s" and off + x.cnt > extent.get(x.rank, 0):
+                extent[x.rank] = off + x.cnt
+    block, declared = dict(plan.block), dict(plan.declared)
+    changed = False
+    for r in range(plan.nranks):
+        used = extent.get(r, 0)
+        if used < declared[(r, "s")]:
+            declared[(r, "s")] = used
+            block[(r, "s")] = max(used, 1)
+            changed = True
+    return replace(plan, block=block, declared=declared) if changed else plan
 
 
 def _require_same_positions(coll, block) -> None:

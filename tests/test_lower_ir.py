@@ -73,13 +73,15 @@ def test_operands_are_local_in_gc3_convention():
                 if st_.type == "rrc":
                     # chunk r of the ring is reduced into the same index on every rank
                     assert local_input(st_, prog.convention) == local_output(st_, prog.convention)
-    # A remote reduce from rank 0's i[1] into rank 1's scratch: rrc's local operand is the scratch.
+    # A remote reduce from rank 0's i[1] into rank 1's scratch: rrc's local operand is the scratch
+    # (with absorption the copy into scratch goes, and the rrc reads i[0] and writes the scratch).
     with GC3Program("remote", AllToAll(2, 1, inplace=False)) as p:
         c = chunk(1, "in", 0).copy(1, "scratch", 0)
         c.reduce(chunk(0, "in", 1))
-    prog = lower(p)
-    (rrc,) = [s_ for tb in prog.gpu(1).threadblocks for s_ in tb.steps if s_.type == "rrc"]
-    assert local_input(rrc, Convention.GC3) == ("s", 0) == local_output(rrc, Convention.GC3)
+    for absorption, local in ((False, ("s", 0)), (True, ("i", 0))):
+        prog = lower(p, absorption=absorption)
+        (rrc,) = [s_ for tb in prog.gpu(1).threadblocks for s_ in tb.steps if s_.type == "rrc"]
+        assert local_input(rrc, Convention.GC3) == local and local_output(rrc, Convention.GC3) == ("s", 0)
     (snd,) = [s_ for tb in prog.gpu(0).threadblocks for s_ in tb.steps if s_.type == "s"]
     assert local_input(snd, Convention.GC3) == ("i", 1)
 

@@ -43,10 +43,13 @@ def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[
 @click.option("--instances", type=click.IntRange(min=1), default=None, help="Override the program's instances.")
 @click.option("--protocol", type=click.Choice(["Simple", "LL", "LL128"]), default=None,
               help="Override the program's protocol.")
-@click.option("--no-fusion", is_flag=True, help="Do not fuse receives with sends (rcs/rrs/rrcs).")
+@click.option("--no-fusion", is_flag=True, help="Do not fuse receives with sends (rcs/rrs/rrcs); implies --no-absorption.")
+@click.option("--no-absorption", is_flag=True,
+              help="Keep r+re and cpy+rrc pairs as traced instead of folding them into one rrc.")
 @click.option("--max-tbs", type=click.IntRange(min=1), default=None,
               help="Threadblocks allowed per rank (default: gc3.limits.MAX_TBS).")
-def command(file: str, args, output: str, instances, protocol, no_fusion: bool, max_tbs) -> None:
+def command(file: str, args, output: str, instances, protocol, no_fusion: bool, no_absorption: bool,
+            max_tbs) -> None:
     """Run FILE as a script with ARGS (as `python FILE ARGS`), lower the last
     GC3Program it traced, verify the schedule and write it as XML.
 
@@ -61,7 +64,8 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
     try:
         program = run_script(file, list(args))
         prog = lower(program, instances=instances, protocol=protocol,
-                     instr_fusion=False if no_fusion else None, max_tbs=max_tbs)
+                     instr_fusion=False if no_fusion else None, max_tbs=max_tbs,
+                     absorption=False if no_absorption else None)
         verified = None
         if find_spec("gc3.verify") is not None:
             checked = import_module("gc3.verify").verify(prog, max_tbs=max_tbs)
