@@ -1,7 +1,7 @@
 """The lowering pipeline: a traced `GC3Program` -> a scheduled `gc3.ir.Program`.
 
     ops --build--> InstrDAG --absorb--> InstrDAG --fuse--> InstrDAG --replicate--> InstrDAG
-        --assign_channels--> ChannelAssignment --assign_threadblocks--> Schedule
+        --assign_channels--> ChannelAssignment --assign_threadblocks--> Schedule [--merge_lone_pairs--> Schedule]
         --insert_sync--> [ir.Gpu] --(here)--> ir.Program
 
 `absorb` and `fuse` are the optional optimizations (`instr_fusion`; absorption
@@ -32,7 +32,7 @@ from .instruction_dag import build
 from .ir import PROTOCOLS, Program
 from .replication import fit_scratch, plan_buffers, replicate
 from .sync import insert_sync
-from .threadblocks import assign_threadblocks
+from .threadblocks import assign_threadblocks, merge_lone_pairs
 
 __all__ = ["lower", "MAX_BYTES"]
 
@@ -43,11 +43,13 @@ MAX_BYTES = 1 << 40
 
 def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] = None,
           instr_fusion: Optional[bool] = None, max_tbs: Optional[int] = None,
-          absorption: Optional[bool] = None) -> Program:
+          absorption: Optional[bool] = None, tb_merge: Optional[bool] = None) -> Program:
     """Compile a traced program; keyword arguments override the program's own settings.
 
     `absorption` (default: on whenever fusion is) can be turned off alone, to
     get the schedules compiled before it existed (measurements taken on them).
+    `tb_merge` (default: on for LL) joins a channel's lone send and lone
+    receive threadblocks (threadblocks.merge_lone_pairs).
     """
     k = program.instances if instances is None else instances
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -57,6 +59,9 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         raise LoweringError(f"protocol {proto!r} is not one of {', '.join(PROTOCOLS)}")
     fusion_on = program.instr_fusion if instr_fusion is None else instr_fusion
     absorb_on = fusion_on if absorption is None else (absorption and fusion_on)
+    # LL serves small messages, where a call's time is latency: fewer blocks
+    # and no progress flag between a send and the receive beside it.
+    merge_on = proto == "LL" if tb_merge is None else tb_merge
     coll = program.collective
     if not program.ops:
         raise LoweringError(f"program {program.name!r} traced no operations; nothing to compile")
@@ -77,8 +82,9 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
                     dag.plan = fit_scratch(plan, dag)   # scratch only the absorbed steps used
                 dag = fuse(dag)
             dag = replicate(dag, dag.plan)
-            return assign_threadblocks(assign_channels(dag), slots=limits.FIFO_SLOTS[proto],
-                                       max_tbs=limits.MAX_TBS if max_tbs is None else max_tbs)
+            sched = assign_threadblocks(assign_channels(dag), slots=limits.FIFO_SLOTS[proto],
+                                        max_tbs=limits.MAX_TBS if max_tbs is None else max_tbs)
+            return merge_lone_pairs(sched) if merge_on else sched
 
         try:
             schedule = schedule_of(fusion_on)

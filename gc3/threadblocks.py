@@ -325,3 +325,56 @@ def _explain_stuck(dag, chan, order, waiting_recv, blocked_send, queue, conn_ind
     raise ScheduleError(
         "no order of the instructions respects FIFO order on every connection: " + "; ".join(lines) +
         "; put these operations on different channels (ch=) or reorder them")
+
+
+def merge_lone_pairs(sched: Schedule) -> Schedule:
+    """Where a rank has, on one channel, exactly one threadblock that only
+    sends and one that only receives, make them one threadblock.
+
+    For the latency-bound LL protocol a block is worth more than the
+    overlap of its send and receive streams: one block instead of two, and
+    a step of one that had to wait for a step of the other (an in-place
+    one-shot AllReduce's receive overwrites what its send reads) no longer
+    waits on a progress flag.  The merged threadblock runs both lists in the
+    global order, of which each was already a subsequence, so that order
+    remains an execution that never blocks and the schedule stays free of
+    deadlock.  Threadblocks the user placed by hand are left alone.
+    """
+    pos = {i: k for k, i in enumerate(sched.order)}
+    tbs: List[List[TB]] = []
+    tb_of = list(sched.tb_of)
+    for rank_tbs in sched.tbs:
+        by_chan: Dict[int, Tuple[List[int], List[int]]] = {}
+        for t, tb in enumerate(rank_tbs):
+            if tb.user is not None:
+                continue
+            sends, recvs = by_chan.setdefault(tb.chan, ([], []))
+            if tb.send >= 0 and tb.recv < 0:
+                sends.append(t)
+            elif tb.recv >= 0 and tb.send < 0:
+                recvs.append(t)
+        absorbed: Dict[int, int] = {}     # receive-only tb -> the send-only tb it joins
+        for sends, recvs in by_chan.values():
+            if len(sends) == 1 and len(recvs) == 1:
+                absorbed[recvs[0]] = sends[0]
+        if not absorbed:
+            tbs.append(rank_tbs)
+            continue
+        new_index: Dict[int, int] = {}
+        kept: List[TB] = []
+        for t, tb in enumerate(rank_tbs):
+            if t in absorbed:
+                continue
+            new_index[t] = len(kept)
+            kept.append(TB(tb.rank, tb.send, tb.recv, tb.chan, tb.user, tb.part, list(tb.instrs)))
+        for r, s in absorbed.items():
+            into = kept[new_index[s]]
+            into.recv = rank_tbs[r].recv
+            into.instrs = sorted(into.instrs + rank_tbs[r].instrs, key=pos.__getitem__)
+            new_index[r] = new_index[s]
+        for t, tb in enumerate(rank_tbs):
+            for i in tb.instrs:
+                tb_of[i] = new_index[t]
+        tbs.append(kept)
+    return Schedule(dag=sched.dag, chan=sched.chan, nchannels=sched.nchannels, per_instance=sched.per_instance,
+                    tbs=tbs, tb_of=tb_of, order=sched.order)

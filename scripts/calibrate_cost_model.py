@@ -80,9 +80,11 @@ def _same_schedule(a, b) -> bool:
     return replace(a, **keep) == replace(b, **keep)
 
 
-# Sweeps measured before the compiler had absorption (gc3/absorption.py) ran
-# the schedules that `--no-absorption` compiles today; their points name those.
+# Sweeps measured before the compiler had absorption (gc3/absorption.py) and
+# merged LL threadblocks (threadblocks.merge_lone_pairs) ran the schedules that
+# these flags compile today; their points name those.
 BEFORE_ABSORPTION = frozenset({"sweep_2xh200_2026-11-22.txt"})
+OLD_SCHEDULE_FLAGS = " --no-absorption --no-tb-merge"
 
 
 def points_from_sweep(path: Path) -> List[MeasuredPoint]:
@@ -106,9 +108,9 @@ def points_from_sweep(path: Path) -> List[MeasuredPoint]:
             compiled = f"algorithms/{c.script}.py {' '.join(c.argv)} --instances {c.instances} --protocol {c.proto}"
             prog = compile_spec(compiled)
             if path.name in BEFORE_ABSORPTION:
-                ran = compile_spec(compiled + " --no-absorption")
+                ran = compile_spec(compiled + OLD_SCHEDULE_FLAGS)
                 if not _same_schedule(ran, prog):
-                    compiled, prog = compiled + " --no-absorption", ran
+                    compiled, prog = compiled + OLD_SCHEDULE_FLAGS, ran
             sample = next((s for s, sp in samples.items() if _same_schedule(sp, prog)), None)
             spec_of[key] = str(sample.relative_to(ROOT)) if sample else compiled
             spec_of[key + "#prog"] = prog

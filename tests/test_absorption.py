@@ -51,12 +51,12 @@ def test_two_rank_oneshot_is_a_send_and_one_rrc_per_rank(instances):
 @pytest.mark.parametrize("instances", [1, 16])
 def test_without_fusion_the_two_rank_oneshot_is_as_traced(instances):
     traced = algorithm("allreduce_oneshot", 2)
-    for prog in (lower(traced, instances=instances, protocol="LL", instr_fusion=False),
-                 lower(traced, instances=instances, protocol="LL", absorption=False)):
+    for prog in (lower(traced, instances=instances, protocol="LL", instr_fusion=False, tb_merge=False),
+                 lower(traced, instances=instances, protocol="LL", absorption=False, tb_merge=False)):
         assert step_types(prog) == {0: ["r", "re", "s"], 1: ["r", "re", "s"]}
         assert [g.s_chunks for g in prog.gpus] == [instances, instances]
     # the schedule lower() gave before absorption existed, step for step
-    one = lower(traced, protocol="LL", instr_fusion=False)
+    one = lower(traced, protocol="LL", instr_fusion=False, tb_merge=False)
     for g in one.gpus:
         peer = 1 - g.id
         assert [(tb.send, tb.recv, [(s.type, s.srcbuf, s.srcoff, s.dstbuf, s.dstoff, s.depid, s.deps)

@@ -46,10 +46,12 @@ def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[
 @click.option("--no-fusion", is_flag=True, help="Do not fuse receives with sends (rcs/rrs/rrcs); implies --no-absorption.")
 @click.option("--no-absorption", is_flag=True,
               help="Keep r+re and cpy+rrc pairs as traced instead of folding them into one rrc.")
+@click.option("--no-tb-merge", is_flag=True,
+              help="Keep a channel's lone send and lone receive threadblocks apart (merged by default for LL).")
 @click.option("--max-tbs", type=click.IntRange(min=1), default=None,
               help="Threadblocks allowed per rank (default: gc3.limits.MAX_TBS).")
 def command(file: str, args, output: str, instances, protocol, no_fusion: bool, no_absorption: bool,
-            max_tbs) -> None:
+            no_tb_merge: bool, max_tbs) -> None:
     """Run FILE as a script with ARGS (as `python FILE ARGS`), lower the last
     GC3Program it traced, verify the schedule and write it as XML.
 
@@ -65,7 +67,7 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
         program = run_script(file, list(args))
         prog = lower(program, instances=instances, protocol=protocol,
                      instr_fusion=False if no_fusion else None, max_tbs=max_tbs,
-                     absorption=False if no_absorption else None)
+                     absorption=False if no_absorption else None, tb_merge=False if no_tb_merge else None)
         verified = None
         if find_spec("gc3.verify") is not None:
             checked = import_module("gc3.verify").verify(prog, max_tbs=max_tbs)

@@ -56,8 +56,8 @@ def write_points(points: Sequence[MeasuredPoint], path: Union[str, Path] = MEASU
 
 def compile_spec(spec: str) -> Program:
     """The program a point names: an XML path, or an algorithm with its
-    arguments and `gc3 compile`'s --instances/--protocol/--no-absorption
-    (paths relative to the repository)."""
+    arguments and `gc3 compile`'s --instances/--protocol/--no-absorption/
+    --no-tb-merge (paths relative to the repository)."""
     words = shlex.split(spec)
     path = REPO / words[0]
     if not path.exists():
@@ -74,11 +74,14 @@ def compile_spec(spec: str) -> Program:
             opts[w[2:]] = next(rest)
         elif w == "--no-absorption":
             opts["absorption"] = "off"
+        elif w == "--no-tb-merge":
+            opts["tb_merge"] = "off"
         else:
             args.append(w)
     inst = int(opts["instances"]) if "instances" in opts else None
     return lower(run_script(str(path), args), instances=inst, protocol=opts.get("protocol"),
-                 absorption=False if "absorption" in opts else None)
+                 absorption=False if "absorption" in opts else None,
+                 tb_merge=False if "tb_merge" in opts else None)
 
 
 def config_for(point: MeasuredPoint, cfg: CostConfig) -> CostConfig:
