@@ -58,6 +58,7 @@ CANDIDATES: Tuple[Candidate, ...] = (
     _c("oneshot-LL-i1", "allreduce", "allreduce_oneshot", ["2"], "LL", 1, 0, 64 * KiB),
     _c("oneshot-LL-i4", "allreduce", "allreduce_oneshot", ["2"], "LL", 4, 0, 1 * MiB),
     _c("oneshot-LL-i16", "allreduce", "allreduce_oneshot", ["2"], "LL", 16, 16 * KiB, 1 * MiB),
+    _c("oneshot-LL-i32", "allreduce", "allreduce_oneshot", ["2"], "LL", 32, 64 * KiB, 1 * MiB),
     _c("ring-S-i32", "allreduce", "allreduce_ring", ["2"], "Simple", 32, 1 * MiB, BIG),
     _c("ring-S-i64", "allreduce", "allreduce_ring", ["2"], "Simple", 64, 1 * MiB, BIG),
     _c("ring-S-i64-split", "allreduce", "allreduce_ring", ["2"], "Simple", 64, 1 * MiB, BIG,
