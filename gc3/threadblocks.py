@@ -329,16 +329,19 @@ def _explain_stuck(dag, chan, order, waiting_recv, blocked_send, queue, conn_ind
 
 def merge_lone_pairs(sched: Schedule) -> Schedule:
     """Where a rank has, on one channel, exactly one threadblock that only
-    sends and one that only receives, make them one threadblock.
+    sends and one that only receives, and a step of one waits for a step of
+    the other, make them one threadblock.
 
-    For the latency-bound LL protocol a block is worth more than the
-    overlap of its send and receive streams: one block instead of two, and
-    a step of one that had to wait for a step of the other (an in-place
-    one-shot AllReduce's receive overwrites what its send reads) no longer
-    waits on a progress flag.  The merged threadblock runs both lists in the
-    global order, of which each was already a subsequence, so that order
-    remains an execution that never blocks and the schedule stays free of
-    deadlock.  Threadblocks the user placed by hand are left alone.
+    For the latency-bound LL protocol such a wait costs a progress flag
+    between blocks (an in-place one-shot AllReduce's receive-reduce
+    overwrites what its send reads), and one block does the same work in
+    order without it.  Pairs that do not wait on each other stay apart:
+    there the two blocks overlap their send and their receive (measured on
+    2x H200: a 2-rank AllToAll merged took 7.5 us per call instead of 5.6).
+    The merged threadblock runs both lists in the global order, of which
+    each was already a subsequence, so that order remains an execution that
+    never blocks and the schedule stays free of deadlock.  Threadblocks the
+    user placed by hand are left alone.
     """
     pos = {i: k for k, i in enumerate(sched.order)}
     tbs: List[List[TB]] = []
@@ -355,7 +358,7 @@ def merge_lone_pairs(sched: Schedule) -> Schedule:
                 recvs.append(t)
         absorbed: Dict[int, int] = {}     # receive-only tb -> the send-only tb it joins
         for sends, recvs in by_chan.values():
-            if len(sends) == 1 and len(recvs) == 1:
+            if len(sends) == 1 and len(recvs) == 1 and _waits_between(sched, rank_tbs, sends[0], recvs[0]):
                 absorbed[recvs[0]] = sends[0]
         if not absorbed:
             tbs.append(rank_tbs)
@@ -378,3 +381,9 @@ def merge_lone_pairs(sched: Schedule) -> Schedule:
         tbs.append(kept)
     return Schedule(dag=sched.dag, chan=sched.chan, nchannels=sched.nchannels, per_instance=sched.per_instance,
                     tbs=tbs, tb_of=tb_of, order=sched.order)
+
+
+def _waits_between(sched: Schedule, rank_tbs: List[TB], a: int, b: int) -> bool:
+    """Does a step of threadblock a or b depend on a step of the other?"""
+    preds, tb_of = sched.dag.preds, sched.tb_of
+    return any(tb_of[p] == other for t, other in ((a, b), (b, a)) for i in rank_tbs[t].instrs for p in preds[i])

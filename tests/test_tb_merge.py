@@ -1,5 +1,5 @@
 """LL threadblock merging (gc3.threadblocks.merge_lone_pairs): a channel's lone send and lone receive
-threadblocks become one, the schedule stays deadlock-free and computes the same."""
+threadblocks become one where one waits on the other; the schedule stays deadlock-free and computes the same."""
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +46,14 @@ def test_only_ll_merges_by_default():
     assert all(len(g.threadblocks) == 8 for g in simple.gpus)
     assert shape(lower(traced, instances=4, protocol="Simple", tb_merge=True)) == \
         shape(lower(traced, instances=4, protocol="LL"))
+
+
+@pytest.mark.parametrize("name", ["alltoall_direct", "reducescatter_ring", "allgather_direct"])
+def test_send_and_receive_threadblocks_that_do_not_wait_on_each_other_stay_apart(name):
+    """They overlap their send with their receive; merged they would run one after the other."""
+    merged = lower(algorithm(name, 2), instances=4, protocol="LL")
+    assert shape(merged) == shape(lower(algorithm(name, 2), instances=4, protocol="LL", tb_merge=False))
+    assert all(tb.send < 0 or tb.recv < 0 for g in merged.gpus for tb in g.threadblocks)
 
 
 def test_channels_with_several_send_or_receive_threadblocks_are_left_alone():
