@@ -6,6 +6,7 @@
 
 `absorb` and `fuse` are the optional optimizations (`instr_fusion`; absorption
 can also be turned off alone): without them the program lowers as traced.
+`merge_lone_pairs` runs for LL unless `tb_merge=False`.
 
 Passes 4-6 schedule the first instance only; `insert_sync` stamps the other
 instances onto their own channels and chunks (see `replication.py`).
