@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence
 from gc3.dtypes import dtype_info
 from gc3.ir import Program
 
+from . import faults, streams
 from .binding import Copy, Shape, bind, call_shape
 from .connections import tile_split
 from .launcher import Executor, Launch
@@ -63,21 +64,31 @@ class LaunchGroup:
         """The GPU that holds `rank`'s buffers (all ranks share one unless a mode says otherwise)."""
         return self.executor.device.id
 
-    def _grown(self, pool: Dict[int, object], rank: int, nbytes: int) -> int:
+    def _grown(self, pool: Dict[int, object], rank: int, nbytes: int, stream: int) -> int:
         if nbytes == 0:
             return 0
         buf = pool.get(rank)
         if buf is None or buf.nbytes < nbytes:
-            # Grown outside the hot path and only ever upwards; the old buffer
-            # may still be in use by queued launches, which keep their own
-            # reference through the prepared-call cache.
-            buf = self.cupy.zeros(nbytes, dtype=self.cupy.uint8)
+            nbytes = 1 << (nbytes - 1).bit_length()   # grow geometrically: few replacements
+            order = self.executor.order
+            if faults.active("pool-stream"):
+                buf = self.cupy.zeros(nbytes, dtype=self.cupy.uint8)
+                self._prepared = {}
+            else:
+                # Under the call's stream, so the pool reuses it only for work
+                # ordered after this call there; zeroed on that stream too.
+                with streams.current(streams.wrap(stream)):
+                    buf = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
+                self.cupy.cuda.runtime.memsetAsync(buf.data.ptr, 0, nbytes, stream)
+                # Queued launches still address the old buffer through their
+                # prepared calls: both go only once those launches are done.
+                order.retire((pool.get(rank), self._prepared))
+                self._prepared = {}
             pool[rank] = buf
-            self._prepared.clear()
         return buf.data.ptr
 
     def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                 stream) -> "PreparedCall":
+                 stream: int) -> "PreparedCall":
         info = dtype_info(dtype)
         itemsize = info.np.itemsize
         lay, shape = self._shape(in_elems, itemsize)
@@ -88,29 +99,31 @@ class LaunchGroup:
             b = bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize)
             if b.temp_bytes:
                 b = bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize,
-                         temp_ptr=self._grown(self._temp, r, b.temp_bytes))
+                         temp_ptr=self._grown(self._temp, r, b.temp_bytes, stream))
             pre += [b.pre] if b.pre else []
             post += [b.post] if b.post else []
-            scratch = self._grown(self._scratch, r, self.prog.gpu(r).s_chunks * shape.cs * itemsize)
+            scratch = self._grown(self._scratch, r, self.prog.gpu(r).s_chunks * shape.cs * itemsize, stream)
             ptrs.extend((b.i, b.o, scratch))
         keep = (self._scratch.copy(), self._temp.copy())
-        if self._scratch or self._temp:   # freshly grown buffers are zeroed on the default stream
-            self.cupy.cuda.Stream.null.synchronize()
         bufs = self.executor.buffer_table(tuple(ptrs), stream)
         return PreparedCall(self.executor.prepare(info.name, op, bufs, shape), pre, post, shape, keep)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                  stream=None) -> None:
-        """Enqueue one call on raw device addresses (one per rank of the group).
+        """Enqueue one call on raw device addresses (one per rank of the group),
+        on `stream` (a CuPy stream, a raw handle, or None for CuPy's current one).
         Everything but the launch itself is cached per (addresses, size, dtype, op)."""
+        ptr = streams.handle(stream)
+        self.executor.order.enter(ptr)
         key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op)
         call = self._prepared.get(key)
         if call is None:
             if len(self._prepared) > 1024:
-                self._prepared.clear()
-            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, stream)
+                self.executor.order.retire(self._prepared)
+                self._prepared = {}
+            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr)
             self._prepared[key] = call
-        call((stream or self.cupy.cuda.get_current_stream()).ptr)
+        call(ptr)
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
                  stream=None) -> List:

@@ -9,7 +9,7 @@ from typing import Dict, Optional, Tuple
 from gc3.errors import GC3Error
 from gc3.ir import Program
 
-from . import tables as tables_mod
+from . import streams, tables as tables_mod
 from .connections import CONTROL_ABORT, control_words, rank_layout, records
 from .group import LaunchGroup
 from .launcher import Executor, runtime_protocol
@@ -26,7 +26,9 @@ class _RawBuffer:
 
         self.nbytes = max(nbytes, 256)
         self.ptr = cupy.cuda.runtime.malloc(self.nbytes)
-        cupy.cuda.runtime.memset(self.ptr, 0, self.nbytes)
+        # Zeroed on the set-up stream, which the owner synchronizes: a plain
+        # cudaMemset runs on the legacy stream and waits for the caller's work.
+        cupy.cuda.runtime.memsetAsync(self.ptr, 0, self.nbytes, streams.setup_stream().ptr)
 
     def array(self, dtype, count: int):
         import cupy
@@ -91,7 +93,7 @@ class IpcRanks(LaunchGroup):
             self.executor = Executor(self.tables, self.proto, sends, recvs, control, abort_peers=aborts,
                                      timeout=timeout)
             self._init_calls()
-            cupy.cuda.Device().synchronize()
+            streams.setup_stream().synchronize()
         except Exception as exc:
             failure = f"rank {rank}: {type(exc).__name__}: {exc}"
         # Every peer's memory is zeroed and mapped before anyone signals into it.

@@ -18,10 +18,11 @@ import numpy as np
 
 from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
 
-from . import abi, module
+from . import abi, faults, module, streams
 from .binding import Shape
 from . import block_rows
 from .connections import CONTROL_ABORT, CONTROL_ERR, CONTROL_FLAGS, nslots, slot_bytes
+from .streams import StreamOrder
 from .tables import Tables
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -104,23 +105,29 @@ class Executor:
         self.timeout = timeout_s(timeout)
         self.device = cupy.cuda.Device()
         self.control = control
+        self.order = StreamOrder(fault=faults.active("stream-order"))
         br = block_rows.build(t, send_records, recv_records)
-        self.rows = cupy.asarray(br.rows)         # the kernel stores each block's state back into it
-        self.row_words = br.row_words
-        self._keep = [cupy.asarray(a) for a in (br.cold, t.deps, t.extras)]
-        self._abort_peers = cupy.asarray(np.asarray(list(abort_peers) or [0], dtype=np.uint64))
-        ptr = {name: a.data.ptr for name, a in zip(("cold", "deps", "extras"), self._keep)}
-        base = control.data.ptr
-        self.abort_word = base + 8 * CONTROL_ABORT
-        self.trace_on = module.trace_enabled()
-        self._trace = cupy.zeros(t.nblocks * abi.C["GC3_TRACE_WORDS"], dtype=cupy.uint64) if self.trace_on else None
-        ptr.update(flags=base + 8 * CONTROL_FLAGS, err=base + 8 * CONTROL_ERR, abort_local=self.abort_word,
-                   abort_peers=self._abort_peers.data.ptr, n_abort_peers=len(abort_peers),
-                   timeout_ns=int(self.timeout * 1e9), nslots=nslots(proto), slot_bytes=slot_bytes(proto),
-                   trace=self._trace.data.ptr if self._trace is not None else 0)
-        self.plan = cupy.asarray(np.array([ptr[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
-        # Tables and zeroed memory must be in place before a launch on any stream reads them.
-        self.device.synchronize()
+        # Uploaded on the private set-up stream and synchronized alone: the
+        # tables must be in place before a launch on any stream reads them, and
+        # the caller's streams may hold kernels that wait for peers.
+        setup = streams.setup_stream()
+        with streams.current(setup):
+            self.rows = cupy.asarray(br.rows)         # the kernel stores each block's state back into it
+            self.row_words = br.row_words
+            self._keep = [cupy.asarray(a) for a in (br.cold, t.deps, t.extras)]
+            self._abort_peers = cupy.asarray(np.asarray(list(abort_peers) or [0], dtype=np.uint64))
+            ptr = {name: a.data.ptr for name, a in zip(("cold", "deps", "extras"), self._keep)}
+            base = control.data.ptr
+            self.abort_word = base + 8 * CONTROL_ABORT
+            self.trace_on = module.trace_enabled()
+            self._trace = (cupy.zeros(t.nblocks * abi.C["GC3_TRACE_WORDS"], dtype=cupy.uint64)
+                           if self.trace_on else None)
+            ptr.update(flags=base + 8 * CONTROL_FLAGS, err=base + 8 * CONTROL_ERR, abort_local=self.abort_word,
+                       abort_peers=self._abort_peers.data.ptr, n_abort_peers=len(abort_peers),
+                       timeout_ns=int(self.timeout * 1e9), nslots=nslots(proto), slot_bytes=slot_bytes(proto),
+                       trace=self._trace.data.ptr if self._trace is not None else 0)
+            self.plan = cupy.asarray(np.array([ptr[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
+        setup.synchronize()
         self.broken: Optional[str] = None
         self._kernels: Dict[Tuple[str, str], Tuple[object, int, bool]] = {}
         self._bufs: Dict[Tuple[int, ...], object] = {}
@@ -149,16 +156,29 @@ class Executor:
             f"so the runtime refuses to launch (use fewer virtual ranks or TBs)")
 
     # -- calls ----------------------------------------------------------
-    def buffer_table(self, ptrs: Tuple[int, ...], stream=None):
+    def buffer_table(self, ptrs: Tuple[int, ...], stream: int):
         """Device copy of the per-rank (i, o, s) addresses, cached by value.
-        Written on the launch stream: a copy queued on another stream could
-        still be pending when a kernel on this one reads it."""
+        Allocated under and written on the launch stream (raw handle): a copy
+        queued on another stream could still be pending when a kernel on this
+        one reads it, and the pool must not hand the memory to work unordered
+        with it.  Evicted tables are retired, not freed: queued launches may
+        still read them."""
         tab = self._bufs.get(ptrs)
         if tab is None:
             if len(self._bufs) > 256:
-                self._bufs.clear()
-            tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
-            tab.set(np.asarray(ptrs, dtype=np.uint64), stream=stream)
+                if faults.active("pool-stream"):
+                    self._bufs.clear()
+                else:
+                    self.order.retire(self._bufs)
+                    self._bufs = {}
+            host = np.asarray(ptrs, dtype=np.uint64)
+            if faults.active("pool-stream"):
+                tab = self.cupy.asarray(host)
+            else:
+                s = streams.wrap(stream)
+                with streams.current(s):
+                    tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
+                tab.set(host, stream=s)
             self._bufs[ptrs] = tab
         return tab
 
@@ -175,7 +195,9 @@ class Executor:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.broken}")
         go = self.prepare(dtype, op, bufs, shape)
         if go is not None:
-            go((stream or self.cupy.cuda.get_current_stream()).ptr)
+            ptr = streams.handle(stream)
+            self.order.enter(ptr)
+            go(ptr)
 
     def clear_trace(self) -> None:
         if self._trace is not None:

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from gc3.errors import GC3Error, RuntimeTimeoutError
 from gc3.ir import Program
 
-from . import tables as tables_mod
+from . import streams, tables as tables_mod
 from .connections import control_words, rank_layout, records
 from .group import LaunchGroup, PreparedCall
 from .launcher import Executor, abort_words, runtime_protocol
@@ -92,7 +92,8 @@ class PeerRanks(LaunchGroup):
         tables = [tables_mod.build(prog, ranks=[r]) for r in range(n)]
         self._fifo, self._sync, self._control = [], [], []
         for r, d in enumerate(self.devices):
-            with cupy.cuda.Device(d):
+            # Zeroed on each device's set-up stream, which its Executor synchronizes.
+            with cupy.cuda.Device(d), streams.current(streams.setup_stream()):
                 self._fifo.append(cupy.zeros(layouts[r].fifo_bytes, dtype=cupy.uint8))
                 self._sync.append(cupy.zeros(layouts[r].sync_words, dtype=cupy.uint64))
                 self._control.append(cupy.zeros(control_words(tables[r].nblocks), dtype=cupy.uint64))
@@ -135,14 +136,20 @@ class PeerRanks(LaunchGroup):
         key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op)
         prev = self._get_device()
         try:
+            for part, d, s in zip(self.parts, self.devices, streams):
+                self._set_device(d)
+                part.executor.order.enter(s.ptr)
             calls = self._prepared.get(key)
             if calls is None:
                 if len(self._prepared) > 1024:
-                    self._prepared.clear()
+                    for part, d in zip(self.parts, self.devices):
+                        self._set_device(d)
+                        part.executor.order.retire(self._prepared)
+                    self._prepared = {}
                 calls = []
                 for k, (part, d) in enumerate(zip(self.parts, self.devices)):
                     self._set_device(d)
-                    calls.append(part._prepare([in_ptrs[k]], [out_ptrs[k]], in_elems, dtype, op, streams[k]))
+                    calls.append(part._prepare([in_ptrs[k]], [out_ptrs[k]], in_elems, dtype, op, streams[k].ptr))
                 self._prepared[key] = calls
             for call, d, s in zip(calls, self.devices, streams):
                 self._set_device(d)

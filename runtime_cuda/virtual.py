@@ -8,7 +8,7 @@ from typing import Optional
 
 from gc3.ir import Program
 
-from . import tables as tables_mod
+from . import streams, tables as tables_mod
 from .connections import control_words, rank_layout, records
 from .group import LaunchGroup
 from .launcher import Executor, runtime_protocol
@@ -23,9 +23,11 @@ class VirtualRanks(LaunchGroup):
         self.nranks = prog.ngpus
         self.tables = tables_mod.build(prog)
         layouts = {r: rank_layout(prog, r, self.proto) for r in range(self.nranks)}
-        self._fifo = {r: cupy.zeros(L.fifo_bytes, dtype=cupy.uint8) for r, L in layouts.items()}
-        self._sync = {r: cupy.zeros(L.sync_words, dtype=cupy.uint64) for r, L in layouts.items()}
-        control = cupy.zeros(control_words(self.tables.nblocks), dtype=cupy.uint64)
+        # Zeroed on the set-up stream, which the Executor synchronizes before the first launch.
+        with streams.current(streams.setup_stream()):
+            self._fifo = {r: cupy.zeros(L.fifo_bytes, dtype=cupy.uint8) for r, L in layouts.items()}
+            self._sync = {r: cupy.zeros(L.sync_words, dtype=cupy.uint64) for r, L in layouts.items()}
+            control = cupy.zeros(control_words(self.tables.nblocks), dtype=cupy.uint64)
         sends, recvs = records(self.tables, layouts, lambda r: self._fifo[r].data.ptr,
                                lambda r: self._sync[r].data.ptr)
         self.executor = Executor(self.tables, self.proto, sends, recvs, control, timeout=timeout)

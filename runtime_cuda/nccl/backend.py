@@ -51,12 +51,13 @@ class Unavailable:
 
 
 def unavailable_backend(reason: str) -> Callable:
-    return lambda nccl_comm, rank, size, device: Unavailable(reason)
+    return lambda exchange, rank, size, device: Unavailable(reason)
 
 
-def make_backend(nccl_comm, rank: int, size: int, device: int):
+def make_backend(exchange, rank: int, size: int, device: int):
+    """`exchange`: the rendezvous between the ranks (rendezvous.NcclExchange or MpiExchange)."""
     try:
         from .gc3_backend import Gc3Backend
     except ImportError as exc:
         return Unavailable(f"gc3 CUDA runtime cannot load ({exc})")
-    return Gc3Backend(nccl_comm, rank, size, device)
+    return Gc3Backend(exchange, rank, size, device)

@@ -20,6 +20,8 @@ from collections import Counter
 from typing import List, Tuple
 
 from gc3.errors import CommunicatorError
+from runtime_cuda import faults
+from runtime_cuda.streams import StreamOrder
 
 from .arrays import ArrayCollectives, is_array
 from .backend import make_backend, unavailable_backend
@@ -29,6 +31,7 @@ from .constants import DTYPE_NAMES, OP_NAMES, dtype_name, op_name
 from .dispatch import P2P, Dispatcher, run_group
 from .fallback import NcclFallback, originals
 from .log import get_logger
+from .rendezvous import NcclExchange
 from .selection import Selector
 
 _group = threading.local()
@@ -91,6 +94,23 @@ class NcclCommunicator(ArrayCollectives):
         nccl_comm = originals()["NcclCommunicator"](ndev, commId, rank)
         self._setup(nccl_comm, ndev, rank, make_backend)
 
+    @classmethod
+    def from_mpi(cls, mpi_comm) -> "NcclCommunicator":
+        """A communicator over an mpi4py communicator, for the current GPU, without
+        NCCL: gc3's rendezvous goes over MPI and the calls gc3 does not serve go to
+        a host-staged MPI stand-in (`hoststaged`).  For several processes sharing
+        one GPU, which NCCL refuses: tests, the fuzz, debugging on one GPU."""
+        import cupy
+
+        from .hoststaged import HostStagedNccl
+        from .rendezvous import MpiExchange
+
+        fallback = HostStagedNccl(mpi_comm, cupy.cuda.runtime.getDevice())
+        comm = cls.__new__(cls)
+        comm._setup(fallback, mpi_comm.Get_size(), mpi_comm.Get_rank(), make_backend,
+                    nccl_group=(fallback.group_start, fallback.group_end), exchange=MpiExchange(mpi_comm))
+        return comm
+
     @staticmethod
     def initAll(devices) -> list:
         """One communicator per device, all in this process (NCCL serves every call:
@@ -104,15 +124,19 @@ class NcclCommunicator(ArrayCollectives):
             comms.append(comm)
         return comms
 
-    def _setup(self, nccl_comm, ndev: int, rank: int, backend_factory, nccl_group=None) -> None:
+    def _setup(self, nccl_comm, ndev: int, rank: int, backend_factory, nccl_group=None, exchange=None,
+               order=None) -> None:
         env = os.environ
         self._nccl = nccl_comm
         self._rank, self._size = rank, ndev
         self._device = nccl_comm.device_id()
         log = get_logger(env)
-        self._backend = backend_factory(nccl_comm, rank, ndev, self._device)
+        order = order if order is not None else StreamOrder(fault=faults.active("stream-order"))
+        if exchange is None:
+            exchange = NcclExchange(nccl_comm, rank, ndev, order)
+        self._backend = backend_factory(exchange, rank, ndev, self._device)
         self._dispatch = Dispatcher(Selector(load_catalog(env), log, self._backend.check),
-                                    NcclFallback(nccl_comm, nccl_group), self._backend)
+                                    NcclFallback(nccl_comm, nccl_group), self._backend, order)
         # How many calls each gc3 algorithm (by name) and NCCL ("NCCL") served.
         self.served: Counter = Counter()
 

@@ -38,10 +38,13 @@ class NcclRunner(Protocol):
 class Dispatcher:
     """One communicator's router: its selector, its gc3 runner and its NCCL fallback."""
 
-    def __init__(self, selector: Selector, nccl: NcclRunner, gc3: Optional[Gc3Runner]):
+    def __init__(self, selector: Selector, nccl: NcclRunner, gc3: Optional[Gc3Runner], order=None):
         self.selector = selector
         self.nccl = nccl
         self.gc3 = gc3
+        # runtime_cuda.streams.StreamOrder: the communicator's calls, gc3's and
+        # NCCL's alike, run in issue order whatever streams they come on.
+        self.order = order
 
     def decide(self, call: Call) -> Optional[Decision]:
         """The selection for a collective; None for a send/recv (always NCCL)."""
@@ -57,8 +60,13 @@ class Dispatcher:
                 return Decision(call, rejections=decision.rejections + [Rejection(name, "runtime", reason)])
         return decision
 
+    def enter(self, stream: int) -> None:
+        if self.order is not None:
+            self.order.enter(stream)
+
     def run(self, call: Call) -> Decision:
         decision = self.decide(call)
+        self.enter(call.stream)
         if decision is not None and decision.uses_gc3:
             self.gc3.run(decision)
         else:
@@ -71,7 +79,8 @@ def run_group(items: Sequence[Tuple[Dispatcher, Call]]) -> List[Optional[Decisio
     decisions = [disp.decide(call) for disp, call in items]
     blocker = next((call for (_, call), d in zip(items, decisions) if d is None or not d.uses_gc3), None)
     if blocker is None:
-        for (disp, _), d in zip(items, decisions):
+        for (disp, call), d in zip(items, decisions):
+            disp.enter(call.stream)
             disp.gc3.run(d)
         return decisions
     reason = (f"its group also holds {blocker.describe()}, which gc3 cannot serve; "
@@ -82,6 +91,8 @@ def run_group(items: Sequence[Tuple[Dispatcher, Call]]) -> List[Optional[Decisio
     if not items:
         return decisions
     nccl = items[0][0].nccl
+    for disp, call in items:   # before the group: NCCL launches a group's work at groupEnd
+        disp.enter(call.stream)
     nccl.group_start()
     try:
         for disp, call in items:

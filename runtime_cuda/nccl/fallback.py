@@ -71,9 +71,12 @@ class NcclFallback:
         staged = None
         if c.inplace and c.nranks > 1:
             import cupy
+
+            from runtime_cuda import streams
             # Allocated under the call's stream so cupy's pool reuses it only
-            # for work ordered after this call on that stream.
-            with cupy.cuda.ExternalStream(c.stream) if c.stream else cupy.cuda.Stream.null:
+            # for work ordered after this call on that stream (and without
+            # `with stream:`, which would reset the caller's current stream).
+            with streams.current(streams.wrap(c.stream)):
                 staged = cupy.empty(block * c.nranks, dtype=cupy.uint8)
             runtime.memcpyAsync(staged.data.ptr, c.sendbuf, block * c.nranks, runtime.memcpyDeviceToDevice, c.stream)
             src = staged.data.ptr

@@ -1,9 +1,10 @@
 """gc3's CUDA runtime behind the communicator: one `runtime_cuda.ipc.IpcRanks`
 launch group per selected algorithm, set up on its first call.
 
-The communicator's own NCCL communicator is the rendezvous (`NcclExchange`
-stands in for the mpi4py communicator IpcRanks expects), so this works for
-any launcher that can start a cupy.cuda.nccl program, mpirun or not.
+The rendezvous is the communicator's exchange: its own NCCL communicator
+(`NcclExchange`, standing in for the mpi4py communicator IpcRanks expects),
+so this works for any launcher that can start a cupy.cuda.nccl program, or
+MPI (`MpiExchange`, for `NcclCommunicator.from_mpi`).
 
 Set-up is collective: every rank selects the same algorithm for the same
 call, builds its launch group at that call, and then all ranks agree on the
@@ -17,7 +18,6 @@ from gc3.errors import GC3Error
 
 from .call import REDUCING, Call
 from .catalog import Candidate
-from .rendezvous import NcclExchange
 from .selection import Decision
 
 
@@ -26,7 +26,7 @@ def _key(cand: Candidate) -> Tuple:
 
 
 class Gc3Backend:
-    def __init__(self, nccl_comm, rank: int, size: int, device: int):
+    def __init__(self, exchange, rank: int, size: int, device: int):
         # Imported here so that a machine without the runtime's dependencies
         # gets an `Unavailable` backend from make_backend instead of an error.
         from runtime_cuda import abi, binding, launcher, tables
@@ -34,12 +34,11 @@ class Gc3Backend:
 
         self._abi, self._binding, self._launcher, self._tables_mod = abi, binding, launcher, tables
         self._IpcRanks = IpcRanks
-        self.exchange = NcclExchange(nccl_comm, rank, size)
+        self.exchange = exchange
         self.rank, self.size, self.device = rank, size, device
         self._groups: Dict[Tuple, object] = {}
         self._failed: Dict[Tuple, str] = {}
         self._tables: Dict[Tuple, object] = {}
-        self._streams: Dict[int, object] = {}
 
     # -- what the runtime can run ------------------------------------------------
     def check(self, cand: Candidate, call: Call) -> Optional[str]:
@@ -84,20 +83,12 @@ class Gc3Backend:
         return None
 
     # -- calls -----------------------------------------------------------------------
-    def _stream(self, ptr: int):
-        s = self._streams.get(ptr)
-        if s is None:
-            import cupy
-            s = cupy.cuda.Stream.null if ptr == 0 else cupy.cuda.ExternalStream(ptr)
-            self._streams[ptr] = s
-        return s
-
     def run(self, decision: Decision) -> None:
         c = decision.call
         group = self._groups[_key(decision.candidate)]
         # Non-reducing collectives never reduce: share the sum build of the kernel.
         op = c.op_name if c.coll in REDUCING else "sum"
-        group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, self._stream(c.stream))
+        group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, c.stream)
 
     def check_async_error(self) -> None:
         """Raise RuntimeTimeoutError if a gc3 kernel of this communicator gave up waiting."""

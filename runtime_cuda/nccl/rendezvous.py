@@ -1,5 +1,5 @@
-"""Exchanging small host objects between the ranks of a communicator over
-NCCL itself.
+"""Exchanging small host objects between the ranks of a communicator, over
+NCCL itself or over MPI.
 
 `NcclCommunicator(ndev, commId, rank)` gets no MPI communicator, only NCCL's
 unique id; the NCCL communicator it opens for fallback is therefore also the
@@ -15,11 +15,20 @@ from typing import Any, List
 from .constants import NCCL_INT64, NCCL_UINT8
 
 
-class NcclExchange:
-    def __init__(self, nccl_comm, rank: int, size: int):
+class _Agree:
+    def all_agree(self, ok: bool, why: str = "") -> List[str]:
+        """Every rank's failure reason ('' where it succeeded), so all ranks take the same path."""
+        return self.allgather("" if ok else (why or "failed"))
+
+
+class NcclExchange(_Agree):
+    def __init__(self, nccl_comm, rank: int, size: int, order=None):
         self._comm = nccl_comm
         self._rank = rank
         self._size = size
+        # The communicator's StreamOrder: the exchange is an NCCL operation of
+        # the same communicator, so it queues behind the calls issued before it.
+        self._order = order
 
     def Get_rank(self) -> int:
         return self._rank
@@ -38,15 +47,22 @@ class NcclExchange:
     def allgather_bytes(self, data: bytes) -> List[bytes]:
         import cupy
         import numpy as np
-        # A private stream, synchronized before returning: the exchange is a
-        # blocking host operation and must not wait behind the user's work.
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with stream:
+
+        from runtime_cuda import faults, streams
+
+        # The private set-up stream, synchronized before returning: the
+        # exchange is a blocking host operation.  Never `with stream:` here
+        # (streams.py says why); GC3_FAULT=stream-reset puts that bug back.
+        stream = streams.setup_stream()
+        if self._order is not None:
+            self._order.enter(stream.ptr)
+        select = stream if faults.active("stream-reset") else streams.current(stream)
+        with select:
             lengths = cupy.zeros(self._size, dtype=cupy.int64)
             mine = cupy.asarray(np.array([len(data)], dtype=np.int64))
             self._comm.allGather(mine.data.ptr, lengths.data.ptr, 1, NCCL_INT64, stream.ptr)
             stream.synchronize()
-            sizes = [int(n) for n in lengths.get()]
+            sizes = [int(n) for n in lengths.get(stream=stream)]
             width = max(max(sizes), 1)
             send = cupy.zeros(width, dtype=cupy.uint8)
             if data:
@@ -54,7 +70,7 @@ class NcclExchange:
             recv = cupy.empty(width * self._size, dtype=cupy.uint8)
             self._comm.allGather(send.data.ptr, recv.data.ptr, width, NCCL_UINT8, stream.ptr)
             stream.synchronize()
-            host = recv.get().tobytes()
+            host = recv.get(stream=stream).tobytes()
         return [host[r * width: r * width + n] for r, n in enumerate(sizes)]
 
     def allgather(self, obj: Any) -> List[Any]:
@@ -68,6 +84,38 @@ class NcclExchange:
 
     Barrier = barrier
 
-    def all_agree(self, ok: bool, why: str = "") -> List[str]:
-        """Every rank's failure reason ('' where it succeeded), so all ranks take the same path."""
-        return self.allgather("" if ok else (why or "failed"))
+
+class MpiExchange(_Agree):
+    """The same exchange over an mpi4py communicator: for ranks that cannot
+    open an NCCL communicator (several processes sharing one GPU, which NCCL
+    refuses), and for programs that already run under MPI."""
+
+    def __init__(self, mpi_comm):
+        self._comm = mpi_comm
+        self._rank = mpi_comm.Get_rank()
+        self._size = mpi_comm.Get_size()
+
+    def Get_rank(self) -> int:
+        return self._rank
+
+    def Get_size(self) -> int:
+        return self._size
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def allgather(self, obj: Any) -> List[Any]:
+        return self._comm.allgather(obj)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self._comm.bcast(obj, root=root)
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    Barrier = barrier

@@ -1,0 +1,39 @@
+"""Known bugs, put back on purpose: `GC3_FAULT=name[,name...]` re-enables the
+root causes found in the drop-in (issue 13) so that one can show the
+differential fuzz (scripts/fuzz_dropin.py) catches each of them.  Never set
+in production; an unknown name is an error, not a silent no-op."""
+from __future__ import annotations
+
+import os
+from typing import FrozenSet
+
+FAULTS = {
+    "stream-reset": "the rendezvous enters a private stream with `with stream:`, which resets the "
+                    "caller's s.use() selection to the legacy default stream",
+    "stream-order": "calls of one communicator on different streams are not ordered after each other",
+    "pool-stream": "scratch and buffer tables are allocated under CuPy's current stream rather than the "
+                   "call's, and replaced ones are freed at once while launches may still use them",
+}
+
+
+def _parse(value: str) -> FrozenSet[str]:
+    names = frozenset(n.strip() for n in value.split(",") if n.strip())
+    unknown = sorted(names - set(FAULTS))
+    if unknown:
+        raise ValueError(f"GC3_FAULT: unknown fault(s) {', '.join(unknown)} (known: {', '.join(FAULTS)})")
+    return names
+
+
+_active: FrozenSet[str] = _parse(os.environ.get("GC3_FAULT", ""))
+
+
+def active(name: str) -> bool:
+    if name not in FAULTS:
+        raise KeyError(name)
+    return name in _active
+
+
+def set_active(value: str) -> None:
+    """For tests: replace the set of active faults (same syntax as GC3_FAULT)."""
+    global _active
+    _active = _parse(value)

@@ -1,0 +1,180 @@
+"""A stand-in for NCCL over MPI, staged through the host, for ranks that
+cannot have NCCL: several processes sharing one GPU (NCCL refuses two ranks
+on one device).  `NcclCommunicator.from_mpi` uses it as the fallback, so the
+drop-in's routing, gc3's launch groups and their ordering against the
+caller's CuPy work can all be tested on one GPU; the differential fuzz checks
+its results against an exact reference like everything else.
+
+Each call waits for its stream, moves the data through the host and writes
+the result before returning: it is ordered with everything before and after
+it on that stream (more strictly than NCCL, which does not block the host).
+Between group_start and group_end calls are queued and run at group_end, the
+sends and receives as non-blocking MPI so that any pairing order completes.
+Reductions run in rank order in numpy: exact for the integer-valued data the
+tests use.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from .constants import (DTYPE_NAMES, NCCL_AVG, NCCL_MAX, NCCL_MIN, NCCL_PROD, NCCL_SUM, numpy_dtype)
+
+_REDUCE = {NCCL_SUM: np.add, NCCL_PROD: np.multiply, NCCL_MAX: np.maximum, NCCL_MIN: np.minimum,
+           NCCL_AVG: np.add}
+
+
+class HostStagedNccl:
+    """cupy.cuda.nccl.NcclCommunicator's pointer methods, over an mpi4py communicator."""
+
+    def __init__(self, mpi_comm, device: int):
+        self.mpi = mpi_comm
+        self.rank, self.n, self._device = mpi_comm.Get_rank(), mpi_comm.Get_size(), device
+        self._queued: Optional[List[Callable[[], None]]] = None
+        self._p2p: List[tuple] = []
+        self.calls = 0
+
+    # -- what cupy's communicator reports -------------------------------------
+    @property
+    def comm(self) -> int:
+        return 0
+
+    def device_id(self) -> int:
+        return self._device
+
+    def rank_id(self) -> int:
+        return self.rank
+
+    def size(self) -> int:
+        return self.n
+
+    def check_async_error(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    # -- host staging --------------------------------------------------------------
+    @staticmethod
+    def _dtype(code: int) -> np.dtype:
+        return numpy_dtype(DTYPE_NAMES[code])
+
+    def _get(self, ptr: int, count: int, code: int, stream: int) -> np.ndarray:
+        import cupy
+
+        a = np.empty(count, self._dtype(code))
+        cupy.cuda.runtime.streamSynchronize(stream)
+        if count:
+            cupy.cuda.runtime.memcpy(a.ctypes.data, ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)
+        return a
+
+    def _put(self, ptr: int, a: np.ndarray, stream: int) -> None:
+        import cupy
+
+        a = np.ascontiguousarray(a)
+        if a.size:
+            cupy.cuda.runtime.memcpyAsync(ptr, a.ctypes.data, a.nbytes, cupy.cuda.runtime.memcpyHostToDevice,
+                                          stream)
+        cupy.cuda.runtime.streamSynchronize(stream)
+
+    def _reduce(self, parts: List[np.ndarray], op: int) -> np.ndarray:
+        acc = parts[0].copy()
+        for p in parts[1:]:
+            acc = _REDUCE[op](acc, p)
+        if op == NCCL_AVG:
+            # NCCL divides integers toward zero.
+            acc = (np.sign(acc) * (np.abs(acc) // self.n) if acc.dtype.kind in "iu" else acc / self.n).astype(acc.dtype)
+        return acc
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        self.calls += 1
+        if self._queued is not None:
+            self._queued.append(fn)
+        else:
+            fn()
+
+    # -- collectives ------------------------------------------------------------------
+    def allReduce(self, send, recv, count, code, op, stream):
+        def go():
+            parts = self.mpi.allgather(self._get(send, count, code, stream))
+            self._put(recv, self._reduce(parts, op), stream)
+        self._run(go)
+
+    def reduceScatter(self, send, recv, count, code, op, stream):
+        def go():
+            parts = self.mpi.allgather(self._get(send, count * self.n, code, stream))
+            self._put(recv, self._reduce(parts, op)[self.rank * count:(self.rank + 1) * count], stream)
+        self._run(go)
+
+    def allGather(self, send, recv, count, code, stream):
+        def go():
+            parts = self.mpi.allgather(self._get(send, count, code, stream))
+            self._put(recv, np.concatenate(parts), stream)
+        self._run(go)
+
+    def broadcast(self, send, recv, count, code, root, stream):
+        def go():
+            mine = self._get(send, count, code, stream) if self.rank == root else None
+            self._put(recv, self.mpi.bcast(mine, root=root), stream)
+        self._run(go)
+
+    def bcast(self, buff, count, code, root, stream):
+        self.broadcast(buff, buff, count, code, root, stream)
+
+    def reduce(self, send, recv, count, code, op, root, stream):
+        def go():
+            parts = self.mpi.allgather(self._get(send, count, code, stream))
+            if self.rank == root:
+                self._put(recv, self._reduce(parts, op), stream)
+        self._run(go)
+
+    def send(self, send, count, code, peer, stream):
+        self.calls += 1
+        self._p2p.append(("send", send, count, code, peer, stream))
+        if self._queued is None:
+            self._flush_p2p()
+
+    def recv(self, recv, count, code, peer, stream):
+        self.calls += 1
+        self._p2p.append(("recv", recv, count, code, peer, stream))
+        if self._queued is None:
+            self._flush_p2p()
+
+    def _flush_p2p(self) -> None:
+        from mpi4py import MPI
+
+        ops, self._p2p = self._p2p, []
+        reqs, landing = [], []
+        # Tags count per (direction, peer) so that several messages between one
+        # pair in one group match in issue order, as NCCL's do.
+        seq = {}
+        for kind, ptr, count, code, peer, stream in ops:
+            k = seq[(kind, peer)] = seq.get((kind, peer), -1) + 1
+            if kind == "send":
+                a = self._get(ptr, count, code, stream)
+                landing.append((None, a, stream))
+                reqs.append(self.mpi.Isend(a.view(np.uint8), dest=peer, tag=k))
+            else:
+                a = np.empty(count, self._dtype(code))
+                landing.append((ptr, a, stream))
+                reqs.append(self.mpi.Irecv(a.view(np.uint8), source=peer, tag=k))
+        MPI.Request.Waitall(reqs)
+        for ptr, a, stream in landing:
+            if ptr is not None:
+                self._put(ptr, a, stream)
+
+    # -- groups ---------------------------------------------------------------------------
+    def group_start(self) -> None:
+        if self._queued is None:
+            self._queued = []
+
+    def group_end(self) -> None:
+        queued, self._queued = self._queued or [], None
+        for fn in queued:
+            fn()
+        if self._p2p:
+            self._flush_p2p()

@@ -1,0 +1,178 @@
+"""How gc3 treats the caller's streams: the contract every entry point keeps.
+
+1. Library code never enters a stream with `with stream:`.  In CuPy 14,
+   `s.use()` does not push `s` on CuPy's stream stack, so leaving any `with`
+   block makes the legacy default stream current and silently undoes a
+   user's `s.use()`: their later uploads and elementwise work then race with
+   the collectives they pass `s` to.  Where CuPy only offers "the current
+   stream" (pool allocations, `cupy.asarray`), `current(s)` selects `s` and
+   afterwards re-selects exactly what was current before.
+2. Every device operation of a call (memset, table upload, copy, launch) is
+   enqueued on the call's own stream, and memory it touches is allocated
+   under that stream, so CuPy's pool hands it out again only to work ordered
+   after the call on that stream.
+3. One communicator's calls run in the order they were issued, whatever
+   streams they arrive on (`StreamOrder.enter`): they share FIFOs, counters
+   and scratch, and every rank must meet its peers' kernels in the same
+   order.  This costs one event record and one stream wait, only when the
+   stream changes between two calls (NCCL orders a communicator's operations
+   the same way).
+4. A buffer a queued launch may still read is never handed back to the pool
+   at once: `StreamOrder.retire` keeps it until an event recorded after the
+   last call has completed (no host synchronization; checked lazily).
+5. Set-up work (zeroing FIFOs, uploading tables, rendezvous buffers) runs on
+   a private non-blocking stream that is synchronized alone, never the whole
+   device: another stream may hold kernels that wait for peers.
+"""
+from __future__ import annotations
+
+from collections import deque
+from contextlib import contextmanager
+from typing import Any, Deque, Dict, Optional, Tuple
+
+LEGACY_PTRS = (0, 1)   # 0: the null stream; 1: cudaStreamLegacy (the same stream)
+PER_THREAD_PTR = 2     # cudaStreamPerThread
+_NOT_READY = 600       # cudaErrorNotReady
+
+
+def wrap(ptr: int):
+    """A CuPy stream object for a raw stream handle (the null stream for 0)."""
+    import cupy
+
+    ptr = int(ptr)
+    if ptr == 0:
+        return cupy.cuda.Stream.null
+    return cupy.cuda.ExternalStream(ptr)
+
+
+@contextmanager
+def current(stream):
+    """Make `stream` CuPy's current stream inside the block, then re-select
+    whatever was current before (not the stack bottom, as `with stream:` does)."""
+    import cupy
+
+    prev = cupy.cuda.get_current_stream()
+    stream.use()
+    try:
+        yield stream
+    finally:
+        prev.use()
+
+
+_setup_streams: Dict[int, Any] = {}
+
+
+def setup_stream():
+    """This device's private non-blocking stream for set-up work."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    s = _setup_streams.get(dev)
+    if s is None:
+        s = _setup_streams[dev] = cupy.cuda.Stream(non_blocking=True)
+    return s
+
+
+class CudaEvents:
+    """The three event operations StreamOrder needs, on raw stream handles."""
+
+    def __init__(self):
+        import cupy
+
+        self._rt = cupy.cuda.runtime
+        self._flags = self._rt.eventDisableTiming
+
+    def new(self) -> int:
+        return self._rt.eventCreateWithFlags(self._flags)
+
+    def record(self, event: int, stream: int) -> None:
+        self._rt.eventRecord(event, stream)
+
+    def wait(self, stream: int, event: int) -> None:
+        self._rt.streamWaitEvent(stream, event, 0)
+
+    def done(self, event: int) -> bool:
+        # CuPy returns cudaErrorNotReady (600) as a status; be robust to a raise too.
+        try:
+            status = self._rt.eventQuery(event)
+        except self._rt.CUDARuntimeError as exc:
+            if getattr(exc, "status", None) == _NOT_READY:
+                return False
+            raise
+        return status in (0, None)
+
+    def destroy(self, event: int) -> None:
+        self._rt.eventDestroy(event)
+
+
+class StreamOrder:
+    """Issue order across streams for one communicator (or launch group), and
+    deferred release of what its queued work may still use.  `events` is
+    created on first need, so code paths that never change stream and never
+    retire anything need no CUDA (the CPU tests rely on it)."""
+
+    def __init__(self, events: Optional[Any] = None, fault: bool = False):
+        self._events = events
+        self._last: Optional[int] = None
+        self._link: Optional[int] = None
+        self._graves: Deque[Tuple[int, Any]] = deque()
+        self._spare: list = []
+        # GC3_FAULT=stream-order: skip the cross-stream wait, to show the fuzz catches it.
+        self._fault = fault
+
+    @property
+    def events(self):
+        if self._events is None:
+            self._events = CudaEvents()
+        return self._events
+
+    @property
+    def last(self) -> Optional[int]:
+        return self._last
+
+    def enter(self, stream: int) -> None:
+        """Order the next operation, on `stream`, after everything issued so far."""
+        last = self._last
+        if last is not None and last != stream and not self._fault:
+            ev = self.events
+            if self._link is None:
+                self._link = ev.new()
+            # cudaStreamWaitEvent captures the event's latest record at the
+            # time of the call, so one event serves every hand-over.
+            ev.record(self._link, last)
+            ev.wait(stream, self._link)
+        self._last = stream
+        if self._graves:
+            self.reap()
+
+    def retire(self, obj: Any) -> None:
+        """Drop our reference to `obj` once all work issued so far has finished."""
+        if self._last is None or obj is None:
+            return
+        ev = self.events
+        event = self._spare.pop() if self._spare else ev.new()
+        ev.record(event, self._last)
+        self._graves.append((event, obj))
+        self.reap()
+
+    def reap(self) -> None:
+        ev = self.events
+        while self._graves and ev.done(self._graves[0][0]):
+            event, _ = self._graves.popleft()
+            self._spare.append(event)
+
+    @property
+    def pending(self) -> int:
+        """How many retired objects are still held."""
+        return len(self._graves)
+
+
+def handle(stream) -> int:
+    """The raw handle of a CuPy stream, of a raw handle, or of CuPy's current stream for None."""
+    if stream is None:
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    if isinstance(stream, int):
+        return stream
+    return stream.ptr

@@ -1,0 +1,213 @@
+"""The drop-in's stream contract on the CPU (runtime_cuda/streams.py): calls
+on a new stream wait for the communicator's earlier ones, retired buffers are
+held until the work before them is done, library code never enters a stream
+with `with`, the GC3_NCCL startup hook, and the fuzz's deterministic parts.
+The GPU side of the same contract: tests/test_dropin_gpu.py and
+scripts/fuzz_dropin.py."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime_cuda import faults
+from runtime_cuda.nccl import communicator as cm
+from runtime_cuda.nccl.constants import DTYPE_NAMES, NCCL_FLOAT32, NCCL_SUM, OP_NAMES
+from runtime_cuda.streams import StreamOrder
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
+sys.path.insert(0, str(ROOT / "scripts"))
+import fuzz_dropin as fz  # noqa: E402
+
+
+class Events:
+    """Records what StreamOrder asks of CUDA; `pending` events are not done yet."""
+
+    def __init__(self):
+        self.log, self.pending, self.n = [], set(), 0
+
+    def new(self):
+        self.n += 1
+        return self.n
+
+    def record(self, event, stream):
+        self.log.append(("record", event, stream))
+        self.pending.add(event)
+
+    def wait(self, stream, event):
+        self.log.append(("wait", stream, event))
+
+    def done(self, event):
+        return event not in self.pending
+
+
+def test_same_stream_needs_no_event():
+    ev = Events()
+    order = StreamOrder(ev)
+    for _ in range(5):
+        order.enter(7)
+    assert ev.log == []
+
+
+def test_a_new_stream_waits_for_the_last_one():
+    ev = Events()
+    order = StreamOrder(ev)
+    order.enter(7)
+    order.enter(9)
+    order.enter(9)
+    order.enter(0)
+    assert ev.log == [("record", 1, 7), ("wait", 9, 1), ("record", 1, 9), ("wait", 0, 1)]
+
+
+def test_fault_switch_drops_the_wait():
+    ev = Events()
+    order = StreamOrder(ev, fault=True)
+    order.enter(7)
+    order.enter(9)
+    assert ev.log == []
+
+
+def test_retired_objects_live_until_their_event_completes():
+    ev = Events()
+    order = StreamOrder(ev)
+    order.retire("nothing issued yet")          # no work queued: dropped at once
+    assert order.pending == 0
+    order.enter(5)
+    order.retire(["old scratch"])
+    assert order.pending == 1 and ev.log[-1][0:1] == ("record",) and ev.log[-1][2] == 5
+    order.enter(5)
+    assert order.pending == 1                     # still queued on the GPU
+    ev.pending.clear()
+    order.enter(5)
+    assert order.pending == 0
+
+
+class RecordingNccl:
+    def __init__(self, log):
+        self.log = log
+
+    def device_id(self):
+        return 0
+
+    def __getattr__(self, name):
+        return lambda *args: self.log.append((name,) + args)
+
+
+class RecordingGc3:
+    def __init__(self, log):
+        self.log = log
+
+    def check(self, cand, call):
+        return None
+
+    def prepare(self, decision):
+        return None
+
+    def run(self, decision):
+        self.log.append(("gc3", decision.call.stream))
+
+    def close(self):
+        pass
+
+
+def test_the_communicator_orders_gc3_and_nccl_calls_across_streams(monkeypatch):
+    monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    log, ev = [], Events()
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(RecordingNccl(log), 2, 0, lambda *a: RecordingGc3(log), order=StreamOrder(ev))
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 11)   # gc3 (in place)
+    comm.allReduce(0x1000, 0x2000, 1000, NCCL_FLOAT32, NCCL_SUM, 22)   # NCCL (out of place)
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 11)   # gc3 again
+    assert [e[0] for e in log] == ["gc3", "allReduce", "gc3"]
+    assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1)]
+
+
+def test_faults_are_named():
+    with pytest.raises(ValueError, match="unknown fault"):
+        faults.set_active("no-such-bug")
+    faults.set_active("stream-order")
+    try:
+        assert faults.active("stream-order") and not faults.active("stream-reset")
+    finally:
+        faults.set_active("")
+
+
+WITH_STREAM = re.compile(r"^\s*with\s+(?![^#\n]*streams\.current\()[^#\n]*[Ss]tream[^#\n]*:\s*(#.*)?$", re.M)
+
+
+def test_library_code_never_enters_a_stream_with_with():
+    """The root cause of issue 13: leaving `with stream:` resets CuPy's current
+    stream to the legacy one and undoes the caller's `s.use()`."""
+    offenders = []
+    for folder in ("runtime_cuda", "gc3"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            for m in WITH_STREAM.finditer(text):
+                line = text[: m.start()].count("\n") + 1
+                offenders.append(f"{path.relative_to(ROOT)}:{line}: {m.group(0).strip()}")
+    assert not offenders, "library code enters a stream with `with`:\n" + "\n".join(offenders)
+
+
+def test_the_pattern_finds_what_it_must():
+    assert WITH_STREAM.search("    with cupy.cuda.Stream(non_blocking=True):\n")
+    assert WITH_STREAM.search("        with stream:\n")
+    assert not WITH_STREAM.search("    with streams.current(s):\n")
+
+
+@pytest.mark.parametrize("value, imported", [(None, False), ("1", True)])
+def test_the_startup_hook_needs_only_the_variable(value, imported):
+    """pip installs gc3_nccl_hook.pth with the package; GC3_NCCL alone switches it on."""
+    env = {k: v for k, v in os.environ.items() if k != "GC3_NCCL"}
+    if value is not None:
+        env["GC3_NCCL"] = value
+    out = subprocess.run([sys.executable, "-c", "import sys; print('runtime_cuda.auto' in sys.modules)"],
+                         env=env, cwd="/", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(imported), (out.stdout, out.stderr)
+
+
+def test_fuzz_specs_are_reproducible_and_cover_the_space():
+    a = [fz.draw_spec(3, i, 4, 1 << 20) for i in range(2000)]
+    b = [fz.draw_spec(3, i, 4, 1 << 20) for i in range(2000)]
+    assert a == b
+    assert {s.coll for s in a} == set(fz.COLLS)
+    assert {s.stream for s in a} == set(fz.STREAM_KINDS)
+    assert {s.buf for s in a} == set(fz.BUF_KINDS)
+    assert {s.dtype for s in a} == set(DTYPE_NAMES)
+    counts = [s.count for s in a]
+    assert 0 in counts and 1 in counts and any(c > 1000 for c in counts)
+    assert all(fz.Layout(s, 4, 0).buf_elems * fz.ITEMSIZE[s.dtype] <= 1 << 20 for s in a)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_fuzz_values_never_overflow_or_round(n):
+    """Every reduction of the fuzz's inputs stays exact in the smallest type."""
+    for dtype, name in DTYPE_NAMES.items():
+        for op in OP_NAMES:
+            ranges = [fz.value_range(op, dtype, n, r) for r in range(n)]
+            lo = [a for a, _ in ranges]
+            hi = [a + s - 1 for a, s in ranges]
+            if op in (0, 4):   # sum, avg
+                worst = max(abs(sum(lo)), abs(sum(hi)))
+            elif op == 1:      # prod
+                worst = 1
+                for a, b in zip(lo, hi):
+                    worst *= max(abs(a), abs(b))
+            else:
+                worst = max(max(map(abs, lo)), max(map(abs, hi)))
+            limit = 127 if name == "int8" else 255 if name == "uint8" else 256
+            assert worst <= limit, (name, OP_NAMES[op], n, worst)
+            if name.startswith("uint"):
+                assert min(lo) >= 0
+
+
+def test_fuzz_inplace_layouts_follow_nccl():
+    s = fz.Spec(0, "allgather", 10, NCCL_FLOAT32, None, 0, True, "fresh", 0, "use", 1)
+    lay = fz.Layout(s, 4, 2)
+    assert (lay.send_off, lay.recv_off, lay.buf_elems) == (20, 0, 40)
+    s = fz.Spec(0, "reducescatter", 10, NCCL_FLOAT32, NCCL_SUM, 0, True, "fresh", 0, "use", 1)
+    lay = fz.Layout(s, 4, 3)
+    assert (lay.send_off, lay.recv_off, lay.buf_elems) == (0, 30, 40)
