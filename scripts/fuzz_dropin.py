@@ -101,17 +101,19 @@ def draw_count(rng: random.Random, itemsize: int, max_bytes: int, per: int) -> i
     return max(1, min(int(2 ** e), cap))
 
 
-def draw_spec(seed: int, index: int, nranks: int, max_bytes: int, colls=COLLS) -> Spec:
+def draw_spec(seed: int, index: int, nranks: int, max_bytes: int, colls=COLLS, dtypes=None, ops=None) -> Spec:
+    """The call #index of a seed's sequence; `dtypes`/`ops` (NCCL codes) narrow the draw."""
     rng = random.Random(seed * 1_000_003 + index)
     weights = [w for c, w in zip(COLLS, COLL_WEIGHTS) if c in colls]
     coll = rng.choices([c for c in COLLS if c in colls], weights)[0]
-    dtype = rng.choice(sorted(DTYPE_NAMES))
+    dtype = rng.choice(sorted(dtypes or DTYPE_NAMES))
     op = None
     if coll in REDUCING:
-        ops = [NCCL_SUM, NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG]
+        choice = [NCCL_SUM, NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG]
         if DTYPE_NAMES[dtype].startswith(("float", "bfloat")) and nranks & (nranks - 1):
-            ops.remove(NCCL_AVG)   # NCCL pre-multiplies floats by 1/n: exact only for powers of two
-        op = rng.choice(ops)
+            choice.remove(NCCL_AVG)   # NCCL pre-multiplies floats by 1/n: exact only for powers of two
+        choice = [o for o in choice if ops is None or o in ops] or [NCCL_SUM]
+        op = rng.choice(choice)
     per = nranks if coll in ("allgather", "reducescatter", "alltoall") else 1
     count = draw_count(rng, ITEMSIZE[dtype], max_bytes, per)
     root = rng.randrange(nranks) if coll in ("reduce", "broadcast") else (
@@ -175,9 +177,12 @@ class Gpu:
 
     def reduced(self, spec: Spec, base: int, count: int):
         cp = self.cp
-        acc = None
+        acc, negatives = None, None
         for r in range(self.n):
             x = self.ints(spec, r, base, count).astype(cp.int64)
+            if spec.op == NCCL_PROD:
+                neg = (x < 0).astype(cp.int8)
+                negatives = neg if negatives is None else negatives ^ neg
             if acc is None:
                 acc = x
             elif spec.op in (NCCL_SUM, NCCL_AVG):
@@ -193,6 +198,11 @@ class Gpu:
                 acc = cp.sign(acc) * (cp.abs(acc) // self.n)     # NCCL divides integers toward zero
             else:
                 return self.cast_float(acc.astype(cp.float64) / self.n, spec.dtype)
+        if spec.op == NCCL_PROD and not DTYPE_NAMES[spec.dtype].startswith(("int", "uint")):
+            # IEEE: a zero product carries the sign of its factors (-1 * 0 = -0.0).
+            f = acc.astype(cp.float64)
+            f = cp.where((acc == 0) & (negatives == 1), -0.0, f)
+            return self.cast_float(f, spec.dtype)
         return self.cast(acc.astype(cp.int32), spec.dtype)
 
     def cast_float(self, values, dtype: int):
@@ -446,8 +456,11 @@ class VirtualRanksRunner:
         from runtime_cuda.virtual import VirtualRanks
 
         cp, gpu, st = self.cp, self.gpu, self.streams
+        from runtime_cuda import abi
+
         out = Outcome(spec, "skipped", [])
-        if spec.coll == "sendrecv" or spec.op == NCCL_AVG:
+        if (spec.coll == "sendrecv" or DTYPE_NAMES[spec.dtype] not in abi.DTYPE
+                or (spec.op is not None and OP_NAMES[spec.op] not in abi.REDOP)):
             return out
         lays = [Layout(spec, self.n, r) for r in range(self.n)]
         item = ITEMSIZE[spec.dtype]
@@ -517,12 +530,21 @@ def main(argv=None) -> int:
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--batch", type=int, default=32, help="most calls issued before the host waits")
     p.add_argument("--colls", default=",".join(COLLS))
+    p.add_argument("--dtypes", default="", help="comma-separated dtype names (default: all NCCL has)")
+    p.add_argument("--ops", default="", help="comma-separated op names (default: all NCCL has)")
     p.add_argument("--no-nccl", action="store_true", help="never open NCCL (use the MPI stand-in)")
     p.add_argument("--hang-s", type=float, default=120.0, help="a batch taking longer counts as a hang")
     p.add_argument("--record", help="append the summary line to this file (rank 0)")
     p.add_argument("--no-minimize", action="store_true")
     args = p.parse_args(argv)
     colls = tuple(c for c in args.colls.split(",") if c)
+    codes = {v: k for k, v in DTYPE_NAMES.items()}
+    opcodes = {v: k for k, v in OP_NAMES.items()}
+    try:
+        dtypes = [codes[d] for d in args.dtypes.split(",") if d] or None
+        ops = [opcodes[o] for o in args.ops.split(",") if o] or None
+    except KeyError as exc:
+        p.error(f"unknown dtype or op {exc}")
     bad = sorted(set(colls) - set(COLLS))
     if bad or args.calls < 0 or args.max_bytes < 1 or args.batch < 1 or args.ranks < 1:
         p.error(f"bad arguments ({'unknown collective ' + ', '.join(bad) if bad else 'counts must be positive'})")
@@ -559,7 +581,7 @@ def main(argv=None) -> int:
             outcomes = []
             try:
                 for k in range(i, i + batch):
-                    spec = draw_spec(seed, k, n, args.max_bytes, colls)
+                    spec = draw_spec(seed, k, n, args.max_bytes, colls, dtypes, ops)
                     outcomes.append(runner.run(spec))
                 runner.streams.sync_all()
                 if hasattr(runner, "comm"):
@@ -619,7 +641,7 @@ def main(argv=None) -> int:
         length = 1
         while length <= culprit + 1:
             bad_here = 0
-            outs = [runner.run(draw_spec(seed, k, n, args.max_bytes, colls))
+            outs = [runner.run(draw_spec(seed, k, n, args.max_bytes, colls, dtypes, ops))
                     for k in range(culprit - length + 1, culprit + 1)]
             runner.streams.sync_all()
             for o in outs:
@@ -630,7 +652,7 @@ def main(argv=None) -> int:
                     print(f"minimal failing run: calls #{culprit - length + 1}..#{culprit} of seed {seed} "
                           f"({length} call(s)):", flush=True)
                     for k in range(culprit - length + 1, culprit + 1):
-                        print("  " + draw_spec(seed, k, n, args.max_bytes, colls).describe(), flush=True)
+                        print("  " + draw_spec(seed, k, n, args.max_bytes, colls, dtypes, ops).describe(), flush=True)
                 break
             length *= 2
         else:

@@ -106,6 +106,10 @@ def index_entry(sample: Sample, traced, prog) -> dict:
     entry = {"file": f"{sample.file}.xml", "collective": prog.coll, "ranks": prog.ngpus,
              "inplace": prog.inplace, "protocol": prog.proto, "min_bytes": sample.min_bytes,
              "max_bytes": sample.max_bytes}
+    if prog.inplace:
+        # An in-place IR serves out-of-place calls too: the runtime first copies
+        # the input into the output's aliased region (as MSCCL does).
+        entry["outofplace"] = True
     if traced.collective.root is not None:
         entry["root"] = traced.collective.root
     return entry

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# A quick pass of the drop-in fuzz on one GPU: virtual ranks, 2 and 4 processes sharing the GPU,
+# and the GC3_FAULT switches it must catch.  Run from the project root on a GPU machine with Open MPI.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+F=scripts/fuzz_dropin.py
+G="--dtypes float16,bfloat16,float32,float64,int32,int64,uint8 --ops sum,prod,max,min"
+quiet() { grep -v "^---\|^$\|^Primary job\|^a non-zero\|^mpirun detected\|^the job to be\|^  Process name\|^  Exit code"; }
+for n in 2 4 8; do timeout 100 python3 $F --mode virtual --ranks $n --calls ${CALLS:-1000} --seed 1 --max-bytes 33554432 2>&1 | tail -6; done
+timeout 120 mpirun -np 2 python3 $F --calls 600 --seed 2 --max-bytes 33554432 2>&1 | quiet | tail -12
+timeout 120 mpirun -np 4 python3 $F --calls 400 --seed 2 --max-bytes 33554432 $G --colls allreduce,allgather,reducescatter,alltoall 2>&1 | quiet | tail -12
+for f in stream-order pool-stream; do
+  echo "== fault $f"
+  GC3_FAULT=$f timeout 100 python3 $F --mode virtual --ranks 2 --calls 3000 --seed 3 --max-bytes 16777216 --no-minimize 2>&1 | tail -4
+done
+echo "== fault stream-reset"
+GC3_FAULT=stream-reset timeout 100 mpirun -np 2 python3 $F --calls 1000 --seed 3 --max-bytes 16777216 --no-minimize 2>&1 | quiet | tail -5
