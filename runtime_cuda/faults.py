@@ -8,8 +8,8 @@ import os
 from typing import FrozenSet
 
 FAULTS = {
-    "stream-reset": "the rendezvous enters a private stream with `with stream:`, which resets the "
-                    "caller's s.use() selection to the legacy default stream",
+    "stream-reset": "set-up work (rendezvous, table uploads) enters its private stream with `with stream:`, "
+                    "which on exit resets the caller's s.use() selection to the legacy default stream",
     "stream-order": "calls of one communicator on different streams are not ordered after each other",
     "pool-stream": "scratch and buffer tables are allocated under CuPy's current stream rather than the "
                    "call's, and replaced ones are freed at once while launches may still use them",

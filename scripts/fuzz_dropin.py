@@ -40,6 +40,7 @@ import random
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -52,8 +53,12 @@ from runtime_cuda.nccl.constants import (  # noqa: E402
 
 COLLS = ("allreduce", "reduce", "broadcast", "allgather", "reducescatter", "alltoall", "sendrecv")
 COLL_WEIGHTS = (30, 8, 8, 15, 15, 15, 9)
-STREAM_KINDS = ("use", "other", "null", "ptds")
-STREAM_WEIGHTS = (70, 15, 10, 5)
+# use: CuPy's current stream (selected with s.use()); other/null/ptds: another stream, which the
+# program joins with its current one around the call; indep: another stream that the program's own
+# work for that call also runs on, never joined with the current one (so only the communicator
+# orders it against the other calls).
+STREAM_KINDS = ("use", "other", "null", "ptds", "indep")
+STREAM_WEIGHTS = (55, 12, 8, 5, 20)
 BUF_KINDS = ("fresh", "reused", "offset")
 REDUCING = ("allreduce", "reduce", "reducescatter")
 SMALL_PRIMES = [p for p in range(2, 2000) if all(p % d for d in range(2, int(p ** 0.5) + 1))]
@@ -314,9 +319,25 @@ class Streams:
         self.rt = rt
         self.current = cp.cuda.Stream(non_blocking=True)
         self.other = cp.cuda.Stream(non_blocking=True)
-        self.handles = {"use": self.current.ptr, "other": self.other.ptr, "null": 0, "ptds": 2}
+        self.indep = cp.cuda.Stream(non_blocking=True)
+        self.handles = {"use": self.current.ptr, "other": self.other.ptr, "null": 0, "ptds": 2,
+                        "indep": self.indep.ptr}
         self.event = rt.eventCreateWithFlags(rt.eventDisableTiming)
         self.current.use()
+
+    @contextmanager
+    def on(self, spec: "Spec"):
+        """For an indep call: the program's own work for it on the call's stream
+        (selected and then deselected with use(), as a careful CuPy program does)."""
+        if spec.stream != "indep":
+            yield
+            return
+        prev = self.cp.cuda.get_current_stream()
+        self.indep.use()
+        try:
+            yield
+        finally:
+            prev.use()
 
     def join(self, waiter: int, on: int) -> None:
         if waiter != on:
@@ -373,6 +394,9 @@ class ProcessRank:
         self.gpu = Gpu(self.n)
         self.bufs = Buffers(cp)
         self.ref_bufs = Buffers(cp)
+        # An indep call's buffers come from its own stream's pool (reusing one
+        # the current stream still reads would be the program's own race).
+        self.indep_bufs = {"gc3-dropin": Buffers(cp), "nccl": Buffers(cp)}
         self.streams = Streams(cp)
         self.nccl = None
         self.nccl_why = "ranks share a GPU (NCCL refuses two ranks on one device)"
@@ -400,30 +424,36 @@ class ProcessRank:
         cp, gpu, st = self.cp, self.gpu, self.streams
         lay = Layout(spec, self.n, self.rank)
         item = ITEMSIZE[spec.dtype]
-        if spec.coll == "sendrecv":
-            _, send = bufs.get(spec, lay.in_elems * item)
-            _, recv = bufs.get(replace(spec, buf="fresh"), lay.out_elems * item)
-            base = send
-        else:
-            _, base = bufs.get(spec, lay.buf_elems * item)
-            if spec.inplace:
-                send, recv = base + lay.send_off * item, base + lay.recv_off * item
-            else:
+        indep = spec.stream == "indep"
+        if indep:
+            bufs = self.indep_bufs[label]
+        with st.on(spec):
+            if spec.coll == "sendrecv":
+                _, send = bufs.get(spec, lay.in_elems * item)
                 _, recv = bufs.get(replace(spec, buf="fresh"), lay.out_elems * item)
-                send = base
-        fill_input(gpu, spec, self.n, self.rank, send)
+            else:
+                _, base = bufs.get(spec, lay.buf_elems * item)
+                if spec.inplace:
+                    send, recv = base + lay.send_off * item, base + lay.recv_off * item
+                else:
+                    _, recv = bufs.get(replace(spec, buf="fresh"), lay.out_elems * item)
+                    send = base
+            fill_input(gpu, spec, self.n, self.rank, send)
         cur = cp.cuda.get_current_stream().ptr
         cs = st.handles[spec.stream]
-        st.join(cs, cur)
+        if not indep:
+            st.join(cs, cur)
         route = issue(comm, spec, send, recv, cs, self.n, self.rank, group)
-        st.join(cur, cs)
+        if not indep:
+            st.join(cur, cs)
         if cp.cuda.get_current_stream().ptr != cur:
             raise StreamChanged(f"{label}: {spec.describe()} changed CuPy's current stream from {cur:#x} to "
                                 f"{cp.cuda.get_current_stream().ptr:#x}")
-        want = expected(gpu, spec, self.n, self.rank)
-        if want is not None:
-            got = gpu.view(recv, want.size, spec.dtype)
-            out.checks.append((label, self.rank, gpu.mismatch(got, want)))
+        with st.on(spec):
+            want = expected(gpu, spec, self.n, self.rank)
+            if want is not None:
+                got = gpu.view(recv, want.size, spec.dtype)
+                out.checks.append((label, self.rank, gpu.mismatch(got, want)))
         return route
 
 
@@ -447,6 +477,7 @@ class VirtualRanksRunner:
         self.ngpus_used = 1
         self.gpu = Gpu(self.n)
         self.bufs = [Buffers(cp) for _ in range(self.n)]
+        self.indep_bufs = [Buffers(cp) for _ in range(self.n)]
         self.streams = Streams(cp)
         self.catalog = load_catalog(os.environ)
         self.groups: Dict[str, object] = {}
@@ -464,16 +495,19 @@ class VirtualRanksRunner:
             return out
         lays = [Layout(spec, self.n, r) for r in range(self.n)]
         item = ITEMSIZE[spec.dtype]
+        indep = spec.stream == "indep"
+        pools = self.indep_bufs if indep else self.bufs
         sends, recvs = [], []
-        for r, lay in enumerate(lays):
-            _, base = self.bufs[r].get(spec, lay.buf_elems * item)
-            if spec.inplace:
-                sends.append(base + lay.send_off * item)
-                recvs.append(base + lay.recv_off * item)
-            else:
-                _, recv = self.bufs[r].get(replace(spec, buf="fresh"), lay.out_elems * item)
-                sends.append(base)
-                recvs.append(recv)
+        with st.on(spec):
+            for r, lay in enumerate(lays):
+                _, base = pools[r].get(spec, lay.buf_elems * item)
+                if spec.inplace:
+                    sends.append(base + lay.send_off * item)
+                    recvs.append(base + lay.recv_off * item)
+                else:
+                    _, recv = pools[r].get(replace(spec, buf="fresh"), lay.out_elems * item)
+                    sends.append(base)
+                    recvs.append(recv)
         cs = st.handles[spec.stream]
         calls = [Call(spec.coll, sends[r], recvs[r], spec.count, spec.dtype, spec.op, cs, self.n, r, spec.root)
                  for r in range(self.n)]
@@ -484,18 +518,26 @@ class VirtualRanksRunner:
         group = self.groups.get(cand.name)
         if group is None:
             group = self.groups[cand.name] = VirtualRanks(cand.program)
-        for r in range(self.n):
-            fill_input(gpu, spec, self.n, r, sends[r])
+        with st.on(spec):
+            for r in range(self.n):
+                fill_input(gpu, spec, self.n, r, sends[r])
         cur = cp.cuda.get_current_stream().ptr
-        st.join(cs, cur)
+        if not indep:
+            st.join(cs, cur)
         op = OP_NAMES[spec.op] if spec.op is not None else "sum"
         group.run_ptrs(sends, recvs, calls[0].in_elems, DTYPE_NAMES[spec.dtype], op, cs)
-        st.join(cur, cs)
+        if not indep:
+            st.join(cur, cs)
+        if cp.cuda.get_current_stream().ptr != cur:
+            raise StreamChanged(f"{spec.describe()} changed CuPy's current stream from {cur:#x} to "
+                                f"{cp.cuda.get_current_stream().ptr:#x}")
         out.route = cand.name
-        for r in range(self.n):
-            want = expected(gpu, spec, self.n, r)
-            if want is not None:
-                out.checks.append(("gc3-virtual", r, gpu.mismatch(gpu.view(recvs[r], want.size, spec.dtype), want)))
+        with st.on(spec):
+            for r in range(self.n):
+                want = expected(gpu, spec, self.n, r)
+                if want is not None:
+                    out.checks.append(("gc3-virtual", r,
+                                       gpu.mismatch(gpu.view(recvs[r], want.size, spec.dtype), want)))
         return out
 
     def check_async_error(self):

@@ -48,16 +48,15 @@ class NcclExchange(_Agree):
         import cupy
         import numpy as np
 
-        from runtime_cuda import faults, streams
+        from runtime_cuda import streams
 
         # The private set-up stream, synchronized before returning: the
         # exchange is a blocking host operation.  Never `with stream:` here
-        # (streams.py says why); GC3_FAULT=stream-reset puts that bug back.
+        # (streams.py says why).
         stream = streams.setup_stream()
         if self._order is not None:
             self._order.enter(stream.ptr)
-        select = stream if faults.active("stream-reset") else streams.current(stream)
-        with select:
+        with streams.current(stream):
             lengths = cupy.zeros(self._size, dtype=cupy.int64)
             mine = cupy.asarray(np.array([len(data)], dtype=np.int64))
             self._comm.allGather(mine.data.ptr, lengths.data.ptr, 1, NCCL_INT64, stream.ptr)
