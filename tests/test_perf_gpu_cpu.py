@@ -1,0 +1,99 @@
+"""`gc3 bench`'s check-then-time step (perf_gpu.run_case) on a numpy stand-in
+for CuPy: every size is checked, a wrong output is reported with its first
+wrong element, and the caller's current stream survives the check."""
+import ctypes
+import sys
+import types
+
+import numpy as np
+import pytest
+
+
+class DevArray(np.ndarray):
+    """A numpy array with CuPy's `.data.ptr`."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+class FakeStream:
+    current = None
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def use(self):
+        FakeStream.current = self
+        return self
+
+    def synchronize(self):
+        pass
+
+
+class FakeEvent:
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    mod = types.ModuleType("cupy")
+    mod.__getattr__ = lambda name: getattr(np, name)
+    null = FakeStream(0)
+    FakeStream.current = null
+    mod.cuda = types.SimpleNamespace(
+        Event=FakeEvent, get_elapsed_time=lambda a, b: 1.0,
+        get_current_stream=lambda: FakeStream.current)
+    monkeypatch.setitem(sys.modules, "cupy", mod)
+    return mod
+
+
+def one_rank_host():
+    from runtime_cuda.nccl.perf_gpu import Host
+    h = Host.__new__(Host)
+    h.comm, h.rank, h.size = None, 0, 1
+    return h
+
+
+def copying_issue(corrupt_at=None):
+    """A one-rank 'allreduce': the output is the input (plus one element off by 1)."""
+    def issue(coll, send, recv, count, dtype, op, stream, root):
+        if send != recv:
+            ctypes.memmove(recv, send, count * 4)
+        if corrupt_at is not None:
+            (ctypes.c_float * count).from_address(recv)[corrupt_at] += 1.0
+        return "fake"
+    return issue
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_every_case_is_checked_and_the_first_wrong_element_named(fake_cupy, inplace):
+    from runtime_cuda.nccl import perf_gpu
+    cfg = perf_gpu.BenchConfig(["allreduce"], [4096], warmup=1, iters=2)
+    send = np.zeros(4096, np.uint8).view(DevArray)
+    recv = np.zeros(4096, np.uint8).view(DevArray)
+    user = FakeStream(1234).use()           # the caller's own s.use()
+    bench_stream = FakeStream(99)
+
+    t, wrong, first, route = perf_gpu.run_case(copying_issue(), one_rank_host(), cfg, "allreduce", 4096,
+                                               inplace, send, recv, bench_stream)
+    assert (wrong, first, route) == (0, "", "fake")
+    assert FakeStream.current is user
+
+    t, wrong, first, route = perf_gpu.run_case(copying_issue(corrupt_at=777), one_rank_host(), cfg, "allreduce",
+                                               4096, inplace, send, recv, bench_stream)
+    assert wrong == 1 and first.startswith("rank 0 output[777] = ")
+    assert FakeStream.current is user
+
+
+def test_unchecked_case_reports_none(fake_cupy):
+    from runtime_cuda.nccl import perf_gpu
+    cfg = perf_gpu.BenchConfig(["allreduce"], [64], warmup=0, iters=1, check=False)
+    buf = np.zeros(64, np.uint8).view(DevArray)
+    _, wrong, first, _ = perf_gpu.run_case(copying_issue(corrupt_at=0), one_rank_host(), cfg, "allreduce", 64,
+                                           False, buf, buf.copy().view(DevArray), FakeStream(5))
+    assert wrong is None and first == ""
