@@ -179,7 +179,7 @@ def shared_gpus(world, device: int) -> bool:
     import socket
 
     import cupy
-    bus = cupy.cuda.runtime.deviceGetPCIBusId(device)
+    bus = cupy.cuda.Device(device).pci_bus_id
     places = world.allgather((socket.gethostname(), bus))
     return len(set(places)) < len(places)
 
