@@ -2,8 +2,10 @@
 for CuPy: every size is checked, a wrong output is reported with its first
 wrong element, and the caller's current stream survives the check."""
 import ctypes
+import importlib.util
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,3 +99,43 @@ def test_unchecked_case_reports_none(fake_cupy):
     _, wrong, first, _ = perf_gpu.run_case(copying_issue(corrupt_at=0), one_rank_host(), cfg, "allreduce", 64,
                                            False, buf, buf.copy().view(DevArray), FakeStream(5))
     assert wrong is None and first == ""
+
+
+class OneRankMpi:
+    rank, size = 0, 1
+
+    def Barrier(self):
+        pass
+
+    def allreduce(self, x, op=None):
+        return x
+
+    def allgather(self, x):
+        return [x]
+
+
+@pytest.mark.parametrize("coll", ["allreduce", "allgather", "reducescatter", "alltoall"])
+def test_bench_runtime_checks_every_call(fake_cupy, coll):
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_runtime.py"
+    spec = importlib.util.spec_from_file_location("bench_runtime_under_test", path)
+    br = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = br
+    try:
+        spec.loader.exec_module(br)
+        sbuf = np.zeros(1000, np.float32)
+        rbuf = np.zeros(1000, np.float32)
+        user = FakeStream(7).use()
+
+        def right():
+            rbuf[:] = sbuf                     # one rank: every collective copies
+
+        def stale():
+            rbuf[:] = sbuf
+            rbuf[999] = -5.0
+
+        assert br.check_once(right, coll, sbuf, rbuf, 1000, OneRankMpi(), FakeStream(3)) == (0, "")
+        wrong, first = br.check_once(stale, coll, sbuf, rbuf, 1000, OneRankMpi(), FakeStream(3))
+        assert wrong == 1 and first.startswith("rank 0 output[999] = -5.0")
+        assert FakeStream.current is user
+    finally:
+        sys.modules.pop(spec.name, None)
