@@ -1,28 +1,18 @@
 """scripts/bench_train_loop.py without a GPU: arguments, the exact data, the
 table, and the loop itself on a numpy stand-in for CuPy and MPI."""
 import ctypes
-import importlib.util
-import sys
-import types
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_train_loop.py"
+from fake_gpu import OneRankMpi, install, script
 
 
 @pytest.fixture(scope="module")
 def tl():
-    spec = importlib.util.spec_from_file_location("bench_train_loop", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod       # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(mod)   # must not need cupy or mpi4py
+    with script("bench_train_loop") as mod:     # must not need cupy or mpi4py
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_arguments(tl):
@@ -73,25 +63,6 @@ def test_versions_and_table(tl):
     assert tl._served_note(Counter({"NCCL": 2, "ring.xml": 6})) == "gc3 served 6 of 8 calls"
 
 
-class DevArray(np.ndarray):
-    @property
-    def data(self):
-        return types.SimpleNamespace(ptr=self.ctypes.data)
-
-
-class OneRankWorld:
-    rank, size = 0, 1
-
-    def Barrier(self):
-        pass
-
-    def allreduce(self, x, op=None):
-        return x
-
-    def allgather(self, x):
-        return [x]
-
-
 class Stream:
     ptr = 42
 
@@ -115,22 +86,16 @@ class Comm:
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    cupy = types.ModuleType("cupy")
-    cupy.__getattr__ = lambda name: getattr(np, name)
-    cupy.empty = lambda n, dtype: np.empty(n, dtype).view(DevArray)
-    mpi = types.ModuleType("mpi4py")
-    mpi.MPI = types.SimpleNamespace(MAX="max", SUM="sum")
-    monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setitem(sys.modules, "mpi4py", mpi)
+    install(monkeypatch)
 
 
 def test_loop_is_checked(tl, fake_gpu):
     comm = Comm()
-    r = tl.run_loop(comm, OneRankWorld(), Stream(), steps=3, warmup=2, name="gc3 drop-in")
+    r = tl.run_loop(comm, OneRankMpi(), Stream(), steps=3, warmup=2, name="gc3 drop-in")
     assert comm.calls == 5 * 4
     assert r.correct is True and r.note == "gc3 served 20 of 20 calls"
     assert r.total_ms > 0 and r.step_us > 0 and r.host_us_per_call > 0
 
-    r = tl.run_loop(Comm(corrupt=True), OneRankWorld(), Stream(), steps=3, warmup=0, name="gc3 drop-in")
+    r = tl.run_loop(Comm(corrupt=True), OneRankMpi(), Stream(), steps=3, warmup=0, name="gc3 drop-in")
     assert r.correct is False
     assert "wrong elements; first: rank 0 buffer 0 (1024 floats) [0] = " in r.note

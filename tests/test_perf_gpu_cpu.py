@@ -2,56 +2,16 @@
 for CuPy: every size is checked, a wrong output is reported with its first
 wrong element, and the caller's current stream survives the check."""
 import ctypes
-import importlib.util
-import sys
-import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-
-class DevArray(np.ndarray):
-    """A numpy array with CuPy's `.data.ptr`."""
-
-    @property
-    def data(self):
-        return types.SimpleNamespace(ptr=self.ctypes.data)
-
-
-class FakeStream:
-    current = None
-
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-    def use(self):
-        FakeStream.current = self
-        return self
-
-    def synchronize(self):
-        pass
-
-
-class FakeEvent:
-    def record(self, stream=None):
-        pass
-
-    def synchronize(self):
-        pass
+from fake_gpu import DevArray, FakeStream, OneRankMpi, install, script
 
 
 @pytest.fixture
 def fake_cupy(monkeypatch):
-    mod = types.ModuleType("cupy")
-    mod.__getattr__ = lambda name: getattr(np, name)
-    null = FakeStream(0)
-    FakeStream.current = null
-    mod.cuda = types.SimpleNamespace(
-        Event=FakeEvent, get_elapsed_time=lambda a, b: 1.0,
-        get_current_stream=lambda: FakeStream.current)
-    monkeypatch.setitem(sys.modules, "cupy", mod)
-    return mod
+    return install(monkeypatch)
 
 
 def one_rank_host():
@@ -101,27 +61,9 @@ def test_unchecked_case_reports_none(fake_cupy):
     assert wrong is None and first == ""
 
 
-class OneRankMpi:
-    rank, size = 0, 1
-
-    def Barrier(self):
-        pass
-
-    def allreduce(self, x, op=None):
-        return x
-
-    def allgather(self, x):
-        return [x]
-
-
 @pytest.mark.parametrize("coll", ["allreduce", "allgather", "reducescatter", "alltoall"])
 def test_bench_runtime_checks_every_call(fake_cupy, coll):
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_runtime.py"
-    spec = importlib.util.spec_from_file_location("bench_runtime_under_test", path)
-    br = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = br
-    try:
-        spec.loader.exec_module(br)
+    with script("bench_runtime") as br:
         sbuf = np.zeros(1000, np.float32)
         rbuf = np.zeros(1000, np.float32)
         user = FakeStream(7).use()
@@ -137,5 +79,3 @@ def test_bench_runtime_checks_every_call(fake_cupy, coll):
         wrong, first = br.check_once(stale, coll, sbuf, rbuf, 1000, OneRankMpi(), FakeStream(3))
         assert wrong == 1 and first.startswith("rank 0 output[999] = -5.0")
         assert FakeStream.current is user
-    finally:
-        sys.modules.pop(spec.name, None)
