@@ -10,7 +10,10 @@ settings such as the slot size), each through runtime_cuda.ipc, and NCCL
 (cupy.cuda.nccl) on the same buffers in the same processes.  The table shows
 the fastest candidate per size (`program`), its time and busbw, NCCL's, and
 the ratio of busbw (ours / NCCL); --log writes every candidate's row.
-Results are checked against numpy for sizes up to --check-max.
+Every size is checked once, before it is timed, on the GPU: inputs are small
+integers generated from (rank, index), the output is compared exactly with
+what it must hold (runtime_cuda.nccl.datacheck), and a wrong case prints its
+first wrong element and is never hidden behind a faster right one.
 Columns host_us (CPU time to enqueue one call) and, with --graph, graph_us
 and nccl_graph_us (one call replayed from a CUDA graph, ours and NCCL's) show
 where small-message time goes: without the CPU's launch path, both sides'
@@ -158,6 +161,28 @@ def timed(fn, iters, mpi_comm, stream) -> Tuple[float, float]:
     return mpi_comm.allreduce(us, op=MPI.MAX), mpi_comm.allreduce(host, op=MPI.MAX)
 
 
+def check_once(call, coll, sbuf, rbuf, n_in, mpi_comm, stream) -> Tuple[int, str]:
+    """Run `call` once on generated float32 inputs and compare every output
+    element on the GPU: (#wrong over all ranks, the lowest wrong rank's first
+    wrong element)."""
+    import cupy
+
+    from runtime_cuda.nccl import datacheck
+
+    rank, n = mpi_comm.rank, mpi_comm.size
+    count = n_in // n if coll in ("reducescatter", "alltoall") else n_in
+    with datacheck.stream_current(stream):
+        rbuf.fill(cupy.nan)
+        datacheck.fill_input(cupy, sbuf, 0, rank, n_in, "sum", "float32", n)
+    stream.synchronize()
+    mpi_comm.Barrier()
+    call()
+    with datacheck.stream_current(stream):
+        res = datacheck.check_output(cupy, coll, rank, n, count, "sum", "float32", 0, rbuf)
+    firsts = [f for f in mpi_comm.allgather(res.describe(rank)) if f]
+    return mpi_comm.allreduce(res.wrong), (firsts[0] if firsts else "")
+
+
 def graph_timed(fn, reps, mpi_comm, stream) -> float:
     """us per call when `reps` calls are replayed from one CUDA graph (nan if
     either rank cannot capture); both ranks replay or neither does."""
@@ -195,7 +220,6 @@ def main() -> int:
     ap.add_argument("--min", default="1KiB")
     ap.add_argument("--colls", default="allreduce,allgather,reducescatter,alltoall")
     ap.add_argument("--only", default="", help="comma-separated candidate labels (default: all)")
-    ap.add_argument("--check-max", default="16MiB", help="largest size checked against numpy")
     ap.add_argument("--graph", default="0", help="also time CUDA-graph replay for sizes up to this (0: never)")
     ap.add_argument("--out", default=None, help="write the table here")
     ap.add_argument("--log", default=None, help="write every candidate's row here")
@@ -206,7 +230,6 @@ def main() -> int:
     from mpi4py import MPI
 
     from gc3.errors import RuntimeTimeoutError
-    from runtime_cuda.checking import run_checked
     from runtime_cuda.ipc import IpcRanks
     from runtime_cuda.perf import bus_factor, in_elems_for, nbytes_of, parse_size
 
@@ -221,7 +244,7 @@ def main() -> int:
     while s <= parse_size(args.max):
         sizes.append(s)
         s *= 4
-    check_max, graph_max = parse_size(args.check_max), parse_size(args.graph)
+    graph_max = parse_size(args.graph)
     only = set(filter(None, args.only.split(",")))
     head = (f"{'coll':<14}{'size':>8}  {'program':<20}{'gc3 us':>9}{'gc3 busbw':>10}{'nccl us':>9}"
             f"{'nccl busbw':>11}{'ratio':>7}  check")
@@ -248,16 +271,14 @@ def main() -> int:
                     continue
                 n_in = in_elems_for(g.prog, size, 4)
                 nbytes = nbytes_of(g.prog, n_in, 4)
-                wrong = None
                 n_out = g._shape(n_in, 4)[0].out_elems
-                sbuf = cupy.ones(n_in, dtype=cupy.float32)
+                sbuf = cupy.empty(n_in, dtype=cupy.float32)
                 # In-place schedules (the allreduces) are timed in place, NCCL too.
-                rbuf = sbuf if g.prog.inplace and n_out == n_in else cupy.zeros(n_out, dtype=cupy.float32)
+                rbuf = sbuf if g.prog.inplace and n_out == n_in else cupy.empty(n_out, dtype=cupy.float32)
                 iters = 200 if size <= MiB else 40 if size <= 64 * MiB else 8
                 call = lambda: g.run_ptrs([sbuf.data.ptr], [rbuf.data.ptr], n_in, "float32", "sum", stream)  # noqa: E731
                 try:
-                    if size <= check_max:
-                        wrong = world.allreduce(run_checked(g, n_in, "float32", "sum", inplace=g.prog.inplace).wrong)
+                    wrong, first = check_once(call, coll, sbuf, rbuf, n_in, world, stream)
                     ours, host = timed(call, iters, world, stream)
                     graph = graph_timed(call, 20, world, stream) if size <= graph_max else math.nan
                     g.check()
@@ -276,13 +297,13 @@ def main() -> int:
                         nccl_graph = graph_timed(ncall, 20, world, stream)
                 f = bus_factor(coll, n)
                 bw, bw_nccl = nbytes / ours / 1e3 * f, nbytes / nccl_us / 1e3 * f
-                ok = "-" if wrong is None else "ok" if wrong == 0 else f"{wrong} WRONG"
+                ok = "ok" if wrong == 0 else f"{wrong} WRONG; first: {first}"
                 ratio = bw / bw_nccl if bw_nccl else 0.0
                 log.append(f"{coll:<14}{_h(nbytes):>8}  {c.label:<20}{ours:>9.1f}{host:>9.1f}{graph:>9.1f}"
                            f"{bw:>10.2f}{nccl_us:>9.1f}{nccl_graph:>11.1f}{ratio:>7.2f}  {ok}")
                 if rank == 0 and args.log:
                     print("  " + log[-1], flush=True)
-                if wrong in (None, 0):
+                if wrong == 0:
                     rows.append((ours, f"{coll:<14}{_h(nbytes):>8}  {c.label:<20}{ours:>9.1f}{bw:>10.2f}"
                                        f"{nccl_us:>9.1f}{bw_nccl:>11.2f}{ratio:>7.2f}  {ok}"))
                 else:   # a wrong result is never hidden behind a faster right one

@@ -1,20 +1,22 @@
 import pytest
 
+from gpu_availability import GpuProbeError, probe_cupy
 
-def _cuda_devices() -> int:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no cupy, no driver, or no device: all mean "no GPU here"
-        return 0
+# (marker, devices it needs)
+_GPU_MARKERS = (("gpu", 1), ("multigpu", 2))
 
 
 def pytest_collection_modifyitems(config, items):
-    ndev = _cuda_devices()
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (cupy found none)")
-    skip_multi = pytest.mark.skip(reason=f"needs >= 2 CUDA GPUs (found {ndev})")
-    for item in items:
-        if "gpu" in item.keywords and ndev < 1:
-            item.add_marker(skip_gpu)
-        if "multigpu" in item.keywords and ndev < 2:
-            item.add_marker(skip_multi)
+    gpu_items = [it for it in items if any(m in it.keywords for m, _ in _GPU_MARKERS)]
+    if not gpu_items:
+        return  # a CPU-only selection does not depend on the CUDA setup
+    try:
+        avail = probe_cupy()
+    except GpuProbeError as e:
+        raise pytest.UsageError(str(e)) from e
+    for item in gpu_items:
+        for marker, needs in _GPU_MARKERS:
+            if marker in item.keywords:
+                reason = avail.skip_reason(needs)
+                if reason is not None:
+                    item.add_marker(pytest.mark.skip(reason=reason))

@@ -67,7 +67,7 @@ def test_table_columns_line_up():
     assert "N/A" in lines[0]                       # an unchecked case says so
     assert "1.00x" in lines[1]
     rows[1].results["gc3"]["ip"].algorithm = "NCCL"
-    assert perf.format_row(rows[1], impls).endswith("ll.xml / NCCL")
+    assert perf.format_row(rows[1], impls).endswith("ll.xml / NCCL  <- WRONG")   # gc3 in-place: 3 wrong
     foot = perf.footer(rows, impls)
     assert "gc3: out of bounds values: 6 FAILED" in foot[0] and "NCCL: out of bounds values: 0 OK" in foot[1]
 

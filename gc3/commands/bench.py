@@ -88,6 +88,8 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
             current[0] = row.coll
             click.echo("\n".join(perf.header(row.coll, host.size, dtype, op, impls)))
         click.echo(perf.format_row(row, impls))
+        for line in perf.wrong_details(row):
+            click.echo(line)
         sys.stdout.flush()
 
     try:

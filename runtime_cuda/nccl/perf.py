@@ -66,6 +66,7 @@ class Measure:
     busbw: float      # GB/s
     wrong: Optional[int]   # None when not checked
     algorithm: str = ""    # which gc3 algorithm served it, or "NCCL"
+    first_wrong: str = ""  # where the first wrong element is, when wrong
 
 
 @dataclass
@@ -136,7 +137,16 @@ def format_row(row: Row, impls: Sequence[str]) -> str:
         names = [m.algorithm if m is not None and m.algorithm else "-" for m in algos]
         line += " | " + " ".join("{:>6}".format("-" if s is None else f"{s:.2f}x") for s in sp)
         line += "  " + (names[0] if names[0] == names[1] else " / ".join(names))
+    if any(m.wrong for side in row.results.values() for m in side.values()):
+        line += "  <- WRONG"
     return line
+
+
+def wrong_details(row: Row) -> List[str]:
+    """Comment lines naming the first wrong element of each wrong case of `row`."""
+    return [f"#   {'gc3' if impl == 'gc3' else 'NCCL'} {'out-of-place' if place == 'oop' else 'in-place'} "
+            f"{row.nbytes} B: {m.wrong} wrong; first: {m.first_wrong or '?'}"
+            for impl, side in row.results.items() for place, m in side.items() if m.wrong]
 
 
 def footer(rows: Sequence[Row], impls: Sequence[str]) -> List[str]:

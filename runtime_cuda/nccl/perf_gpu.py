@@ -2,16 +2,16 @@
 nccl-tests' method.
 
 For each collective and size, each implementation (gc3's communicator, and
-NCCL through cupy.cuda.nccl) is first *checked*: inputs are generated on the
-GPU from (rank, index), outputs are pre-filled with NaN/0xFF so a missed write
-shows, one call runs, and every output element is compared with the expected
-value computed on the GPU from every rank's generator (#wrong, summed over
-ranks).  Then `warmup` calls, and `iters` calls timed with CUDA events; the
-time is averaged over ranks, as nccl-tests does.
+NCCL through cupy.cuda.nccl) is first *checked*, at every size: inputs are
+generated on the GPU from (rank, index), outputs are pre-filled with NaN/0xFF
+so a missed write shows, one call runs, and every output element is compared
+on the GPU with the value it must hold (runtime_cuda.nccl.datacheck: small
+integers, compared exactly; #wrong summed over ranks, and the first wrong
+element reported). Then `warmup` calls, and `iters` calls timed with CUDA
+events; the time is averaged over ranks, as nccl-tests does.
 
-The generated values are small integers (powers of two for prod), so every
-reduction order is exact and floats are compared with gc3.dtypes' tolerances
-only for avg's division.
+The caller's current CuPy stream is never changed for longer than the data
+set-up and check, and is restored afterwards (datacheck.stream_current).
 """
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from gc3.dtypes import TOLERANCES, dtype_info
-
+from . import datacheck
 from .call import REDUCING, Call
 from .constants import DTYPE_CODES, ITEMSIZE, OP_CODES
 from .perf import PLACES, Row, element_count, measure, nccl_count
@@ -60,6 +59,11 @@ class Host:
     def total(self, x: int) -> int:
         return self.comm.allreduce(x) if self.comm else x
 
+    def first(self, text: str) -> str:
+        """The first non-empty `text` in rank order (every rank gets it)."""
+        texts = self.comm.allgather(text) if self.comm else [text]
+        return next((t for t in texts if t), "")
+
     def barrier(self) -> None:
         if self.comm:
             self.comm.Barrier()
@@ -71,95 +75,6 @@ def local_device(rank: int) -> int:
         if var in os.environ:
             return int(os.environ[var]) % cupy.cuda.runtime.getDeviceCount()
     return rank % cupy.cuda.runtime.getDeviceCount()
-
-
-# --- data: generated on the GPU, stored in any NCCL dtype ----------------------------
-
-def _generate(rank: int, n: int, op: str, dtype: str, nranks: int):
-    """Rank `rank`'s input: n small integers (int64) that reduce exactly in `dtype`."""
-    import cupy
-    i = cupy.arange(n, dtype=cupy.int64)
-    h = (i * 2654435761 + (rank + 1) * 40503 * 1021) % 1000003
-    info = dtype_info(dtype)
-    signed = info.name != "uint8"
-    if op == "prod":
-        v = 1 + (h % 2)
-        return v * (1 - 2 * ((h >> 3) % 2)) if signed else v
-    m = max(2, min(info.exact // nranks if op in ("sum", "avg") else info.exact, 2048))
-    return h % (m + 1) - (m // 2 if signed else 0)
-
-
-def _store(buf, offset_elems: int, values, dtype: str) -> None:
-    import cupy
-    n = values.size
-    if dtype == "bfloat16":
-        bits = values.astype(cupy.float32).view(cupy.uint32) >> 16
-        buf.view(cupy.uint16)[offset_elems: offset_elems + n] = bits.astype(cupy.uint16)
-    else:
-        buf.view(dtype_info(dtype).np)[offset_elems: offset_elems + n] = values.astype(dtype_info(dtype).np)
-
-
-def _load(buf, offset_elems: int, n: int, dtype: str):
-    """Elements as float64 (floats) or int64 (integers)."""
-    import cupy
-    if dtype == "bfloat16":
-        bits = buf.view(cupy.uint16)[offset_elems: offset_elems + n].astype(cupy.uint32) << 16
-        return bits.view(cupy.float32).astype(cupy.float64)
-    x = buf.view(dtype_info(dtype).np)[offset_elems: offset_elems + n]
-    return x.astype(cupy.float64 if dtype_info(dtype).is_float else cupy.int64)
-
-
-def _reduce_all(arrays, op: str, nranks: int):
-    import cupy
-    acc = arrays[0].astype(cupy.float64)
-    for a in arrays[1:]:
-        b = a.astype(cupy.float64)
-        acc = {"sum": acc + b, "avg": acc + b, "prod": acc * b, "max": cupy.maximum(acc, b),
-               "min": cupy.minimum(acc, b)}[op]
-    return acc / nranks if op == "avg" else acc
-
-
-def _as_stored(values, dtype: str):
-    """What `values` become once written in `dtype` and read back (rounding, wrap-around)."""
-    import cupy
-    tmp = cupy.empty(values.size * ITEMSIZE[DTYPE_CODES[dtype]], dtype=cupy.uint8)
-    if dtype_info(dtype).is_float or values.dtype.kind in "iu":
-        _store(tmp, 0, values, dtype)
-    else:  # avg of integers: NCCL divides and truncates
-        _store(tmp, 0, cupy.trunc(values).astype(cupy.int64), dtype)
-    return _load(tmp, 0, values.size, dtype)
-
-
-def expected_output(coll: str, rank: int, nranks: int, count: int, op: str, dtype: str, root: int):
-    """This rank's expected output (NCCL count convention), or None where unspecified."""
-    import cupy
-    gen = lambda r, n: _generate(r, n, op, dtype, nranks)  # noqa: E731
-    if coll == "allreduce":
-        out = _reduce_all([gen(r, count) for r in range(nranks)], op, nranks)
-    elif coll == "allgather":
-        out = cupy.concatenate([gen(r, count) for r in range(nranks)])
-    elif coll == "reducescatter":
-        out = _reduce_all([gen(r, count * nranks)[rank * count:(rank + 1) * count] for r in range(nranks)],
-                          op, nranks)
-    elif coll == "alltoall":
-        out = cupy.concatenate([gen(r, count * nranks)[rank * count:(rank + 1) * count] for r in range(nranks)])
-    elif coll == "broadcast":
-        out = gen(root, count)
-    elif coll == "reduce":
-        if rank != root:
-            return None
-        out = _reduce_all([gen(r, count) for r in range(nranks)], op, nranks)
-    else:
-        raise ValueError(coll)
-    return _as_stored(out, dtype)
-
-
-def count_wrong(got, want, dtype: str) -> int:
-    import cupy
-    if not dtype_info(dtype).is_float:
-        return int(cupy.count_nonzero(got != want))
-    rtol, atol = TOLERANCES[dtype_info(dtype).name]
-    return int(cupy.count_nonzero(~cupy.isclose(got, want, rtol=rtol, atol=atol)))
 
 
 # --- one implementation on one buffer pair ---------------------------------------------
@@ -191,7 +106,8 @@ Issue = Callable[[str, int, int, int, int, Optional[int], int, int], str]
 
 def run_case(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int, inplace: bool,
              sendbuf, recvbuf, stream):
-    """(time in us averaged over ranks, #wrong summed over ranks or None, route name)."""
+    """(time in us averaged over ranks, #wrong summed over ranks or None,
+    the first wrong element of the lowest rank that has one, route name)."""
     import cupy
     n, rank = host.size, host.rank
     code = DTYPE_CODES[cfg.dtype]
@@ -201,35 +117,37 @@ def run_case(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int,
     op = OP_CODES[cfg.op] if coll in REDUCING else None
     p = place(coll, inplace, sendbuf, recvbuf, count, rank, es)
     in_elems = count * n if coll in ("reducescatter", "alltoall") else count
-    out_elems = count * n if coll in ("allgather", "alltoall") else count
 
     def call():
         return issue(coll, p.send, p.recv, count, code, op, stream.ptr, cfg.root)
 
-    wrong, route = None, ""
-    with stream:
-        if cfg.check:
+    wrong, first, route = None, "", ""
+    if cfg.check:
+        # Once per size, before the timed calls. The data work runs on `stream`
+        # so it is ordered with the collective without a device-wide sync.
+        with datacheck.stream_current(stream):
             recvbuf.fill(0xFF)
-            _store(p.in_buf, p.in_off, _generate(rank, in_elems, cfg.op, cfg.dtype, n), cfg.dtype)
-            stream.synchronize()
-            host.barrier()
-            route = call()
-            stream.synchronize()
-            want = expected_output(coll, rank, n, count, cfg.op, cfg.dtype, cfg.root)
-            mine = 0 if want is None else count_wrong(_load(p.out_buf, p.out_off, out_elems, cfg.dtype), want, cfg.dtype)
-            wrong = host.total(mine)
-        for _ in range(cfg.warmup):
-            route = call()
+            datacheck.fill_input(cupy, p.in_buf, p.in_off, rank, in_elems, cfg.op, cfg.dtype, n)
         stream.synchronize()
         host.barrier()
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        for _ in range(cfg.iters):
-            route = call()
-        end.record(stream)
-        end.synchronize()
+        route = call()
+        with datacheck.stream_current(stream):
+            mine = datacheck.check_output(cupy, coll, rank, n, count, cfg.op, cfg.dtype, cfg.root,
+                                          p.out_buf, p.out_off)
+        wrong = host.total(mine.wrong)
+        first = host.first(mine.describe(rank))
+    for _ in range(cfg.warmup):
+        route = call()
+    stream.synchronize()
+    host.barrier()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(stream)
+    for _ in range(cfg.iters):
+        route = call()
+    end.record(stream)
+    end.synchronize()
     elapsed_us = cupy.cuda.get_elapsed_time(start, end) * 1000.0 / max(cfg.iters, 1)
-    return host.mean(elapsed_us), wrong, route
+    return host.mean(elapsed_us), wrong, first, route
 
 
 def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> List[Row]:
@@ -267,9 +185,11 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
             for name, issue in impls.items():
                 row.results[name] = {}
                 for place_name in PLACES:
-                    t, wrong, route = run_case(issue, host, cfg, coll, total * es, place_name == "ip",
-                                               sendbuf, recvbuf, stream)
-                    row.results[name][place_name] = measure(coll, total * es, host.size, t, wrong, route)
+                    t, wrong, first, route = run_case(issue, host, cfg, coll, total * es, place_name == "ip",
+                                                      sendbuf, recvbuf, stream)
+                    m = measure(coll, total * es, host.size, t, wrong, route)
+                    m.first_wrong = first
+                    row.results[name][place_name] = m
             rows.append(row)
             report(row)
     return rows
