@@ -54,7 +54,7 @@ def current(stream):
     from . import faults
 
     if faults.active("stream-reset"):   # the old bug, on purpose: leaving `with` resets to the stack bottom
-        with stream:
+        with stream:  # GC3_FAULT=stream-reset keeps the old bug on purpose
             yield stream
         return
     prev = cupy.cuda.get_current_stream()

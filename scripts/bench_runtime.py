@@ -167,17 +167,18 @@ def check_once(call, coll, sbuf, rbuf, n_in, mpi_comm, stream) -> Tuple[int, str
     wrong element)."""
     import cupy
 
+    from runtime_cuda import streams
     from runtime_cuda.nccl import datacheck
 
     rank, n = mpi_comm.rank, mpi_comm.size
     count = n_in // n if coll in ("reducescatter", "alltoall") else n_in
-    with datacheck.stream_current(stream):
+    with streams.current(stream):
         rbuf.fill(cupy.nan)
         datacheck.fill_input(cupy, sbuf, 0, rank, n_in, "sum", "float32", n)
     stream.synchronize()
     mpi_comm.Barrier()
     call()
-    with datacheck.stream_current(stream):
+    with streams.current(stream):
         res = datacheck.check_output(cupy, coll, rank, n, count, "sum", "float32", 0, rbuf)
     firsts = [f for f in mpi_comm.allgather(res.describe(rank)) if f]
     return mpi_comm.allreduce(res.wrong), (firsts[0] if firsts else "")

@@ -18,7 +18,6 @@ crosses to the host.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -45,22 +44,6 @@ def avg_bound(dtype: str, nranks: int) -> float:
     stored mean's own), each of a value at most AVG_MAX in magnitude (sums of
     whole inputs are exact), so at most half an ulp of 2 * AVG_MAX."""
     return 2 * nranks * AVG_MAX * 2.0 ** -_PRECISION[dtype_info(dtype).name]
-
-
-@contextmanager
-def stream_current(stream):
-    """Make `stream` CuPy's current stream for the block, then restore the one
-    that was current before. Not `with stream:`: CuPy's `Stream.use()` does not
-    push on the stream stack that `with` pops, so leaving a `with stream:`
-    block would make the legacy default stream current and silently undo a
-    caller's own `s.use()`."""
-    import cupy
-    prev = cupy.cuda.get_current_stream()
-    stream.use()
-    try:
-        yield stream
-    finally:
-        prev.use()
 
 
 def generate(xp, rank: int, start: int, n: int, op: str, dtype: str, nranks: int):

@@ -11,13 +11,15 @@ element reported). Then `warmup` calls, and `iters` calls timed with CUDA
 events; the time is averaged over ranks, as nccl-tests does.
 
 The caller's current CuPy stream is never changed for longer than the data
-set-up and check, and is restored afterwards (datacheck.stream_current).
+set-up and check, and is restored afterwards (runtime_cuda.streams.current).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
+
+from runtime_cuda import streams
 
 from . import datacheck
 from .call import REDUCING, Call
@@ -125,13 +127,13 @@ def run_case(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int,
     if cfg.check:
         # Once per size, before the timed calls. The data work runs on `stream`
         # so it is ordered with the collective without a device-wide sync.
-        with datacheck.stream_current(stream):
+        with streams.current(stream):
             recvbuf.fill(0xFF)
             datacheck.fill_input(cupy, p.in_buf, p.in_off, rank, in_elems, cfg.op, cfg.dtype, n)
         stream.synchronize()
         host.barrier()
         route = call()
-        with datacheck.stream_current(stream):
+        with streams.current(stream):
             mine = datacheck.check_output(cupy, coll, rank, n, count, cfg.op, cfg.dtype, cfg.root,
                                           p.out_buf, p.out_off)
         wrong = host.total(mine.wrong)
