@@ -26,7 +26,8 @@ the call left CuPy's current stream as it found it.
 
 A mismatch prints the call, the rank, the first differing index and both
 values, then searches for the shortest run of calls ending in the failing one
-that still fails.  The exit status is 1 on any mismatch or hang.
+that still fails.  The exit status is 1 on any mismatch or GPU timeout, and 3 when
+a batch never finishes (the watchdog, --hang-s).
 `--record FILE` appends the one-line summary (runtime_cuda/measured/fuzz.txt).
 `GC3_FAULT=...` (runtime_cuda/faults.py) puts known bugs back, to show the
 fuzz catches them.
@@ -38,6 +39,7 @@ import datetime
 import os
 import random
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -521,7 +523,6 @@ class VirtualRanksRunner:
         with st.on(spec):
             for r in range(self.n):
                 fill_input(gpu, spec, self.n, r, sends[r])
-        cur = cp.cuda.get_current_stream().ptr
         if not indep:
             st.join(cs, cur)
         op = OP_NAMES[spec.op] if spec.op is not None else "sum"
@@ -546,6 +547,17 @@ class VirtualRanksRunner:
 
 
 # --- the loop -------------------------------------------------------------------------------------------
+
+def hang(rank: int, seed: int, index: int) -> None:
+    """A batch that never finishes: say so, show where the host is, and stop
+    (the GPU may be stuck, so nothing after this could be trusted)."""
+    import faulthandler
+
+    print(f"rank {rank}: HANG: the batch of seed {seed} starting at call #{index} did not finish; "
+          "host stacks follow", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(all_threads=True)
+    os._exit(3)
+
 
 def hw_description(cp, ngpus: int) -> str:
     name = cp.cuda.runtime.getDeviceProperties(0)["name"]
@@ -575,7 +587,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="", help="comma-separated dtype names (default: all NCCL has)")
     p.add_argument("--ops", default="", help="comma-separated op names (default: all NCCL has)")
     p.add_argument("--no-nccl", action="store_true", help="never open NCCL (use the MPI stand-in)")
-    p.add_argument("--hang-s", type=float, default=120.0, help="a batch taking longer counts as a hang")
+    p.add_argument("--hang-s", type=float, default=60.0, help="a batch taking longer is a hang (exit 3)")
     p.add_argument("--record", help="append the summary line to this file (rank 0)")
     p.add_argument("--no-minimize", action="store_true")
     args = p.parse_args(argv)
@@ -590,8 +602,6 @@ def main(argv=None) -> int:
     bad = sorted(set(colls) - set(COLLS))
     if bad or args.calls < 0 or args.max_bytes < 1 or args.batch < 1 or args.ranks < 1:
         p.error(f"bad arguments ({'unknown collective ' + ', '.join(bad) if bad else 'counts must be positive'})")
-
-    import faulthandler
 
     import cupy as cp
 
@@ -619,7 +629,9 @@ def main(argv=None) -> int:
         i = 0
         while i < args.calls and not failures:
             batch = min(rng.randint(1, args.batch), args.calls - i)
-            faulthandler.dump_traceback_later(args.hang_s, exit=True)
+            watchdog = threading.Timer(args.hang_s, hang, (rank, seed, i))
+            watchdog.daemon = True
+            watchdog.start()
             outcomes = []
             try:
                 for k in range(i, i + batch):
@@ -638,7 +650,7 @@ def main(argv=None) -> int:
                 hangs += kind == "hang"
                 mismatches += kind != "hang"
                 failures.append(f"{kind} in batch at call #{i}: {type(exc).__name__}: {exc}")
-            faulthandler.cancel_dump_traceback_later()
+            watchdog.cancel()
             results = []
             if outcomes:
                 flat = [s for o in outcomes for (_, _, s) in o.checks]
