@@ -488,9 +488,10 @@ class VirtualRanksRunner:
         from runtime_cuda.nccl.selection import select
         from runtime_cuda.virtual import VirtualRanks
 
-        cp, gpu, st = self.cp, self.gpu, self.streams
         from runtime_cuda import abi
 
+        cp, gpu, st = self.cp, self.gpu, self.streams
+        cur = cp.cuda.get_current_stream().ptr   # before any set-up: that must not change it either
         out = Outcome(spec, "skipped", [])
         if (spec.coll == "sendrecv" or DTYPE_NAMES[spec.dtype] not in abi.DTYPE
                 or (spec.op is not None and OP_NAMES[spec.op] not in abi.REDOP)):
@@ -588,6 +589,8 @@ def main(argv=None) -> int:
     p.add_argument("--ops", default="", help="comma-separated op names (default: all NCCL has)")
     p.add_argument("--no-nccl", action="store_true", help="never open NCCL (use the MPI stand-in)")
     p.add_argument("--hang-s", type=float, default=60.0, help="a batch taking longer is a hang (exit 3)")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="seconds; stop drawing new batches after this (0: none) and report what ran")
     p.add_argument("--record", help="append the summary line to this file (rank 0)")
     p.add_argument("--no-minimize", action="store_true")
     args = p.parse_args(argv)
@@ -624,6 +627,7 @@ def main(argv=None) -> int:
     failures: List[str] = []
     first_fail: Optional[Tuple[int, int]] = None   # (seed, index)
     t0 = time.time()
+    out_of_time = False
     for seed in range(args.seed, args.seed + args.seeds):
         rng = random.Random(seed)
         i = 0
@@ -680,6 +684,11 @@ def main(argv=None) -> int:
             if agree_max(len(failures)):
                 break
             i += batch
+            if args.time_budget and agree_max(int(time.time() - t0 > args.time_budget)):
+                out_of_time = True
+                break
+        if out_of_time:
+            break
         if agree_max(len(failures)):
             break
 

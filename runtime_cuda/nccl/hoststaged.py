@@ -81,6 +81,12 @@ class HostStagedNccl:
                                           stream)
         cupy.cuda.runtime.streamSynchronize(stream)
 
+    def _allgather(self, a: np.ndarray) -> List[np.ndarray]:
+        # Buffer-based (no pickling): these carry up to hundreds of MiB per call.
+        out = np.empty((self.n, a.size), dtype=a.dtype)
+        self.mpi.Allgather(a.view(np.uint8), out.view(np.uint8))
+        return list(out)
+
     def _reduce(self, parts: List[np.ndarray], op: int) -> np.ndarray:
         acc = parts[0].copy()
         for p in parts[1:]:
@@ -100,26 +106,27 @@ class HostStagedNccl:
     # -- collectives ------------------------------------------------------------------
     def allReduce(self, send, recv, count, code, op, stream):
         def go():
-            parts = self.mpi.allgather(self._get(send, count, code, stream))
+            parts = self._allgather(self._get(send, count, code, stream))
             self._put(recv, self._reduce(parts, op), stream)
         self._run(go)
 
     def reduceScatter(self, send, recv, count, code, op, stream):
         def go():
-            parts = self.mpi.allgather(self._get(send, count * self.n, code, stream))
+            parts = self._allgather(self._get(send, count * self.n, code, stream))
             self._put(recv, self._reduce(parts, op)[self.rank * count:(self.rank + 1) * count], stream)
         self._run(go)
 
     def allGather(self, send, recv, count, code, stream):
         def go():
-            parts = self.mpi.allgather(self._get(send, count, code, stream))
+            parts = self._allgather(self._get(send, count, code, stream))
             self._put(recv, np.concatenate(parts), stream)
         self._run(go)
 
     def broadcast(self, send, recv, count, code, root, stream):
         def go():
-            mine = self._get(send, count, code, stream) if self.rank == root else None
-            self._put(recv, self.mpi.bcast(mine, root=root), stream)
+            buf = self._get(send, count, code, stream) if self.rank == root else np.empty(count, self._dtype(code))
+            self.mpi.Bcast(buf.view(np.uint8), root=root)
+            self._put(recv, buf, stream)
         self._run(go)
 
     def bcast(self, buff, count, code, root, stream):
@@ -127,7 +134,7 @@ class HostStagedNccl:
 
     def reduce(self, send, recv, count, code, op, root, stream):
         def go():
-            parts = self.mpi.allgather(self._get(send, count, code, stream))
+            parts = self._allgather(self._get(send, count, code, stream))
             if self.rank == root:
                 self._put(recv, self._reduce(parts, op), stream)
         self._run(go)
