@@ -213,3 +213,17 @@ def test_fuzz_inplace_layouts_follow_nccl():
     s = fz.Spec(0, "reducescatter", 10, NCCL_FLOAT32, NCCL_SUM, 0, True, "fresh", 0, "use", 1)
     lay = fz.Layout(s, 4, 3)
     assert (lay.send_off, lay.recv_off, lay.buf_elems) == (0, 30, 40)
+
+
+def test_fuzz_lines_fold_into_one():
+    import fuzz_sum
+    a = ("fuzz mode=virtual gpus=1 ranks=4 calls=10 gc3_served=4 mismatches=0 hangs=0 max_bytes=64 streams=3 "
+         "seed=1..1 hw=1xH100 cuda=13.2 nccl=2.28.9 date=2026-11-23")
+    b = a.replace("calls=10", "calls=5").replace("seed=1..1", "seed=2..2").replace("max_bytes=64", "max_bytes=128")
+    assert fuzz_sum.fold([a, b]) == ("fuzz mode=virtual gpus=1 ranks=4 calls=15 gc3_served=8 mismatches=0 hangs=0 "
+                                     "max_bytes=128 streams=3 seed=1..2 hw=1xH100 cuda=13.2 nccl=2.28.9 "
+                                     "date=2026-11-23")
+    with pytest.raises(ValueError, match="consecutive"):
+        fuzz_sum.fold([a, b.replace("seed=2..2", "seed=4..4")])
+    with pytest.raises(ValueError, match="ranks"):
+        fuzz_sum.fold([a, b.replace("ranks=4", "ranks=2")])
