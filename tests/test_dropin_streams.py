@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
 sys.path.insert(0, str(ROOT / "scripts"))
 import fuzz_dropin as fz  # noqa: E402
+from test_nccl_dispatch import RecordingNccl  # noqa: E402
 
 
 class Events:
@@ -83,17 +84,6 @@ def test_retired_objects_live_until_their_event_completes():
     ev.pending.clear()
     order.enter(5)
     assert order.pending == 0
-
-
-class RecordingNccl:
-    def __init__(self, log):
-        self.log = log
-
-    def device_id(self):
-        return 0
-
-    def __getattr__(self, name):
-        return lambda *args: self.log.append((name,) + args)
 
 
 class RecordingGc3:

@@ -15,20 +15,10 @@ from typing import Any, List
 from .constants import NCCL_INT64, NCCL_UINT8
 
 
-class _Agree:
-    def all_agree(self, ok: bool, why: str = "") -> List[str]:
-        """Every rank's failure reason ('' where it succeeded), so all ranks take the same path."""
-        return self.allgather("" if ok else (why or "failed"))
-
-
-class NcclExchange(_Agree):
-    def __init__(self, nccl_comm, rank: int, size: int, order=None):
-        self._comm = nccl_comm
-        self._rank = rank
-        self._size = size
-        # The communicator's StreamOrder: the exchange is an NCCL operation of
-        # the same communicator, so it queues behind the calls issued before it.
-        self._order = order
+class _Exchange:
+    """What both exchanges share: mpi4py's names for rank and size, and agreement."""
+    _rank: int
+    _size: int
 
     def Get_rank(self) -> int:
         return self._rank
@@ -43,6 +33,20 @@ class NcclExchange(_Agree):
     @property
     def size(self) -> int:
         return self._size
+
+    def all_agree(self, ok: bool, why: str = "") -> List[str]:
+        """Every rank's failure reason ('' where it succeeded), so all ranks take the same path."""
+        return self.allgather("" if ok else (why or "failed"))
+
+
+class NcclExchange(_Exchange):
+    def __init__(self, nccl_comm, rank: int, size: int, order=None):
+        self._comm = nccl_comm
+        self._rank = rank
+        self._size = size
+        # The communicator's StreamOrder: the exchange is an NCCL operation of
+        # the same communicator, so it queues behind the calls issued before it.
+        self._order = order
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
         import cupy
@@ -84,7 +88,7 @@ class NcclExchange(_Agree):
     Barrier = barrier
 
 
-class MpiExchange(_Agree):
+class MpiExchange(_Exchange):
     """The same exchange over an mpi4py communicator: for ranks that cannot
     open an NCCL communicator (several processes sharing one GPU, which NCCL
     refuses), and for programs that already run under MPI."""
@@ -93,20 +97,6 @@ class MpiExchange(_Agree):
         self._comm = mpi_comm
         self._rank = mpi_comm.Get_rank()
         self._size = mpi_comm.Get_size()
-
-    def Get_rank(self) -> int:
-        return self._rank
-
-    def Get_size(self) -> int:
-        return self._size
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
 
     def allgather(self, obj: Any) -> List[Any]:
         return self._comm.allgather(obj)
