@@ -77,6 +77,26 @@ class LimitError(VerificationError):
     """A schedule beyond what the runtime is built for (`gc3.limits`)."""
 
 
+class SemanticError(VerificationError):
+    """The IR does not compute its collective's postcondition (names rank, chunk and writer)."""
+
+
+class UnwrittenReadError(SemanticError):
+    """A step reads a chunk slot that nothing has written."""
+
+
+class DuplicateContributionError(SemanticError):
+    """A reduction adds an input chunk into a value that already contains it."""
+
+
+class RaceError(SemanticError):
+    """Two accesses of one slot, at least one a write, that nothing orders."""
+
+
+class PostconditionUnprovableError(VerificationError):
+    """A custom collective's IR that carries no postcondition: nothing to prove it against."""
+
+
 class LayoutError(GC3Error):
     """A call size that the IR's chunk layout cannot serve."""
 

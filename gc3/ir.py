@@ -59,6 +59,11 @@ class Convention:
 
 Operand = Tuple[str, int]  # (buffer, chunk offset); the extent is step.cnt
 
+# What a collective computes, in the IR's chunks: (rank, output chunk) -> the
+# input chunks (rank, index) reduced into it (one: a copy).  Output chunks not
+# listed are left unspecified.
+Postcondition = Dict[Tuple[int, int], Tuple[Tuple[int, int], ...]]
+
 
 @dataclass
 class Step:
@@ -115,6 +120,9 @@ class Program:
     gc3version: Optional[str] = None
     # Attributes of <algo> that gc3 does not interpret, kept for round trips.
     extra: Dict[str, str] = field(default_factory=dict)
+    # A custom collective's postcondition (<postcondition> in the XML); None
+    # for the built-in collectives, whose meaning the verifier knows.
+    postcondition: Optional[Postcondition] = None
 
     @property
     def convention(self) -> str:
