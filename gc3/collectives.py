@@ -24,7 +24,11 @@ from .errors import TraceError
 from .user_input import as_int, user_location
 from .symbolic import Value, input_chunk, reduction
 
-__all__ = ["Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
+# The collectives NCCL has: their meaning is built into gc3's verifier and
+# runtime.  Any other collective carries its postcondition in its IR.
+NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+
+__all__ = ["NCCL_COLLECTIVES", "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
            "AllToNext", "input_chunk", "reduction", "Value"]
 
 

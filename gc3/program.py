@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .chunk_ref import ChunkRef
 from .collectives import Collective
-from .errors import GC3Error, IndexOutOfRangeError, PostconditionError, TraceError, UninitializedChunkError
+from .errors import IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
 from .ir import PROTOCOLS
 from .ops import Op, Slot
 from .symbolic import Value, describe, difference, input_chunk
@@ -292,7 +292,7 @@ def int_args(argv: Optional[Sequence[str]] = None, **defaults: int) -> List[int]
     argv = sys.argv[1:] if argv is None else list(argv)
     names = list(defaults)
     if len(argv) > len(names):
-        raise GC3Error(f"{user_location()}: expected at most {len(names)} arguments ({' '.join(names)}), "
+        raise InputError(f"{user_location()}: expected at most {len(names)} arguments ({' '.join(names)}), "
                        f"got {len(argv)}: {' '.join(map(str, argv))}")
     values = []
     for k, name in enumerate(names):
@@ -302,7 +302,7 @@ def int_args(argv: Optional[Sequence[str]] = None, **defaults: int) -> List[int]
         try:
             values.append(int(argv[k]))
         except ValueError:
-            raise GC3Error(f"{user_location()}: argument {name} must be an int, got {argv[k]!r}") from None
+            raise InputError(f"{user_location()}: argument {name} must be an int, got {argv[k]!r}") from None
     return values
 
 
@@ -310,7 +310,7 @@ def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
     """Run a gc3 program file as __main__ with sys.argv = [path, *argv]; return the last program it traced."""
     path = Path(path)
     if not path.is_file():
-        raise GC3Error(f"{path}: no such program file")
+        raise InputError(f"{path}: no such program file")
     if _tracing.current is not None or _tracing.recorded is not None:
         raise TraceError(f"{path}: cannot run a script while another program is being traced")
     saved_argv = sys.argv
@@ -320,7 +320,7 @@ def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
         runpy.run_path(str(path), run_name="__main__")
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
-            raise GC3Error(f"{path}: the program exited with status {exit_.code!r} "
+            raise InputError(f"{path}: the program exited with status {exit_.code!r} "
                            f"(arguments: {' '.join(map(str, argv)) or 'none'})") from None
     finally:
         recorded = _tracing.recorded
@@ -328,6 +328,6 @@ def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
         _tracing.current = None
         sys.argv = saved_argv
     if not recorded:
-        raise GC3Error(f"{path}: the script traced no GC3Program (is its `with GC3Program(...)` block "
+        raise InputError(f"{path}: the script traced no GC3Program (is its `with GC3Program(...)` block "
                        f"reached when run as __main__?)")
     return recorded[-1]

@@ -13,7 +13,16 @@ from typing import Callable, Dict, Union
 from lxml import etree
 
 from .errors import IRFormatError
-from .ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Program, Step, Threadblock
+from .ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Postcondition, Program, Step, Threadblock
+
+# A custom collective's postcondition is one extra child of <algo>, after the
+# <gpu>s: MSCCL's hand-written reader looks for <gpu> children by name and
+# skips any other element, so a file that carries it still loads there.  Each
+# <term> says: output chunks out..out+cnt-1 of `rank` each include input chunk
+# in+k of `src` (several terms for one output chunk: a reduction).  Five short
+# attributes, far inside MSCCL's attribute count and length bounds.
+POSTCONDITION = "postcondition"
+_TERM = "term"
 
 _ALGO_REQUIRED = ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace")
 _ALGO_OPTIONAL = ("outofplace", "minBytes", "maxBytes", "redop", "gc3version")
@@ -53,10 +62,12 @@ def _choice(options):
     return conv
 
 
-def _children(el, tag: str, source: str):
+def _children(el, tag: str, source: str, also=()):
     out = []
     for child in el:
         if not isinstance(child.tag, str):  # comments, processing instructions
+            continue
+        if child.tag in also:
             continue
         if child.tag != tag:
             raise IRFormatError(f"{_where(child, source)} unexpected inside <{el.tag}> (expected <{tag}>)")
@@ -123,8 +134,54 @@ def from_element(root, source: str = "<xml>") -> Program:
         gc3version=_attr(root, "gc3version", source, required=False),
         extra={k: v for k, v in root.attrib.items() if k not in known},
     )
-    prog.gpus = [_read_gpu(g, source) for g in _children(root, "gpu", source)]
+    prog.gpus = [_read_gpu(g, source) for g in _children(root, "gpu", source, also=(POSTCONDITION,))]
+    posts = root.findall(POSTCONDITION)
+    if len(posts) > 1:
+        raise IRFormatError(f"{_where(posts[1], source)} a second <{POSTCONDITION}>; at most one")
+    if posts:
+        prog.postcondition = _read_postcondition(posts[0], source, prog.ngpus)
     return prog
+
+
+def _read_postcondition(el, source: str, ngpus: int) -> Postcondition:
+    post: Dict = {}
+    for t in _children(el, _TERM, source):
+        vals = {k: _attr(t, k, source, _int) for k in ("rank", "out", "src", "in", "cnt")}
+        for k, v in vals.items():
+            if v < 0 or (k in ("rank", "src") and v >= ngpus) or (k == "cnt" and v < 1):
+                want = f"a rank in 0..{ngpus - 1}" if k in ("rank", "src") else "an integer >= 1" if k == "cnt" \
+                    else "an integer >= 0"
+                raise IRFormatError(f"{_where(t, source)} attribute {k}={t.get(k)!r}: expected {want}")
+        for j in range(vals["cnt"]):
+            key = (vals["rank"], vals["out"] + j)
+            term = (vals["src"], vals["in"] + j)
+            terms = post.setdefault(key, set())
+            if term in terms:
+                raise IRFormatError(f"{_where(t, source)} names input chunk {term} for output chunk {key} twice")
+            terms.add(term)
+    return {key: tuple(sorted(terms)) for key, terms in post.items()}
+
+
+def postcondition_terms(post: Postcondition):
+    """(rank, out, src, in, cnt) runs covering `post`: consecutive output chunks
+    fed by consecutive input chunks of one rank share a term."""
+    singles = sorted((r, src, o - i, o) for (r, o), terms in post.items() for src, i in terms)
+    runs = []
+    for r, src, delta, o in singles:
+        last = runs[-1] if runs else None
+        if last and last[:2] == [r, src] and last[2] - last[3] == delta and last[2] + last[4] == o:
+            last[4] += 1
+        else:
+            runs.append([r, src, o, o - delta, 1])
+    return [(r, o, src, i, cnt) for r, src, o, i, cnt in runs]
+
+
+def _postcondition_element(post: Postcondition):
+    el = etree.Element(POSTCONDITION)
+    for r, o, src, i, cnt in postcondition_terms(post):
+        etree.SubElement(el, _TERM, {"rank": str(r), "out": str(o), "src": str(src), "in": str(i),
+                                     "cnt": str(cnt)})
+    return el
 
 
 def from_xml(text: Union[str, bytes], source: str = "<xml>") -> Program:
@@ -188,6 +245,8 @@ def to_element(prog: Program):
                 for k in ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps"):
                     se.set(k, str(getattr(st, k)))
                 se.set("hasdep", _b(st.hasdep))
+    if prog.postcondition is not None:
+        root.append(_postcondition_element(prog.postcondition))
     return root
 
 
@@ -211,6 +270,8 @@ def to_xml(prog: Program) -> str:
     outside the IR's keywords takes the all-lxml path, so the text is
     always exactly what lxml writes (tests compare the two).
     """
+    if prog.postcondition is not None:   # custom collectives only: small programs
+        return _to_xml_lxml(prog)
     head = etree.tostring(etree.Element("algo", _algo_attrs(prog)), encoding="unicode")
     if not prog.gpus:
         return head + "\n"

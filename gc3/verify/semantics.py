@@ -52,12 +52,11 @@ import numpy as np
 from ..errors import (DeadlockError, DuplicateContributionError, PostconditionUnprovableError, RaceError,
                       SemanticError, UnwrittenReadError)
 from ..ir import Postcondition, Program, local_input, local_output
+from ..collectives import NCCL_COLLECTIVES
 from ..layout import layout_for
 from .model import Model
 
-# The collectives whose meaning gc3 knows without being told (NCCL's); any
-# other must carry its postcondition in the IR.
-BUILTIN = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+BUILTIN = NCCL_COLLECTIVES   # known without being told; any other carries its postcondition
 
 _SHOWN = 6
 
@@ -134,7 +133,7 @@ def builtin_postcondition(prog: Program) -> Postcondition:
         for j in range(coll.output_size(r)):
             v = coll.postcondition(r, j)
             if v is not None:
-                post[(r, j)] = tuple(v.terms)
+                post[(r, j)] = tuple(sorted(v.terms))
     return post
 
 
