@@ -12,6 +12,7 @@ import os
 import click
 
 from ..errors import GC3Error
+from ._common import fail
 
 
 def _world_size() -> int:
@@ -67,10 +68,18 @@ def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout,
     from ..dtypes import dtype_info
     from ..xml_io import read_xml
 
+    from ..verify import verify
+
     mode = _mode(mode, _world_size())
+    try:
+        prog = read_xml(xml)
+        # Nothing unproven reaches a GPU: a wrong IR could hang it or return wrong data.
+        verify(prog)
+    except GC3Error as exc:
+        fail(xml, exc)
     _need_gpu()
     try:
-        _run(read_xml(xml), size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout, mode)
+        _run(prog, size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout, mode)
     except GC3Error as exc:
         raise click.ClickException(str(exc)) from None
 
