@@ -116,13 +116,17 @@ class PostconditionUnprovableError(VerificationError):
     """A custom collective's IR that carries no postcondition: nothing to prove it against."""
 
 
-class LayoutError(GC3Error):
+class LayoutError(InputError):
     """A call size that the IR's chunk layout cannot serve."""
 
 
 # --- execution ------------------------------------------------------------
 class SimulationError(GC3Error):
     pass
+
+
+class SizeError(InputError, SimulationError):
+    """A byte size or element count that cannot be read or is beyond gc3.limits."""
 
 
 class RuntimeTimeoutError(GC3Error):

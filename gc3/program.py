@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .chunk_ref import ChunkRef
 from .collectives import Collective
-from .errors import IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
+from .errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
 from .ir import PROTOCOLS
 from .ops import Op, Slot
 from .symbolic import Value, describe, difference, input_chunk
@@ -306,11 +306,24 @@ def int_args(argv: Optional[Sequence[str]] = None, **defaults: int) -> List[int]
     return values
 
 
+def _user_frame(tb, path: Path) -> str:
+    """file:line of the innermost frame of traceback `tb` in the user's script (else the script)."""
+    where = str(path)
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == path.resolve():
+            where = f"{path}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
 def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
     """Run a gc3 program file as __main__ with sys.argv = [path, *argv]; return the last program it traced."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such program file")
+    if path.suffix != ".py":
+        raise InputError(f"{path}: expected a gc3 DSL program (FILE.py); an XML IR is read by "
+                         f"`gc3 check`, `gc3 show` and `gc3 simulate`")
     if _tracing.current is not None or _tracing.recorded is not None:
         raise TraceError(f"{path}: cannot run a script while another program is being traced")
     saved_argv = sys.argv
@@ -318,6 +331,14 @@ def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
     _tracing.recorded = []
     try:
         runpy.run_path(str(path), run_name="__main__")
+    except GC3Error:
+        raise
+    except SyntaxError as exc:
+        raise InputError(f"{exc.filename}:{exc.lineno}: not valid Python: {exc.msg}") from None
+    except Exception as exc:
+        # The user's own bug: say where in their file, without a traceback of gc3's.
+        raise InputError(f"{_user_frame(exc.__traceback__, path)}: the program raised "
+                         f"{type(exc).__name__}: {exc}") from None
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
             raise InputError(f"{path}: the program exited with status {exit_.code!r} "

@@ -40,3 +40,24 @@ def as_int(value, what: str, low: int = 0, where: Optional[str] = None,
     if number is None or number < low:
         raise error(f"{where or user_location()}: {what} must be an int >= {low}, got {value!r}")
     return number
+
+
+def strict_int(text, low: Optional[int] = None, high: Optional[int] = None) -> int:
+    """An integer written in ASCII digits with an optional leading '-' (no '_',
+    spaces, '+' or other scripts' digits, which Python's int() would take), within
+    [low, high]; ValueError saying what was expected otherwise."""
+    if isinstance(text, bool):
+        raise ValueError(f"expected an integer, got {text!r}")
+    if isinstance(text, int):
+        number = text
+    else:
+        s = str(text)
+        digits = s[1:] if s.startswith("-") else s
+        if not digits or not (digits.isascii() and digits.isdigit()) or len(digits) > 30:
+            raise ValueError("expected an integer of ASCII digits")
+        number = int(s)
+    if (low is not None and number < low) or (high is not None and number > high):
+        lo = "" if low is None else f"{low} <= "
+        hi = "" if high is None else f" <= {high}"
+        raise ValueError(f"out of range: expected {lo}value{hi}")
+    return number

@@ -12,7 +12,9 @@ from typing import Callable, Dict, Union
 
 from lxml import etree
 
+from . import limits
 from .errors import IRFormatError
+from .user_input import strict_int
 from .ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Postcondition, Program, Step, Threadblock
 
 # A custom collective's postcondition is one extra child of <algo>, after the
@@ -44,8 +46,20 @@ def _attr(el, name: str, source: str, conv: Callable = str, default=None, requir
         raise IRFormatError(f"{_where(el, source)} attribute {name}={raw!r}: {exc}") from None
 
 
-def _int(raw: str) -> int:
-    return int(raw, 10)
+
+def _bounded(low: int, high: int) -> Callable[[str], int]:
+    def conv(raw: str) -> int:
+        return strict_int(raw, low, high)
+    return conv
+
+
+# Integer attributes: ASCII digits only, and bounded (gc3.limits) so that
+# nothing downstream allocates or overflows on a hostile value.
+_int = _bounded(-1, limits.INT32_MAX)                 # ids, peers, deps, offsets: -1 = none
+_chunks = _bounded(0, limits.MAX_CHUNKS)              # buffer sizes
+_ranks = _bounded(1, limits.MAX_RANKS)
+_channels = _bounded(1, limits.MAX_CHANNELS)
+_nbytes = _bounded(0, limits.MAX_BYTES)
 
 
 def _bool(raw: str) -> bool:
@@ -107,9 +121,9 @@ def _read_tb(el, source: str) -> Threadblock:
 def _read_gpu(el, source: str) -> Gpu:
     g = Gpu(
         id=_attr(el, "id", source, _int),
-        i_chunks=_attr(el, "i_chunks", source, _int),
-        o_chunks=_attr(el, "o_chunks", source, _int),
-        s_chunks=_attr(el, "s_chunks", source, _int),
+        i_chunks=_attr(el, "i_chunks", source, _chunks),
+        o_chunks=_attr(el, "o_chunks", source, _chunks),
+        s_chunks=_attr(el, "s_chunks", source, _chunks),
     )
     g.threadblocks = [_read_tb(t, source) for t in _children(el, "tb", source)]
     return g
@@ -122,19 +136,27 @@ def from_element(root, source: str = "<xml>") -> Program:
     prog = Program(
         name=_attr(root, "name", source),
         proto=_attr(root, "proto", source, _choice(PROTOCOLS)),
-        nchannels=_attr(root, "nchannels", source, _int),
-        nchunksperloop=_attr(root, "nchunksperloop", source, _int),
-        ngpus=_attr(root, "ngpus", source, _int),
+        nchannels=_attr(root, "nchannels", source, _channels),
+        nchunksperloop=_attr(root, "nchunksperloop", source, _chunks),
+        ngpus=_attr(root, "ngpus", source, _ranks),
         coll=_attr(root, "coll", source),
         inplace=_attr(root, "inplace", source, _bool),
         outofplace=_attr(root, "outofplace", source, _bool, required=False),
-        minBytes=_attr(root, "minBytes", source, _int, required=False),
-        maxBytes=_attr(root, "maxBytes", source, _int, required=False),
+        minBytes=_attr(root, "minBytes", source, _nbytes, required=False),
+        maxBytes=_attr(root, "maxBytes", source, _nbytes, required=False),
         redop=_attr(root, "redop", source, required=False),
         gc3version=_attr(root, "gc3version", source, required=False),
         extra={k: v for k, v in root.attrib.items() if k not in known},
     )
-    prog.gpus = [_read_gpu(g, source) for g in _children(root, "gpu", source, also=(POSTCONDITION,))]
+    gpus = _children(root, "gpu", source, also=(POSTCONDITION,))
+    if len(gpus) > prog.ngpus:
+        raise IRFormatError(f"{_where(gpus[prog.ngpus], source)} is <gpu> number {prog.ngpus + 1}, "
+                            f"but ngpus={prog.ngpus}")
+    prog.gpus = [_read_gpu(g, source) for g in gpus]
+    total = sum(g.i_chunks + g.o_chunks + g.s_chunks for g in prog.gpus)
+    if total > limits.MAX_TOTAL_CHUNKS:
+        raise IRFormatError(f"{source}: the <gpu>s declare {total} chunks in all, more than gc3.limits."
+                            f"MAX_TOTAL_CHUNKS={limits.MAX_TOTAL_CHUNKS}")
     posts = root.findall(POSTCONDITION)
     if len(posts) > 1:
         raise IRFormatError(f"{_where(posts[1], source)} a second <{POSTCONDITION}>; at most one")
@@ -146,7 +168,7 @@ def from_element(root, source: str = "<xml>") -> Program:
 def _read_postcondition(el, source: str, ngpus: int) -> Postcondition:
     post: Dict = {}
     for t in _children(el, _TERM, source):
-        vals = {k: _attr(t, k, source, _int) for k in ("rank", "out", "src", "in", "cnt")}
+        vals = {k: _attr(t, k, source, _chunks) for k in ("rank", "out", "src", "in", "cnt")}
         for k, v in vals.items():
             if v < 0 or (k in ("rank", "src") and v >= ngpus) or (k == "cnt" and v < 1):
                 want = f"a rank in 0..{ngpus - 1}" if k in ("rank", "src") else "an integer >= 1" if k == "cnt" \

@@ -1,4 +1,12 @@
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    # The NCCL catalog caches verification verdicts; tests keep theirs out of ~/.cache.
+    os.environ["GC3_CACHE_DIR"] = tempfile.mkdtemp(prefix="gc3-test-cache-")
 
 
 def _cuda_devices() -> int:

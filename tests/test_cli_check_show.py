@@ -118,4 +118,4 @@ def test_show_program_reports_script_errors(tmp_path):
     script = tmp_path / "empty.py"
     script.write_text("x = 1\n")
     r = gc3("show", script)
-    assert r.exit_code == 1 and "traced no GC3Program" in r.output
+    assert r.exit_code == 2 and "traced no GC3Program" in r.output
