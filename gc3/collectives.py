@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from . import limits
 from .errors import TraceError
 from .user_input import as_int, user_location
 from .symbolic import Value, input_chunk, reduction
@@ -39,8 +40,8 @@ class Collective:
     aliased_buffer = "o"
 
     def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False, name: Optional[str] = None):
-        num_ranks = as_int(num_ranks, "num_ranks", 1)
-        chunk_factor = as_int(chunk_factor, "chunk_factor", 1)
+        num_ranks = as_int(num_ranks, "num_ranks", 1, high=limits.MAX_RANKS, limit="MAX_RANKS")
+        chunk_factor = as_int(chunk_factor, "chunk_factor", 1, high=limits.MAX_CHUNKS, limit="MAX_CHUNKS")
         if not isinstance(inplace, bool):
             raise TraceError(f"{user_location()}: inplace must be True or False, got {inplace!r}")
         self.num_ranks = num_ranks

@@ -128,6 +128,11 @@ class Program:
     def convention(self) -> str:
         return Convention.GC3 if self.gc3version is not None else Convention.MSCCL
 
+    def ranks_complete(self) -> bool:
+        """Whether the <gpu> ids are exactly 0..ngpus-1.  Sized by the <gpu>s
+        present, never by ngpus, which may be any number a file claims."""
+        return len(self.gpus) == self.ngpus and sorted(g.id for g in self.gpus) == list(range(len(self.gpus)))
+
     def gpu(self, rank: int) -> Gpu:
         for g in self.gpus:
             if g.id == rank:

@@ -54,8 +54,9 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
     receive threadblocks (threadblocks.merge_lone_pairs).
     """
     k = program.instances if instances is None else instances
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise LoweringError(f"instances must be an int >= 1, got {k!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limits.MAX_INSTANCES:
+        raise LoweringError(f"instances must be an int in 1..{limits.MAX_INSTANCES} (gc3.limits.MAX_INSTANCES), "
+                            f"got {k!r}")
     proto = program.protocol if protocol is None else protocol
     if proto not in PROTOCOLS:
         raise LoweringError(f"protocol {proto!r} is not one of {', '.join(PROTOCOLS)}")
@@ -75,6 +76,11 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
     gc.disable()
     try:
         plan = plan_buffers(program, k)
+        for (r, buf), n in plan.declared.items():
+            if n * plan.factor > limits.MAX_CHUNKS:
+                raise LoweringError(
+                    f"rank {r} buffer {buf!r}: {n} chunks x {plan.factor} (instances x parallelize) = "
+                    f"{n * plan.factor} chunks, more than gc3.limits.MAX_CHUNKS={limits.MAX_CHUNKS}")
 
         def schedule_of(fused: bool):
             dag = build(program.ops, plan)

@@ -31,6 +31,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import limits
 from .chunk_ref import ChunkRef
 from .collectives import Collective
 from .errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
@@ -79,6 +80,20 @@ def _current(what: str) -> "GC3Program":
     return _tracing.current
 
 
+def _check_sizes(coll: Collective, where: str) -> None:
+    """Buffer sizes within gc3.limits before anything is allocated per chunk."""
+    total = 0
+    for r in range(coll.num_ranks):
+        for what, size in (("input", coll.input_size(r)), ("output", coll.output_size(r))):
+            if size > limits.MAX_CHUNKS:
+                raise TraceError(f"{where}: {coll!r}: rank {r}'s {what} has {size} chunks, more than "
+                                 f"gc3.limits.MAX_CHUNKS={limits.MAX_CHUNKS}")
+            total += size
+    if total > limits.MAX_TOTAL_CHUNKS:
+        raise TraceError(f"{where}: {coll!r} has {total} chunks over all ranks, more than "
+                         f"gc3.limits.MAX_TOTAL_CHUNKS={limits.MAX_TOTAL_CHUNKS}")
+
+
 class GC3Program:
     def __init__(self, name: str, collective: Collective, topology: Optional[Topology] = None,
                  instances: int = 1, protocol: str = "Simple", instr_fusion: bool = True,
@@ -95,7 +110,8 @@ class GC3Program:
                              f"but the collective has {collective.num_ranks}")
         if protocol not in PROTOCOLS:
             raise TraceError(f"{where}: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
-        instances = as_int(instances, "instances", 1, where)
+        instances = as_int(instances, "instances", 1, where, high=limits.MAX_INSTANCES, limit="MAX_INSTANCES")
+        _check_sizes(collective, where)
         self.name = name
         self.collective = collective
         self.topology = topology
@@ -156,6 +172,9 @@ class GC3Program:
         count = as_int(count, "count", 1, where)
         if idx < 0:
             raise IndexOutOfRangeError(f"{where}: index {idx} of (rank {r}, {buf!r}) is negative")
+        if idx + count > limits.MAX_CHUNKS:
+            raise IndexOutOfRangeError(f"{where}: (rank {r}, {buf!r}, {idx}) with count {count} reaches past "
+                                       f"gc3.limits.MAX_CHUNKS={limits.MAX_CHUNKS} chunks per buffer")
         if buf in ("i", "o"):
             size = self.collective.size(r, buf)
             if idx + count > size:

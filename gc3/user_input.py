@@ -29,8 +29,9 @@ def _internal(filename: str) -> bool:
 
 
 def as_int(value, what: str, low: int = 0, where: Optional[str] = None,
-           error: Type[Exception] = TraceError) -> int:
-    """`value` as an int >= low (numpy ints welcome, bools not), or `error` naming the call site."""
+           error: Type[Exception] = TraceError, high: Optional[int] = None, limit: str = "") -> int:
+    """`value` as an int in [low, high] (numpy ints welcome, bools not), or `error`
+    naming the call site (and `limit`, the gc3.limits name of `high`)."""
     try:
         if isinstance(value, bool):
             raise TypeError
@@ -39,6 +40,9 @@ def as_int(value, what: str, low: int = 0, where: Optional[str] = None,
         number = None
     if number is None or number < low:
         raise error(f"{where or user_location()}: {what} must be an int >= {low}, got {value!r}")
+    if high is not None and number > high:
+        raise error(f"{where or user_location()}: {what}={number} is more than "
+                    f"{'gc3.limits.' + limit + '=' if limit else ''}{high}")
     return number
 
 
@@ -61,3 +65,18 @@ def strict_int(text, low: Optional[int] = None, high: Optional[int] = None) -> i
         hi = "" if high is None else f" <= {high}"
         raise ValueError(f"out of range: expected {lo}value{hi}")
     return number
+
+
+def env_number(name: str, raw: str, low, high, kind=int):
+    """Environment variable `name`'s value `raw` as an int (strict ASCII digits)
+    or a finite float in [low, high]; InputError naming the variable otherwise."""
+    from .errors import InputError
+    try:
+        if kind is int:
+            return strict_int(raw.strip(), low, high)
+        value = float(raw)
+        if not low <= value <= high:   # also refuses nan
+            raise ValueError(f"out of range: expected {low} <= value <= {high}")
+        return value
+    except ValueError as exc:
+        raise InputError(f"environment variable {name}={raw!r}: {exc}") from None

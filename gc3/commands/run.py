@@ -11,14 +11,16 @@ import os
 
 import click
 
+from .. import limits
 from ..errors import GC3Error
+from ..user_input import env_number
 from ._common import fail
 
 
 def _world_size() -> int:
     for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
         if os.environ.get(var):
-            return int(os.environ[var])
+            return env_number(var, os.environ[var], 1, limits.MAX_RANKS)
     return 1
 
 
@@ -70,8 +72,8 @@ def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout,
 
     from ..verify import verify
 
-    mode = _mode(mode, _world_size())
     try:
+        mode = _mode(mode, _world_size())
         prog = read_xml(xml)
         # Nothing unproven reaches a GPU: a wrong IR could hang it or return wrong data.
         verify(prog)

@@ -161,7 +161,7 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
                     slots=slots, aliased=aliased, seed=seed)
 
     ids = sorted(g.id for g in prog.gpus)
-    if ids != list(range(nranks)):
+    if not prog.ranks_complete():
         result.errors.append(f"program declares ngpus={nranks} but has <gpu> ids {ids}")
         return result
     layouts = {r: layout_for(prog, in_elems, r) for r in range(nranks)}
