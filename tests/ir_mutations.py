@@ -45,8 +45,6 @@ def mutate(prog: Program, rng: random.Random) -> Tuple[Program, str]:
             setattr(st, field, new)
             return p, f"{where} {field}={new}"
         if kind == "reduce" and st.type in REDUCE_TO_COPY:
-            if st.type == "re" and p.convention == "gc3":
-                pass
             st.type = REDUCE_TO_COPY[st.type]
             return p, f"{where} reduce->copy"
         if kind == "count":
@@ -157,4 +155,5 @@ def swap_independent(prog: Program, rng: random.Random) -> Optional[Program]:
 
 
 REWRITES: Dict[str, Callable] = {"renumber_threadblocks": renumber_threadblocks,
-                                 "renumber_channels": renumber_channels, "add_nop": add_nop}
+                                 "renumber_channels": renumber_channels, "add_nop": add_nop,
+                                 "swap_independent": swap_independent}
