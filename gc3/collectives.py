@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 from . import limits
 from .errors import TraceError
 from .user_input import as_int, user_location
-from .symbolic import Value, input_chunk, reduction
+from .symbolic import Value, input_chunk, reduced_inputs, reduction
 
 # The collectives NCCL has: their meaning is built into gc3's verifier and
 # runtime.  Any other collective carries its postcondition in its IR.
@@ -103,7 +103,7 @@ class AllReduce(Collective):
     name = "allreduce"
 
     def postcondition(self, rank, index):
-        return reduction(input_chunk(r, index) for r in range(self.num_ranks))
+        return reduced_inputs((r, index) for r in range(self.num_ranks))
 
 
 class AllGather(Collective):
@@ -131,7 +131,7 @@ class ReduceScatter(Collective):
         return rank * self.chunk_factor
 
     def postcondition(self, rank, index):
-        return reduction(input_chunk(r, rank * self.chunk_factor + index) for r in range(self.num_ranks))
+        return reduced_inputs((r, rank * self.chunk_factor + index) for r in range(self.num_ranks))
 
 
 class AllToAll(Collective):
@@ -173,7 +173,7 @@ class Reduce(Collective):
     def postcondition(self, rank, index):
         if rank != self.root:
             return None
-        return reduction(input_chunk(r, index) for r in range(self.num_ranks))
+        return reduced_inputs((r, index) for r in range(self.num_ranks))
 
 
 class AllToNext(Collective):

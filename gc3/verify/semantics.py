@@ -12,6 +12,12 @@ At the end every output chunk that the postcondition specifies must hold
 exactly its expression; the first that differs is reported with the step that
 last wrote it.  Compute instructions would add node kinds beside `Sym`.
 
+Cost.  The symbolic run is O(sum of cnt) slot operations; each step also
+joins a vector clock of T entries (T threadblocks in all) with numpy, and a
+clock lives only while its threadblock runs.  Building a built-in
+postcondition lists n terms per reduced output chunk (the specification's own
+size).  A 64-rank ring AllReduce (8128 steps) takes about 0.3 s.
+
 Order.  One run in one order proves nothing about other interleavings, so the
 run also tracks happens-before with vector clocks (one entry per threadblock):
 program order, `depid`/`deps`, and the k-th send before the k-th receive of a
@@ -105,11 +111,12 @@ def reduce(a: Sym, b: Sym) -> Tuple[Sym, Optional[Tuple[int, int]]]:
     return Sym(tuple(sorted(merged.items())), min(a.minpos, b.minpos), a.lossy or b.lossy), twice
 
 
-def from_terms(terms, pos_of) -> Sym:
+def from_terms(terms, c: int) -> Sym:
+    """The Sym of input chunks `terms` ((rank, index), ...) of a layout with c chunks per block."""
     merged: Dict[int, int] = {}
     for r, idx in terms:
         merged[idx] = merged.get(idx, 0) | (1 << r)
-    return Sym(tuple(sorted(merged.items())), min((pos_of(r, i) for r, i in terms), default=0))
+    return Sym(tuple(sorted(merged.items())), min((idx % c for idx in merged), default=0))
 
 
 def same(a: Sym, b: Sym) -> bool:
@@ -211,8 +218,12 @@ class _Run:
         prog = m.prog
         self.conv = prog.convention
         self.ranks = [_Rank(prog, r) for r in range(prog.ngpus)]
-        T = len(m.tbs)
-        self.vc = [np.zeros(T, dtype=np.int64) for _ in range(T)]
+        # A threadblock's clock exists from its first step to its last: a
+        # finished one's knowledge lives on in its messages and snapshots, and
+        # one still waiting for its first step knows nothing yet.  So memory is
+        # (threadblocks running at once) x T, not T x T.
+        self.T = len(m.tbs)
+        self.vc: Dict[int, np.ndarray] = {}
         self.snap: Dict[Tuple[int, int], np.ndarray] = {}
         self.wanted = {(m.index[(t.rank, st.depid)], st.deps) for t in m.tbs for st in t.steps if st.depid >= 0}
 
@@ -320,7 +331,9 @@ class _Run:
                 if key is not None:
                     parked.setdefault(key, []).append(t)
                     break
-                vc = self.vc[t]
+                vc = self.vc.get(t)
+                if vc is None:
+                    vc = self.vc[t] = np.zeros(self.T, dtype=np.int32)
                 if st.depid >= 0:
                     np.maximum(vc, self.snap[(m.index[(tb.rank, st.depid)], st.deps)], out=vc)
                 msg = None
@@ -335,6 +348,8 @@ class _Run:
                     self.snap[(t, k)] = vc.copy()
                 work.extend(parked.pop(("dep", t, k), ()))
                 pc[t] = k + 1
+            if pc[t] == len(tb.steps):
+                self.vc.pop(t, None)
         stuck = [t for t in range(len(m.tbs)) if pc[t] < len(m.tbs[t].steps)]
         if stuck:  # deadlock.check ran first; reaching this is a verifier bug, not a user error
             raise DeadlockError(f"{self.where(stuck[0], pc[stuck[0]])} never runs")
@@ -342,13 +357,17 @@ class _Run:
     # --- the postcondition -----------------------------------------------------------
     def prove(self, post: Postcondition) -> int:
         prog = self.m.prog
-        c_in = {r: self.ranks[r].c for r in range(prog.ngpus)}
-        n_out = {r: len(self.ranks[r].slots[self.ranks[r].location("o", 0)[0]]) for r in range(prog.ngpus)}
+        c = self.ranks[0].c if self.ranks else 1
+        if any(mem.c != c for mem in self.ranks):
+            raise SemanticError("the ranks' buffers have different chunks per block; gc3's layout needs them equal")
+        seen: Dict[tuple, Sym] = {}     # the same expression for many chunks (allreduce: every rank)
         for (r, j) in sorted(post):
             terms = post[(r, j)]
             mem = self.ranks[r]
-            want = from_terms(terms, lambda rr, ii: ii % c_in[rr])
-            bad = [(rr, ii) for rr, ii in terms if ii % c_in[rr] != j % mem.c]
+            want = seen.get(terms)
+            if want is None:
+                want = seen[terms] = from_terms(terms, c)
+            bad = [(rr, ii) for ii, mask in want.terms if ii % c != j % c for rr in (mask.bit_length() - 1,)]
             if bad:
                 raise SemanticError(
                     f"the postcondition pairs output chunk {j} of rank {r} with input chunk in({bad[0][0]},"
@@ -356,7 +375,7 @@ class _Run:
             b, k = mem.location("o", j)
             if k >= len(mem.slots[b]):
                 raise SemanticError(f"rank {r}: the postcondition names output chunk {j}, but the output holds "
-                                    f"{n_out[r]} chunks")
+                                    f"{len(mem.slots[b])} chunks")
             slot = mem.slots[b][k]
             got = slot.value
             if got is not None and same(got, want):
