@@ -252,3 +252,12 @@ def test_compile_refuses_a_wrong_program_that_never_calls_check(tmp_path):
     r = gc3("compile", prog, "-o", tmp_path / "p.xml")
     assert r.exit_code == 1 and "PostconditionError" in r.output and "rank 0, 'o', 1" in r.output
     assert not (tmp_path / "p.xml").exists()
+
+
+def test_a_step_over_overlapping_different_chunks_is_rejected():
+    prog = allgather(extra0=[(-1, -1, [("cpy", "i", 0, "s", 0), ("cpy", "s", 0, "s", 1)])])
+    prog.gpus[0].s_chunks = 3
+    verify(prog)
+    prog.gpus[0].threadblocks[2].steps[1].cnt = 2      # s[0:2] -> s[1:3]
+    with pytest.raises(SemanticError, match=r"reads s\[0:2\] and writes s\[1:3\], which overlap"):
+        verify(prog)

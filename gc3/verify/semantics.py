@@ -267,6 +267,17 @@ class _Run:
                 v = Sym(v.terms, v.minpos, True)
             slot.value, slot.writer, slot.wclock, slot.reads = v, tid, step + 1, {}
 
+    def _no_partial_overlap(self, tid: int, step: int, rank: int, src, dst, cnt: int) -> None:
+        """A step may read and write the very same chunks (elementwise, in place),
+        but not overlapping different ones: the runtime moves a tile's chunks in
+        no promised order, so the result would depend on it."""
+        mem = self.ranks[rank]
+        (sb, so), (db, do) = mem.location(*src), mem.location(*dst)
+        if sb == db and so != do and so < do + cnt and do < so + cnt:
+            raise SemanticError(
+                f"{self.where(tid, step)} on rank {rank} reads {sb}[{so}:{so + cnt}] and writes {db}[{do}:{do + cnt}], "
+                f"which overlap without being the same chunks: the result depends on the copy order")
+
     def _race(self, rank, b, k, kind, t1, s1, t2, s2) -> str:
         return (f"{kind} race on rank {rank} {b}[{k}]: {self.where(t1, s1)} and {self.where(t2, s2)} are not "
                 f"ordered by program order, dependencies or send/receive, so the result depends on the "
@@ -294,6 +305,8 @@ class _Run:
             return None
         src = local_input(st, self.conv)
         dst = local_output(st, self.conv)
+        if src is not None and dst is not None:
+            self._no_partial_overlap(tid, k, r, src, dst, cnt)
         if t in ("s", "cpy"):
             values = self.read(tid, k, r, src[0], src[1], cnt)
         elif t in ("r", "rcs"):
