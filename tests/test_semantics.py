@@ -261,3 +261,15 @@ def test_a_step_over_overlapping_different_chunks_is_rejected():
     prog.gpus[0].threadblocks[2].steps[1].cnt = 2      # s[0:2] -> s[1:3]
     with pytest.raises(SemanticError, match=r"reads s\[0:2\] and writes s\[1:3\], which overlap"):
         verify(prog)
+
+
+def test_a_broadcast_may_not_read_a_non_root_input():
+    # NCCL reads only the root's send buffer; elsewhere it may be anything (even NULL).
+    def rank(r, extra=()):
+        if r == 0:
+            return (1, 1, 0, [(1, -1, [("s", "i", 0, "i", 0)]), (-1, -1, [("cpy", "i", 0, "o", 0)])])
+        return (1, 1, 1, [(-1, 0, [("r", "o", 0, "o", 0)])] + list(extra))
+    assert verify(ir("broadcast", {0: rank(0), 1: rank(1)})).proven == 2
+    peek = [(-1, -1, [("cpy", "i", 0, "s", 0)])]
+    with pytest.raises(UnwrittenReadError, match=r"rank 1 tb 1 step 0 \(cpy\) reads i\[0\] on rank 1"):
+        verify(ir("broadcast", {0: rank(0), 1: rank(1, peek)}))

@@ -124,17 +124,25 @@ def same(a: Sym, b: Sym) -> bool:
 
 
 # --- postconditions -----------------------------------------------------------------
-def builtin_postcondition(prog: Program) -> Postcondition:
-    """Output chunk -> input chunks of an NCCL collective at the IR's chunk count."""
+def builtin_collective(prog: Program):
+    """The gc3.collectives object of an NCCL collective at the IR's chunk count, or None."""
     from .. import collectives as C
 
+    if prog.coll not in BUILTIN:
+        return None
     n = prog.ngpus
     c = layout_for(prog, 0, 0).chunks_per_block
     root = root_of(prog)
-    coll = {"allreduce": lambda: C.AllReduce(n, c), "allgather": lambda: C.AllGather(n, c),
+    return {"allreduce": lambda: C.AllReduce(n, c), "allgather": lambda: C.AllGather(n, c),
             "reducescatter": lambda: C.ReduceScatter(n, c), "alltoall": lambda: C.AllToAll(n, c),
             "broadcast": lambda: C.Broadcast(n, c, root=root), "reduce": lambda: C.Reduce(n, c, root=root)
             }[prog.coll]()
+
+
+def builtin_postcondition(prog: Program) -> Postcondition:
+    """Output chunk -> input chunks of an NCCL collective at the IR's chunk count."""
+    n = prog.ngpus
+    coll = builtin_collective(prog)
     post: Postcondition = {}
     for r in range(n):
         for j in range(coll.output_size(r)):
@@ -178,7 +186,7 @@ class _Slot:
 class _Rank:
     """One rank's chunk slots, with in-place aliasing resolved as the simulator does."""
 
-    def __init__(self, prog: Program, rank: int):
+    def __init__(self, prog: Program, rank: int, coll=None):
         c_layout = layout_for(prog, 0, rank)
         self.c = c = c_layout.chunks_per_block
         # One element per chunk: the layout's element offsets are chunk offsets.
@@ -193,8 +201,10 @@ class _Rank:
             if self.alias is None or buf != self.alias[0]:
                 self.slots[buf] = [_Slot() for _ in range(size[buf])]
         for k in range(size["i"]):
-            b, j = self.location("i", k)
-            self.slots[b][j].value = leaf(rank, k, k % c)
+            # An input NCCL does not read (a broadcast's, off the root) holds nothing to rely on.
+            if coll is None or coll.precondition(rank, k):
+                b, j = self.location("i", k)
+                self.slots[b][j].value = leaf(rank, k, k % c)
 
     def location(self, buf: str, index: int) -> Tuple[str, int]:
         if self.alias is not None and buf == self.alias[0]:
@@ -217,7 +227,8 @@ class _Run:
         self.m = m
         prog = m.prog
         self.conv = prog.convention
-        self.ranks = [_Rank(prog, r) for r in range(prog.ngpus)]
+        coll = builtin_collective(prog)
+        self.ranks = [_Rank(prog, r, coll) for r in range(prog.ngpus)]
         # A threadblock's clock exists from its first step to its last: a
         # finished one's knowledge lives on in its messages and snapshots, and
         # one still waiting for its first step knows nothing yet.  So memory is
