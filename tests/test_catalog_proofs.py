@@ -54,14 +54,12 @@ def test_verdicts_are_cached_by_file_hash(tmp_path, monkeypatch):
     assert len(load_catalog(env).candidates) == 2 and len(calls) == 1
 
 
-def test_a_custom_collective_without_postcondition_is_refused(tmp_path):
-    # (the catalog serves NCCL's collectives only; this is the refusal path for
-    #  a built-in name whose file says a different root than it computes)
+def test_a_broadcast_whose_root_attribute_is_not_its_root_is_refused(tmp_path):
     text = (ROOT / "ir_samples" / "broadcast_ring_8r_Simple.xml").read_text().replace('root="0"', 'root="3"')
     path = tmp_path / "b.xml"
     path.write_text(text)
     cands, problems = check_config(_json(tmp_path, [{"file": "b.xml"}]))
-    assert not cands and "fails verification" in problems[0] and "broadcast" in problems[0]
+    assert not cands and "fails verification" in problems[0] and "NCCL reads only the root's" in problems[0]
 
 
 def _json(tmp_path, entries):

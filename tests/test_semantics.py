@@ -66,6 +66,12 @@ def test_hierarchical_allreduce_missing_one_reduction_is_rejected_naming_rank_ch
         verify(prog)
 
 
+def test_an_out_of_place_collective_may_not_write_its_input():
+    prog = allgather(extra1=[(-1, -1, [("cpy", "i", 0, "i", 0)])])
+    with pytest.raises(SemanticError, match=r"rank 1 tb 2 step 0 \(cpy\) writes i\[0:1\] on rank 1: an out-of-place"):
+        verify(prog)
+
+
 def test_reading_a_slot_nothing_wrote():
     prog = allgather(extra0=[(-1, -1, [("cpy", "s", 0, "s", 0)])])
     with pytest.raises(UnwrittenReadError, match=r"rank 0 tb 2 step 0 \(cpy\) reads s\[0\] on rank 0, which nothing"):

@@ -255,9 +255,11 @@ class _Run:
             if not self._ordered(tid, vc, slot.writer, slot.wclock):
                 raise RaceError(self._race(rank, b, k, "read/write", slot.writer, slot.wclock - 1, tid, step))
             if slot.value is None:
+                why = ("an input the collective does not provide on this rank (NCCL reads only the root's)"
+                       if buf == "i" and b == "i" else "which nothing has written")
                 raise UnwrittenReadError(
-                    f"{self.where(tid, step)} reads {_name(buf, j, b, k)} on rank {rank}, which nothing has "
-                    f"written: it would read whatever the buffer held")
+                    f"{self.where(tid, step)} reads {_name(buf, j, b, k)} on rank {rank}, {why}: it would read "
+                    f"whatever the buffer held")
             slot.reads[tid] = step + 1
             out.append(slot.value)
         return out
@@ -265,6 +267,10 @@ class _Run:
     def write(self, tid: int, step: int, rank: int, buf: str, off: int, values: List[Sym]) -> None:
         mem = self.ranks[rank]
         vc = self.vc[tid]
+        if buf == "i" and mem.alias is None:
+            raise SemanticError(
+                f"{self.where(tid, step)} writes i[{off}:{off + len(values)}] on rank {rank}: an out-of-place "
+                f"call's input is the caller's send buffer, which a collective must leave as it was")
         for n, v in enumerate(values):
             b, k = mem.location(buf, off + n)
             slot = mem.slots[b][k]
