@@ -279,3 +279,11 @@ def test_a_broadcast_may_not_read_a_non_root_input():
     peek = [(-1, -1, [("cpy", "i", 0, "s", 0)])]
     with pytest.raises(UnwrittenReadError, match=r"rank 1 tb 1 step 0 \(cpy\) reads i\[0\] on rank 1"):
         verify(ir("broadcast", {0: rank(0), 1: rank(1, peek)}))
+
+
+def test_gc3_run_refuses_an_unproven_ir_before_looking_for_a_gpu(tmp_path):
+    text = (ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml").read_text()
+    bad = tmp_path / "bad.xml"
+    bad.write_text(text.replace('type="rrcs"', 'type="rcs"', 1))
+    r = gc3("run", bad)
+    assert r.exit_code == 1 and "SemanticError" in r.output and "needs a CUDA GPU" not in r.output

@@ -164,6 +164,10 @@ def root_of(prog: Program) -> int:
 
 def postcondition_of(prog: Program) -> Postcondition:
     if prog.postcondition is not None:
+        for (r, j), terms in prog.postcondition.items():
+            if not 0 <= r < prog.ngpus or j < 0 or any(not 0 <= s < prog.ngpus or i < 0 for s, i in terms):
+                raise SemanticError(f"the postcondition names rank {r} output chunk {j} = {terms}, outside the "
+                                    f"program's {prog.ngpus} ranks")
         return prog.postcondition
     if prog.coll in BUILTIN:
         return builtin_postcondition(prog)
