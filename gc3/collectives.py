@@ -18,6 +18,7 @@ with `input_chunk` and `reduction` (or `+`).
 """
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Optional, Tuple
 
 from . import limits
@@ -92,6 +93,15 @@ class Collective:
     def postcondition(self, rank: int, index: int) -> Optional[Value]:
         raise TraceError(f"{user_location()}: collective {self.name!r} ({type(self).__name__}) defines no postcondition(rank, index)")
 
+    def every_rank(self, index: int) -> Value:
+        """The reduction of input chunk `index` of every rank, made once per index
+        (a verifier asks for it once per rank and chunk: n^2 c terms otherwise)."""
+        cache = self.__dict__.setdefault("_every_rank", {})
+        value = cache.get(index)
+        if value is None:
+            value = cache[index] = reduced_inputs(zip(range(self.num_ranks), repeat(index)))
+        return value
+
     def _root(self, root) -> int:
         root = as_int(root, "root", 0)
         if root >= self.num_ranks:
@@ -103,7 +113,7 @@ class AllReduce(Collective):
     name = "allreduce"
 
     def postcondition(self, rank, index):
-        return reduced_inputs((r, index) for r in range(self.num_ranks))
+        return self.every_rank(index)
 
 
 class AllGather(Collective):
@@ -131,7 +141,7 @@ class ReduceScatter(Collective):
         return rank * self.chunk_factor
 
     def postcondition(self, rank, index):
-        return reduced_inputs((r, rank * self.chunk_factor + index) for r in range(self.num_ranks))
+        return self.every_rank(rank * self.chunk_factor + index)
 
 
 class AllToAll(Collective):
@@ -173,7 +183,7 @@ class Reduce(Collective):
     def postcondition(self, rank, index):
         if rank != self.root:
             return None
-        return reduced_inputs((r, index) for r in range(self.num_ranks))
+        return self.every_rank(index)
 
 
 class AllToNext(Collective):

@@ -148,7 +148,7 @@ def builtin_postcondition(prog: Program) -> Postcondition:
         for j in range(coll.output_size(r)):
             v = coll.postcondition(r, j)
             if v is not None:
-                post[(r, j)] = tuple(sorted(v.terms))
+                post[(r, j)] = v.terms      # sorted, as every Value's
     return post
 
 
