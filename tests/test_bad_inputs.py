@@ -83,6 +83,8 @@ CLI_CASES = [
     ("dag-bad-path", "p.py", dsl('with GC3Program("p", AllReduce(2, 1)):\n    pass'),
      ["trace", "FILE", "--dag", "/no/such/dir/d.png"], ["--dag", "does not exist"]),
     ("slots-zero", None, None, ["check", RING, "--slots", "0"], ["--slots"]),
+    ("instances-option", "p.py", dsl('with GC3Program("p", AllReduce(2, 1)):\n    pass'),
+     ["compile", "FILE", "-o", "x.xml", "--instances", "100000"], ["--instances", "64"]),
 ]
 
 

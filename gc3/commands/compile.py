@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import click
 
+from .. import limits
 from ..errors import GC3Error
 from ._common import fail
 
@@ -39,7 +40,8 @@ def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the XML IR.")
-@click.option("--instances", type=click.IntRange(min=1), default=None, help="Override the program's instances.")
+@click.option("--instances", type=click.IntRange(min=1, max=limits.MAX_INSTANCES), default=None,
+              help="Override the program's instances (at most gc3.limits.MAX_INSTANCES).")
 @click.option("--protocol", type=click.Choice(["Simple", "LL", "LL128"]), default=None,
               help="Override the program's protocol.")
 @click.option("--no-fusion", is_flag=True, help="Do not fuse receives with sends (rcs/rrs/rrcs); implies --no-absorption.")
