@@ -287,3 +287,43 @@ def test_gc3_run_refuses_an_unproven_ir_before_looking_for_a_gpu(tmp_path):
     bad.write_text(text.replace('type="rrcs"', 'type="rcs"', 1))
     r = gc3("run", bad)
     assert r.exit_code == 1 and "SemanticError" in r.output and "needs a CUDA GPU" not in r.output
+
+
+CUSTOM = '''
+from gc3 import GC3Program, chunk, Check
+from gc3.collectives import Collective, input_chunk, reduction
+
+class PairSums(Collective):
+    """Rank r's output: the sum of rank r's and rank r+1's inputs (a custom collective)."""
+    name = "pairsums"
+    def postcondition(self, rank, index):
+        return reduction([input_chunk(rank, index), input_chunk((rank + 1) % self.num_ranks, index)])
+
+N = 3
+with GC3Program("pairsums", PairSums(N, 2), instances=2):
+    for r in range(N):
+        c = chunk((r + 1) % N, "in", 0, 2).copy(r, "out", 0)
+        c.reduce(chunk(r, "in", 0, 2))
+    Check()
+'''
+
+
+def test_simulate_checks_a_custom_collective_against_the_postcondition_in_its_xml(tmp_path):
+    src = tmp_path / "pairsums.py"
+    src.write_text(CUSTOM)
+    out = tmp_path / "p.xml"
+    r = gc3("compile", src, "-o", out)
+    assert r.exit_code == 0, r.output
+    for count in (8, 13):
+        res = simulate(read_xml(out), count=count)
+        assert res.ok and res.wrong == 0 and res.expected is not None, res.errors
+    # The same schedule, told (in its XML) that rank 0 must also add rank 2's input:
+    # check and simulate now both say it is wrong.
+    text = out.read_text()
+    wrong = text.replace('<term rank="0" out="0" src="0" in="0" cnt="4"/>',
+                         '<term rank="0" out="0" src="0" in="0" cnt="4"/><term rank="0" out="0" src="2" in="0" cnt="4"/>')
+    assert wrong != text
+    prog = from_xml(wrong)
+    with pytest.raises(SemanticError, match="rank 0 output chunk o\\[0\\].*missing in\\(2,0\\)"):
+        verify(prog)
+    assert not simulate(prog, count=13).ok

@@ -13,7 +13,7 @@ from ..dtypes import dtype_info, mismatches, reduce_op
 from ..errors import LayoutError, SimulationError, SizeError
 from ..ir import Program
 from ..layout import Layout, layout_for
-from ..reference import COLLECTIVES, make_inputs
+from ..reference import COLLECTIVES, from_postcondition, make_inputs
 from ..reference import reference as builtin_reference
 from ..xml_io import from_xml, read_xml
 from .cost_config import DEFAULT as DEFAULT_COST, CostConfig, preset
@@ -263,11 +263,14 @@ def _changed(now: np.ndarray, before: np.ndarray) -> np.ndarray:
 def _check(result: Result, prog: Program, inputs, op: str, root: int, reference) -> None:
     nranks = prog.ngpus
     if reference is None:
-        if prog.coll not in COLLECTIVES:
-            result.errors.append(f"cannot check outputs: no built-in reference for collective {prog.coll!r}; "
-                                 "pass reference=")
+        if prog.coll in COLLECTIVES:
+            expected = builtin_reference(prog.coll, inputs, op, nranks, root=root)
+        elif prog.postcondition is not None:     # a custom collective's IR says what it computes
+            expected = from_postcondition(prog, inputs, op, result.outputs)
+        else:
+            result.errors.append(f"cannot check outputs: no built-in reference for collective {prog.coll!r} and "
+                                 "no <postcondition> in the IR; pass reference=")
             return
-        expected = builtin_reference(prog.coll, inputs, op, nranks, root=root)
     elif callable(reference):
         expected = reference(list(inputs), op, nranks)
     else:
