@@ -5,7 +5,20 @@ from __future__ import annotations
 import click
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Every subcommand reports its own errors; a GC3Error that escapes one
+    still ends as one line and the status of its kind, never a traceback."""
+
+    def invoke(self, ctx):
+        from .commands._common import fail
+        from .errors import GC3Error
+        try:
+            return super().invoke(ctx)
+        except GC3Error as exc:
+            fail(ctx.invoked_subcommand or "gc3", exc)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gc3")
 def main() -> None:
     """gc3: write, compile, verify, simulate and run GPU collective algorithms."""

@@ -18,13 +18,19 @@ with `input_chunk` and `reduction` (or `+`).
 """
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Optional, Tuple
 
+from . import limits
 from .errors import TraceError
 from .user_input import as_int, user_location
-from .symbolic import Value, input_chunk, reduction
+from .symbolic import Value, input_chunk, reduced_inputs, reduction
 
-__all__ = ["Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
+# The collectives NCCL has: their meaning is built into gc3's verifier and
+# runtime.  Any other collective carries its postcondition in its IR.
+NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+
+__all__ = ["NCCL_COLLECTIVES", "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
            "AllToNext", "input_chunk", "reduction", "Value"]
 
 
@@ -35,8 +41,8 @@ class Collective:
     aliased_buffer = "o"
 
     def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False, name: Optional[str] = None):
-        num_ranks = as_int(num_ranks, "num_ranks", 1)
-        chunk_factor = as_int(chunk_factor, "chunk_factor", 1)
+        num_ranks = as_int(num_ranks, "num_ranks", 1, high=limits.MAX_RANKS, limit="MAX_RANKS")
+        chunk_factor = as_int(chunk_factor, "chunk_factor", 1, high=limits.MAX_CHUNKS, limit="MAX_CHUNKS")
         if not isinstance(inplace, bool):
             raise TraceError(f"{user_location()}: inplace must be True or False, got {inplace!r}")
         self.num_ranks = num_ranks
@@ -87,6 +93,15 @@ class Collective:
     def postcondition(self, rank: int, index: int) -> Optional[Value]:
         raise TraceError(f"{user_location()}: collective {self.name!r} ({type(self).__name__}) defines no postcondition(rank, index)")
 
+    def every_rank(self, index: int) -> Value:
+        """The reduction of input chunk `index` of every rank, made once per index
+        (a verifier asks for it once per rank and chunk: n^2 c terms otherwise)."""
+        cache = self.__dict__.setdefault("_every_rank", {})
+        value = cache.get(index)
+        if value is None:
+            value = cache[index] = reduced_inputs(zip(range(self.num_ranks), repeat(index)))
+        return value
+
     def _root(self, root) -> int:
         root = as_int(root, "root", 0)
         if root >= self.num_ranks:
@@ -98,7 +113,7 @@ class AllReduce(Collective):
     name = "allreduce"
 
     def postcondition(self, rank, index):
-        return reduction(input_chunk(r, index) for r in range(self.num_ranks))
+        return self.every_rank(index)
 
 
 class AllGather(Collective):
@@ -126,7 +141,7 @@ class ReduceScatter(Collective):
         return rank * self.chunk_factor
 
     def postcondition(self, rank, index):
-        return reduction(input_chunk(r, rank * self.chunk_factor + index) for r in range(self.num_ranks))
+        return self.every_rank(rank * self.chunk_factor + index)
 
 
 class AllToAll(Collective):
@@ -168,7 +183,7 @@ class Reduce(Collective):
     def postcondition(self, rank, index):
         if rank != self.root:
             return None
-        return reduction(input_chunk(r, index) for r in range(self.num_ranks))
+        return self.every_rank(index)
 
 
 class AllToNext(Collective):

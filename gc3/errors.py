@@ -10,6 +10,25 @@ class GC3Error(Exception):
     """Base class of all gc3 errors."""
 
 
+class InputError(GC3Error):
+    """A file, attribute, option or environment variable gc3 cannot accept; the
+    message names it and says what was expected."""
+
+
+# Exit statuses of the command line, one meaning each.
+EXIT_WRONG = 1        # the program was read and is wrong (verification, simulation)
+EXIT_BAD_INPUT = 2    # the input could not be read or used (as click's usage errors)
+EXIT_UNPROVABLE = 3   # a custom collective's IR with no postcondition: neither right nor wrong
+
+
+def exit_status(exc: "GC3Error") -> int:
+    if isinstance(exc, PostconditionUnprovableError):
+        return EXIT_UNPROVABLE
+    if isinstance(exc, (InputError, IRFormatError, TraceError)):
+        return EXIT_BAD_INPUT
+    return EXIT_WRONG
+
+
 # --- tracing (DSL) -------------------------------------------------------
 class TraceError(GC3Error):
     """A misuse of the DSL found while tracing a program."""
@@ -49,7 +68,7 @@ class ScheduleError(LoweringError):
 
 
 # --- IR -------------------------------------------------------------------
-class IRFormatError(GC3Error):
+class IRFormatError(InputError):
     """Malformed XML IR: names the element, attribute and line."""
 
 
@@ -77,13 +96,37 @@ class LimitError(VerificationError):
     """A schedule beyond what the runtime is built for (`gc3.limits`)."""
 
 
-class LayoutError(GC3Error):
+class SemanticError(VerificationError):
+    """The IR does not compute its collective's postcondition (names rank, chunk and writer)."""
+
+
+class UnwrittenReadError(SemanticError):
+    """A step reads a chunk slot that nothing has written."""
+
+
+class DuplicateContributionError(SemanticError):
+    """A reduction adds an input chunk into a value that already contains it."""
+
+
+class RaceError(SemanticError):
+    """Two accesses of one slot, at least one a write, that nothing orders."""
+
+
+class PostconditionUnprovableError(VerificationError):
+    """A custom collective's IR that carries no postcondition: nothing to prove it against."""
+
+
+class LayoutError(InputError):
     """A call size that the IR's chunk layout cannot serve."""
 
 
 # --- execution ------------------------------------------------------------
 class SimulationError(GC3Error):
     pass
+
+
+class SizeError(InputError, SimulationError):
+    """A byte size or element count that cannot be read or is beyond gc3.limits."""
 
 
 class RuntimeTimeoutError(GC3Error):

@@ -59,6 +59,11 @@ class Convention:
 
 Operand = Tuple[str, int]  # (buffer, chunk offset); the extent is step.cnt
 
+# What a collective computes, in the IR's chunks: (rank, output chunk) -> the
+# input chunks (rank, index) reduced into it (one: a copy).  Output chunks not
+# listed are left unspecified.
+Postcondition = Dict[Tuple[int, int], Tuple[Tuple[int, int], ...]]
+
 
 @dataclass
 class Step:
@@ -115,10 +120,18 @@ class Program:
     gc3version: Optional[str] = None
     # Attributes of <algo> that gc3 does not interpret, kept for round trips.
     extra: Dict[str, str] = field(default_factory=dict)
+    # A custom collective's postcondition (<postcondition> in the XML); None
+    # for the built-in collectives, whose meaning the verifier knows.
+    postcondition: Optional[Postcondition] = None
 
     @property
     def convention(self) -> str:
         return Convention.GC3 if self.gc3version is not None else Convention.MSCCL
+
+    def ranks_complete(self) -> bool:
+        """Whether the <gpu> ids are exactly 0..ngpus-1.  Sized by the <gpu>s
+        present, never by ngpus, which may be any number a file claims."""
+        return len(self.gpus) == self.ngpus and sorted(g.id for g in self.gpus) == list(range(len(self.gpus)))
 
     def gpu(self, rank: int) -> Gpu:
         for g in self.gpus:

@@ -17,3 +17,15 @@ MAX_CNT = 256              # chunks one step may move
 # 64: on 2 GPUs a 2-TB-per-channel schedule needs 64 channels to put 64 SMs on the link.
 MAX_CHANNELS = 64
 MAX_REDUCE_FANIN = 8       # consecutive `re` steps into one dst fused into one pass
+
+# --- input bounds -------------------------------------------------------------
+# Every reader (XML, DSL, CLI, catalog) checks sizes against these before it
+# allocates anything, so a bad input is refused in milliseconds and little
+# memory, and every accepted value fits the runtime's int32 tables.
+MAX_RANKS = 1024               # ranks of one program (ngpus, num_ranks)
+MAX_CHUNKS = 1 << 16           # chunks of one buffer of one rank (i/o/s_chunks, chunk offsets)
+MAX_TOTAL_CHUNKS = 1 << 20     # chunks of all buffers of all ranks together
+MAX_INSTANCES = 64             # instances= / --instances
+MAX_BYTES = 1 << 40            # bytes of one call's buffer (sizes, minBytes/maxBytes, --size)
+MAX_SIMULATED_BYTES = 8 << 30  # all ranks' buffers `gc3 simulate` may allocate
+INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, step numbers)

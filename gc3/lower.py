@@ -30,7 +30,8 @@ from .channels import assign_channels
 from .errors import LoweringError, ScheduleError
 from .fusion import fuse
 from .instruction_dag import build
-from .ir import PROTOCOLS, Program
+from .collectives import NCCL_COLLECTIVES, Collective
+from .ir import PROTOCOLS, Postcondition, Program
 from .replication import fit_scratch, plan_buffers, replicate
 from .sync import insert_sync
 from .threadblocks import assign_threadblocks, merge_lone_pairs
@@ -53,8 +54,9 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
     receive threadblocks (threadblocks.merge_lone_pairs).
     """
     k = program.instances if instances is None else instances
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise LoweringError(f"instances must be an int >= 1, got {k!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limits.MAX_INSTANCES:
+        raise LoweringError(f"instances must be an int in 1..{limits.MAX_INSTANCES} (gc3.limits.MAX_INSTANCES), "
+                            f"got {k!r}")
     proto = program.protocol if protocol is None else protocol
     if proto not in PROTOCOLS:
         raise LoweringError(f"protocol {proto!r} is not one of {', '.join(PROTOCOLS)}")
@@ -74,6 +76,11 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
     gc.disable()
     try:
         plan = plan_buffers(program, k)
+        for (r, buf), n in plan.declared.items():
+            if n * plan.factor > limits.MAX_CHUNKS:
+                raise LoweringError(
+                    f"rank {r} buffer {buf!r}: {n} chunks x {plan.factor} (instances x parallelize) = "
+                    f"{n * plan.factor} chunks, more than gc3.limits.MAX_CHUNKS={limits.MAX_CHUNKS}")
 
         def schedule_of(fused: bool):
             dag = build(program.ops, plan)
@@ -112,4 +119,26 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         minBytes=getattr(program, "min_bytes", None) or 0,
         maxBytes=getattr(program, "max_bytes", None) or MAX_BYTES,
         gc3version=__version__,
+        # The root travels in the IR so that its verifier and users need not guess it.
+        extra={} if coll.root is None else {"root": str(coll.root)},
+        postcondition=None if coll.name in NCCL_COLLECTIVES else ir_postcondition(coll, schedule.dag.plan),
     )
+
+
+def ir_postcondition(coll, plan) -> Optional[Postcondition]:
+    """A custom collective's postcondition in the IR's chunks (replication's
+    index mapping applied to every instance and sub-chunk), or None when the
+    collective declares none: then verification refuses the IR."""
+    if type(coll).postcondition is Collective.postcondition:
+        return None
+    post: Postcondition = {}
+    for r in range(coll.num_ranks):
+        for j in range(coll.output_size(r)):
+            value = coll.postcondition(r, j)
+            if value is None:
+                continue
+            for i in range(plan.instances):
+                for u in range(plan.parallel):
+                    post[(r, plan.index(r, "o", j, i, u))] = tuple(
+                        (src, plan.index(src, "i", idx, i, u)) for src, idx in value.terms)
+    return post

@@ -31,9 +31,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import limits
 from .chunk_ref import ChunkRef
 from .collectives import Collective
-from .errors import GC3Error, IndexOutOfRangeError, PostconditionError, TraceError, UninitializedChunkError
+from .errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
 from .ir import PROTOCOLS
 from .ops import Op, Slot
 from .symbolic import Value, describe, difference, input_chunk
@@ -79,6 +80,20 @@ def _current(what: str) -> "GC3Program":
     return _tracing.current
 
 
+def _check_sizes(coll: Collective, where: str) -> None:
+    """Buffer sizes within gc3.limits before anything is allocated per chunk."""
+    total = 0
+    for r in range(coll.num_ranks):
+        for what, size in (("input", coll.input_size(r)), ("output", coll.output_size(r))):
+            if size > limits.MAX_CHUNKS:
+                raise TraceError(f"{where}: {coll!r}: rank {r}'s {what} has {size} chunks, more than "
+                                 f"gc3.limits.MAX_CHUNKS={limits.MAX_CHUNKS}")
+            total += size
+    if total > limits.MAX_TOTAL_CHUNKS:
+        raise TraceError(f"{where}: {coll!r} has {total} chunks over all ranks, more than "
+                         f"gc3.limits.MAX_TOTAL_CHUNKS={limits.MAX_TOTAL_CHUNKS}")
+
+
 class GC3Program:
     def __init__(self, name: str, collective: Collective, topology: Optional[Topology] = None,
                  instances: int = 1, protocol: str = "Simple", instr_fusion: bool = True,
@@ -95,7 +110,8 @@ class GC3Program:
                              f"but the collective has {collective.num_ranks}")
         if protocol not in PROTOCOLS:
             raise TraceError(f"{where}: protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
-        instances = as_int(instances, "instances", 1, where)
+        instances = as_int(instances, "instances", 1, where, high=limits.MAX_INSTANCES, limit="MAX_INSTANCES")
+        _check_sizes(collective, where)
         self.name = name
         self.collective = collective
         self.topology = topology
@@ -156,6 +172,9 @@ class GC3Program:
         count = as_int(count, "count", 1, where)
         if idx < 0:
             raise IndexOutOfRangeError(f"{where}: index {idx} of (rank {r}, {buf!r}) is negative")
+        if idx + count > limits.MAX_CHUNKS:
+            raise IndexOutOfRangeError(f"{where}: (rank {r}, {buf!r}, {idx}) with count {count} reaches past "
+                                       f"gc3.limits.MAX_CHUNKS={limits.MAX_CHUNKS} chunks per buffer")
         if buf in ("i", "o"):
             size = self.collective.size(r, buf)
             if idx + count > size:
@@ -292,7 +311,7 @@ def int_args(argv: Optional[Sequence[str]] = None, **defaults: int) -> List[int]
     argv = sys.argv[1:] if argv is None else list(argv)
     names = list(defaults)
     if len(argv) > len(names):
-        raise GC3Error(f"{user_location()}: expected at most {len(names)} arguments ({' '.join(names)}), "
+        raise InputError(f"{user_location()}: expected at most {len(names)} arguments ({' '.join(names)}), "
                        f"got {len(argv)}: {' '.join(map(str, argv))}")
     values = []
     for k, name in enumerate(names):
@@ -302,15 +321,28 @@ def int_args(argv: Optional[Sequence[str]] = None, **defaults: int) -> List[int]
         try:
             values.append(int(argv[k]))
         except ValueError:
-            raise GC3Error(f"{user_location()}: argument {name} must be an int, got {argv[k]!r}") from None
+            raise InputError(f"{user_location()}: argument {name} must be an int, got {argv[k]!r}") from None
     return values
+
+
+def _user_frame(tb, path: Path) -> str:
+    """file:line of the innermost frame of traceback `tb` in the user's script (else the script)."""
+    where = str(path)
+    while tb is not None:
+        if Path(tb.tb_frame.f_code.co_filename).resolve() == path.resolve():
+            where = f"{path}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
     """Run a gc3 program file as __main__ with sys.argv = [path, *argv]; return the last program it traced."""
     path = Path(path)
     if not path.is_file():
-        raise GC3Error(f"{path}: no such program file")
+        raise InputError(f"{path}: no such program file")
+    if path.suffix != ".py":
+        raise InputError(f"{path}: expected a gc3 DSL program (FILE.py); an XML IR is read by "
+                         f"`gc3 check`, `gc3 show` and `gc3 simulate`")
     if _tracing.current is not None or _tracing.recorded is not None:
         raise TraceError(f"{path}: cannot run a script while another program is being traced")
     saved_argv = sys.argv
@@ -318,9 +350,17 @@ def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
     _tracing.recorded = []
     try:
         runpy.run_path(str(path), run_name="__main__")
+    except GC3Error:
+        raise
+    except SyntaxError as exc:
+        raise InputError(f"{exc.filename}:{exc.lineno}: not valid Python: {exc.msg}") from None
+    except Exception as exc:
+        # The user's own bug: say where in their file, without a traceback of gc3's.
+        raise InputError(f"{_user_frame(exc.__traceback__, path)}: the program raised "
+                         f"{type(exc).__name__}: {exc}") from None
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
-            raise GC3Error(f"{path}: the program exited with status {exit_.code!r} "
+            raise InputError(f"{path}: the program exited with status {exit_.code!r} "
                            f"(arguments: {' '.join(map(str, argv)) or 'none'})") from None
     finally:
         recorded = _tracing.recorded
@@ -328,6 +368,6 @@ def run_script(path, argv: Sequence[str] = ()) -> GC3Program:
         _tracing.current = None
         sys.argv = saved_argv
     if not recorded:
-        raise GC3Error(f"{path}: the script traced no GC3Program (is its `with GC3Program(...)` block "
+        raise InputError(f"{path}: the script traced no GC3Program (is its `with GC3Program(...)` block "
                        f"reached when run as __main__?)")
     return recorded[-1]

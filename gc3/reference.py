@@ -106,6 +106,31 @@ def reference(coll: str, inputs: Sequence[np.ndarray], op: Union[str, np.ufunc],
     return _REFERENCES[coll]([np.asarray(x) for x in inputs], op, nranks, root)
 
 
+def from_postcondition(prog, inputs: Sequence[np.ndarray], op, outputs: Sequence[np.ndarray]) -> Outputs:
+    """Expected outputs of a custom collective, from the postcondition its IR
+    carries (gc3.ir.Postcondition), chunk by chunk through gc3.layout.  Output
+    chunks it leaves unspecified expect what `outputs` hold, so they are not
+    compared; a rank with none specified gets None."""
+    from .layout import layout_for
+
+    n = prog.ngpus
+    in_elems = np.asarray(inputs[0]).size
+    layouts = [layout_for(prog, in_elems, r) for r in range(n)]
+    expected: Outputs = [None] * n
+    for (r, j), terms in sorted(prog.postcondition.items()):
+        if expected[r] is None:
+            expected[r] = np.array(outputs[r], copy=True)
+        a, b = layouts[r].chunk_range("o", j)
+        parts = []
+        for src, i in terms:
+            lo, hi = layouts[src].chunk_range("i", i)
+            part = np.zeros(b - a, dtype=expected[r].dtype)
+            part[:min(hi - lo, b - a)] = inputs[src][lo:lo + min(hi - lo, b - a)]
+            parts.append(part)
+        expected[r][a:b] = _reduced(parts, op) if len(parts) > 1 else parts[0]
+    return expected
+
+
 def make_inputs(coll: str, nranks: int, in_elems: int, dtype="float32", seed: int = 0,
                 op: str = "sum") -> List[np.ndarray]:
     """One input buffer per rank, of small integers chosen so that reducing all

@@ -47,9 +47,16 @@ def input_chunk(rank: int, index: int) -> Value:
 
 def reduction(values: Iterable[Value]) -> Value:
     """The reduction of `values` (a multiset union of their terms)."""
-    terms: Tuple[Term, ...] = ()
+    terms = []
     for v in values:
-        terms += v.terms
+        terms.extend(v.terms)   # not tuple +=, which is quadratic in the number of ranks
+    return Value(tuple(sorted(terms)))
+
+
+def reduced_inputs(terms: Iterable[Term]) -> Value:
+    """The reduction of input chunks (rank, index): `reduction` of their
+    `input_chunk`s, without a Value per chunk (the built-in postconditions
+    list n of them for every chunk of n ranks)."""
     return Value(tuple(sorted(terms)))
 
 

@@ -12,8 +12,19 @@ from typing import Callable, Dict, Union
 
 from lxml import etree
 
+from . import limits
 from .errors import IRFormatError
-from .ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Program, Step, Threadblock
+from .user_input import strict_int
+from .ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Postcondition, Program, Step, Threadblock
+
+# A custom collective's postcondition is one extra child of <algo>, after the
+# <gpu>s: MSCCL's hand-written reader looks for <gpu> children by name and
+# skips any other element, so a file that carries it still loads there.  Each
+# <term> says: output chunks out..out+cnt-1 of `rank` each include input chunk
+# in+k of `src` (several terms for one output chunk: a reduction).  Five short
+# attributes, far inside MSCCL's attribute count and length bounds.
+POSTCONDITION = "postcondition"
+_TERM = "term"
 
 _ALGO_REQUIRED = ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace")
 _ALGO_OPTIONAL = ("outofplace", "minBytes", "maxBytes", "redop", "gc3version")
@@ -35,8 +46,20 @@ def _attr(el, name: str, source: str, conv: Callable = str, default=None, requir
         raise IRFormatError(f"{_where(el, source)} attribute {name}={raw!r}: {exc}") from None
 
 
-def _int(raw: str) -> int:
-    return int(raw, 10)
+
+def _bounded(low: int, high: int) -> Callable[[str], int]:
+    def conv(raw: str) -> int:
+        return strict_int(raw, low, high)
+    return conv
+
+
+# Integer attributes: ASCII digits only, and bounded (gc3.limits) so that
+# nothing downstream allocates or overflows on a hostile value.
+_int = _bounded(-1, limits.INT32_MAX)                 # ids, peers, deps, offsets: -1 = none
+_chunks = _bounded(0, limits.MAX_CHUNKS)              # buffer sizes
+_ranks = _bounded(1, limits.MAX_RANKS)
+_channels = _bounded(1, limits.MAX_CHANNELS)
+_nbytes = _bounded(0, limits.MAX_BYTES)
 
 
 def _bool(raw: str) -> bool:
@@ -53,10 +76,12 @@ def _choice(options):
     return conv
 
 
-def _children(el, tag: str, source: str):
+def _children(el, tag: str, source: str, also=()):
     out = []
     for child in el:
         if not isinstance(child.tag, str):  # comments, processing instructions
+            continue
+        if child.tag in also:
             continue
         if child.tag != tag:
             raise IRFormatError(f"{_where(child, source)} unexpected inside <{el.tag}> (expected <{tag}>)")
@@ -96,9 +121,9 @@ def _read_tb(el, source: str) -> Threadblock:
 def _read_gpu(el, source: str) -> Gpu:
     g = Gpu(
         id=_attr(el, "id", source, _int),
-        i_chunks=_attr(el, "i_chunks", source, _int),
-        o_chunks=_attr(el, "o_chunks", source, _int),
-        s_chunks=_attr(el, "s_chunks", source, _int),
+        i_chunks=_attr(el, "i_chunks", source, _chunks),
+        o_chunks=_attr(el, "o_chunks", source, _chunks),
+        s_chunks=_attr(el, "s_chunks", source, _chunks),
     )
     g.threadblocks = [_read_tb(t, source) for t in _children(el, "tb", source)]
     return g
@@ -111,20 +136,74 @@ def from_element(root, source: str = "<xml>") -> Program:
     prog = Program(
         name=_attr(root, "name", source),
         proto=_attr(root, "proto", source, _choice(PROTOCOLS)),
-        nchannels=_attr(root, "nchannels", source, _int),
-        nchunksperloop=_attr(root, "nchunksperloop", source, _int),
-        ngpus=_attr(root, "ngpus", source, _int),
+        nchannels=_attr(root, "nchannels", source, _channels),
+        nchunksperloop=_attr(root, "nchunksperloop", source, _chunks),
+        ngpus=_attr(root, "ngpus", source, _ranks),
         coll=_attr(root, "coll", source),
         inplace=_attr(root, "inplace", source, _bool),
         outofplace=_attr(root, "outofplace", source, _bool, required=False),
-        minBytes=_attr(root, "minBytes", source, _int, required=False),
-        maxBytes=_attr(root, "maxBytes", source, _int, required=False),
+        minBytes=_attr(root, "minBytes", source, _nbytes, required=False),
+        maxBytes=_attr(root, "maxBytes", source, _nbytes, required=False),
         redop=_attr(root, "redop", source, required=False),
         gc3version=_attr(root, "gc3version", source, required=False),
         extra={k: v for k, v in root.attrib.items() if k not in known},
     )
-    prog.gpus = [_read_gpu(g, source) for g in _children(root, "gpu", source)]
+    gpus = _children(root, "gpu", source, also=(POSTCONDITION,))
+    if len(gpus) > prog.ngpus:
+        raise IRFormatError(f"{_where(gpus[prog.ngpus], source)} is <gpu> number {prog.ngpus + 1}, "
+                            f"but ngpus={prog.ngpus}")
+    prog.gpus = [_read_gpu(g, source) for g in gpus]
+    total = sum(g.i_chunks + g.o_chunks + g.s_chunks for g in prog.gpus)
+    if total > limits.MAX_TOTAL_CHUNKS:
+        raise IRFormatError(f"{source}: the <gpu>s declare {total} chunks in all, more than gc3.limits."
+                            f"MAX_TOTAL_CHUNKS={limits.MAX_TOTAL_CHUNKS}")
+    posts = root.findall(POSTCONDITION)
+    if len(posts) > 1:
+        raise IRFormatError(f"{_where(posts[1], source)} a second <{POSTCONDITION}>; at most one")
+    if posts:
+        prog.postcondition = _read_postcondition(posts[0], source, prog.ngpus)
     return prog
+
+
+def _read_postcondition(el, source: str, ngpus: int) -> Postcondition:
+    post: Dict = {}
+    for t in _children(el, _TERM, source):
+        vals = {k: _attr(t, k, source, _chunks) for k in ("rank", "out", "src", "in", "cnt")}
+        for k, v in vals.items():
+            if v < 0 or (k in ("rank", "src") and v >= ngpus) or (k == "cnt" and v < 1):
+                want = f"a rank in 0..{ngpus - 1}" if k in ("rank", "src") else "an integer >= 1" if k == "cnt" \
+                    else "an integer >= 0"
+                raise IRFormatError(f"{_where(t, source)} attribute {k}={t.get(k)!r}: expected {want}")
+        for j in range(vals["cnt"]):
+            key = (vals["rank"], vals["out"] + j)
+            term = (vals["src"], vals["in"] + j)
+            terms = post.setdefault(key, set())
+            if term in terms:
+                raise IRFormatError(f"{_where(t, source)} names input chunk {term} for output chunk {key} twice")
+            terms.add(term)
+    return {key: tuple(sorted(terms)) for key, terms in post.items()}
+
+
+def postcondition_terms(post: Postcondition):
+    """(rank, out, src, in, cnt) runs covering `post`: consecutive output chunks
+    fed by consecutive input chunks of one rank share a term."""
+    singles = sorted((r, src, o - i, o) for (r, o), terms in post.items() for src, i in terms)
+    runs = []
+    for r, src, delta, o in singles:
+        last = runs[-1] if runs else None
+        if last and last[:2] == [r, src] and last[2] - last[3] == delta and last[2] + last[4] == o:
+            last[4] += 1
+        else:
+            runs.append([r, src, o, o - delta, 1])
+    return [(r, o, src, i, cnt) for r, src, o, i, cnt in runs]
+
+
+def _postcondition_element(post: Postcondition):
+    el = etree.Element(POSTCONDITION)
+    for r, o, src, i, cnt in postcondition_terms(post):
+        etree.SubElement(el, _TERM, {"rank": str(r), "out": str(o), "src": str(src), "in": str(i),
+                                     "cnt": str(cnt)})
+    return el
 
 
 def from_xml(text: Union[str, bytes], source: str = "<xml>") -> Program:
@@ -188,6 +267,8 @@ def to_element(prog: Program):
                 for k in ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps"):
                     se.set(k, str(getattr(st, k)))
                 se.set("hasdep", _b(st.hasdep))
+    if prog.postcondition is not None:
+        root.append(_postcondition_element(prog.postcondition))
     return root
 
 
@@ -211,6 +292,8 @@ def to_xml(prog: Program) -> str:
     outside the IR's keywords takes the all-lxml path, so the text is
     always exactly what lxml writes (tests compare the two).
     """
+    if prog.postcondition is not None:   # custom collectives only: small programs
+        return _to_xml_lxml(prog)
     head = etree.tostring(etree.Element("algo", _algo_attrs(prog)), encoding="unicode")
     if not prog.gpus:
         return head + "\n"

@@ -24,6 +24,7 @@ import numpy as np
 from gc3 import limits
 from gc3.errors import GC3Error
 from gc3.ir import Program
+from gc3.user_input import env_number, strict_int
 
 from . import abi
 from .tables import ConnKey, Tables, connections
@@ -33,8 +34,9 @@ _SLOT_BYTES = {"Simple": 256 << 10, "LL": 32 << 10}
 
 
 def slot_bytes(proto: str) -> int:
-    env = os.environ.get(f"GC3_SLOT_BYTES_{proto.upper()}")
-    n = int(env) if env else _SLOT_BYTES[proto]
+    name = f"GC3_SLOT_BYTES_{proto.upper()}"
+    env = os.environ.get(name)
+    n = env_number(name, env, 64, 1 << 30) if env else _SLOT_BYTES[proto]
     if n <= 0 or n % 64:
         raise GC3Error(f"GC3_SLOT_BYTES_{proto.upper()}={n}: must be a positive multiple of 64")
     return n
@@ -57,7 +59,7 @@ def tile_split(proto: str) -> TileSplit:
     if not env:
         return _TILE_SPLIT[proto]
     try:
-        tiles, min_bytes = (int(x) for x in env.split(":"))
+        tiles, min_bytes = (strict_int(x, 0, limits.INT32_MAX) for x in env.split(":"))
     except ValueError:
         raise GC3Error(f"GC3_TILE_SPLIT_{proto.upper()}={env!r}: expected TILES:MIN_BYTES, e.g. 4:65536") from None
     if tiles < 1 or min_bytes < 0:

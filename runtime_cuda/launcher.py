@@ -16,6 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from gc3.user_input import env_number
+
 from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
 
 from . import abi, faults, module, streams
@@ -42,7 +44,8 @@ def timeout_s(value: Optional[float] = None) -> float:
     if value is not None:
         return float(value)
     env = os.environ.get("GC3_TIMEOUT_S")
-    return float(env) if env else DEFAULT_TIMEOUT_S
+    # A day at most: beyond that a hang is not worth waiting for, and inf or nan would disable the watchdog.
+    return env_number("GC3_TIMEOUT_S", env, 0.001, 86400.0, float) if env else DEFAULT_TIMEOUT_S
 
 
 class CommunicatorBroken(GC3Error):

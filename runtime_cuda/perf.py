@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+from gc3 import limits
 from gc3.errors import GC3Error
 from gc3.layout import blocks_of
 
@@ -11,10 +12,14 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
 
 
 def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    # [0-9], not \d: \d takes any script's digits, which no one means in a size.
+    m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*([A-Za-z]*)\s*", text)
     if not m or m.group(2).upper() not in _UNITS:
         raise GC3Error(f"cannot read size {text!r}; write e.g. 4096, 256KiB, 64MiB, 1GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    nbytes = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if nbytes > limits.MAX_BYTES:
+        raise GC3Error(f"size {text!r} is more than gc3.limits.MAX_BYTES={limits.MAX_BYTES} bytes")
+    return nbytes
 
 
 def in_elems_for(prog, nbytes: int, itemsize: int) -> int:

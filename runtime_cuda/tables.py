@@ -130,23 +130,42 @@ class _Resolver:
             return frozenset()
         return self.done(st.depid, st.deps)
 
+    def _inputs(self, ref: StepRef) -> List[StepRef]:
+        """What a nop's completion stands for: the step before it and the step it waits on."""
+        tb, k = ref
+        st = self.tbs[tb][k]
+        return ([(tb, k - 1)] if k > 0 else []) + ([(st.depid, st.deps)] if st.depid >= 0 else [])
+
     def done(self, tb: int, k: int) -> FrozenSet[StepRef]:
-        """Real steps whose completion means step k of tb has completed."""
+        """Real steps whose completion means step k of tb has completed.
+
+        An explicit stack, not recursion: a threadblock may hold a thousand
+        nops in a row (MAX_STEPS_PER_TB), past Python's recursion limit."""
         if k < 0:
             return frozenset()
-        ref = (tb, k)
-        if ref in self.memo:
-            return self.memo[ref]
-        if ref in self.active:
-            raise IRStructureError(f"rank {self.rank} TB {tb} step {k}: nop dependencies form a cycle")
-        self.active.add(ref)
-        if self.tbs[tb][k].type != "nop":
-            out = frozenset([ref])
-        else:
-            out = self.done(tb, k - 1) | self.own_waits(ref)
-        self.active.discard(ref)
-        self.memo[ref] = out
-        return out
+        stack = [(tb, k)]
+        while stack:
+            ref = stack[-1]
+            if ref in self.memo:
+                stack.pop()
+                continue
+            if self.tbs[ref[0]][ref[1]].type != "nop":
+                self.memo[ref] = frozenset([ref])
+                stack.pop()
+                continue
+            inputs = self._inputs(ref)
+            todo = [d for d in inputs if d not in self.memo]
+            if not todo:
+                self.memo[ref] = frozenset().union(*(self.memo[d] for d in inputs))
+                self.active.discard(ref)
+                stack.pop()
+                continue
+            self.active.add(ref)
+            for d in todo:
+                if d in self.active:   # an unfinished step on the path waits on this one
+                    raise IRStructureError(f"rank {self.rank} TB {d[0]} step {d[1]}: nop dependencies form a cycle")
+            stack.extend(todo)
+        return self.memo[(tb, k)]
 
 
 def _latest(refs, own_tb: int) -> Dict[int, int]:

@@ -1,9 +1,17 @@
+import os
+import tempfile
+
 import pytest
 
 from gpu_availability import GpuProbeError, probe_cupy
 
 # (marker, devices it needs)
 _GPU_MARKERS = (("gpu", 1), ("multigpu", 2))
+
+
+def pytest_configure(config):
+    # The NCCL catalog caches verification verdicts; tests keep theirs out of ~/.cache.
+    os.environ["GC3_CACHE_DIR"] = tempfile.mkdtemp(prefix="gc3-test-cache-")
 
 
 def pytest_collection_modifyitems(config, items):

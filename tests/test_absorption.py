@@ -159,7 +159,7 @@ class Recorder:
 
 def _check_on_data(p, trace, n, **lower_kw):
     prog = lower(p, **lower_kw)
-    verify(prog)
+    verify(prog, semantics=False)  # these traces compute their own reference, not the collective
     for unit, seed in ((5, None), (12, 1), (12, 7)):
         rng = np.random.default_rng(unit)
         inputs = [rng.integers(-50, 50, unit).astype(np.int64) for _ in range(n)]
@@ -347,7 +347,7 @@ def test_random_programs_compute_the_same_with_and_without_absorption(case, inst
     expected = _trace_outputs(trace, inputs, n)
     for absorption in (True, False):
         prog = lower(p, instances=instances, absorption=absorption)
-        verify(prog)
+        verify(prog, semantics=False)  # arbitrary traces implement no collective
         res = simulate(prog, count=len(inputs[0]), dtype="int64", inputs=inputs, reference=expected,
                        interleave_seed=interleave)
         assert res.ok, (absorption, trace, res.errors[:3])

@@ -47,8 +47,10 @@ def test_check_rejects_the_issue_exchange_with_two_slots(exchange_xml):
     assert r.exit_code == 1
     assert "DeadlockError" in r.output and "rank 0 tb 0 step 2 (s)" in r.output and "rank 1 tb 0 step 2 (s)" in r.output
     assert "Traceback" not in r.output
+    # Enough slots: nothing is wrong, but a custom collective without a
+    # <postcondition> cannot be proven either, which has its own status.
     ok = gc3("check", exchange_xml, "--slots", 3)
-    assert ok.exit_code == 0 and "needs at least 3" in ok.output
+    assert ok.exit_code == 3 and "PostconditionUnprovableError" in ok.output and "cannot be proven" in ok.output
 
 
 def test_check_max_tbs(tmp_path):
@@ -62,9 +64,9 @@ def test_check_reports_malformed_and_missing_files(tmp_path):
     bad = tmp_path / "bad.xml"
     bad.write_text('<algo name="x" proto="LL" nchannels="1" nchunksperloop="1" ngpus="1" coll="c" inplace="1">\n<tbx/></algo>')
     r = gc3("check", bad)
-    assert r.exit_code == 1 and "IRFormatError" in r.output and "bad.xml:2: <tbx>" in r.output
+    assert r.exit_code == 2 and "IRFormatError" in r.output and "bad.xml:2: <tbx>" in r.output
     r = gc3("check", tmp_path / "missing.xml")
-    assert r.exit_code == 1 and "cannot read" in r.output
+    assert r.exit_code == 2 and "cannot read" in r.output
 
 
 def test_check_rejects_a_bad_slot_count(exchange_xml):
@@ -116,4 +118,4 @@ def test_show_program_reports_script_errors(tmp_path):
     script = tmp_path / "empty.py"
     script.write_text("x = 1\n")
     r = gc3("show", script)
-    assert r.exit_code == 1 and "traced no GC3Program" in r.output
+    assert r.exit_code == 2 and "traced no GC3Program" in r.output

@@ -197,4 +197,4 @@ def test_msccl_tools_spellings_port_unchanged():
                                           (["4", "1", "1", "9"], "expected at most 3 arguments (ranks instances channels)")])
 def test_cli_trace_rejects_bad_program_arguments(args, needle):
     result = CliRunner().invoke(main, ["trace", str(ALGOS / "allreduce_ring.py"), *args])
-    assert result.exit_code == 1 and needle in result.output, result.output
+    assert result.exit_code == 2 and needle in result.output, result.output

@@ -55,12 +55,12 @@ def test_program_errors_are_reported_with_their_location(tmp_path):
             chunk(0, "in", 5)
     """))
     res = run(bad, "-o", tmp_path / "x.xml")
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "FAILED: IndexOutOfRangeError" in res.output and f"{bad}:5:" in res.output
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
     res = run(empty, "-o", tmp_path / "x.xml")
-    assert res.exit_code == 1 and "traced no GC3Program" in res.output
+    assert res.exit_code == 2 and "traced no GC3Program" in res.output
     assert not (tmp_path / "x.xml").exists()
 
 

@@ -199,7 +199,7 @@ def test_any_traced_program_computes_what_its_trace_says(case, fused, unit, inte
         # only the user's channel hints may make a program unschedulable
         assert any(op.ch is not None for op in program.ops)
         return
-    verify(prog)
+    verify(prog, semantics=False)  # an arbitrary trace implements no collective
     rng = np.random.default_rng(unit)
     inputs = [rng.integers(-50, 50, c * unit).astype(np.int64) for _ in range(n)]
     res = simulate(prog, count=c * unit, dtype="int64", inputs=inputs,

@@ -195,8 +195,11 @@ def test_dtype_and_op_fields(tmp_path):
 def test_root_field(tmp_path):
     default = tmp_path / "b0.xml"
     default.write_text(BCAST.format(root=""))
-    rooted = tmp_path / "b1.xml"
-    rooted.write_text(BCAST.format(root=' root="1"'))
+    rooted = tmp_path / "b1.xml"   # the same schedule with the ranks' roles swapped
+    swapped = BCAST.format(root=' root="1"').replace('<gpu id="0"', '<gpu id="X"').replace(
+        '<gpu id="1"', '<gpu id="0"').replace('<gpu id="X"', '<gpu id="1"').replace(
+        'send="1"', 'send="0"').replace('recv="0"', 'recv="1"')
+    rooted.write_text(swapped)
     assert decide(env_of(default), make_call("broadcast", inplace=False, root=0)).uses_gc3
     assert only_rejection(env_of(default), make_call("broadcast", inplace=False, root=1)).field == "root"
     assert decide(env_of(rooted), make_call("broadcast", inplace=False, root=1)).uses_gc3

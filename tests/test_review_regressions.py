@@ -45,8 +45,8 @@ def test_cli_simulate_negative_scratch_is_a_clear_failure(tmp_path):
     for cmd in ("check", "simulate"):
         r = subprocess.run([sys.executable, "-m", "gc3", cmd, str(path), *(["--count", "8"] if cmd == "simulate" else [])],
                            capture_output=True, text=True, cwd=ROOT)
-        assert r.returncode == 1, (cmd, r.stdout, r.stderr)
-        assert "Traceback" not in r.stderr and "s_chunks=-2" in r.stderr, (cmd, r.stderr)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)   # refused while reading: bad input
+        assert "Traceback" not in r.stderr and "s_chunks='-2'" in r.stderr, (cmd, r.stderr)
 
 
 def _staged_through_one_slot():

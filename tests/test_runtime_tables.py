@@ -237,3 +237,20 @@ def test_kernel_source_is_self_contained_and_compiles_for_every_variant():
             r = subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", "-ptx", *opts, str(path), "-o", "/dev/null"],
                                capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
+
+
+def test_a_thousand_nops_in_a_row_resolve_without_recursion():
+    n = limits.MAX_STEPS_PER_TB - 1
+    a = Threadblock(id=0, steps=[step(k, "nop", hasdep=(k == n - 1)) for k in range(n)])
+    b = Threadblock(id=1, steps=[step(0, "cpy", "i", 0, "s", 0, depid=0, deps=n - 1)])
+    t = tables.build(one_rank(a, b))
+    assert len(rows(t, 1)) == 1
+
+
+def test_nop_dependencies_in_a_cycle_are_refused():
+    from gc3.errors import IRStructureError
+    a = Threadblock(id=0, steps=[step(0, "nop", depid=1, deps=0, hasdep=True), step(1, "cpy", "i", 0, "s", 0)])
+    b = Threadblock(id=1, steps=[step(0, "nop", depid=0, deps=0, hasdep=True), step(1, "cpy", "i", 0, "s", 1,
+                                                                                     depid=0, deps=0)])
+    with pytest.raises(IRStructureError, match="nop dependencies form a cycle"):
+        tables.build(one_rank(a, b))

@@ -65,10 +65,10 @@ def test_cli_timeline_png(tmp_path):
 
 def test_cli_bad_input_is_a_clear_error(tmp_path):
     r = _run(RING, "--size", "1001")
-    assert r.exit_code == 1 and "LayoutError: size 1001 bytes is not a whole number of 4-byte elements" in r.output
+    assert r.exit_code == 2 and "LayoutError: size 1001 bytes is not a whole number of 4-byte elements" in r.output
     missing = tmp_path / "nope.xml"
     r = _run(missing)
-    assert r.exit_code == 1 and "nope.xml" in r.output and "cannot read" in r.output
+    assert r.exit_code == 2 and "nope.xml" in r.output and "cannot read" in r.output
     r = _run(RING, "extra")
     assert r.exit_code != 0 and "unexpected arguments extra" in r.output
 

@@ -7,10 +7,16 @@ from gc3 import limits
 from gc3.errors import (DeadlockError, FifoOrderError, IRStructureError, LimitError,
                         UnmatchedTransferError, VerificationError)
 from gc3.ir import Gpu, Program, Step, Threadblock
-from gc3.verify import check_report, verify
+from gc3.verify import check_report, verify as full_verify
+
 from gc3.verify.deadlock import min_slots
 from gc3.verify.model import build
 from gc3.xml_io import from_xml, read_xml, to_xml
+
+
+def verify(prog, **options):
+    """These schedules test the other passes and compute nothing in particular."""
+    return full_verify(prog, semantics=False, **options)
 
 MSCCL = sorted((Path(__file__).parent / "data" / "msccl").glob("*.xml"))
 
@@ -159,7 +165,8 @@ def test_channels_are_separate_fifos():
 
 @pytest.mark.parametrize("path", MSCCL, ids=lambda p: p.name)
 def test_msccl_samples_pass(path):
-    summary = verify(read_xml(path))
+    summary = full_verify(read_xml(path))
+    assert summary.proven > 0
     assert summary.pairs > 0 and summary.slots == limits.FIFO_SLOTS[read_xml(path).proto]
 
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from importlib import import_module
-from importlib.util import find_spec
 from typing import List, Optional
 
 import click
 
+from .. import limits
 from ..errors import GC3Error
+from ._common import fail
 
 
 def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[str]:
@@ -40,7 +40,8 @@ def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the XML IR.")
-@click.option("--instances", type=click.IntRange(min=1), default=None, help="Override the program's instances.")
+@click.option("--instances", type=click.IntRange(min=1, max=limits.MAX_INSTANCES), default=None,
+              help="Override the program's instances (at most gc3.limits.MAX_INSTANCES).")
 @click.option("--protocol", type=click.Choice(["Simple", "LL", "LL128"]), default=None,
               help="Override the program's protocol.")
 @click.option("--no-fusion", is_flag=True, help="Do not fuse receives with sends (rcs/rrs/rrcs); implies --no-absorption.")
@@ -60,23 +61,26 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
     """
     from ..lower import lower
     from ..program import run_script
+    from ..verify import verify
     from ..xml_io import write_xml
 
     start = time.perf_counter()
     try:
         program = run_script(file, list(args))
+        # The program's own postcondition, checked on the trace first: its
+        # errors name the user's file and line.  A collective that declares
+        # none is refused here (TraceError), since nothing could be proven.
+        program.check()
         prog = lower(program, instances=instances, protocol=protocol,
                      instr_fusion=False if no_fusion else None, max_tbs=max_tbs,
                      absorption=False if no_absorption else None, tb_merge=False if no_tb_merge else None)
-        verified = None
-        if find_spec("gc3.verify") is not None:
-            checked = import_module("gc3.verify").verify(prog, max_tbs=max_tbs)
-            verified = (f"verified: FIFO order of {checked.pairs} send/receive pairs, no deadlock with "
-                        f"{checked.slots} slots per connection, within runtime limits")
+        checked = verify(prog, max_tbs=max_tbs)
+        verified = (f"verified: FIFO order of {checked.pairs} send/receive pairs, no deadlock with "
+                    f"{checked.slots} slots per connection, within runtime limits, {prog.coll} postcondition "
+                    f"proven on {checked.proven} output chunks")
         write_xml(prog, output)
     except GC3Error as exc:
-        click.echo(f"{file}: FAILED: {type(exc).__name__}: {exc}", err=True)
-        raise SystemExit(1)
+        fail(file, exc)
     except OSError as exc:
         click.echo(f"{output}: cannot write: {exc.strerror}", err=True)
         raise SystemExit(1)

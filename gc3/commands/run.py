@@ -11,13 +11,16 @@ import os
 
 import click
 
+from .. import limits
 from ..errors import GC3Error
+from ..user_input import env_number
+from ._common import fail
 
 
 def _world_size() -> int:
     for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
         if os.environ.get(var):
-            return int(os.environ[var])
+            return env_number(var, os.environ[var], 1, limits.MAX_RANKS)
     return 1
 
 
@@ -67,10 +70,18 @@ def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout,
     from ..dtypes import dtype_info
     from ..xml_io import read_xml
 
-    mode = _mode(mode, _world_size())
+    from ..verify import verify
+
+    try:
+        mode = _mode(mode, _world_size())
+        prog = read_xml(xml)
+        # Nothing unproven reaches a GPU: a wrong IR could hang it or return wrong data.
+        verify(prog)
+    except GC3Error as exc:
+        fail(xml, exc)
     _need_gpu()
     try:
-        _run(read_xml(xml), size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout, mode)
+        _run(prog, size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout, mode)
     except GC3Error as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -8,6 +8,7 @@ from typing import List, Optional
 import click
 
 from ..errors import GC3Error
+from ._common import fail, output_path
 from ..ir import STEP_TYPES, Program
 
 _OPS_WIDTH = 60
@@ -79,13 +80,12 @@ def command(file: str, args, dag) -> None:
 
     try:
         if file.endswith(".py"):
-            lines = _show_script(file, args, dag)
+            lines = _show_script(file, args, output_path(dag, "--dag"))
         else:
             if dag or args:
                 raise click.UsageError("--dag and program arguments need a DSL program (FILE.py)")
             lines = describe(read_xml(file))
     except GC3Error as exc:
-        click.echo(f"{file}: {type(exc).__name__}: {exc}", err=True)
-        raise SystemExit(1)
+        fail(file, exc)
     for line in lines:
         click.echo(line)

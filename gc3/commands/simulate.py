@@ -5,6 +5,7 @@ import click
 
 from ..dtypes import DTYPES, OPS
 from ..errors import GC3Error
+from ._common import fail, output_path
 from ..simulator.cost_config import DEFAULT, PRESETS
 
 
@@ -17,14 +18,14 @@ from ..simulator.cost_config import DEFAULT, PRESETS
               help="Elements of each rank's input buffer (instead of --size).")
 @click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="float32", show_default=True)
 @click.option("--op", type=click.Choice(sorted(OPS)), default="sum", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the input data.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the input data.")
 @click.option("--slots", type=click.IntRange(min=1), default=None,
               help="FIFO slots per connection (default: gc3.limits.FIFO_SLOTS for the protocol).")
 @click.option("--inplace/--out-of-place", default=None,
               help="Call in place or out of place (default: as the program declares).")
-@click.option("--root", type=int, default=None,
+@click.option("--root", type=click.IntRange(min=0), default=None,
               help="Root rank of broadcast/reduce (default: a DSL program's own root; 0 for XML).")
-@click.option("--interleave-seed", type=int, default=None,
+@click.option("--interleave-seed", type=click.IntRange(min=0), default=None,
               help="Schedule threadblocks in a seeded random order instead of round-robin.")
 @click.option("--cost", "cost", type=click.Choice(sorted(PRESETS)), default=DEFAULT, show_default=True,
               help="Cost-model preset: h200 is calibrated on nvidia-h200-x2 (NVLink); h100 is derived from it, "
@@ -40,6 +41,7 @@ def command(file: str, args, size, count, dtype, op, seed, slots, inplace, root,
     from ..simulator.driver import program_root
 
     try:
+        output_path(timeline, "--timeline")
         if file.endswith(".py"):
             from ..program import run_script
             source = run_script(file, list(args))
@@ -53,8 +55,7 @@ def command(file: str, args, size, count, dtype, op, seed, slots, inplace, root,
         res = simulate(prog, size=size if count is None else None, count=count, dtype=dtype, op=op, seed=seed,
                        slots=slots, inplace=inplace, root=root, interleave_seed=interleave_seed, cost=cost)
     except GC3Error as exc:
-        click.echo(f"{file}: FAILED: {type(exc).__name__}: {exc}", err=True)
-        raise SystemExit(1)
+        fail(file, exc)
     except MemoryError as exc:
         click.echo(f"{file}: FAILED: not enough memory to simulate every rank's buffers ({exc}); "
                    f"use a smaller --size or --count", err=True)

@@ -6,6 +6,7 @@ from collections import Counter
 import click
 
 from ..errors import GC3Error
+from ._common import fail, output_path
 
 
 def summary(prog) -> str:
@@ -43,6 +44,7 @@ def command(program, args, dag_path):
     from ..program import run_script
 
     try:
+        output_path(dag_path, "--dag")
         prog = run_script(program, list(args))
         prog.check()
         click.echo(summary(prog))
@@ -51,4 +53,4 @@ def command(program, args, dag_path):
             draw(prog.chunk_dag, dag_path)
             click.echo(f"dag          drawn to {dag_path}")
     except GC3Error as err:
-        raise click.ClickException(f"{type(err).__name__}: {err}")
+        fail(program, err)

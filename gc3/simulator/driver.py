@@ -10,10 +10,10 @@ import numpy as np
 
 from .. import limits
 from ..dtypes import dtype_info, mismatches, reduce_op
-from ..errors import LayoutError, SimulationError
+from ..errors import LayoutError, SimulationError, SizeError
 from ..ir import Program
 from ..layout import Layout, layout_for
-from ..reference import COLLECTIVES, make_inputs
+from ..reference import COLLECTIVES, from_postcondition, make_inputs
 from ..reference import reference as builtin_reference
 from ..xml_io import from_xml, read_xml
 from .cost_config import DEFAULT as DEFAULT_COST, CostConfig, preset
@@ -32,12 +32,14 @@ def parse_size(text: Union[str, int]) -> int:
     """Bytes from 4096, "4096", "64K", "1MiB", "1.5MB" (K/M/G alone are binary, as in nccl-tests)."""
     if isinstance(text, (int, np.integer)):
         return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    m = re.fullmatch(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise SimulationError(f"cannot read size {text!r}; use e.g. 4096, 64K, 1MiB or 1.5MB")
+        raise SizeError(f"cannot read size {text!r}; use e.g. 4096, 64K, 1MiB or 1.5MB")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value > limits.MAX_BYTES:
+        raise SizeError(f"size {text!r} is more than gc3.limits.MAX_BYTES={limits.MAX_BYTES} bytes")
     if value != int(value):
-        raise SimulationError(f"size {text!r} is not a whole number of bytes")
+        raise SizeError(f"size {text!r} is not a whole number of bytes")
     return int(value)
 
 
@@ -118,6 +120,9 @@ def _element_count(size, count, itemsize: int) -> int:
     if count is not None:
         if int(count) < 0:
             raise LayoutError(f"count={count} is negative")
+        if int(count) * itemsize > limits.MAX_BYTES:
+            raise LayoutError(f"count={count} elements of {itemsize} bytes is more than gc3.limits.MAX_BYTES="
+                              f"{limits.MAX_BYTES} bytes")
         return int(count)
     nbytes = DEFAULT_SIZE if size is None else parse_size(size)
     if nbytes % itemsize:
@@ -156,11 +161,16 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
                     slots=slots, aliased=aliased, seed=seed)
 
     ids = sorted(g.id for g in prog.gpus)
-    if ids != list(range(nranks)):
+    if not prog.ranks_complete():
         result.errors.append(f"program declares ngpus={nranks} but has <gpu> ids {ids}")
         return result
     layouts = {r: layout_for(prog, in_elems, r) for r in range(nranks)}
     result.layout = layouts[0]
+    total = sum((L.in_elems + L.out_elems + L.scratch_elems) * info.np.itemsize for L in layouts.values())
+    if total > limits.MAX_SIMULATED_BYTES:
+        raise SizeError(f"simulating {nranks} ranks at this size needs {format_bytes(total)} of buffers, more "
+                              f"than gc3.limits.MAX_SIMULATED_BYTES={format_bytes(limits.MAX_SIMULATED_BYTES)}; "
+                              f"use a smaller --size or --count")
     if inputs is None:
         inputs = make_inputs(prog.coll, nranks, in_elems, info.name, seed, op=op)
     else:
@@ -253,11 +263,14 @@ def _changed(now: np.ndarray, before: np.ndarray) -> np.ndarray:
 def _check(result: Result, prog: Program, inputs, op: str, root: int, reference) -> None:
     nranks = prog.ngpus
     if reference is None:
-        if prog.coll not in COLLECTIVES:
-            result.errors.append(f"cannot check outputs: no built-in reference for collective {prog.coll!r}; "
-                                 "pass reference=")
+        if prog.coll in COLLECTIVES:
+            expected = builtin_reference(prog.coll, inputs, op, nranks, root=root)
+        elif prog.postcondition is not None:     # a custom collective's IR says what it computes
+            expected = from_postcondition(prog, inputs, op, result.outputs)
+        else:
+            result.errors.append(f"cannot check outputs: no built-in reference for collective {prog.coll!r} and "
+                                 "no <postcondition> in the IR; pass reference=")
             return
-        expected = builtin_reference(prog.coll, inputs, op, nranks, root=root)
     elif callable(reference):
         expected = reference(list(inputs), op, nranks)
     else:

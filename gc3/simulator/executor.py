@@ -108,7 +108,7 @@ def static_errors(prog: Program, memories: Dict[int, RankMemory]) -> List[str]:
     """Structural faults that make a program unrunnable, each naming rank/TB/step."""
     errs: List[str] = []
     ids = sorted(g.id for g in prog.gpus)
-    if ids != list(range(prog.ngpus)):
+    if not prog.ranks_complete():
         errs.append(f"program declares ngpus={prog.ngpus} but has <gpu> ids {ids}")
         return errs
     conv = prog.convention

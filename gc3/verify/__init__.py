@@ -5,7 +5,9 @@
 
 The checks run cheapest first, and each relies on the ones before it:
 structure (ids, peers, deps, operands) -> runtime limits -> send/receive
-matching in FIFO order -> deadlock freedom under bounded FIFOs.
+matching in FIFO order -> deadlock freedom under bounded FIFOs -> semantics
+(the collective's postcondition holds on every rank in every interleaving,
+for every call size; `semantics.py`).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import List, Optional
 from .. import limits
 from ..ir import Program
 from . import deadlock, fifo_order, model, runtime_limits, structure
+from . import semantics as _semantics
 from .runtime_limits import Limits
 
 __all__ = ["verify", "check_report", "Summary", "Limits"]
@@ -31,15 +34,19 @@ class Summary:
     deps: int           # cross-TB dependencies
     slots: int
     limits: Limits
+    proven: Optional[int] = None   # output chunks proven; None when semantics were not checked
 
 
 def verify(prog: Program, *, slots: Optional[int] = None, max_tbs: Optional[int] = None,
            max_steps: Optional[int] = None, max_cnt: Optional[int] = None,
-           max_channels: Optional[int] = None, max_fanin: Optional[int] = None) -> Summary:
+           max_channels: Optional[int] = None, max_fanin: Optional[int] = None,
+           semantics: bool = True) -> Summary:
     """Raise a VerificationError subclass if `prog` is malformed, beyond the
-    runtime's limits, mismatched, or can deadlock with `slots` FIFO slots per
-    connection; otherwise return what was checked.  Unset limits come from
-    `gc3.limits`."""
+    runtime's limits, mismatched, can deadlock with `slots` FIFO slots per
+    connection, or (`semantics`) does not compute its collective; otherwise
+    return what was checked.  Unset limits come from `gc3.limits`.
+    `semantics=False` is for schedules that are not meant to compute anything
+    (tests of the other passes)."""
     slots = limits.FIFO_SLOTS[prog.proto] if slots is None else slots
     given = dict(max_tbs=max_tbs, max_steps=max_steps, max_cnt=max_cnt,
                  max_channels=max_channels, max_fanin=max_fanin)
@@ -49,6 +56,7 @@ def verify(prog: Program, *, slots: Optional[int] = None, max_tbs: Optional[int]
     m = model.build(prog)
     pairs = fifo_order.check(m)
     deadlock.check(m, slots)
+    proven = _semantics.check(m) if semantics else None
     return Summary(
         ranks=len(prog.gpus),
         threadblocks=len(m.tbs),
@@ -58,6 +66,7 @@ def verify(prog: Program, *, slots: Optional[int] = None, max_tbs: Optional[int]
         deps=sum(st.depid >= 0 for t in m.tbs for st in t.steps),
         slots=slots,
         limits=lim,
+        proven=proven,
     )
 
 
@@ -79,4 +88,6 @@ def check_report(prog: Program, **options) -> List[str]:
         + (" (counts and operands)" if prog.convention == "msccl" else " (counts)"),
         f"deadlock: none with {s.slots} slots per connection"
         + (f" (the schedule needs at least {need})" if need is not None else ""),
-    ]
+    ] + ([] if s.proven is None else [
+        f"semantics: {s.proven} output chunks proven to hold the {prog.coll} postcondition in every "
+        f"interleaving and for every call size; no unwritten reads, double contributions or races"])

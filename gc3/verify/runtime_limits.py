@@ -21,7 +21,13 @@ class Limits:
 def check(prog: Program, lim: Limits) -> None:
     if prog.nchannels > lim.max_channels:
         raise LimitError(f"nchannels={prog.nchannels} exceeds the runtime's {lim.max_channels} channels")
+    if prog.ngpus > limits.MAX_RANKS:
+        raise LimitError(f"ngpus={prog.ngpus} exceeds gc3.limits.MAX_RANKS={limits.MAX_RANKS}")
     for g in prog.gpus:
+        for name in ("i_chunks", "o_chunks", "s_chunks"):
+            if getattr(g, name) > limits.MAX_CHUNKS:
+                raise LimitError(f"rank {g.id}: {name}={getattr(g, name)} exceeds gc3.limits.MAX_CHUNKS="
+                                 f"{limits.MAX_CHUNKS} (the runtime's tables hold chunk offsets as int32)")
         if len(g.threadblocks) > lim.max_tbs:
             raise LimitError(
                 f"rank {g.id} has {len(g.threadblocks)} threadblocks, more than max_tbs={lim.max_tbs} "

@@ -38,7 +38,7 @@ def _check_gpus(prog: Program) -> None:
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise IRStructureError(f"two <gpu> elements with id {dup}")
-    if sorted(ids) != list(range(prog.ngpus)):
+    if not prog.ranks_complete():
         raise IRStructureError(f"ngpus={prog.ngpus} but the <gpu> ids are {sorted(ids)}; expected 0..{prog.ngpus - 1}")
     for g in prog.gpus:
         for name in ("i_chunks", "o_chunks", "s_chunks"):

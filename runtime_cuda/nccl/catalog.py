@@ -45,10 +45,21 @@ same meanings.
 A file that is missing, unreadable, malformed, fails verification, or an entry
 that contradicts its XML is reported once as a warning naming the file (and line
 or key) and skipped: the catalog never holds an IR it could not trust.
+
+Verification proves each IR computes its collective (`gc3.verify`); an IR it
+cannot prove (a custom collective without a postcondition) is skipped like a
+wrong one.  Its verdict is cached by the SHA-256 of the file's bytes and of the
+verifier's own sources under ``GC3_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/gc3`` or ``~/.cache/gc3``), so a process start re-verifies
+only files it has not seen; an unwritable cache only costs the time.
+
+``gc3 catalog check FILE`` (`check_config`) loads a catalog file exactly as
+this module does and lists every bad entry.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -59,13 +70,15 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from lxml import etree
 
-from gc3.errors import GC3Error
+from gc3 import limits
+from gc3.errors import GC3Error, InputError
+from gc3.user_input import strict_int
 from gc3.ir import PROTOCOLS, Program
-from gc3.xml_io import read_xml
+from gc3.xml_io import from_xml
 
 from .call import COLLECTIVES, REDUCING
 from .constants import DTYPE_CODES, OP_CODES
-from .log import get_logger
+from .log import LOGGER_NAME, get_logger
 from .sizes import parse_size
 
 ENV_FILES = ("GC3_XML_FILES", "MSCCL_XML_FILES")
@@ -86,7 +99,7 @@ _LOAD_ATTRS = {"path", "collective", "ranks", "inplace", "outofplace", "proto", 
                "maxbytes", "dtypes", "ops", "count_multiple", "root", "name"}
 
 
-class CatalogEntryError(GC3Error):
+class CatalogEntryError(InputError):
     """One catalog source or entry that cannot be used; the catalog skips it."""
 
 
@@ -161,10 +174,10 @@ def _as_bool(value) -> bool:
     raise ValueError(f"expected true/false or 0/1, got {value!r}")
 
 
-def _as_int(value) -> int:
+def _as_int(value, low: int = 0, high: int = limits.INT32_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"expected an integer, got {value!r}")
-    return int(value)
+    return strict_int(value, low, high)
 
 
 def _settings(raw: Mapping[str, object]) -> _Settings:
@@ -174,7 +187,7 @@ def _settings(raw: Mapping[str, object]) -> _Settings:
             if key == "collective":
                 s.collective = str(value)
             elif key == "ranks":
-                s.ranks = _as_int(value)
+                s.ranks = _as_int(value, 1, limits.MAX_RANKS)
             elif key == "inplace":
                 s.inplace = _as_bool(value)
             elif key == "outofplace":
@@ -195,11 +208,9 @@ def _settings(raw: Mapping[str, object]) -> _Settings:
             elif key == "ops":
                 s.ops = _names(value, OP_CODES, "ops")
             elif key == "root":
-                s.root = _as_int(value)
+                s.root = _as_int(value, 0, limits.MAX_RANKS - 1)
             elif key == "count_multiple":
-                s.count_multiple = _as_int(value)
-                if s.count_multiple < 1:
-                    raise ValueError("must be >= 1")
+                s.count_multiple = _as_int(value, 1)
             elif key == "name":
                 s.name = str(value)
         except ValueError as exc:
@@ -207,29 +218,77 @@ def _settings(raw: Mapping[str, object]) -> _Settings:
     return s
 
 
-def _verify(prog: Program, path: Path) -> None:
-    """Run gc3's verifier where it is installed: an IR that fails it could hang or be wrong."""
+def cache_dir(env: Optional[Mapping[str, str]] = None) -> Path:
+    env = os.environ if env is None else env
+    given = env.get("GC3_CACHE_DIR") or os.environ.get("GC3_CACHE_DIR")
+    if given:
+        return Path(given).expanduser()
+    xdg = env.get("XDG_CACHE_HOME") or os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "gc3"
+
+
+_VERIFIER_ID: Optional[str] = None
+
+
+def _verifier_id() -> str:
+    """A digest of the verifier's sources: a cached verdict is void once they change."""
+    global _VERIFIER_ID
+    if _VERIFIER_ID is None:
+        import gc3
+        root = Path(gc3.__file__).parent
+        h = hashlib.sha256(gc3.__version__.encode())
+        for f in sorted([*root.joinpath("verify").glob("*.py"), root / "ir.py", root / "layout.py",
+                         root / "limits.py", root / "collectives.py", root / "xml_io.py"]):
+            h.update(f.name.encode() + f.read_bytes())
+        _VERIFIER_ID = h.hexdigest()[:16]
+    return _VERIFIER_ID
+
+
+def _verify(prog: Program, path: Path, digest: str, cache: Optional[Path]) -> None:
+    """Prove the IR with gc3's verifier (an IR that fails could hang or be wrong), or
+    reuse the verdict cached for these bytes."""
+    entry = cache / "verified" / f"{_verifier_id()}-{digest}" if cache is not None else None
     try:
-        from gc3.verify import verify
-    except ImportError:
-        return
+        if entry is not None and entry.is_file():
+            reason = entry.read_text()
+            if reason == "ok":
+                return
+            raise CatalogEntryError(f"{path}: fails verification (cached verdict): {reason}")
+    except OSError:
+        pass
+    from gc3.verify import verify
+    reason = "ok"
     try:
         verify(prog)
     except GC3Error as exc:
-        raise CatalogEntryError(f"{path}: fails verification: {exc}") from None
+        reason = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # a verifier bug must not take the user's job down
         raise CatalogEntryError(f"{path}: verifier raised {type(exc).__name__}: {exc}") from None
+    if entry is not None:
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(reason)
+            tmp.replace(entry)     # atomic: concurrent ranks never read half a verdict
+        except OSError:
+            pass
+    if reason != "ok":
+        raise CatalogEntryError(f"{path}: fails verification: {reason}")
 
 
-def _candidate(path: Path, origin: str, s: _Settings) -> Candidate:
-    prog = read_xml(path)
+def _candidate(path: Path, origin: str, s: _Settings, cache: Optional[Path] = None) -> Candidate:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CatalogEntryError(f"{path}: cannot read: {exc.strerror}") from None
+    prog = from_xml(data, source=str(path))
     for field, want, have in (("collective", s.collective, prog.coll), ("ranks", s.ranks, prog.ngpus),
                               ("inplace", s.inplace, prog.inplace)):
         if want is not None and want != have:
             raise CatalogEntryError(f"entry says {field}={want!r} but {path} has {field}={have!r}")
     if prog.coll not in COLLECTIVES:
         raise CatalogEntryError(f"{path}: collective {prog.coll!r} has no NCCL call (NCCL has {', '.join(COLLECTIVES)})")
-    _verify(prog, path)
+    _verify(prog, path, hashlib.sha256(data).hexdigest(), cache)
     overridden = s.protocol is not None and s.protocol != prog.proto
     if overridden:
         prog = dataclasses.replace(prog, proto=s.protocol)
@@ -241,11 +300,13 @@ def _candidate(path: Path, origin: str, s: _Settings) -> Candidate:
     root = s.root
     if root is None and "root" in prog.extra:
         try:
-            root = int(prog.extra["root"])
+            root = strict_int(prog.extra["root"], 0, prog.ngpus - 1)
         except ValueError:
             raise CatalogEntryError(f"{path}: <algo root={prog.extra['root']!r}> is not an integer") from None
     min_bytes = s.min_bytes if s.min_bytes is not None else (prog.minBytes or 0)
     max_bytes = None if s.max_unbounded else (s.max_bytes if s.max_bytes is not None else prog.maxBytes)
+    if max_bytes is not None and min_bytes > max_bytes:
+        raise CatalogEntryError(f"{path}: min_bytes={min_bytes} > max_bytes={max_bytes}: the entry serves no size")
     outofplace = s.outofplace if s.outofplace is not None else (
         prog.outofplace if prog.outofplace is not None else not prog.inplace)
     label = s.name or path.name + (f"[{prog.proto}]" if overridden else "")
@@ -333,17 +394,48 @@ def _config_entries(path: Path) -> Iterable[Tuple[Path, Dict, str]]:
     return list(_xml_config_entries(path))
 
 
-def _add(out: List[Candidate], path: Path, raw: Dict, origin: str, log: logging.Logger) -> None:
+def _add(out: List[Candidate], path: Path, raw: Dict, origin: str, log: logging.Logger,
+         cache: Optional[Path]) -> Optional[str]:
+    """Append the entry's candidate; or log why it is skipped and return that."""
     try:
-        out.append(_candidate(path, origin, _settings(raw)))
+        out.append(_candidate(path, origin, _settings(raw), cache))
     except GC3Error as exc:
         log.warning("%s: skipped: %s", origin, exc)
+        return f"{origin}: {exc}"
+    return None
+
+
+def _load_config(origin: str, path: Path, out: List[Candidate], log: logging.Logger,
+                 cache: Optional[Path]) -> List[str]:
+    """Add every usable entry of config file `path`; return why the others were
+    skipped.  Raises CatalogEntryError if the file itself cannot be read."""
+    entries = _config_entries(path)
+    problems = []
+    for xml_path, raw, where in entries:
+        if xml_path is None:
+            log.warning("%s: skipped %s", origin, where)
+            problems.append(f"{origin}: {where}")
+        else:
+            problem = _add(out, xml_path, raw, f"{origin} {where}", log, cache)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def check_config(path: Path, env: Optional[Mapping[str, str]] = None) -> Tuple[List[Candidate], List[str]]:
+    """Load catalog file `path` (JSON or XML) exactly as GC3_CONFIG would be loaded:
+    the candidates it yields and one line per entry it would skip."""
+    out: List[Candidate] = []
+    log = logging.getLogger(LOGGER_NAME + ".check")
+    log.disabled = True      # the caller reports the problems itself
+    return out, _load_config(str(path), Path(path), out, log, cache_dir(env))  # raises if unreadable
 
 
 def load_catalog(env: Optional[Mapping[str, str]] = None) -> Catalog:
     """Read every source named by the environment, in load order."""
     env = os.environ if env is None else env
     log = get_logger(env)
+    cache = cache_dir(env)
     out: List[Candidate] = []
     sources: List[str] = []
     for var in ENV_FILES:
@@ -352,7 +444,7 @@ def load_catalog(env: Optional[Mapping[str, str]] = None) -> Catalog:
             continue
         sources.append(f"{var}={spec}")
         for p in _xml_paths(spec, var, log):
-            _add(out, p, {}, var, log)
+            _add(out, p, {}, var, log, cache)
     configs = [(ENV_CONFIG, Path(env[ENV_CONFIG]).expanduser())] if env.get(ENV_CONFIG, "").strip() else []
     if not sources and not configs:
         if not DEFAULT_INDEX.is_file():
@@ -363,15 +455,9 @@ def load_catalog(env: Optional[Mapping[str, str]] = None) -> Catalog:
     for origin, path in configs:
         sources.append(f"{origin}={path}")
         try:
-            entries = _config_entries(path)
+            _load_config(origin, path, out, log, cache)
         except CatalogEntryError as exc:
             log.warning("%s: skipped: %s", origin, exc)
-            continue
-        for xml_path, raw, where in entries:
-            if xml_path is None:
-                log.warning("%s: skipped %s", origin, where)
-            else:
-                _add(out, xml_path, raw, f"{origin} {where}", log)
     log.info("catalog: %d algorithm(s) from %s%s", len(out), "; ".join(sources),
              "".join(f"\n  {i}: {c.name} ({c.collective}, {c.ranks} ranks, {c.program.proto})"
                      for i, c in enumerate(out)))

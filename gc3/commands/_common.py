@@ -1,0 +1,32 @@
+"""What every subcommand does with a GC3Error: one line naming the input, the exit status of its kind."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn, Optional, Sequence
+
+import click
+
+from ..errors import GC3Error, InputError, exit_status
+
+# What matplotlib can write, by extension (timelines, DAG drawings).
+IMAGE_EXTENSIONS = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
+
+
+def fail(source: str, exc: GC3Error) -> NoReturn:
+    click.echo(f"{source}: FAILED: {type(exc).__name__}: {exc}", err=True)
+    raise SystemExit(exit_status(exc))
+
+
+def output_path(path: Optional[str], option: str, extensions: Sequence[str] = IMAGE_EXTENSIONS) -> Optional[str]:
+    """`path` if a file can be written there with one of `extensions`; checked
+    before any work so that a typo does not cost a whole run."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() not in extensions:
+        raise InputError(f"{option} {path}: unknown extension {p.suffix or '(none)'!r}; expected one of "
+                         f"{', '.join(extensions)}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{option} {path}: folder {parent} does not exist")
+    return path
