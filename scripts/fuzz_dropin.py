@@ -654,6 +654,11 @@ def main(argv=None) -> int:
                 hangs += kind == "hang"
                 mismatches += kind != "hang"
                 failures.append(f"{kind} in batch at call #{i}: {type(exc).__name__}: {exc}")
+                if mpi is not None:
+                    # The other ranks may be inside a collective this rank will never join:
+                    # say what happened and stop them all, rather than hang until the watchdog.
+                    print(f"rank {rank}: {failures[-1]}; aborting every rank", file=sys.stderr, flush=True)
+                    mpi.Abort(1)
             watchdog.cancel()
             results = []
             if outcomes:
