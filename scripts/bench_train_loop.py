@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SIZES = (1024, 262_144, 5_000_000, 17)
-NCCL_FLOAT32, NCCL_SUM = 7, 0          # NCCL's enum values (runtime_cuda.nccl.constants)
+from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

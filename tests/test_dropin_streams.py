@@ -217,3 +217,20 @@ def test_fuzz_lines_fold_into_one():
         fuzz_sum.fold([a, b.replace("seed=2..2", "seed=4..4")])
     with pytest.raises(ValueError, match="ranks"):
         fuzz_sum.fold([a, b.replace("ranks=4", "ranks=2")])
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ll128_config_lists_every_sample_for_n_ranks(n, monkeypatch, tmp_path):
+    import json
+
+    import ll128_config
+    from runtime_cuda.nccl.catalog import load_catalog
+
+    cfg = ll128_config.config(n)
+    index = json.loads((ROOT / "ir_samples" / "index.json").read_text())["algorithms"]
+    assert len(cfg["algorithms"]) == sum(e["ranks"] == n for e in index)
+    path = tmp_path / "ll128.json"
+    path.write_text(json.dumps(cfg))
+    env = {"GC3_CONFIG": str(path), "GC3_CACHE_DIR": str(tmp_path / "cache")}
+    cands = load_catalog(env).candidates
+    assert len(cands) == len(cfg["algorithms"]) and {c.program.proto for c in cands} == {"LL128"}
