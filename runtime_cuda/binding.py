@@ -1,11 +1,11 @@
 """One call's geometry and buffer binding, independent of how ranks run.
 
 `call_shape` turns (program, element count, element size, protocol) into the
-kernel's scalars: gc3.layout's unit/cs/chunks-per-block plus the tile size.
+kernel's scalars: gc3.ir.layout's unit/cs/chunks-per-block plus the tile size.
 `bind` decides which addresses the kernel uses for the i and o buffers of a
 rank, including the copies an in-place program needs when called out of
 place (as in MSCCL: the input is first copied into the output's aliased
-region, gc3.layout.Layout.inplace_offset), and the private input copy an
+region, gc3.ir.layout.Layout.inplace_offset), and the private input copy an
 out-of-place program reads when called in place.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 
 from gc3.errors import LayoutError, LimitError
 from gc3.ir import Program
-from gc3.layout import Layout, layout_for
+from gc3.ir.layout import Layout, layout_for
 
 from . import abi
 from .connections import TileSplit, slot_data_bytes, tile_split

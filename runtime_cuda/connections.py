@@ -24,7 +24,7 @@ import numpy as np
 from gc3 import limits
 from gc3.errors import GC3Error
 from gc3.ir import Program
-from gc3.user_input import env_number, strict_int
+from gc3.units import env_number, strict_int
 
 from . import abi
 from .tables import ConnKey, Tables, connections

@@ -5,7 +5,7 @@ import re
 
 from gc3 import limits
 from gc3.errors import GC3Error
-from gc3.layout import blocks_of
+from gc3.ir.layout import blocks_of
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}

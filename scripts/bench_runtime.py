@@ -116,8 +116,8 @@ class _Env:
 
 
 def compile_candidate(c: Candidate):
-    from gc3.lower import lower
-    from gc3.program import run_script
+    from gc3.compiler.pipeline import lower
+    from gc3.dsl.program import run_script
 
     traced = run_script(str(ROOT / "algorithms" / f"{c.script}.py"), list(c.argv))
     return lower(traced, instances=c.instances, protocol=c.proto)

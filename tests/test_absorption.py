@@ -1,4 +1,4 @@
-"""Absorption (gc3/absorption.py): r+re and cpy+rrc folded into one rrc, and only where that is safe."""
+"""Absorption (gc3/compiler/absorption.py): r+re and cpy+rrc folded into one rrc, and only where that is safe."""
 from pathlib import Path
 
 import numpy as np
@@ -6,12 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gc3 import GC3Program, chunk
-from gc3.absorption import absorb
-from gc3.collectives import AllReduce
-from gc3.instruction_dag import build, topological_order
-from gc3.lower import lower
-from gc3.program import run_script
-from gc3.replication import plan_buffers
+from gc3.compiler.absorption import absorb
+from gc3.dsl.collectives import AllReduce
+from gc3.compiler.instruction_dag import build, topological_order
+from gc3.compiler.pipeline import lower
+from gc3.dsl.program import run_script
+from gc3.compiler.buffers import plan_buffers
 from gc3.simulator import simulate
 from gc3.verify import verify
 
@@ -92,7 +92,7 @@ def test_copy_absorption_feeds_fusion_in_the_longer_ring():
 def test_compile_command_can_turn_absorption_off(tmp_path):
     from click.testing import CliRunner
     from gc3.cli import main
-    from gc3.xml_io import read_xml
+    from gc3.ir.xml_io import read_xml
 
     kinds = {}
     for flags in ((), ("--no-absorption",)):
@@ -360,7 +360,7 @@ def test_pruned_ancestor_search_agrees_with_a_full_search(case):
     """White box: the search that guards copy absorption only looks between
     topological positions, which edges added against trace order must keep
     right; checked against an unpruned search on every query."""
-    from gc3 import absorption
+    from gc3.compiler import absorption
 
     pruned = absorption._Work.is_ancestor_of_any
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gc3.xml_io import read_xml, write_xml
+from gc3.ir.xml_io import read_xml, write_xml
 from runtime_cuda.nccl import catalog as catalog_mod
 from runtime_cuda.nccl.call import Call
 from runtime_cuda.nccl.catalog import load_catalog

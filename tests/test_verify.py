@@ -11,7 +11,7 @@ from gc3.verify import check_report, verify as full_verify
 
 from gc3.verify.deadlock import min_slots
 from gc3.verify.model import build
-from gc3.xml_io import from_xml, read_xml, to_xml
+from gc3.ir.xml_io import from_xml, read_xml, to_xml
 
 
 def verify(prog, **options):

@@ -10,7 +10,7 @@ from gc3.ir import Gpu, Program, Step, Threadblock
 from gc3.verify import verify
 from gc3.verify.deadlock import min_slots
 from gc3.verify.model import build
-from gc3.xml_io import from_xml, to_xml
+from gc3.ir.xml_io import from_xml, to_xml
 
 
 def _st(type_, src, dst, dep=(-1, -1), hasdep=False):

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import GC3Error
 from ..ir import Program
-from ..xml_io import read_xml
+from ..ir.xml_io import read_xml
 from .cost_config import CostConfig
 from .driver import TimedProgram
 
@@ -64,8 +64,8 @@ def compile_spec(spec: str) -> Program:
         raise GC3Error(f"measured point names {words[0]!r}, which is not in {REPO}")
     if path.suffix == ".xml":
         return read_xml(path)
-    from ..lower import lower
-    from ..program import run_script
+    from ..compiler.pipeline import lower
+    from ..dsl.program import run_script
     opts: Dict[str, str] = {}
     args = []
     rest = iter(words[1:])

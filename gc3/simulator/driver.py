@@ -12,10 +12,10 @@ from .. import limits
 from ..dtypes import dtype_info, mismatches, reduce_op
 from ..errors import LayoutError, SimulationError, SizeError
 from ..ir import Program
-from ..layout import Layout, layout_for
-from ..reference import COLLECTIVES, from_postcondition, make_inputs
-from ..reference import reference as builtin_reference
-from ..xml_io import from_xml, read_xml
+from ..ir.layout import Layout, layout_for
+from .reference import COLLECTIVES, from_postcondition, make_inputs
+from .reference import reference as builtin_reference
+from ..ir.xml_io import from_xml, read_xml
 from .cost_config import DEFAULT as DEFAULT_COST, CostConfig, preset
 from .cost_model import Schedule, Timing, format_time, predict
 from .executor import Executed, Executor, hasdep_warnings, static_errors
@@ -110,7 +110,7 @@ def load_program(obj) -> Program:
     if isinstance(obj, str):
         return from_xml(obj) if obj.lstrip().startswith("<") else read_xml(obj)
     if hasattr(obj, "ops") and hasattr(obj, "collective"):
-        from ..lower import lower  # the compiler is only needed for DSL programs
+        from ..compiler.pipeline import lower  # the compiler is only needed for DSL programs
         return lower(obj)
     raise SimulationError(f"cannot simulate a {type(obj).__name__}: pass an ir.Program, an XML path or text, "
                           "or a GC3Program")

@@ -29,7 +29,7 @@ deterministic: every execution sees each read return the value of the same
 write, so the result of this one run is the result of all of them.  Deadlock
 freedom (checked before, `deadlock.py`) says that every execution completes.
 
-Why chunk granularity covers every call size.  `gc3/layout.py` maps a call
+Why chunk granularity covers every call size.  `gc3/ir/layout.py` maps a call
 of any element count onto the chunks: a user buffer is blocks of c chunks;
 chunk j of every block has the same length len(j) (non-increasing in j, some
 may be 0), scratch chunks are always full; a step moves whole chunks lane by
@@ -58,8 +58,8 @@ import numpy as np
 from ..errors import (DeadlockError, DuplicateContributionError, PostconditionUnprovableError, RaceError,
                       SemanticError, UnwrittenReadError)
 from ..ir import Postcondition, Program, local_input, local_output
-from ..collectives import NCCL_COLLECTIVES
-from ..layout import layout_for
+from ..dsl.collectives import NCCL_COLLECTIVES
+from ..ir.layout import layout_for
 from .model import Model
 
 BUILTIN = NCCL_COLLECTIVES   # known without being told; any other carries its postcondition
@@ -126,7 +126,7 @@ def same(a: Sym, b: Sym) -> bool:
 # --- postconditions -----------------------------------------------------------------
 def builtin_collective(prog: Program):
     """The gc3.collectives object of an NCCL collective at the IR's chunk count, or None."""
-    from .. import collectives as C
+    from ..dsl import collectives as C
 
     if prog.coll not in BUILTIN:
         return None

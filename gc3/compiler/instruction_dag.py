@@ -27,9 +27,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import LoweringError
-from .ops import Op
-from .replication import BufferPlan
+from ..errors import LoweringError
+from ..dsl.ops import Op
+from .buffers import BufferPlan
 
 __all__ = ["Instr", "InstrDAG", "build", "topological_order", "depths"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import click
 
-from ..errors import EXIT_WRONG, GC3Error
-from ._common import fail
+from gc3.errors import EXIT_WRONG, GC3Error
+from gc3.cli._common import fail
 
 
 @click.group("catalog")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import GC3Error
+from gc3.errors import GC3Error
 
 _COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8")   # gc3.dtypes' names

@@ -59,10 +59,10 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
     Options given here override the program's own settings.  Put `--` before
     program arguments that look like options of this command.
     """
-    from ..lower import lower
-    from ..program import run_script
+    from ..compiler.pipeline import lower
+    from ..dsl.program import run_script
     from ..verify import verify
-    from ..xml_io import write_xml
+    from ..ir.xml_io import write_xml
 
     start = time.perf_counter()
     try:

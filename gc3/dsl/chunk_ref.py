@@ -6,14 +6,12 @@ that using it after another operation overwrote one of them is caught
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
-from .errors import CountMismatchError, StaleReferenceError, TopologyError, TraceError
+from ..errors import CountMismatchError, StaleReferenceError, TopologyError, TraceError
+from ..units import as_int, user_location
 from .ops import Slot
-from .user_input import as_int, user_location
-
-if TYPE_CHECKING:
-    from .program import GC3Program
+from .tracing import _tracing, canonical_buffer
 
 
 def _schedule_hint(what: str, value, where: str) -> Optional[int]:
@@ -56,7 +54,6 @@ class ChunkRef:
 
     # --- checks ----------------------------------------------------------------
     def _require_fresh(self, where: str) -> None:
-        from .program import _tracing
         if _tracing.current is not self.prog:
             raise TraceError(f"{where}: reference {self.slot} belongs to program {self.prog.name!r}, "
                              f"which is not being traced")
@@ -86,7 +83,6 @@ class ChunkRef:
             raise CountMismatchError(f"{where}: copy of {self.count} chunk(s) from {self.slot} given count={count!r}")
         prog = self.prog
         if index is None or index == -1:
-            from .program import canonical_buffer
             if buffer is None:
                 buffer, index = self.buffer, self.index
             else:

@@ -10,7 +10,7 @@ from ._common import fail, output_path
 
 
 def summary(prog) -> str:
-    from ..chunk_dag import depth
+    from ..dsl.chunk_dag import depth
 
     coll = prog.collective
     kinds = Counter(("remote " if op.remote else "local ") + op.kind for op in prog.ops)
@@ -41,7 +41,7 @@ def summary(prog) -> str:
               help="also draw the Chunk DAG to this image file (small programs)")
 def command(program, args, dag_path):
     """Run PROGRAM (a gc3 .py file) with ARGS, check it, print a summary."""
-    from ..program import run_script
+    from ..dsl.program import run_script
 
     try:
         output_path(dag_path, "--dag")
@@ -49,7 +49,7 @@ def command(program, args, dag_path):
         prog.check()
         click.echo(summary(prog))
         if dag_path:
-            from ..chunk_dag import draw
+            from ..dsl.chunk_dag import draw
             draw(prog.chunk_dag, dag_path)
             click.echo(f"dag          drawn to {dag_path}")
     except GC3Error as err:

@@ -54,14 +54,14 @@ def describe(prog: Program) -> List[str]:
 
 
 def _show_script(path: str, args, dag: Optional[str]) -> List[str]:
-    from ..program import run_script
+    from ..dsl.program import run_script
     from .trace import summary
 
     prog = run_script(path, list(args))
     prog.check()  # the summary reports the check as passed
     lines = summary(prog).splitlines()
     if dag:
-        from ..chunk_dag import draw
+        from ..dsl.chunk_dag import draw
 
         draw(prog.chunk_dag, dag)
         lines.append(f"wrote the chunk DAG to {dag}")
@@ -76,7 +76,7 @@ def _show_script(path: str, args, dag: Optional[str]) -> List[str]:
 def command(file: str, args, dag) -> None:
     """Show an XML IR (per-rank TB table, instruction counts, channels, dependencies),
     or summarize a DSL program FILE.py [ARGS] and draw its Chunk DAG with --dag."""
-    from ..xml_io import read_xml
+    from ..ir.xml_io import read_xml
 
     try:
         if file.endswith(".py"):

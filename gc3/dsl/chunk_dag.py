@@ -16,24 +16,31 @@ keeps the strongest: true over war over waw.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Set, Tuple, Union
+from typing import Dict, Iterable, List, Sequence, Set, Tuple, Union
 
 import networkx as nx
 
-from .errors import GC3Error
-
-if TYPE_CHECKING:
-    from .program import GC3Program
+from ..errors import GC3Error
+from .ops import Op, Slot
 
 Node = Union[int, Tuple[str, int, str, int]]
 _STRENGTH = {"true": 3, "war": 2, "waw": 1}
 
 
-def build(prog: "GC3Program") -> nx.DiGraph:
+Key = Tuple[int, str, int]       # (rank, canonical buffer, index) of one chunk
+
+
+def _keys(slot: Slot) -> List[Key]:
+    return [(slot.rank, slot.buffer, i) for i in slot.indices()]
+
+
+def build(ops: Sequence[Op], sources: Iterable[Key]) -> nx.DiGraph:
+    """The Chunk DAG of traced `ops`, given the chunks that hold input data
+    (`sources`); a traced program's is `GC3Program.chunk_dag`."""
     dag = nx.DiGraph()
     last_writer: Dict[Tuple[int, str, int], Node] = {}
     readers: Dict[Tuple[int, str, int], Set[int]] = {}
-    for rank, buf, idx in prog.sources:
+    for rank, buf, idx in sources:
         node = ("init", rank, buf, idx)
         dag.add_node(node, kind="source")
         last_writer[(rank, buf, idx)] = node
@@ -45,12 +52,12 @@ def build(prog: "GC3Program") -> nx.DiGraph:
         if old is None or _STRENGTH[kind] > _STRENGTH[old]:
             dag.add_edge(a, b, kind=kind)
 
-    for op in prog.ops:
+    for op in ops:
         dag.add_node(op.id, kind="op", op=op)
-        reads = list(prog.keys(op.src)) + (list(prog.keys(op.dst)) if op.kind == "reduce" else [])
+        reads = list(_keys(op.src)) + (list(_keys(op.dst)) if op.kind == "reduce" else [])
         for key in reads:
             link(last_writer[key], op.id, "true")
-        for key in prog.keys(op.dst):
+        for key in _keys(op.dst):
             for reader in readers.get(key, ()):
                 link(reader, op.id, "war")
             prev = last_writer.get(key)
@@ -58,7 +65,7 @@ def build(prog: "GC3Program") -> nx.DiGraph:
                 link(prev, op.id, "waw")
         for key in reads:
             readers.setdefault(key, set()).add(op.id)
-        for key in prog.keys(op.dst):
+        for key in _keys(op.dst):
             last_writer[key] = op.id
             # The write itself is this op's read of dst (reduce) or none (copy).
             readers[key] = set()

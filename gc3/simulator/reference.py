@@ -3,7 +3,7 @@
 `reference(coll, inputs, op, nranks, root)` returns, per rank, the expected
 output buffer, or None where the collective leaves that rank's output
 unspecified (reduce: every rank but the root; alltonext: rank 0, which has
-no predecessor).  Buffer sizes follow gc3.layout: every input holds
+no predecessor).  Buffer sizes follow gc3.ir.layout: every input holds
 `in_elems` elements; allgather's output is `nranks` inputs long,
 reducescatter's `in_elems / nranks`.
 
@@ -17,8 +17,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from .dtypes import dtype_info, reduce_op
-from .errors import GC3Error
+from ..dtypes import dtype_info, reduce_op
+from ..errors import GC3Error
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "alltonext")
 
@@ -108,10 +108,10 @@ def reference(coll: str, inputs: Sequence[np.ndarray], op: Union[str, np.ufunc],
 
 def from_postcondition(prog, inputs: Sequence[np.ndarray], op, outputs: Sequence[np.ndarray]) -> Outputs:
     """Expected outputs of a custom collective, from the postcondition its IR
-    carries (gc3.ir.Postcondition), chunk by chunk through gc3.layout.  Output
+    carries (gc3.ir.Postcondition), chunk by chunk through gc3.ir.layout.  Output
     chunks it leaves unspecified expect what `outputs` hold, so they are not
     compared; a rank with none specified gets None."""
-    from .layout import layout_for
+    from ..ir.layout import layout_for
 
     n = prog.ngpus
     in_elems = np.asarray(inputs[0]).size

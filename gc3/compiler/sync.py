@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from .ir import Gpu, Step, Threadblock
-from .replication import BufferPlan
+from ..ir import Gpu, Step, Threadblock
+from .buffers import BufferPlan
 from .threadblocks import Schedule
 
 __all__ = ["insert_sync"]

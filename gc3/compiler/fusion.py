@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from typing import List, Optional
 
-from .errors import ScheduleError
+from ..errors import ScheduleError
 from .instruction_dag import Instr, InstrDAG, depths
 
 __all__ = ["fuse"]

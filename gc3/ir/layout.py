@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Tuple
 
-from .errors import LayoutError
-from .ir import Program
+from ..errors import LayoutError
+from . import Program
 
 # (blocks in the input buffer, blocks in the output buffer) per collective.
 _BLOCKS = {

@@ -11,10 +11,10 @@ import os
 
 import click
 
-from .. import limits
-from ..errors import GC3Error
-from ..user_input import env_number
-from ._common import fail
+from gc3 import limits
+from gc3.errors import GC3Error
+from gc3.units import env_number
+from gc3.cli._common import fail
 
 
 def _world_size() -> int:
@@ -67,10 +67,10 @@ def _need_gpu() -> None:
 def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode):
     """Run XML on GPUs: virtual ranks on one GPU, one rank per process under mpirun,
     or one process driving one GPU per rank (--mode peer)."""
-    from ..dtypes import dtype_info
-    from ..xml_io import read_xml
+    from gc3.dtypes import dtype_info
+    from gc3.ir.xml_io import read_xml
 
-    from ..verify import verify
+    from gc3.verify import verify
 
     try:
         mode = _mode(mode, _world_size())
@@ -91,7 +91,7 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
 
     from runtime_cuda.checking import device_buffers, reference_case, run_checked
     from runtime_cuda.perf import bus_factor, in_elems_for, nbytes_of, parse_size
-    from ..dtypes import dtype_info
+    from gc3.dtypes import dtype_info
 
     itemsize = dtype_info(dtype).np.itemsize
     if mode == "ipc":

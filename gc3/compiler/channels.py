@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from .errors import ScheduleError
+from ..errors import ScheduleError
 from .instruction_dag import InstrDAG
 
 __all__ = ["ChannelAssignment", "assign_channels"]

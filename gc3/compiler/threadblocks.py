@@ -36,7 +36,7 @@ from heapq import heappop, heappush
 from typing import Dict, List, Optional, Tuple
 
 from .channels import ChannelAssignment
-from .errors import ScheduleError
+from ..errors import ScheduleError
 from .instruction_dag import RECVS, SENDS, Instr, InstrDAG, depths
 
 __all__ = ["TB", "Schedule", "assign_threadblocks"]

@@ -27,57 +27,22 @@ from __future__ import annotations
 import runpy
 import sys
 from contextlib import contextmanager
-from enum import Enum
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import limits
+from .. import limits
 from .chunk_ref import ChunkRef
 from .collectives import Collective
-from .errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
-from .ir import PROTOCOLS
+from ..errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
+from ..ir import PROTOCOLS
 from .ops import Op, Slot
 from .symbolic import Value, describe, difference, input_chunk
 from .topology import Topology, fully_connected
-from .user_input import as_int, user_location
+from .tracing import Buffer, _current, _tracing, canonical_buffer  # noqa: F401  (Buffer: the DSL's name)
+from ..units import as_int, user_location
 
 
 Key = Tuple[int, str, int]       # (rank, canonical buffer, index) of one chunk
-
-
-class Buffer(str, Enum):
-    """msccl-tools' buffer names, so ported programs can say Buffer.input."""
-    input = "i"
-    output = "o"
-    scratch = "s"
-
-
-_BUFFER_NAMES = {"i": "i", "in": "i", "input": "i", "o": "o", "out": "o", "output": "o",
-                 "s": "s", "sc": "s", "scratch": "s"}
-
-
-def canonical_buffer(buffer, where: str) -> str:
-    """'in'/'input' -> 'i', 'out'/'output' -> 'o', 'sc'/'scratch' -> 's'; other names are named scratch."""
-    if isinstance(buffer, Enum):
-        buffer = buffer.value
-    if not isinstance(buffer, str) or not buffer:
-        raise TraceError(f"{where}: buffer {buffer!r} must be a non-empty string")
-    return _BUFFER_NAMES.get(buffer, buffer)
-
-
-class _Tracing:
-    def __init__(self):
-        self.current: Optional[GC3Program] = None
-        self.recorded: Optional[List[GC3Program]] = None   # set by run_script
-
-
-_tracing = _Tracing()
-
-
-def _current(what: str) -> "GC3Program":
-    if _tracing.current is None:
-        raise TraceError(f"{user_location()}: {what} called outside a `with GC3Program(...)` block")
-    return _tracing.current
 
 
 def _check_sizes(coll: Collective, where: str) -> None:
@@ -158,8 +123,8 @@ class GC3Program:
     @property
     def chunk_dag(self):
         if self._dag_ops != len(self.ops):
-            from .chunk_dag import build
-            self._dag = build(self)
+            from .chunk_dag import build   # networkx: only for those who look at the DAG
+            self._dag = build(self.ops, self.sources)
             self._dag_ops = len(self.ops)
         return self._dag
 

@@ -12,10 +12,10 @@ from typing import Callable, Dict, Union
 
 from lxml import etree
 
-from . import limits
-from .errors import IRFormatError
-from .user_input import strict_int
-from .ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Postcondition, Program, Step, Threadblock
+from .. import limits
+from ..errors import IRFormatError
+from ..units import strict_int
+from . import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Postcondition, Program, Step, Threadblock
 
 # A custom collective's postcondition is one extra child of <algo>, after the
 # <gpu>s: MSCCL's hand-written reader looks for <gpu> children by name and

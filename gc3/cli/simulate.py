@@ -43,7 +43,7 @@ def command(file: str, args, size, count, dtype, op, seed, slots, inplace, root,
     try:
         output_path(timeline, "--timeline")
         if file.endswith(".py"):
-            from ..program import run_script
+            from ..dsl.program import run_script
             source = run_script(file, list(args))
         elif args:
             raise click.UsageError(f"unexpected arguments {' '.join(args)} (only a DSL program FILE.py takes them)")

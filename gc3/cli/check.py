@@ -20,7 +20,7 @@ def command(xml: str, slots, max_tbs) -> None:
     Exit status: 0 proven; 1 wrong or unsafe; 2 unreadable input; 3 a custom
     collective's IR without a <postcondition>, which cannot be proven."""
     from ..verify import check_report
-    from ..xml_io import read_xml
+    from ..ir.xml_io import read_xml
 
     try:
         lines = check_report(read_xml(xml), slots=slots, max_tbs=max_tbs)

@@ -14,7 +14,7 @@ instances onto their own channels and chunks (see `replication.py`).
 The result uses gc3's operand convention (every operand local, see
 `gc3.ir.Convention`) and is marked with `gc3version`.  Input and output sizes
 come from the collective's declared chunk counts times the replication factor,
-never from the indices the program happens to touch, so `gc3/layout.py` maps
+never from the indices the program happens to touch, so `gc3/ir/layout.py` maps
 every chunk of a call exactly as the program meant.  Scratch is the declared
 size too, except that after absorption it is cut to the chunks the program
 still names (`replication.fit_scratch`).
@@ -24,15 +24,16 @@ from __future__ import annotations
 import gc
 from typing import Optional
 
-from . import __version__, limits
+from .. import __version__, limits
 from .absorption import absorb
 from .channels import assign_channels
-from .errors import LoweringError, ScheduleError
+from ..errors import LoweringError, ScheduleError
 from .fusion import fuse
 from .instruction_dag import build
-from .collectives import NCCL_COLLECTIVES, Collective
-from .ir import PROTOCOLS, Postcondition, Program
-from .replication import fit_scratch, plan_buffers, replicate
+from ..dsl.collectives import NCCL_COLLECTIVES, Collective
+from ..ir import PROTOCOLS, Postcondition, Program
+from .buffers import fit_scratch, plan_buffers
+from .replication import replicate
 from .sync import insert_sync
 from .threadblocks import assign_threadblocks, merge_lone_pairs
 
