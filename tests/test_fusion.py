@@ -5,7 +5,7 @@ import pytest
 
 from gc3 import GC3Program, chunk
 from gc3.dsl.collectives import AllGather, AllReduce, Collective, input_chunk
-from gc3.compiler.instruction_dag import build
+from gc3.compiler.instruction_dag import build_instr_dag
 from gc3.compiler.fusion import fuse
 from gc3.ir import Convention, local_input, local_output
 from gc3.compiler.pipeline import lower
@@ -63,7 +63,7 @@ def test_program_setting_is_the_default_and_the_argument_overrides_it():
 
 
 def _dag(program, fused=True):
-    d = build(program.ops, plan_buffers(program, 1))
+    d = build_instr_dag(program.ops, plan_buffers(program, 1))
     return fuse(d) if fused else d
 
 

@@ -113,10 +113,10 @@ def test_random_programs_lower_verify_round_trip_and_simulate(program, instances
 
 def _instruction_graph(program):
     import networkx as nx
-    from gc3.compiler.instruction_dag import build
+    from gc3.compiler.instruction_dag import build_instr_dag
     from gc3.compiler.buffers import plan_buffers
 
-    dag = build(program.ops, plan_buffers(program, 1))
+    dag = build_instr_dag(program.ops, plan_buffers(program, 1))
     g = nx.DiGraph()
     g.add_nodes_from(range(len(dag.instrs)))
     g.add_edges_from((u, v) for u, vs in enumerate(dag.succs) for v in vs)

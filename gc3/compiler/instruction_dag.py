@@ -31,7 +31,7 @@ from ..errors import LoweringError
 from ..dsl.ops import Op
 from .buffers import BufferPlan
 
-__all__ = ["Instr", "InstrDAG", "build", "topological_order", "depths"]
+__all__ = ["Instr", "InstrDAG", "build_instr_dag", "topological_order", "depths"]
 
 RECVS = frozenset(("r", "rcs", "rrc", "rrs", "rrcs"))
 SENDS = frozenset(("s", "rcs", "rrs", "rrcs"))
@@ -104,7 +104,7 @@ def _pieces(op: Op, src: Tuple[str, int], dst: Tuple[str, int], plan: BufferPlan
     return [(src[1] + a, dst[1] + a, b - a) for a, b in zip(edges, edges[1:])]
 
 
-def build(ops: Sequence[Op], plan: BufferPlan) -> InstrDAG:
+def build_instr_dag(ops: Sequence[Op], plan: BufferPlan) -> InstrDAG:
     instrs: List[Instr] = []
     send_to: List[int] = []
     recv_from: List[int] = []

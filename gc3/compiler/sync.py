@@ -23,14 +23,14 @@ from typing import Dict, List, Tuple
 
 from ..ir import Gpu, Step, Threadblock
 from .buffers import BufferPlan
-from .threadblocks import Schedule
+from .threadblocks import BlockSchedule
 
 __all__ = ["insert_sync"]
 
 _EMPTY: Dict[int, int] = {}
 
 
-def _dependencies(sched: Schedule) -> List[List[Tuple[int, int]]]:
+def _dependencies(sched: BlockSchedule) -> List[List[Tuple[int, int]]]:
     """Per instruction, the (tb, position) pairs it must wait for; positions before nops."""
     dag = sched.dag
     instrs, preds = dag.instrs, dag.preds
@@ -78,7 +78,7 @@ def _dependencies(sched: Schedule) -> List[List[Tuple[int, int]]]:
     return deps
 
 
-def insert_sync(sched: Schedule, plan: BufferPlan) -> List[Gpu]:
+def insert_sync(sched: BlockSchedule, plan: BufferPlan) -> List[Gpu]:
     """The scheduled first instance as IR GPUs of all instances: nops in, deps resolved.
 
     Instance i is instance 0 with every threadblock on channel

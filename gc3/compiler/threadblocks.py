@@ -39,11 +39,11 @@ from .channels import ChannelAssignment
 from ..errors import ScheduleError
 from .instruction_dag import RECVS, SENDS, Instr, InstrDAG, depths
 
-__all__ = ["TB", "Schedule", "assign_threadblocks"]
+__all__ = ["PlannedTB", "BlockSchedule", "assign_threadblocks"]
 
 
 @dataclass
-class TB:
+class PlannedTB:
     rank: int
     send: int
     recv: int
@@ -58,12 +58,12 @@ class TB:
 
 
 @dataclass
-class Schedule:
+class BlockSchedule:
     dag: InstrDAG
     chan: List[int]
     nchannels: int
     per_instance: int                # channels per instance
-    tbs: List[List[TB]]              # per rank, first instance
+    tbs: List[List[PlannedTB]]              # per rank, first instance
     tb_of: List[int]                 # instruction -> index in tbs[rank]
     order: List[int]                 # the global topological order
 
@@ -74,7 +74,7 @@ class _Shapes:
     def __init__(self, dag: InstrDAG, chan: List[int]):
         self.dag = dag
         self.chan = chan
-        self.tbs: List[List[TB]] = [[] for _ in range(dag.plan.nranks)]
+        self.tbs: List[List[PlannedTB]] = [[] for _ in range(dag.plan.nranks)]
         self.owner: Dict[Tuple[int, str, int, int], int] = {}   # (rank, dir, peer, ch) -> tb
         self.claimed_by: Dict[Tuple[int, str, int, int], int] = {}   # ... -> instr that claimed it
         self.manual: Dict[Tuple[int, int, int], int] = {}       # (rank, user tb, part) -> tb
@@ -96,7 +96,7 @@ class _Shapes:
 
     def new(self, rank: int, send: int, recv: int, ch: int, user=None, part=0) -> int:
         tbs = self.tbs[rank]
-        tbs.append(TB(rank, send, recv, ch, user, part))
+        tbs.append(PlannedTB(rank, send, recv, ch, user, part))
         self.by_chan.setdefault((rank, ch), []).append(len(tbs) - 1)
         return len(tbs) - 1
 
@@ -167,7 +167,7 @@ class _Shapes:
         self.tb_of[x.id] = t
 
 
-def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Optional[int] = None) -> Schedule:
+def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Optional[int] = None) -> BlockSchedule:
     dag, chan = channels.dag, channels.chan
     instrs = dag.instrs
     n = len(instrs)
@@ -207,7 +207,7 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
                 f"rank {rank} needs {len(rank_tbs) * k} threadblocks ({len(rank_tbs)} per instance x {k} "
                 f"instances) but max_tbs={max_tbs}; use fewer instances, channels or peers per rank, "
                 f"or raise --max-tbs")
-    return Schedule(dag=dag, chan=chan, nchannels=channels.nchannels, per_instance=channels.per_instance,
+    return BlockSchedule(dag=dag, chan=chan, nchannels=channels.nchannels, per_instance=channels.per_instance,
                     tbs=shapes.tbs, tb_of=shapes.tb_of, order=order)
 
 
@@ -327,7 +327,7 @@ def _explain_stuck(dag, chan, order, waiting_recv, blocked_send, queue, conn_ind
         "; put these operations on different channels (ch=) or reorder them")
 
 
-def merge_lone_pairs(sched: Schedule) -> Schedule:
+def merge_lone_pairs(sched: BlockSchedule) -> BlockSchedule:
     """Where a rank has, on one channel, exactly one threadblock that only
     sends and one that only receives, and a step of one waits for a step of
     the other, make them one threadblock.
@@ -344,7 +344,7 @@ def merge_lone_pairs(sched: Schedule) -> Schedule:
     user placed by hand are left alone.
     """
     pos = {i: k for k, i in enumerate(sched.order)}
-    tbs: List[List[TB]] = []
+    tbs: List[List[PlannedTB]] = []
     tb_of = list(sched.tb_of)
     for rank_tbs in sched.tbs:
         by_chan: Dict[int, Tuple[List[int], List[int]]] = {}
@@ -364,12 +364,12 @@ def merge_lone_pairs(sched: Schedule) -> Schedule:
             tbs.append(rank_tbs)
             continue
         new_index: Dict[int, int] = {}
-        kept: List[TB] = []
+        kept: List[PlannedTB] = []
         for t, tb in enumerate(rank_tbs):
             if t in absorbed:
                 continue
             new_index[t] = len(kept)
-            kept.append(TB(tb.rank, tb.send, tb.recv, tb.chan, tb.user, tb.part, list(tb.instrs)))
+            kept.append(PlannedTB(tb.rank, tb.send, tb.recv, tb.chan, tb.user, tb.part, list(tb.instrs)))
         for r, s in absorbed.items():
             into = kept[new_index[s]]
             into.recv = rank_tbs[r].recv
@@ -379,11 +379,11 @@ def merge_lone_pairs(sched: Schedule) -> Schedule:
             for i in tb.instrs:
                 tb_of[i] = new_index[t]
         tbs.append(kept)
-    return Schedule(dag=sched.dag, chan=sched.chan, nchannels=sched.nchannels, per_instance=sched.per_instance,
+    return BlockSchedule(dag=sched.dag, chan=sched.chan, nchannels=sched.nchannels, per_instance=sched.per_instance,
                     tbs=tbs, tb_of=tb_of, order=sched.order)
 
 
-def _waits_between(sched: Schedule, rank_tbs: List[TB], a: int, b: int) -> bool:
+def _waits_between(sched: BlockSchedule, rank_tbs: List[PlannedTB], a: int, b: int) -> bool:
     """Does a step of threadblock a or b depend on a step of the other?"""
     preds, tb_of = sched.dag.preds, sched.tb_of
     return any(tb_of[p] == other for t, other in ((a, b), (b, a)) for i in rank_tbs[t].instrs for p in preds[i])

@@ -34,7 +34,7 @@ def _keys(slot: Slot) -> List[Key]:
     return [(slot.rank, slot.buffer, i) for i in slot.indices()]
 
 
-def build(ops: Sequence[Op], sources: Iterable[Key]) -> nx.DiGraph:
+def build_chunk_dag(ops: Sequence[Op], sources: Iterable[Key]) -> nx.DiGraph:
     """The Chunk DAG of traced `ops`, given the chunks that hold input data
     (`sources`); a traced program's is `GC3Program.chunk_dag`."""
     dag = nx.DiGraph()

@@ -123,8 +123,8 @@ class GC3Program:
     @property
     def chunk_dag(self):
         if self._dag_ops != len(self.ops):
-            from .chunk_dag import build   # networkx: only for those who look at the DAG
-            self._dag = build(self.ops, self.sources)
+            from .chunk_dag import build_chunk_dag   # networkx: only for those who look at the DAG
+            self._dag = build_chunk_dag(self.ops, self.sources)
             self._dag_ops = len(self.ops)
         return self._dag
 

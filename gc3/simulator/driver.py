@@ -18,7 +18,7 @@ from .reference import reference as builtin_reference
 from ..ir.xml_io import from_xml, read_xml
 from .cost_config import DEFAULT as DEFAULT_COST, CostConfig, preset
 from .cost_model import Schedule, Timing, format_time, predict
-from .executor import Executed, Executor, hasdep_warnings, static_errors
+from .executor import Executed, Simulator, hasdep_warnings, static_errors
 from .memory import RankMemory
 from .races import Race
 
@@ -187,7 +187,7 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
         return result
     result.warnings.extend(hasdep_warnings(prog))
 
-    run = Executor(prog, memories, ufunc, slots, interleave_seed=interleave_seed, detect_races=detect_races).run()
+    run = Simulator(prog, memories, ufunc, slots, interleave_seed=interleave_seed, detect_races=detect_races).run()
     result.records = run.records
     result.races = run.races
     result.races_more = run.races_truncated

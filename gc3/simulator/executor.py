@@ -27,7 +27,7 @@ from ..ir import Program, Step, Threadblock, local_input, local_output, step_rea
 from .memory import RankMemory
 from .races import Access, Race, RaceDetector
 
-ConnKey = Tuple[int, int, int]  # (sender rank, receiver rank, channel)
+ConnId = Tuple[int, int, int]  # (sender rank, receiver rank, channel)
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Executed:
     cnt: int
     dep: Optional[int] = None        # the step this one waited on (depid/deps)
     msg_from: Optional[int] = None   # the send whose message it received
-    conn_out: Optional[ConnKey] = None
+    conn_out: Optional[ConnId] = None
     slot_from: Optional[int] = None  # the receive that freed the FIFO slot it used
 
 
@@ -57,7 +57,7 @@ class Message:
 class _Connection:
     __slots__ = ("key", "queue", "consumers", "sender", "receiver")
 
-    def __init__(self, key: ConnKey):
+    def __init__(self, key: ConnId):
         self.key = key
         self.queue: deque = deque()
         self.consumers: List[int] = []   # record index of the step that consumed message k
@@ -182,7 +182,7 @@ def hasdep_warnings(prog: Program) -> List[str]:
     return warns
 
 
-class Executor:
+class Simulator:
     def __init__(self, prog: Program, memories: Dict[int, RankMemory], ufunc: np.ufunc, slots: int,
                  interleave_seed: Optional[int] = None, detect_races: bool = True):
         self.prog = prog
@@ -192,7 +192,7 @@ class Executor:
         self.rng = np.random.default_rng(interleave_seed) if interleave_seed is not None else None
         self.races = RaceDetector() if detect_races else None
         self.result = Execution()
-        self.conns: Dict[ConnKey, _Connection] = {}
+        self.conns: Dict[ConnId, _Connection] = {}
         self.agents: List[_Agent] = []
         self.by_id: Dict[Tuple[int, int], _Agent] = {}
         for g in sorted(prog.gpus, key=lambda g: g.id):
@@ -213,7 +213,7 @@ class Executor:
                 if st.depid >= 0:
                     self.by_id[(a.rank, st.depid)].needs_snapshot.add(st.deps)
 
-    def _conn(self, key: ConnKey) -> _Connection:
+    def _conn(self, key: ConnId) -> _Connection:
         c = self.conns.get(key)
         if c is None:
             c = self.conns[key] = _Connection(key)
