@@ -1,13 +1,21 @@
-"""What the user passed and where: the user's file:line of a DSL call, and int arguments checked once."""
+"""Numbers users write, read once with one meaning everywhere (CLI, simulator,
+bench, catalog): byte sizes with units, ints checked once, environment numbers;
+the user's file:line of a DSL call; and nccl-tests' bus-bandwidth factor.
+
+Sizes: K, M, G (and KiB, MiB, GiB) are binary, as nccl-tests reads `-b 8 -e 128M`;
+KB, MB, GB are decimal (1 MB = 10**6 bytes).  Case does not matter; a fraction
+is fine when the bytes come out whole ("1.5M")."""
 from __future__ import annotations
 
 import operator
 import os
+import re
 import sys
 from functools import lru_cache
 from typing import Optional, Type
 
-from .errors import TraceError
+from .errors import SizeError, TraceError
+from .limits import MAX_BYTES
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -80,3 +88,45 @@ def env_number(name: str, raw: str, low, high, kind=int):
         return value
     except ValueError as exc:
         raise InputError(f"environment variable {name}={raw!r}: {exc}") from None
+
+
+SIZE_UNITS = {"": 1, "b": 1,
+              "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+              "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3}
+
+
+def parse_size(value) -> int:
+    """Bytes from an int or a string like 4096, "64K", "1MiB", "1.5MB" (units:
+    see the module's docstring), at most gc3.limits.MAX_BYTES; SizeError (a
+    ValueError too) saying what was wrong otherwise."""
+    if isinstance(value, bool):
+        raise SizeError(f"cannot read size {value!r}; expected a byte count")
+    try:
+        number = operator.index(value)      # ints, numpy ints
+    except TypeError:
+        number = None
+    if number is not None:
+        if number < 0:
+            raise SizeError(f"size {number} is negative")
+        value = str(number)
+    # [0-9], not \d: \d takes any script's digits, which no one means in a size.
+    m = re.fullmatch(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in SIZE_UNITS:
+        raise SizeError(f"cannot read size {value!r}; use e.g. 4096, 64K, 1MiB or 1.5MB")
+    nbytes = float(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
+    if nbytes > MAX_BYTES:
+        raise SizeError(f"size {value!r} is more than gc3.limits.MAX_BYTES={MAX_BYTES} bytes")
+    if nbytes != int(nbytes):
+        raise SizeError(f"size {value!r} is not a whole number of bytes")
+    return int(nbytes)
+
+
+def bus_factor(coll: str, nranks: int) -> float:
+    """busbw = algbw * factor (nccl-tests' definition): how much data each rank
+    must move relative to the buffer size for an optimal algorithm."""
+    n = nranks
+    if coll == "allreduce":
+        return 2 * (n - 1) / n
+    if coll in ("allgather", "reducescatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0

@@ -232,7 +232,8 @@ def main() -> int:
 
     from gc3.errors import RuntimeTimeoutError
     from runtime_cuda.ipc import IpcRanks
-    from runtime_cuda.perf import bus_factor, in_elems_for, nbytes_of, parse_size
+    from gc3.units import bus_factor, parse_size
+    from runtime_cuda.perf import in_elems_for, nbytes_of
 
     world = MPI.COMM_WORLD
     rank, n = world.rank, world.size

@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from gc3.dtypes import DTYPES, OPS
 from gc3.errors import LayoutError, SimulationError
-from gc3.simulator import parse_size, simulate
+from gc3.simulator import simulate
+from gc3.units import parse_size
 from gc3.ir.xml_io import read_xml, to_xml
 
 from sim_programs import allpairs_allreduce, alltoall_via_scratch, edited, ring_allgather, ring_reducescatter

@@ -28,18 +28,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import limits
+from ..units import bus_factor
 from ..ir import OPCODES
 from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
 from .executor import Executed
-
-# nccl-tests' bus-bandwidth factors: how much data each rank must move
-# relative to the buffer size for an optimal algorithm.
-_BUS_FACTOR = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "reducescatter": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-}
 
 _GRANULE = 16          # the runtime tiles in whole 16-byte granules
 _SENDS = frozenset(t for t, info in OPCODES.items() if info.send)
@@ -155,7 +147,7 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
     if ntiles:
         total = _replay(sched, config, proto, slots, chunk_bytes, tile, ntiles, start, end, tile_spans)
     algbw = size_bytes / total / 1e9 if total > 0 else 0.0
-    factor = _BUS_FACTOR.get(coll, lambda k: 1.0)(nranks)
+    factor = bus_factor(coll, nranks)
     used = {lt for _, lt in sched.conn_port}
     calibrated = config.calibrated and all(config.links[lt].calibrated for lt in used)
     note = config.calibration

@@ -22,7 +22,7 @@ _DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8
 
 
 def _size(ctx, param, value):
-    from runtime_cuda.nccl.sizes import parse_size
+    from gc3.units import parse_size
     try:
         return parse_size(value)
     except ValueError as exc:

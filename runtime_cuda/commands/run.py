@@ -90,7 +90,8 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
     import cupy
 
     from runtime_cuda.checking import device_buffers, reference_case, run_checked
-    from runtime_cuda.perf import bus_factor, in_elems_for, nbytes_of, parse_size
+    from gc3.units import bus_factor, parse_size
+    from runtime_cuda.perf import in_elems_for, nbytes_of
     from gc3.dtypes import dtype_info
 
     itemsize = dtype_info(dtype).np.itemsize

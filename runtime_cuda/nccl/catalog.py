@@ -72,14 +72,13 @@ from lxml import etree
 
 from gc3 import limits
 from gc3.errors import GC3Error, InputError
-from gc3.units import strict_int
+from gc3.units import parse_size, strict_int
 from gc3.ir import PROTOCOLS, Program
 from gc3.ir.xml_io import from_xml
 
 from .call import COLLECTIVES, REDUCING
 from .constants import DTYPE_CODES, OP_CODES
 from .log import LOGGER_NAME, get_logger
-from .sizes import parse_size
 
 ENV_FILES = ("GC3_XML_FILES", "MSCCL_XML_FILES")
 ENV_CONFIG = "GC3_CONFIG"
