@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from gc3 import limits
 from gc3.errors import LayoutError, LimitError
 from gc3.ir import Program
 from gc3.ir.layout import Layout, layout_for
@@ -49,15 +50,13 @@ def tile_lanes(cs: int, itemsize: int, proto: str, max_cnt: int, split: Optional
     `split`, small enough that a chunk makes `split.tiles` tiles (so that the
     steps of one chunk pipeline across FIFO slots) but no smaller than
     `split.min_bytes`."""
-    g = max(16 // itemsize, 1)
-    fit = slot_data_bytes(proto) // (max_cnt * itemsize) // g * g
-    if fit < g:
+    split = split or TileSplit()
+    lanes = limits.tile_elems(cs, itemsize, slot_data_bytes(proto), max_cnt, split.tiles, split.min_bytes)
+    if lanes == 0:
+        g = max(limits.TILE_GRANULE_BYTES // itemsize, 1)
         raise LimitError(f"a FIFO slot of {slot_data_bytes(proto)} data bytes cannot hold {max_cnt} chunks of "
                          f"{g} x {itemsize}-byte elements; raise GC3_SLOT_BYTES_{proto.upper()}")
-    lanes = cs
-    if split is not None and split.tiles > 1:
-        lanes = min(cs, max(-(-cs // split.tiles), split.min_bytes // itemsize))
-    return min(fit, max(g, -(-lanes // g) * g))
+    return lanes
 
 
 def call_shape(prog: Program, in_elems: int, itemsize: int, proto: str, max_cnt: int,

@@ -43,3 +43,22 @@ def test_every_reader_is_this_parser():
                                              ("alltoall", 2, 0.5), ("broadcast", 4, 1.0), ("reduce", 4, 1.0)])
 def test_bus_factor_is_nccl_tests(coll, n, factor):
     assert bus_factor(coll, n) == factor
+
+
+@pytest.mark.parametrize("proto", ["Simple", "LL"])
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+@pytest.mark.parametrize("split", [(1, 0), (4, 65536), (8, 1000)])
+def test_runtime_and_cost_model_tile_alike(proto, itemsize, split):
+    """One slot size and one tiling rule: the cost model's tiles are the runtime's."""
+    from dataclasses import replace
+
+    from gc3.simulator.cost_config import DEFAULT, preset
+    from gc3.simulator.cost_model import tile_of
+    from runtime_cuda.binding import tile_lanes
+    from runtime_cuda.connections import TileSplit
+
+    cfg = replace(preset(DEFAULT), tile_split=split)
+    for cs in (1, 7, 4096, 100_000):
+        for max_cnt in (1, 3, 16):
+            lanes = tile_lanes(cs, itemsize, proto, max_cnt, TileSplit(*split))
+            assert tile_of(cs * itemsize, itemsize, proto, max_cnt, cfg)[0] == lanes * itemsize

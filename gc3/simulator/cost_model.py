@@ -33,7 +33,6 @@ from ..ir import OPCODES
 from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
 from .executor import Executed
 
-_GRANULE = 16          # the runtime tiles in whole 16-byte granules
 _SENDS = frozenset(t for t, info in OPCODES.items() if info.send)
 _REDUCES = frozenset(t for t, info in OPCODES.items() if info.reduce)
 
@@ -121,13 +120,11 @@ def tile_of(chunk_bytes: int, itemsize: int, proto: str, max_cnt: int, config: C
     (runtime_cuda.binding.tile_lanes) in bytes."""
     if chunk_bytes <= 0:
         return 0, 0
-    g = max(_GRANULE, itemsize)
-    fit = max(config.slot_data_bytes[proto] // max_cnt // g * g, g)
-    want = chunk_bytes
     tiles, min_bytes = config.tile_split
-    if tiles > 1:
-        want = min(chunk_bytes, max(-(-chunk_bytes // tiles), min_bytes))
-    tile = min(fit, max(g, -(-want // g) * g))
+    lanes = limits.tile_elems(chunk_bytes // itemsize, itemsize, config.slot_data_bytes[proto], max_cnt,
+                              tiles, min_bytes)
+    # A slot too small for one granule per chunk: the runtime refuses; model one granule.
+    tile = (lanes or max(limits.TILE_GRANULE_BYTES // itemsize, 1)) * itemsize
     return tile, -(-chunk_bytes // tile)
 
 
