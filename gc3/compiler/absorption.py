@@ -33,16 +33,12 @@ dies before anyone else reads it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Set, Tuple
 
-from .instruction_dag import Instr, InstrDAG
+from .instruction_dag import Instr, InstrDAG, hints_agree
 
 __all__ = ["absorb"]
-
-
-def _compatible(a: Optional[int], b: Optional[int]) -> bool:
-    return a is None or b is None or a == b
 
 
 def _overlap(buf_a: str, off_a: int, buf_b: str, off_b: int, cnt: int) -> bool:
@@ -137,7 +133,7 @@ def _receive_pairs(dag: InstrDAG) -> List[Tuple[int, int]]:
         (y_id,) = dag.value_readers[x.id]
         y = instrs[y_id]
         if (y.type != "re" or (y.srcbuf, y.srcoff, y.cnt) != (x.dstbuf, x.dstoff, x.cnt)
-                or y.parallel != x.parallel or not _compatible(x.ch, y.ch) or not _compatible(x.tb, y.tb)
+                or y.parallel != x.parallel or not hints_agree(x.ch, y.ch) or not hints_agree(x.tb, y.tb)
                 or _overlap(y.srcbuf, y.srcoff, y.dstbuf, y.dstoff, y.cnt)
                 or dag.succs[x.id] != [y_id]):
             continue
@@ -153,9 +149,9 @@ def _receive_pairs(dag: InstrDAG) -> List[Tuple[int, int]]:
 def _absorb_receive(w: _Work, r: int, e: int) -> None:
     x, y = w.instrs[r], w.instrs[e]
     # The merged instruction stands where the reduction stood, keeping its id.
-    w.instrs[e] = Instr(e, y.rank, "rrc", y.dstbuf, y.dstoff, y.dstbuf, y.dstoff, y.cnt, -1, x.recv_peer,
-                        x.ch if x.ch is not None else y.ch, x.tb if x.tb is not None else y.tb,
-                        y.parallel, x.ops + y.ops, y.part, y.base)
+    w.instrs[e] = replace(y, id=e, type="rrc", srcbuf=y.dstbuf, srcoff=y.dstoff, send_peer=-1,
+                          recv_peer=x.recv_peer, ch=x.ch if x.ch is not None else y.ch,
+                          tb=x.tb if x.tb is not None else y.tb, ops=x.ops + y.ops)
     for p in w.preds[r]:
         w.succs[p].discard(r)
         w.add_edge(p, e)
@@ -192,8 +188,7 @@ def _copy_absorbable(w: _Work, c: int) -> Optional[int]:
 
 def _absorb_copy(w: _Work, c: int, y_id: int) -> None:
     x, y = w.instrs[c], w.instrs[y_id]
-    w.instrs[y_id] = Instr(y_id, y.rank, y.type, x.srcbuf, x.srcoff, y.dstbuf, y.dstoff, y.cnt, y.send_peer,
-                           y.recv_peer, y.ch, y.tb, y.parallel, x.ops + y.ops, y.part, y.base)
+    w.instrs[y_id] = replace(y, id=y_id, srcbuf=x.srcbuf, srcoff=x.srcoff, ops=x.ops + y.ops)
     for p in w.preds[c]:
         w.succs[p].discard(c)
         if p != y_id:
@@ -245,8 +240,7 @@ def _renumbered(w: _Work, dag: InstrDAG) -> InstrDAG:
     for i, m in enumerate(w.merged_into):
         if m >= 0:
             new_id[i] = new_id[m]
-    instrs = [Instr(new_id[x.id], x.rank, x.type, x.srcbuf, x.srcoff, x.dstbuf, x.dstoff, x.cnt, x.send_peer,
-                    x.recv_peer, x.ch, x.tb, x.parallel, x.ops, x.part, x.base) for x in kept]
+    instrs = [replace(x, id=new_id[x.id]) for x in kept]
     n = len(instrs)
     succs: List[List[int]] = [[] for _ in range(n)]
     preds: List[List[int]] = [[] for _ in range(n)]

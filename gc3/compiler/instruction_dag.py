@@ -31,10 +31,15 @@ from ..errors import LoweringError
 from ..dsl.ops import Op
 from .buffers import BufferPlan
 
-__all__ = ["Instr", "InstrDAG", "build_instr_dag", "topological_order", "depths"]
+__all__ = ["Instr", "InstrDAG", "build_instr_dag", "topological_order", "depths", "hints_agree"]
 
 RECVS = frozenset(("r", "rcs", "rrc", "rrs", "rrcs"))
 SENDS = frozenset(("s", "rcs", "rrs", "rrcs"))
+
+
+def hints_agree(a: Optional[int], b: Optional[int]) -> bool:
+    """Two user hints (ch=, sendtb=/recvtb=) can hold for one instruction: equal, or one left to the compiler."""
+    return a is None or b is None or a == b
 
 
 @dataclass(slots=True)

@@ -31,11 +31,12 @@ laid out one after another inside "s"), so instance i gets its own copy.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import List
 
 from ..errors import LoweringError
 from .buffers import BufferPlan
-from .instruction_dag import Instr, InstrDAG
+from .instruction_dag import InstrDAG
 
 __all__ = ["replicate"]
 
@@ -68,9 +69,9 @@ def replicate(dag, plan: BufferPlan):
         for q in range(n):
             sub = q * width
             ids.append(len(out))
-            out.append(Instr(len(out), x.rank, x.type, x.srcbuf, index(x.rank, x.srcbuf, x.srcoff, 0, sub),
-                             x.dstbuf, index(x.rank, x.dstbuf, x.dstoff, 0, sub), x.cnt * width,
-                             x.send_peer, x.recv_peer, x.ch, x.tb, n, x.ops, part=q, base=x.id))
+            out.append(replace(x, id=len(out), srcoff=index(x.rank, x.srcbuf, x.srcoff, 0, sub),
+                               dstoff=index(x.rank, x.dstbuf, x.dstoff, 0, sub), cnt=x.cnt * width,
+                               parallel=n, part=q, base=x.id))
         copies.append(ids)
 
     succs: List[List[int]] = [[] for _ in out]

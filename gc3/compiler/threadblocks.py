@@ -216,7 +216,7 @@ def _global_order(dag: InstrDAG, chan: List[int], shapes: _Shapes, slots: int,
     """Ready instructions are taken smallest (key1, key2) first."""
     instrs = dag.instrs
     n = len(instrs)
-    succs, send_to, recv_from = dag.succs, dag.send_to, dag.recv_from
+    succs, send_to = dag.succs, dag.send_to
     pending = [len(p) for p in dag.preds]
     # Connection of each send / receive, as a dense index.
     conn_index: Dict[Tuple[int, int, int], int] = {}
