@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from ..errors import ScheduleError
+from ..ir.opcodes import FUSED
 from .instruction_dag import InstrDAG
 
 __all__ = ["ChannelAssignment", "assign_channels"]
 
-_FUSED = frozenset(("rcs", "rrs", "rrcs"))
+_FUSED = FUSED          # receive and send in one step
 
 
 @dataclass

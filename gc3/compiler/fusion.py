@@ -22,11 +22,12 @@ from dataclasses import replace
 from typing import List
 
 from ..errors import ScheduleError
+from ..ir.opcodes import SEND_FUSION
 from .instruction_dag import Instr, InstrDAG, depths, hints_agree
 
 __all__ = ["fuse"]
 
-_FUSED = {"r": "rcs", "rrc": "rrcs"}
+_FUSED = SEND_FUSION    # receive -> receive-and-send
 
 
 def fuse(dag: InstrDAG) -> InstrDAG:

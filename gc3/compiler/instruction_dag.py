@@ -33,8 +33,6 @@ from .buffers import BufferPlan
 
 __all__ = ["Instr", "InstrDAG", "build_instr_dag", "topological_order", "depths", "hints_agree"]
 
-RECVS = frozenset(("r", "rcs", "rrc", "rrs", "rrcs"))
-SENDS = frozenset(("s", "rcs", "rrs", "rrcs"))
 
 
 def hints_agree(a: Optional[int], b: Optional[int]) -> bool:

@@ -37,7 +37,8 @@ from typing import Dict, List, Optional, Tuple
 
 from .channels import ChannelAssignment
 from ..errors import ScheduleError
-from .instruction_dag import RECVS, SENDS, Instr, InstrDAG, depths
+from ..ir.opcodes import RECVS, SENDS
+from .instruction_dag import Instr, InstrDAG, depths
 
 __all__ = ["PlannedTB", "BlockSchedule", "assign_threadblocks"]
 

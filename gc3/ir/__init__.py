@@ -5,5 +5,6 @@ the opcode table, `xml_io.py` reads and writes the MSCCL XML, `layout.py` maps
 chunks to memory for one call size.  The names below are the IR's API:
 `from gc3.ir import Program, Step, OPCODES`.
 """
-from .program import (BUFFERS, OPCODES, PROTOCOLS, STEP_TYPES, Convention, Gpu, OpcodeInfo, Operand,  # noqa: F401
+from .opcodes import OPCODES, STEP_TYPES, OpcodeInfo  # noqa: F401
+from .program import (BUFFERS, PROTOCOLS, Convention, Gpu, Operand,  # noqa: F401
                       Postcondition, Program, Step, Threadblock, local_input, local_output, step_reads)

@@ -11,32 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-# Step opcodes, in the order MSCCL documents them.
-STEP_TYPES = ("s", "r", "rcs", "rrc", "rrs", "rrcs", "cpy", "re", "nop")
+from .opcodes import OPCODES, OpcodeInfo
+
 # The three buffers a step may name: input, output, scratch.
 BUFFERS = ("i", "o", "s")
 PROTOCOLS = ("Simple", "LL", "LL128")
-
-
-@dataclass(frozen=True)
-class OpcodeInfo:
-    recv: bool      # consumes one tile from the TB's recv connection
-    send: bool      # produces one tile on the TB's send connection
-    reduce: bool    # combines two operands with the reduction op
-    writes: bool    # stores into its local dst operand
-
-
-OPCODES: Dict[str, OpcodeInfo] = {
-    "s": OpcodeInfo(recv=False, send=True, reduce=False, writes=False),
-    "r": OpcodeInfo(recv=True, send=False, reduce=False, writes=True),
-    "rcs": OpcodeInfo(recv=True, send=True, reduce=False, writes=True),
-    "rrc": OpcodeInfo(recv=True, send=False, reduce=True, writes=True),
-    "rrs": OpcodeInfo(recv=True, send=True, reduce=True, writes=False),
-    "rrcs": OpcodeInfo(recv=True, send=True, reduce=True, writes=True),
-    "cpy": OpcodeInfo(recv=False, send=False, reduce=False, writes=True),
-    "re": OpcodeInfo(recv=False, send=False, reduce=True, writes=True),
-    "nop": OpcodeInfo(recv=False, send=False, reduce=False, writes=False),
-}
 
 
 class Convention:
@@ -141,17 +120,14 @@ class Program:
 
 
 def local_input(step: Step, convention: str) -> Optional[Operand]:
-    """The local operand a step reads (besides a received tile), or None."""
-    t = step.type
-    if t in ("s", "cpy"):
-        return (step.srcbuf, step.srcoff)
-    if t == "re":
-        return (step.srcbuf, step.srcoff)
-    if t in ("rrc", "rrs", "rrcs"):
-        if convention == Convention.GC3:
-            return (step.srcbuf, step.srcoff)
+    """The local operand a step reads (besides a received tile), or None: its
+    opcode's `local_in` role (an accumulator is src in gc3's convention, dst in msccl-tools')."""
+    role = step.info.local_in
+    if role is None:
+        return None
+    if role == "acc" and convention != Convention.GC3:
         return (step.dstbuf, step.dstoff)
-    return None
+    return (step.srcbuf, step.srcoff)
 
 
 def local_output(step: Step, convention: str) -> Optional[Operand]:
@@ -167,6 +143,6 @@ def step_reads(step: Step, convention: str) -> List[Operand]:
     src = local_input(step, convention)
     if src is not None:
         ops.append(src)
-    if step.type == "re":
+    if step.info.reads_dst:
         ops.append((step.dstbuf, step.dstoff))
     return ops

@@ -29,12 +29,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import limits
 from ..units import bus_factor
-from ..ir import OPCODES
+from ..ir.opcodes import REDUCES, SENDS
 from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
 from .executor import Executed
 
-_SENDS = frozenset(t for t, info in OPCODES.items() if info.send)
-_REDUCES = frozenset(t for t, info in OPCODES.items() if info.reduce)
+_SENDS = SENDS
+_REDUCES = REDUCES
 
 
 @dataclass

@@ -182,6 +182,22 @@ def hasdep_warnings(prog: Program) -> List[str]:
     return warns
 
 
+# --- what each opcode computes: the normative meaning of a step ------------------
+# value(op, read, src, dst, msg) -> the tile the step writes to dst and/or sends;
+# None: the step moves no data.  `read(buf, off)` reads `cnt` chunks.
+SEMANTICS = {
+    "s": lambda op, read, src, dst, msg: read(*src),
+    "r": lambda op, read, src, dst, msg: msg.tile,
+    "rcs": lambda op, read, src, dst, msg: msg.tile,
+    "rrc": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
+    "rrs": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
+    "rrcs": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
+    "cpy": lambda op, read, src, dst, msg: read(*src),
+    "re": lambda op, read, src, dst, msg: op(read(*dst), read(*src)),
+    "nop": None,
+}
+
+
 class Simulator:
     def __init__(self, prog: Program, memories: Dict[int, RankMemory], ufunc: np.ufunc, slots: int,
                  interleave_seed: Optional[int] = None, detect_races: bool = True):
@@ -361,26 +377,12 @@ class Simulator:
 
     def _compute(self, st: Step, mem: RankMemory, msg: Optional[Message]) -> Optional[np.ndarray]:
         """Move the data of one step; returns the tile it sends, if any."""
-        t = st.type
-        cnt = st.cnt
-        if t == "nop":
+        value = SEMANTICS[st.type]
+        if value is None:
             return None
         src = local_input(st, self.conv)
         dst = local_output(st, self.conv)
-        if t == "s":
-            return mem.read(src[0], src[1], cnt)
-        if t in ("r", "rcs"):
-            mem.write(dst[0], dst[1], cnt, msg.tile)
-            return msg.tile
-        if t == "cpy":
-            mem.write(dst[0], dst[1], cnt, mem.read(src[0], src[1], cnt))
-            return None
-        if t == "re":
-            val = self.ufunc(mem.read(dst[0], dst[1], cnt), mem.read(src[0], src[1], cnt))
-            mem.write(dst[0], dst[1], cnt, val)
-            return None
-        # rrc / rrs / rrcs: the received tile reduced with the local operand.
-        val = self.ufunc(msg.tile, mem.read(src[0], src[1], cnt))
+        val = value(self.ufunc, lambda buf, off: mem.read(buf, off, st.cnt), src, dst, msg)
         if dst is not None:
-            mem.write(dst[0], dst[1], cnt, val)
-        return val
+            mem.write(dst[0], dst[1], st.cnt, val)
+        return val if st.info.send else None
