@@ -3,6 +3,7 @@
 and not on a GPU; and the compiler never names the runtime."""
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,11 @@ def test_gc3_root_holds_api_and_shared_facts_only():
 def test_gc3_cli_lists_the_runtime_commands():
     main = importlib.import_module("gc3.cli").main
     assert {"compile", "check", "show", "simulate", "trace", "run", "bench", "catalog"} <= set(main.commands)
+
+
+def test_readme_stage_table_matches_the_folders():
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## How it is built"):text.index("## Where a chunk goes")]
+    named = {m.rstrip("/") for m in re.findall(r"^\| `(gc3/\w*/?|runtime_cuda/)`", table, re.M)}
+    folders = {f"gc3/{p.parent.name}" for p in (ROOT / "gc3").glob("*/__init__.py")} | {"gc3", "runtime_cuda"}
+    assert named == folders
