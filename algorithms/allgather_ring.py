@@ -6,9 +6,8 @@ travels N-1 hops around the ring, each rank forwarding what it just got.
 Intended sizes: medium to large messages on a single node.
 Cost: N-1 steps; each ring link carries (N-1)/N of the output buffer.
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import AllGather
-from gc3.program import int_args
 from gc3.topology import fully_connected
 
 

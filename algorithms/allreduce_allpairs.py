@@ -9,9 +9,8 @@ two steps beat the 2(N-1) of a ring.
 Cost: 2 steps; each directed link carries 2/N of the buffer (every rank sends
 and receives 2(N-1)/N of it).
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import AllReduce
-from gc3.program import int_args
 from gc3.topology import fully_connected
 
 

@@ -11,9 +11,8 @@ Intended sizes: large messages on several nodes (>= 16 MiB).
 Cost: 2(G-1) intra-node + 2(N-1) inter-node steps; each intra-node ring link
 carries 2(G-1)/G of the buffer, each GPU's inter-node link 2(N-1)/(N*G).
 """
-from gc3 import Check, GC3Program, chunk, parallelize
+from gc3 import Check, GC3Program, chunk, int_args, parallelize
 from gc3.collectives import AllReduce
-from gc3.program import int_args
 from gc3.topology import hierarchical
 
 

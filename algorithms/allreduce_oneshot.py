@@ -10,9 +10,8 @@ that matters; traffic grows as N times the buffer.
 Cost: 1 step; each directed link carries the whole buffer (every rank sends
 and receives N-1 buffers).
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import AllReduce
-from gc3.program import int_args
 from gc3.topology import fully_connected
 
 

@@ -9,9 +9,8 @@ into N*channels chunks and each logical ring runs on its own channel.
 Intended sizes: medium to large messages (>= 1 MiB) on a single node.
 Cost: 2(N-1) steps; each ring link carries 2(N-1)/N of the buffer.
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import AllReduce
-from gc3.program import int_args
 from gc3.topology import fully_connected
 
 

@@ -6,9 +6,8 @@ Rank r sends block j of its input straight to block r of rank j's output
 Intended sizes: any; best on a fully connected fabric (NVSwitch).
 Cost: 1 step; each directed link carries 1/N of the input buffer.
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import AllToAll
-from gc3.program import int_args
 from gc3.topology import fully_connected
 
 

@@ -12,9 +12,8 @@ G messages per node pair are latency-bound.
 Cost: 3 steps; N*(N-1) network messages of G*G*C chunks (G*G blocks) in all;
 NVLink carries each remote block twice.
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import AllToAll
-from gc3.program import int_args
 from gc3.topology import hierarchical
 
 

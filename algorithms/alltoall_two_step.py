@@ -13,9 +13,8 @@ Cost: 2 steps; each GPU's network link carries (N-1)/N of the buffer in N-1
 messages (instead of (N-1)*G); NVLink carries (G-1)/G of the remote part
 plus the local part.
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import AllToAll
-from gc3.program import int_args
 from gc3.topology import hierarchical
 
 

@@ -9,9 +9,8 @@ instead of the ring's N-1).
 Cost: floor(log2 N) + C-1 chunk steps; each inner rank sends the buffer
 twice (the root's two links carry it once each).
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import Broadcast
-from gc3.program import int_args
 from gc3.topology import fully_connected
 
 

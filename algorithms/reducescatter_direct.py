@@ -8,9 +8,8 @@ Intended sizes: small to medium messages (<= 1 MiB) on a fully connected node.
 Cost: 1 step; each directed link carries 1/N of the input buffer (every rank
 sends and receives (N-1)/N of it).
 """
-from gc3 import Check, GC3Program, chunk
+from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import ReduceScatter
-from gc3.program import int_args
 from gc3.topology import fully_connected
 
 

@@ -2,18 +2,23 @@
 
     from gc3 import GC3Program, chunk, parallelize, Check
 
-The names are resolved lazily so that `import gc3.xml_io` (used by the
+The names are resolved lazily so that `import gc3.ir.xml_io` (used by the
 runtime) does not pay for the DSL, networkx or matplotlib.
+
+How it is built (one folder per stage, in the order a chunk goes through them):
+dsl/ -> compiler/ -> ir/ -> verify/, simulator/; cli/ is the `gc3` command.
 """
 from importlib import import_module
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "GC3Program": "gc3.program",
-    "chunk": "gc3.program",
-    "parallelize": "gc3.program",
-    "Check": "gc3.program",
+    "GC3Program": "gc3.dsl.program",
+    "chunk": "gc3.dsl.program",
+    "parallelize": "gc3.dsl.program",
+    "Check": "gc3.dsl.program",
+    "int_args": "gc3.dsl.program",
+    "lower": "gc3.compiler.pipeline",
     "simulate": "gc3.simulator",
 }
 

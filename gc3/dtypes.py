@@ -8,7 +8,7 @@ ask `is_float()` rather than look at `dtype.kind`.
 Tolerances live in `TOLERANCES` and nowhere else.  They are for comparing a
 collective's result with the numpy reference: integer types must match
 exactly (wrap-around included); float types may differ by reduction order,
-bounded by a few ulps per rank.  `make_inputs` in gc3.reference produces data
+bounded by a few ulps per rank.  `make_inputs` in gc3.simulator.reference produces data
 (small integers) for which every order is exact, so on that data a correct
 schedule matches with zero error and any tolerance only matters for user data.
 """

@@ -125,8 +125,9 @@ class SimulationError(GC3Error):
     pass
 
 
-class SizeError(InputError, SimulationError):
-    """A byte size or element count that cannot be read or is beyond gc3.limits."""
+class SizeError(InputError, SimulationError, ValueError):
+    """A byte size or element count that cannot be read or is beyond gc3.limits
+    (a ValueError too, so that option parsers take it as a bad value)."""
 
 
 class RuntimeTimeoutError(GC3Error):

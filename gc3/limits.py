@@ -18,6 +18,34 @@ MAX_CNT = 256              # chunks one step may move
 MAX_CHANNELS = 64
 MAX_REDUCE_FANIN = 8       # consecutive `re` steps into one dst fused into one pass
 
+# --- FIFO slots and tiles ------------------------------------------------------
+# Bytes per FIFO slot (the runtime's default; GC3_SLOT_BYTES_<PROTO> overrides
+# it there).  LL slots hold 16-byte lines carrying 8 data bytes.
+SLOT_BYTES = {"Simple": 256 << 10, "LL": 32 << 10, "LL128": 256 << 10}
+TILE_GRANULE_BYTES = 16    # the runtime tiles in whole 16-byte granules
+
+
+def slot_data_bytes(proto: str, slot_bytes: int) -> int:
+    """Data bytes a slot of `slot_bytes` holds under `proto`."""
+    return slot_bytes // 2 if proto == "LL" else slot_bytes
+
+
+def tile_elems(cs: int, itemsize: int, slot_data: int, max_cnt: int, tiles: int = 1, min_bytes: int = 0) -> int:
+    """Elements per tile of a chunk of `cs` elements (the runtime's rule, which
+    the cost model replays): as many as a slot of `slot_data` bytes holds for
+    the largest transfer (`max_cnt` chunks), in whole granules, and no more than
+    the chunk needs -- or, with `tiles` > 1, small enough that a chunk makes
+    `tiles` tiles (so the steps of one chunk pipeline across FIFO slots) but no
+    smaller than `min_bytes`.  0 when a slot cannot hold one granule per chunk."""
+    g = max(TILE_GRANULE_BYTES // itemsize, 1)
+    fit = slot_data // (max_cnt * itemsize) // g * g
+    if fit < g:
+        return 0
+    lanes = cs
+    if tiles > 1:
+        lanes = min(cs, max(-(-cs // tiles), min_bytes // itemsize))
+    return min(fit, max(g, -(-lanes // g) * g))
+
 # --- input bounds -------------------------------------------------------------
 # Every reader (XML, DSL, CLI, catalog) checks sizes against these before it
 # allocates anything, so a bad input is refused in milliseconds and little

@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 from typing import Dict
 
+from gc3.ir.opcodes import DEVICE_OPCODES
+
 KERNEL_DIR = Path(__file__).with_name("kernels")
 _DEFINE = re.compile(r"^#define\s+(GC3_[A-Z0-9_]+)\s+\(?(-?\d+)\)?", re.M)
 
@@ -17,7 +19,7 @@ def _read_constants() -> Dict[str, int]:
 
 C: Dict[str, int] = _read_constants()
 
-OPCODE = {t: C[f"GC3_OP_{t.upper()}"] for t in ("s", "r", "rcs", "rrc", "rrs", "rrcs", "cpy", "re")}
+OPCODE = {t: C[f"GC3_OP_{t.upper()}"] for t in DEVICE_OPCODES}   # the opcodes the kernel executes
 OPNAME = {v: k for k, v in OPCODE.items()}
 BUF = {"i": C["GC3_BUF_I"], "o": C["GC3_BUF_O"], "s": C["GC3_BUF_S"], None: C["GC3_BUF_NONE"]}
 DTYPE = {name: C[f"GC3_DT_{name.upper()}"]

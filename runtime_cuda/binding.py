@@ -1,11 +1,11 @@
 """One call's geometry and buffer binding, independent of how ranks run.
 
 `call_shape` turns (program, element count, element size, protocol) into the
-kernel's scalars: gc3.layout's unit/cs/chunks-per-block plus the tile size.
+kernel's scalars: gc3.ir.layout's unit/cs/chunks-per-block plus the tile size.
 `bind` decides which addresses the kernel uses for the i and o buffers of a
 rank, including the copies an in-place program needs when called out of
 place (as in MSCCL: the input is first copied into the output's aliased
-region, gc3.layout.Layout.inplace_offset), and the private input copy an
+region, gc3.ir.layout.Layout.inplace_offset), and the private input copy an
 out-of-place program reads when called in place.
 """
 from __future__ import annotations
@@ -14,9 +14,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from gc3 import limits
 from gc3.errors import LayoutError, LimitError
 from gc3.ir import Program
-from gc3.layout import Layout, layout_for
+from gc3.ir.layout import Layout, layout_for
 
 from . import abi
 from .connections import TileSplit, slot_data_bytes, tile_split
@@ -49,15 +50,13 @@ def tile_lanes(cs: int, itemsize: int, proto: str, max_cnt: int, split: Optional
     `split`, small enough that a chunk makes `split.tiles` tiles (so that the
     steps of one chunk pipeline across FIFO slots) but no smaller than
     `split.min_bytes`."""
-    g = max(16 // itemsize, 1)
-    fit = slot_data_bytes(proto) // (max_cnt * itemsize) // g * g
-    if fit < g:
+    split = split or TileSplit()
+    lanes = limits.tile_elems(cs, itemsize, slot_data_bytes(proto), max_cnt, split.tiles, split.min_bytes)
+    if lanes == 0:
+        g = max(limits.TILE_GRANULE_BYTES // itemsize, 1)
         raise LimitError(f"a FIFO slot of {slot_data_bytes(proto)} data bytes cannot hold {max_cnt} chunks of "
                          f"{g} x {itemsize}-byte elements; raise GC3_SLOT_BYTES_{proto.upper()}")
-    lanes = cs
-    if split is not None and split.tiles > 1:
-        lanes = min(cs, max(-(-cs // split.tiles), split.min_bytes // itemsize))
-    return min(fit, max(g, -(-lanes // g) * g))
+    return lanes
 
 
 def call_shape(prog: Program, in_elems: int, itemsize: int, proto: str, max_cnt: int,

@@ -1,5 +1,5 @@
 """Runs a collective on the GPU with reference data and counts wrong elements
-against gc3.reference (used by the tests and `gc3 run`)."""
+against gc3.simulator.reference (used by the tests and `gc3 run`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,8 +9,8 @@ import numpy as np
 
 from gc3.dtypes import dtype_info, mismatches
 from gc3.ir import Program
-from gc3.layout import Layout, layout_for
-from gc3.reference import make_inputs, reference
+from gc3.ir.layout import Layout, layout_for
+from gc3.simulator.reference import make_inputs, reference
 from gc3.simulator.memory import poison_value
 
 
@@ -115,7 +115,7 @@ def run_checked(group, in_elems: int, dtype: str, op: str, inplace: bool, seed: 
 def geometry(prog: Program) -> Tuple[int, int]:
     """(blocks in the input buffer, chunks per block): in_elems must be a
     multiple of the first; in_elems = blocks * chunks * k gives k lanes per chunk."""
-    from gc3.layout import blocks_of
+    from gc3.ir.layout import blocks_of
 
     g = prog.gpus[0]
     bi, bo = blocks_of(prog.coll, prog.ngpus, g.i_chunks, g.o_chunks)

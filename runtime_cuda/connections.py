@@ -24,19 +24,17 @@ import numpy as np
 from gc3 import limits
 from gc3.errors import GC3Error
 from gc3.ir import Program
-from gc3.user_input import env_number, strict_int
+from gc3.units import env_number, strict_int
 
 from . import abi
 from .tables import ConnKey, Tables, connections
 
-# Bytes per FIFO slot.  LL slots hold 16-byte lines carrying 8 data bytes.
-_SLOT_BYTES = {"Simple": 256 << 10, "LL": 32 << 10}
 
 
 def slot_bytes(proto: str) -> int:
     name = f"GC3_SLOT_BYTES_{proto.upper()}"
     env = os.environ.get(name)
-    n = env_number(name, env, 64, 1 << 30) if env else _SLOT_BYTES[proto]
+    n = env_number(name, env, 64, 1 << 30) if env else limits.SLOT_BYTES[proto]
     if n <= 0 or n % 64:
         raise GC3Error(f"GC3_SLOT_BYTES_{proto.upper()}={n}: must be a positive multiple of 64")
     return n
@@ -72,7 +70,7 @@ def nslots(proto: str) -> int:
 
 
 def slot_data_bytes(proto: str) -> int:
-    return slot_bytes(proto) // 2 if proto == "LL" else slot_bytes(proto)
+    return limits.slot_data_bytes(proto, slot_bytes(proto))
 
 
 @dataclass(frozen=True)

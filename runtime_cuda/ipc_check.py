@@ -18,7 +18,7 @@ import time
 
 from gc3.dtypes import DTYPES
 from gc3.errors import GC3Error, RuntimeTimeoutError
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 from .checking import LARGE_BYTES, CheckResult, geometry, large_cases, recommended_max_bytes, run_checked
 from .ipc import IpcRanks

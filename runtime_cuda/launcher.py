@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from gc3.user_input import env_number
+from gc3.units import env_number
 
 from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
 

@@ -24,9 +24,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from gc3 import Check, GC3Program, chunk  # noqa: E402
-from gc3.collectives import AllReduce  # noqa: E402
-from gc3.lower import lower  # noqa: E402
-from gc3.xml_io import to_xml  # noqa: E402
+from gc3.dsl.collectives import AllReduce  # noqa: E402
+from gc3.compiler.pipeline import lower  # noqa: E402
+from gc3.ir.xml_io import to_xml  # noqa: E402
 
 REFERENCE_S = {"ring": 5.6, "allpairs": 9.9}   # msccl-tools, measured by the author
 TARGET = 5                                       # at least this many times faster

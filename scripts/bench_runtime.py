@@ -116,8 +116,8 @@ class _Env:
 
 
 def compile_candidate(c: Candidate):
-    from gc3.lower import lower
-    from gc3.program import run_script
+    from gc3.compiler.pipeline import lower
+    from gc3.dsl.program import run_script
 
     traced = run_script(str(ROOT / "algorithms" / f"{c.script}.py"), list(c.argv))
     return lower(traced, instances=c.instances, protocol=c.proto)
@@ -232,7 +232,8 @@ def main() -> int:
 
     from gc3.errors import RuntimeTimeoutError
     from runtime_cuda.ipc import IpcRanks
-    from runtime_cuda.perf import bus_factor, in_elems_for, nbytes_of, parse_size
+    from gc3.units import bus_factor, parse_size
+    from runtime_cuda.perf import in_elems_for, nbytes_of
 
     world = MPI.COMM_WORLD
     rank, n = world.rank, world.size

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from gc3.simulator import simulate  # noqa: E402
-from gc3.xml_io import from_xml, to_xml  # noqa: E402
+from gc3.ir.xml_io import from_xml, to_xml  # noqa: E402
 from sim_programs import allpairs_allreduce  # noqa: E402
 
 

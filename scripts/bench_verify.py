@@ -12,7 +12,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from test_verify_large import allpairs  # noqa: E402  (the same program the tests check)
 
 from gc3.verify import verify  # noqa: E402
-from gc3.xml_io import from_xml, to_xml  # noqa: E402
+from gc3.ir.xml_io import from_xml, to_xml  # noqa: E402
 
 text = to_xml(allpairs())
 t0 = time.perf_counter()

@@ -80,7 +80,7 @@ def _same_schedule(a, b) -> bool:
     return replace(a, **keep) == replace(b, **keep)
 
 
-# Sweeps measured before the compiler had absorption (gc3/absorption.py) and
+# Sweeps measured before the compiler had absorption (gc3/compiler/absorption.py) and
 # merged LL threadblocks (threadblocks.merge_lone_pairs) ran the schedules that
 # these flags compile today; their points name those.
 BEFORE_ABSORPTION = frozenset({"sweep_2xh200_2026-11-22.txt"})

@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:      # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
-from gc3.lower import lower  # noqa: E402
-from gc3.program import run_script  # noqa: E402
+from gc3.compiler.pipeline import lower  # noqa: E402
+from gc3.dsl.program import run_script  # noqa: E402
 from gc3.verify import verify  # noqa: E402
-from gc3.xml_io import to_xml  # noqa: E402
+from gc3.ir.xml_io import to_xml  # noqa: E402
 
 ALGORITHMS = ROOT / "algorithms"
 SAMPLES_DIR = ROOT / "ir_samples"

@@ -4,8 +4,8 @@ import importlib.util
 from pathlib import Path
 
 from gc3 import Check, GC3Program, chunk, parallelize
-from gc3.collectives import AllGather, AllReduce, AllToAll, Broadcast, ReduceScatter
-from gc3.topology import fully_connected
+from gc3.dsl.collectives import AllGather, AllReduce, AllToAll, Broadcast, ReduceScatter
+from gc3.dsl.topology import fully_connected
 
 # The benchmark's programs (scripts/bench_compile.py) are tested here too.
 _spec = importlib.util.spec_from_file_location(

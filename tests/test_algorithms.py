@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from gc3.cli import main as cli
 from gc3.dtypes import OPS
 from gc3.errors import GC3Error, TraceError
-from gc3.layout import blocks_of
-from gc3.lower import lower
-from gc3.program import run_script
+from gc3.ir.layout import blocks_of
+from gc3.compiler.pipeline import lower
+from gc3.dsl.program import run_script
 from gc3.simulator import simulate
 from gc3.verify import verify
 

@@ -66,7 +66,7 @@ DSL_CASES = [
     ("syntax-error", "p.py", "with with\n", ["compile", "FILE", "-o", "x.xml"], ["p.py:1", "not valid Python"]),
     ("script-raises", "p.py", "x = 1\n{}['k']\n", ["trace", "FILE"], ["p.py:2", "KeyError"]),
     ("xml-to-compile", "r.xml", RING.read_text(), ["compile", "FILE", "-o", "x.xml"], ["DSL program (FILE.py)"]),
-    ("bad-program-argument", "p.py", dsl("from gc3.program import int_args\nint_args(n=2)"),
+    ("bad-program-argument", "p.py", dsl("from gc3 import int_args\nint_args(n=2)"),
      ["trace", "FILE", "two"], ["argument n must be an int"]),
 ]
 
@@ -156,7 +156,7 @@ def test_bad_catalog_entries_are_named_and_skipped(tmp_path, case):
     ("GC3_TIMEOUT_S", "-3", lambda: __import__("runtime_cuda.launcher").launcher.timeout_s()),
     ("GC3_SLOT_BYTES_SIMPLE", "1e9", lambda: __import__("runtime_cuda.connections").connections.slot_bytes("Simple")),
     ("GC3_TILE_SPLIT_LL", "4:\u0661", lambda: __import__("runtime_cuda.connections").connections.tile_split("LL")),
-    ("OMPI_COMM_WORLD_SIZE", "0_2", lambda: __import__("gc3.commands.run").commands.run._world_size()),
+    ("OMPI_COMM_WORLD_SIZE", "0_2", lambda: __import__("runtime_cuda.commands.run").commands.run._world_size()),
 ])
 def test_bad_environment_variables_are_named(monkeypatch, var, value, call):
     monkeypatch.setenv(var, value)
@@ -166,7 +166,7 @@ def test_bad_environment_variables_are_named(monkeypatch, var, value, call):
 
 
 def test_strict_integers():
-    from gc3.user_input import strict_int
+    from gc3.units import strict_int
     for ok, want in (("0", 0), ("-1", -1), ("2147483647", 2 ** 31 - 1)):
         assert strict_int(ok) == want
     for bad in ("", "-", "0_1", "+1", " 1", "1 ", "\u0661", "1e3", "0x10", "1" * 40):

@@ -2,8 +2,8 @@
 import networkx as nx
 
 from gc3 import Check, GC3Program, chunk
-from gc3.chunk_dag import depth, draw, op_nodes
-from gc3.collectives import AllReduce
+from gc3.dsl.chunk_dag import depth, draw, op_nodes
+from gc3.dsl.collectives import AllReduce
 
 
 def two_rank_allreduce():

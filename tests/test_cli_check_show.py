@@ -5,9 +5,9 @@ import pytest
 from click.testing import CliRunner
 
 from gc3.cli import main
-from gc3.commands.show import abbreviate
+from gc3.cli.show import abbreviate
 from gc3.ir import Gpu, Program, Step, Threadblock
-from gc3.xml_io import write_xml
+from gc3.ir.xml_io import write_xml
 
 ROOT = Path(__file__).parent.parent
 DATA = Path(__file__).parent / "data" / "msccl"

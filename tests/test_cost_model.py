@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gc3.lower import lower
-from gc3.program import run_script
+from gc3.compiler.pipeline import lower
+from gc3.dsl.program import run_script
 from gc3.simulator import TimedProgram, simulate
 from gc3.simulator.calibration import MEASURED_CSV, PointSet, compile_spec, config_for, read_points
 from gc3.simulator.cost_config import H200_CALIBRATION, PROTOCOL_EFFICIENCY, preset

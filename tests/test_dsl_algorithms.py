@@ -6,12 +6,12 @@ import pytest
 from click.testing import CliRunner
 
 from gc3 import Check, GC3Program, chunk, parallelize
-from gc3.chunk_dag import depth
+from gc3.dsl.chunk_dag import depth
 from gc3.cli import main
-from gc3.collectives import AllToAll
+from gc3.dsl.collectives import AllToAll
 from gc3.errors import GC3Error, UninitializedChunkError
-from gc3.program import run_script
-from gc3.topology import hierarchical
+from gc3.dsl.program import run_script
+from gc3.dsl.topology import hierarchical
 
 ALGOS = Path(__file__).resolve().parent.parent / "algorithms"
 
@@ -169,8 +169,8 @@ def test_cli_trace_reports_a_failing_check(tmp_path):
 
 def test_msccl_tools_spellings_port_unchanged():
     """Buffer enum, size=, -1 defaults, scratch appends, reduce without reassignment."""
-    from gc3.collectives import AllReduce
-    from gc3.program import Buffer
+    from gc3.dsl.collectives import AllReduce
+    from gc3.dsl.program import Buffer
 
     n = 3
     with GC3Program("allpairs", AllReduce(n, n * n, True), instances=2, protocol="LL") as prog:

@@ -7,7 +7,7 @@ first wrong output chunk and what it holds.
 import pytest
 
 from gc3 import Check, GC3Program, chunk
-from gc3.collectives import (AllGather, AllReduce, AllToAll, AllToNext, Broadcast, Collective, Reduce,
+from gc3.dsl.collectives import (AllGather, AllReduce, AllToAll, AllToNext, Broadcast, Collective, Reduce,
                              ReduceScatter, input_chunk)
 from gc3.errors import PostconditionError, TraceError
 

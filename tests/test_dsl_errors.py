@@ -4,10 +4,10 @@ import sys
 import pytest
 
 from gc3 import Check, GC3Program, chunk, parallelize
-from gc3.collectives import AllGather, AllReduce, Broadcast
+from gc3.dsl.collectives import AllGather, AllReduce, Broadcast
 from gc3.errors import (CountMismatchError, GC3Error, IndexOutOfRangeError, StaleReferenceError, TopologyError,
                         TraceError, UninitializedChunkError)
-from gc3.topology import Topology, fully_connected, hierarchical, ring
+from gc3.dsl.topology import Topology, fully_connected, hierarchical, ring
 
 HERE = "test_dsl_errors.py"
 

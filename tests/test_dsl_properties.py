@@ -5,9 +5,9 @@ import networkx as nx
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gc3 import Check, GC3Program, chunk
-from gc3.collectives import AllGather, AllReduce, AllToAll, AllToNext, Broadcast, Reduce, ReduceScatter
+from gc3.dsl.collectives import AllGather, AllReduce, AllToAll, AllToNext, Broadcast, Reduce, ReduceScatter
 from gc3.errors import GC3Error, UninitializedChunkError
-from gc3.topology import Topology, fully_connected, ring
+from gc3.dsl.topology import Topology, fully_connected, ring
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

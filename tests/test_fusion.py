@@ -4,14 +4,14 @@ from pathlib import Path
 import pytest
 
 from gc3 import GC3Program, chunk
-from gc3.collectives import AllGather, AllReduce, Collective, input_chunk
-from gc3.instruction_dag import build
-from gc3.fusion import fuse
+from gc3.dsl.collectives import AllGather, AllReduce, Collective, input_chunk
+from gc3.compiler.instruction_dag import build_instr_dag
+from gc3.compiler.fusion import fuse
 from gc3.ir import Convention, local_input, local_output
-from gc3.lower import lower
-from gc3.replication import plan_buffers
+from gc3.compiler.pipeline import lower
+from gc3.compiler.buffers import plan_buffers
 from gc3.simulator import simulate
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 from lower_programs import ring_allreduce
 
@@ -63,7 +63,7 @@ def test_program_setting_is_the_default_and_the_argument_overrides_it():
 
 
 def _dag(program, fused=True):
-    d = build(program.ops, plan_buffers(program, 1))
+    d = build_instr_dag(program.ops, plan_buffers(program, 1))
     return fuse(d) if fused else d
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from gc3.dtypes import OPS
-from gc3.layout import blocks_of
+from gc3.ir.layout import blocks_of
 from gc3.simulator import simulate
 from gc3.verify import verify
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "ir_samples"

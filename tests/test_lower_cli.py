@@ -5,7 +5,7 @@ from click.testing import CliRunner
 
 from gc3.cli import main
 from gc3.simulator import simulate
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 RING = textwrap.dedent("""
     import sys

@@ -3,10 +3,10 @@ import gc3
 from hypothesis import given, settings, strategies as st
 
 from gc3 import GC3Program, chunk
-from gc3.collectives import AllGather, AllReduce, AllToAll
+from gc3.dsl.collectives import AllGather, AllReduce, AllToAll
 from gc3.ir import Convention, Program, local_input, local_output
-from gc3.lower import MAX_BYTES, lower
-from gc3.xml_io import _to_xml_lxml, from_xml, to_xml
+from gc3.compiler.pipeline import MAX_BYTES, lower
+from gc3.ir.xml_io import _to_xml_lxml, from_xml, to_xml
 
 from lower_programs import (allpairs_allreduce, hierarchical_allreduce, ring_allgather, ring_allreduce,
                             two_step_alltoall)

@@ -3,11 +3,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gc3 import Check, GC3Program, chunk, parallelize
-from gc3.collectives import AllGather, AllReduce, AllToAll
-from gc3.lower import lower
+from gc3.dsl.collectives import AllGather, AllReduce, AllToAll
+from gc3.compiler.pipeline import lower
 from gc3.simulator import simulate
 from gc3.verify import verify
-from gc3.xml_io import from_xml, to_xml
+from gc3.ir.xml_io import from_xml, to_xml
 
 
 def _route(draw, n, start, end=None):
@@ -113,10 +113,10 @@ def test_random_programs_lower_verify_round_trip_and_simulate(program, instances
 
 def _instruction_graph(program):
     import networkx as nx
-    from gc3.instruction_dag import build
-    from gc3.replication import plan_buffers
+    from gc3.compiler.instruction_dag import build_instr_dag
+    from gc3.compiler.buffers import plan_buffers
 
-    dag = build(program.ops, plan_buffers(program, 1))
+    dag = build_instr_dag(program.ops, plan_buffers(program, 1))
     g = nx.DiGraph()
     g.add_nodes_from(range(len(dag.instrs)))
     g.add_edges_from((u, v) for u, vs in enumerate(dag.succs) for v in vs)

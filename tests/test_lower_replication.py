@@ -2,10 +2,10 @@
 import itertools
 
 from gc3 import GC3Program, chunk, parallelize
-from gc3.collectives import AllReduce, AllToAll
-from gc3.layout import layout_for
-from gc3.lower import lower
-from gc3.replication import plan_buffers
+from gc3.dsl.collectives import AllReduce, AllToAll
+from gc3.ir.layout import layout_for
+from gc3.compiler.pipeline import lower
+from gc3.compiler.buffers import plan_buffers
 from gc3.simulator import simulate
 
 from lower_programs import allpairs_allreduce, hierarchical_allreduce, ring_allgather, two_step_alltoall

@@ -2,9 +2,9 @@
 import pytest
 
 from gc3 import GC3Program, chunk
-from gc3.collectives import AllGather, AllReduce
+from gc3.dsl.collectives import AllGather, AllReduce
 from gc3.errors import ScheduleError
-from gc3.lower import lower
+from gc3.compiler.pipeline import lower
 from gc3.simulator import simulate
 from gc3.verify import verify as full_verify
 

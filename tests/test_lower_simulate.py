@@ -1,7 +1,7 @@
 """Compiled programs execute correctly: verified, then simulated on data vs numpy."""
 import pytest
 
-from gc3.lower import lower
+from gc3.compiler.pipeline import lower
 from gc3.simulator import simulate
 from gc3.verify import verify
 

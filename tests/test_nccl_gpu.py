@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gc3.reference import reference
+from gc3.simulator.reference import reference
 
 pytestmark = pytest.mark.multigpu
 N = 2
@@ -71,9 +71,9 @@ def run_ranks(fn, *args, env=None, timeout=240):
 def irs(tmp_path_factory):
     """gc3 IRs for 2 ranks compiled from algorithms/: ring allreduce (in-place),
     ring allgather and direct alltoall (out-of-place)."""
-    from gc3.lower import lower
-    from gc3.program import run_script
-    from gc3.xml_io import write_xml
+    from gc3.compiler.pipeline import lower
+    from gc3.dsl.program import run_script
+    from gc3.ir.xml_io import write_xml
     folder = tmp_path_factory.mktemp("irs")
     for name in ("allreduce_ring", "allgather_ring", "alltoall_direct"):
         write_xml(lower(run_script(str(ROOT / "algorithms" / f"{name}.py"), [str(N)])), folder / f"{name}.xml")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gc3.xml_io import read_xml, write_xml
+from gc3.ir.xml_io import read_xml, write_xml
 from runtime_cuda.nccl import catalog as catalog_mod
 from runtime_cuda.nccl.call import Call
 from runtime_cuda.nccl.catalog import load_catalog
@@ -15,7 +15,8 @@ from runtime_cuda.nccl.constants import (ITEMSIZE, NCCL_BFLOAT16, NCCL_FLOAT16, 
                                          NCCL_MAX, NCCL_SUM)
 from runtime_cuda.nccl.log import get_logger
 from runtime_cuda.nccl.selection import Rejection, Selector, check, select
-from runtime_cuda.nccl.sizes import parse_size, size_bucket
+from gc3.units import parse_size
+from runtime_cuda.nccl.sizes import size_bucket
 
 DATA = Path(__file__).parent / "data" / "msccl"
 PAIRS = DATA / "allreduce_allpairs_2r_1i.xml"     # allreduce, 2 ranks, LL, in-place

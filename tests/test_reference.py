@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gc3.dtypes import DTYPES, OPS, DtypeError, dtype_info, mismatches, np_dtype, reduce_op
-from gc3.reference import ReferenceError, make_inputs, reference
+from gc3.simulator.reference import ReferenceError, make_inputs, reference
 
 DT = sorted(DTYPES)
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from gc3 import Check, GC3Program, chunk
-from gc3.collectives import AllGather, AllReduce, Broadcast, Collective, Reduce, input_chunk
+from gc3.dsl.collectives import AllGather, AllReduce, Broadcast, Collective, Reduce, input_chunk
 from gc3.errors import GC3Error, IRStructureError, LoweringError
-from gc3.lower import lower
+from gc3.compiler.pipeline import lower
 from gc3.simulator import simulate
 from gc3.verify import verify
-from gc3.xml_io import read_xml, to_xml
+from gc3.ir.xml_io import read_xml, to_xml
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "ir_samples" / "allgather_ring_4r_Simple.xml"

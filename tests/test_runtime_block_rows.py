@@ -8,7 +8,7 @@ import pytest
 
 from gc3.errors import LimitError
 from gc3.ir import Gpu, Program, Step, Threadblock
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 from runtime_cuda import abi, block_rows, connections, tables
 
 DATA = Path(__file__).resolve().parent / "data" / "msccl"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_RANK = [p for p in sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml")) + sorted((ROOT / "ir_samples").glob("*.xml"))
@@ -54,9 +54,9 @@ def test_two_processes_256mib_per_rank(tmp_path):
     recommends it for) and an alltoall at 256 MiB per rank in float32 and an
     uneven count near it in bfloat16: `ipc_check --large`."""
     pytest.importorskip("mpi4py")
-    from gc3.lower import lower
-    from gc3.program import run_script
-    from gc3.xml_io import write_xml
+    from gc3.compiler.pipeline import lower
+    from gc3.dsl.program import run_script
+    from gc3.ir.xml_io import write_xml
 
     a2a = tmp_path / "alltoall_direct_2r_Simple_i8.xml"
     write_xml(lower(run_script(str(ROOT / "algorithms" / "alltoall_direct.py"), ["2"]), instances=8,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gc3.dtypes import dtype_info
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "ir_samples"

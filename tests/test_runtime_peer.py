@@ -1,5 +1,5 @@
 """One process driving two GPUs through peer access (runtime_cuda.peer),
-data-checked against gc3.reference: every 2-rank sample, sampled dtypes and
+data-checked against gc3.simulator.reference: every 2-rank sample, sampled dtypes and
 ops, in and out of place, 256 MiB per rank, and a broken program ending in
 the timeout error.  The device choice and `gc3 run --mode` are checked on
 the CPU too."""
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from gc3.cli import main
 from gc3.errors import GC3Error, RuntimeTimeoutError
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_RANK = [p for p in sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml")) + sorted((ROOT / "ir_samples").glob("*.xml"))
@@ -45,9 +45,9 @@ def check(g, n, dtype="float32", op="sum", inplace=False, repeat=1):
 @pytest.fixture(scope="module")
 def alltoall_xml(tmp_path_factory) -> Path:
     """A 2-rank alltoall (no shipped sample has one), compiled from the DSL."""
-    from gc3.lower import lower
-    from gc3.program import run_script
-    from gc3.xml_io import write_xml
+    from gc3.compiler.pipeline import lower
+    from gc3.dsl.program import run_script
+    from gc3.ir.xml_io import write_xml
 
     out = tmp_path_factory.mktemp("a2a") / "alltoall_direct_2r_Simple_i8.xml"
     write_xml(lower(run_script(str(ROOT / "algorithms" / "alltoall_direct.py"), ["2"]), instances=8,

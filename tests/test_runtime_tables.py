@@ -10,8 +10,8 @@ import pytest
 from gc3 import limits
 from gc3.errors import FifoOrderError, LayoutError
 from gc3.ir import Gpu, Program, Step, Threadblock
-from gc3.layout import layout_for
-from gc3.xml_io import read_xml
+from gc3.ir.layout import layout_for
+from gc3.ir.xml_io import read_xml
 from runtime_cuda import abi, binding, connections, module, tables
 
 DATA = Path(__file__).resolve().parent / "data" / "msccl"

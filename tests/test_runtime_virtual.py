@@ -1,5 +1,5 @@
 """The CUDA interpreter on virtual ranks (all ranks of a schedule in one
-launch on one GPU), data-checked against gc3.reference."""
+launch on one GPU), data-checked against gc3.simulator.reference."""
 import copy
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import pytest
 
 from gc3.dtypes import DTYPES
 from gc3.errors import RuntimeTimeoutError
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 pytestmark = pytest.mark.gpu
 
@@ -122,7 +122,7 @@ def test_stress_10000_back_to_back_calls():
     import cupy
 
     from runtime_cuda.checking import geometry, host_buffers, reference_case, storage_dtype
-    from gc3.layout import layout_for
+    from gc3.ir.layout import layout_for
 
     rng = np.random.default_rng(7)
     cases = []

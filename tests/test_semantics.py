@@ -11,7 +11,7 @@ from gc3.errors import (DeadlockError, DuplicateContributionError, Postcondition
                         SemanticError, UnwrittenReadError)
 from gc3.simulator import simulate
 from gc3.verify import verify
-from gc3.xml_io import from_xml, read_xml, to_xml
+from gc3.ir.xml_io import from_xml, read_xml, to_xml
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "ir_samples").glob("*.xml")) + sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml"))
@@ -159,7 +159,7 @@ def test_chunk_granularity_plus_the_tiling_rule_agree_with_simulate_on_odd_sizes
 def test_proven_samples_are_right_at_odd_sizes(name):
     prog = read_xml(ROOT / "ir_samples" / f"{name}.xml")
     verify(prog)
-    from gc3.layout import layout_for
+    from gc3.ir.layout import layout_for
     blocks = layout_for(prog, 0).blocks_in
     for units in (1, 3, 7, 13, 101):
         assert simulate(prog, count=blocks * units, detect_races=False).ok, units

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from gc3.errors import GC3Error
-from gc3.layout import layout_for
-from gc3.lower import lower
-from gc3.program import run_script
+from gc3.ir.layout import layout_for
+from gc3.compiler.pipeline import lower
+from gc3.dsl.program import run_script
 from gc3.simulator import simulate
 from gc3.verify import verify
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 from ir_mutations import REWRITES, mutate
 

@@ -9,8 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 from gc3.dtypes import DTYPES, OPS
 from gc3.errors import LayoutError, SimulationError
-from gc3.simulator import parse_size, simulate
-from gc3.xml_io import read_xml, to_xml
+from gc3.simulator import simulate
+from gc3.units import parse_size
+from gc3.ir.xml_io import read_xml, to_xml
 
 from sim_programs import allpairs_allreduce, alltoall_via_scratch, edited, ring_allgather, ring_reducescatter
 
@@ -196,7 +197,7 @@ def test_missing_hasdep_is_a_warning_not_a_failure():
 
 def test_xml_round_trip_of_generated_program_simulates_identically():
     prog = allpairs_allreduce(4, 1, 2)
-    from gc3.xml_io import from_xml
+    from gc3.ir.xml_io import from_xml
     a = simulate(prog, count=64)
     b = simulate(from_xml(to_xml(prog)), count=64)
     assert a.ok and b.ok and all(np.array_equal(x, y) for x, y in zip(a.outputs, b.outputs))

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gc3.simulator import simulate
-from gc3.xml_io import read_xml
+from gc3.ir.xml_io import read_xml
 
 from sim_programs import allpairs_allreduce, edited
 

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from gc3.cli import main
 from gc3.simulator import simulate
 from gc3.simulator.cost_config import preset
-from gc3.xml_io import read_xml, write_xml
+from gc3.ir.xml_io import read_xml, write_xml
 
 from sim_programs import allpairs_allreduce, edited
 

@@ -5,8 +5,8 @@ import pytest
 from click.testing import CliRunner
 
 from gc3.cli import main
-from gc3.lower import lower
-from gc3.program import run_script
+from gc3.compiler.pipeline import lower
+from gc3.dsl.program import run_script
 from gc3.simulator import simulate
 
 ALGOS = Path(__file__).parent.parent / "algorithms"

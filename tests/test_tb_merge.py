@@ -1,4 +1,4 @@
-"""LL threadblock merging (gc3.threadblocks.merge_lone_pairs): a channel's lone send and lone receive
+"""LL threadblock merging (gc3.compiler.threadblocks.merge_lone_pairs): a channel's lone send and lone receive
 threadblocks become one where one waits on the other; the schedule stays deadlock-free and computes the same."""
 from pathlib import Path
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from gc3 import GC3Program, chunk
-from gc3.collectives import AllToAll
-from gc3.lower import lower
-from gc3.program import run_script
+from gc3.dsl.collectives import AllToAll
+from gc3.compiler.pipeline import lower
+from gc3.dsl.program import run_script
 from gc3.simulator import simulate
 from gc3.verify import verify
 

@@ -10,8 +10,8 @@ from gc3.ir import Gpu, Program, Step, Threadblock
 from gc3.verify import check_report, verify as full_verify
 
 from gc3.verify.deadlock import min_slots
-from gc3.verify.model import build
-from gc3.xml_io import from_xml, read_xml, to_xml
+from gc3.verify.model import build_model
+from gc3.ir.xml_io import from_xml, read_xml, to_xml
 
 
 def verify(prog, **options):
@@ -64,14 +64,14 @@ def test_issue_exchange_accepted_with_enough_slots(slots):
 
 def test_exchange_needs_exactly_as_many_slots_as_sends_in_a_row():
     for n in range(1, 6):
-        assert min_slots(build(exchange(["s"] * n + ["r"] * n))) == n
+        assert min_slots(build_model(exchange(["s"] * n + ["r"] * n))) == n
 
 
 def test_receive_first_on_both_sides_deadlocks_for_any_slots():
     prog = exchange(["r", "s"])
     with pytest.raises(DeadlockError, match="waits to receive on 1->0 chan 0 from rank 1 tb 0"):
         verify(prog, slots=100)
-    assert min_slots(build(prog)) is None
+    assert min_slots(build_model(prog)) is None
 
 
 def test_cyclic_cross_tb_dependency():
@@ -109,7 +109,7 @@ def test_deadlock_reports_tbs_blocked_behind_the_cycle():
 
 def test_ring_sample_needs_two_slots():
     prog = read_xml(MSCCL[[p.name for p in MSCCL].index("allreduce_ring_4r_1i.xml")])
-    assert min_slots(build(prog)) == 2
+    assert min_slots(build_model(prog)) == 2
     with pytest.raises(DeadlockError) as err:
         verify(prog, slots=1)
     for r in range(4):

@@ -9,8 +9,8 @@ from gc3.errors import DeadlockError, FifoOrderError
 from gc3.ir import Gpu, Program, Step, Threadblock
 from gc3.verify import verify
 from gc3.verify.deadlock import min_slots
-from gc3.verify.model import build
-from gc3.xml_io import from_xml, to_xml
+from gc3.verify.model import build_model
+from gc3.ir.xml_io import from_xml, to_xml
 
 
 def _st(type_, src, dst, dep=(-1, -1), hasdep=False):
@@ -85,7 +85,7 @@ def test_verify_large_program(big):
 
 def test_large_program_slot_threshold_and_a_planted_error(big):
     prog = from_xml(big[0])
-    assert min_slots(build(prog)) == 4  # each TB sends its 4 chunks before receiving
+    assert min_slots(build_model(prog)) == 4  # each TB sends its 4 chunks before receiving
     with pytest.raises(DeadlockError):
         verify(prog, slots=3)
     last = prog.gpus[7].threadblocks[-2].steps[-1]

@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 
 from gc3.errors import IRFormatError
 from gc3.ir import STEP_TYPES, Convention, Gpu, Program, Step, Threadblock, local_input, local_output
-from gc3.xml_io import from_xml, read_xml, to_xml
+from gc3.ir.xml_io import from_xml, read_xml, to_xml
 
 MSCCL = sorted((Path(__file__).parent / "data" / "msccl").glob("*.xml"))
 

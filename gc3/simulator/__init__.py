@@ -2,6 +2,6 @@
 buffers exactly as the interpreter kernel will, checks the outputs against
 the numpy reference, detects deadlocks and data races, and predicts the run
 time with a tile-level cost model (calibrated for H200 NVLink)."""
-from .driver import Mismatch, Result, TimedProgram, load_program, parse_size, simulate
+from .driver import Mismatch, Result, TimedProgram, load_program, simulate
 
-__all__ = ["Mismatch", "Result", "TimedProgram", "load_program", "parse_size", "simulate"]
+__all__ = ["Mismatch", "Result", "TimedProgram", "load_program", "simulate"]

@@ -16,9 +16,10 @@ from typing import Dict, List, Sequence, Union
 
 import numpy as np
 
+from .. import limits
 from ..errors import GC3Error
 from ..ir import Program
-from ..xml_io import read_xml
+from ..ir.xml_io import read_xml
 from .cost_config import CostConfig
 from .driver import TimedProgram
 
@@ -64,8 +65,8 @@ def compile_spec(spec: str) -> Program:
         raise GC3Error(f"measured point names {words[0]!r}, which is not in {REPO}")
     if path.suffix == ".xml":
         return read_xml(path)
-    from ..lower import lower
-    from ..program import run_script
+    from ..compiler.pipeline import lower
+    from ..dsl.program import run_script
     opts: Dict[str, str] = {}
     args = []
     rest = iter(words[1:])
@@ -93,7 +94,7 @@ def config_for(point: MeasuredPoint, cfg: CostConfig) -> CostConfig:
         proto = name.rsplit("_", 1)[1]
         proto = {"SIMPLE": "Simple", "LL": "LL", "LL128": "LL128"}[proto]
         if name.startswith("GC3_SLOT_BYTES_"):
-            slot = int(value) // 2 if proto == "LL" else int(value)
+            slot = limits.slot_data_bytes(proto, int(value))
             cfg = replace(cfg, slot_data_bytes=dict(cfg.slot_data_bytes, **{proto: slot}))
         elif name.startswith("GC3_TILE_SPLIT_") and proto == "Simple":
             tiles, min_bytes = (int(x) for x in value.split(":"))

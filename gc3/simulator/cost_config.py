@@ -15,17 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, Tuple
 
+from .. import limits
 from ..errors import GC3Error
 
 # Payload fraction of the bytes on the wire: an LL line carries a 4-byte flag
 # with every 4 data bytes, LL128 8 flag bytes per 128-byte line.
 PROTOCOL_EFFICIENCY = {"Simple": 1.0, "LL128": 120 / 128, "LL": 0.5}
 
-# Data bytes one FIFO slot holds, as runtime_cuda/connections.py sizes them
-# (LL: a 32 KiB slot of 16-byte lines with 8 data bytes each).  A chunk moves
-# in tiles of at most this many bytes, and each (step, tile) is one unit of
-# work: a threadblock walks, per tile, all of its steps.
-SLOT_DATA_BYTES = {"Simple": 256 << 10, "LL128": 256 << 10, "LL": 16 << 10}
+# Data bytes one FIFO slot holds (gc3.limits.SLOT_BYTES, as the runtime sizes
+# them).  A chunk moves in tiles of at most this many bytes, and each (step,
+# tile) is one unit of work: a threadblock walks, per tile, all of its steps.
+SLOT_DATA_BYTES = {p: limits.slot_data_bytes(p, n) for p, n in limits.SLOT_BYTES.items()}
 
 
 @dataclass(frozen=True)

@@ -28,22 +28,13 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import limits
-from ..ir import OPCODES
+from ..units import bus_factor
+from ..ir.opcodes import REDUCES, SENDS
 from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
 from .executor import Executed
 
-# nccl-tests' bus-bandwidth factors: how much data each rank must move
-# relative to the buffer size for an optimal algorithm.
-_BUS_FACTOR = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "reducescatter": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-}
-
-_GRANULE = 16          # the runtime tiles in whole 16-byte granules
-_SENDS = frozenset(t for t, info in OPCODES.items() if info.send)
-_REDUCES = frozenset(t for t, info in OPCODES.items() if info.reduce)
+_SENDS = SENDS
+_REDUCES = REDUCES
 
 
 @dataclass
@@ -129,13 +120,11 @@ def tile_of(chunk_bytes: int, itemsize: int, proto: str, max_cnt: int, config: C
     (runtime_cuda.binding.tile_lanes) in bytes."""
     if chunk_bytes <= 0:
         return 0, 0
-    g = max(_GRANULE, itemsize)
-    fit = max(config.slot_data_bytes[proto] // max_cnt // g * g, g)
-    want = chunk_bytes
     tiles, min_bytes = config.tile_split
-    if tiles > 1:
-        want = min(chunk_bytes, max(-(-chunk_bytes // tiles), min_bytes))
-    tile = min(fit, max(g, -(-want // g) * g))
+    lanes = limits.tile_elems(chunk_bytes // itemsize, itemsize, config.slot_data_bytes[proto], max_cnt,
+                              tiles, min_bytes)
+    # A slot too small for one granule per chunk: the runtime refuses; model one granule.
+    tile = (lanes or max(limits.TILE_GRANULE_BYTES // itemsize, 1)) * itemsize
     return tile, -(-chunk_bytes // tile)
 
 
@@ -155,7 +144,7 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
     if ntiles:
         total = _replay(sched, config, proto, slots, chunk_bytes, tile, ntiles, start, end, tile_spans)
     algbw = size_bytes / total / 1e9 if total > 0 else 0.0
-    factor = _BUS_FACTOR.get(coll, lambda k: 1.0)(nranks)
+    factor = bus_factor(coll, nranks)
     used = {lt for _, lt in sched.conn_port}
     calibrated = config.calibrated and all(config.links[lt].calibrated for lt in used)
     note = config.calibration

@@ -12,36 +12,18 @@ from .. import limits
 from ..dtypes import dtype_info, mismatches, reduce_op
 from ..errors import LayoutError, SimulationError, SizeError
 from ..ir import Program
-from ..layout import Layout, layout_for
-from ..reference import COLLECTIVES, from_postcondition, make_inputs
-from ..reference import reference as builtin_reference
-from ..xml_io import from_xml, read_xml
+from ..ir.layout import Layout, layout_for
+from .reference import COLLECTIVES, from_postcondition, make_inputs
+from .reference import reference as builtin_reference
+from ..ir.xml_io import from_xml, read_xml
+from ..units import parse_size
 from .cost_config import DEFAULT as DEFAULT_COST, CostConfig, preset
 from .cost_model import Schedule, Timing, format_time, predict
-from .executor import Executed, Executor, hasdep_warnings, static_errors
+from .executor import Executed, Simulator, hasdep_warnings, static_errors
 from .memory import RankMemory
 from .races import Race
 
 DEFAULT_SIZE = 1 << 20
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
-          "mb": 1000 ** 2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000 ** 3}
-
-
-def parse_size(text: Union[str, int]) -> int:
-    """Bytes from 4096, "4096", "64K", "1MiB", "1.5MB" (K/M/G alone are binary, as in nccl-tests)."""
-    if isinstance(text, (int, np.integer)):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise SizeError(f"cannot read size {text!r}; use e.g. 4096, 64K, 1MiB or 1.5MB")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value > limits.MAX_BYTES:
-        raise SizeError(f"size {text!r} is more than gc3.limits.MAX_BYTES={limits.MAX_BYTES} bytes")
-    if value != int(value):
-        raise SizeError(f"size {text!r} is not a whole number of bytes")
-    return int(value)
-
 
 def format_bytes(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -110,7 +92,7 @@ def load_program(obj) -> Program:
     if isinstance(obj, str):
         return from_xml(obj) if obj.lstrip().startswith("<") else read_xml(obj)
     if hasattr(obj, "ops") and hasattr(obj, "collective"):
-        from ..lower import lower  # the compiler is only needed for DSL programs
+        from ..compiler.pipeline import lower  # the compiler is only needed for DSL programs
         return lower(obj)
     raise SimulationError(f"cannot simulate a {type(obj).__name__}: pass an ir.Program, an XML path or text, "
                           "or a GC3Program")
@@ -187,7 +169,7 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
         return result
     result.warnings.extend(hasdep_warnings(prog))
 
-    run = Executor(prog, memories, ufunc, slots, interleave_seed=interleave_seed, detect_races=detect_races).run()
+    run = Simulator(prog, memories, ufunc, slots, interleave_seed=interleave_seed, detect_races=detect_races).run()
     result.records = run.records
     result.races = run.races
     result.races_more = run.races_truncated

@@ -27,7 +27,7 @@ from ..ir import Program, Step, Threadblock, local_input, local_output, step_rea
 from .memory import RankMemory
 from .races import Access, Race, RaceDetector
 
-ConnKey = Tuple[int, int, int]  # (sender rank, receiver rank, channel)
+ConnId = Tuple[int, int, int]  # (sender rank, receiver rank, channel)
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Executed:
     cnt: int
     dep: Optional[int] = None        # the step this one waited on (depid/deps)
     msg_from: Optional[int] = None   # the send whose message it received
-    conn_out: Optional[ConnKey] = None
+    conn_out: Optional[ConnId] = None
     slot_from: Optional[int] = None  # the receive that freed the FIFO slot it used
 
 
@@ -57,7 +57,7 @@ class Message:
 class _Connection:
     __slots__ = ("key", "queue", "consumers", "sender", "receiver")
 
-    def __init__(self, key: ConnKey):
+    def __init__(self, key: ConnId):
         self.key = key
         self.queue: deque = deque()
         self.consumers: List[int] = []   # record index of the step that consumed message k
@@ -182,7 +182,23 @@ def hasdep_warnings(prog: Program) -> List[str]:
     return warns
 
 
-class Executor:
+# --- what each opcode computes: the normative meaning of a step ------------------
+# value(op, read, src, dst, msg) -> the tile the step writes to dst and/or sends;
+# None: the step moves no data.  `read(buf, off)` reads `cnt` chunks.
+SEMANTICS = {
+    "s": lambda op, read, src, dst, msg: read(*src),
+    "r": lambda op, read, src, dst, msg: msg.tile,
+    "rcs": lambda op, read, src, dst, msg: msg.tile,
+    "rrc": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
+    "rrs": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
+    "rrcs": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
+    "cpy": lambda op, read, src, dst, msg: read(*src),
+    "re": lambda op, read, src, dst, msg: op(read(*dst), read(*src)),
+    "nop": None,
+}
+
+
+class Simulator:
     def __init__(self, prog: Program, memories: Dict[int, RankMemory], ufunc: np.ufunc, slots: int,
                  interleave_seed: Optional[int] = None, detect_races: bool = True):
         self.prog = prog
@@ -192,7 +208,7 @@ class Executor:
         self.rng = np.random.default_rng(interleave_seed) if interleave_seed is not None else None
         self.races = RaceDetector() if detect_races else None
         self.result = Execution()
-        self.conns: Dict[ConnKey, _Connection] = {}
+        self.conns: Dict[ConnId, _Connection] = {}
         self.agents: List[_Agent] = []
         self.by_id: Dict[Tuple[int, int], _Agent] = {}
         for g in sorted(prog.gpus, key=lambda g: g.id):
@@ -213,7 +229,7 @@ class Executor:
                 if st.depid >= 0:
                     self.by_id[(a.rank, st.depid)].needs_snapshot.add(st.deps)
 
-    def _conn(self, key: ConnKey) -> _Connection:
+    def _conn(self, key: ConnId) -> _Connection:
         c = self.conns.get(key)
         if c is None:
             c = self.conns[key] = _Connection(key)
@@ -361,26 +377,12 @@ class Executor:
 
     def _compute(self, st: Step, mem: RankMemory, msg: Optional[Message]) -> Optional[np.ndarray]:
         """Move the data of one step; returns the tile it sends, if any."""
-        t = st.type
-        cnt = st.cnt
-        if t == "nop":
+        value = SEMANTICS[st.type]
+        if value is None:
             return None
         src = local_input(st, self.conv)
         dst = local_output(st, self.conv)
-        if t == "s":
-            return mem.read(src[0], src[1], cnt)
-        if t in ("r", "rcs"):
-            mem.write(dst[0], dst[1], cnt, msg.tile)
-            return msg.tile
-        if t == "cpy":
-            mem.write(dst[0], dst[1], cnt, mem.read(src[0], src[1], cnt))
-            return None
-        if t == "re":
-            val = self.ufunc(mem.read(dst[0], dst[1], cnt), mem.read(src[0], src[1], cnt))
-            mem.write(dst[0], dst[1], cnt, val)
-            return None
-        # rrc / rrs / rrcs: the received tile reduced with the local operand.
-        val = self.ufunc(msg.tile, mem.read(src[0], src[1], cnt))
+        val = value(self.ufunc, lambda buf, off: mem.read(buf, off, st.cnt), src, dst, msg)
         if dst is not None:
-            mem.write(dst[0], dst[1], cnt, val)
-        return val
+            mem.write(dst[0], dst[1], st.cnt, val)
+        return val if st.info.send else None

@@ -1,10 +1,10 @@
-"""One rank's buffers for a simulated call, laid out by gc3.layout.
+"""One rank's buffers for a simulated call, laid out by gc3.ir.layout.
 
 Steps move *tiles*: `cnt` chunks of `cs` lanes each, chunk by chunk through
 `Layout.chunk_range` (blocks of a user buffer may leave short or empty chunks,
 so consecutive chunk indices need not be consecutive in memory).  Reading a
 lane past the end of a user chunk yields zero; writing one is dropped.  That
-is the rule the CUDA runtime implements too (see gc3/layout.py).
+is the rule the CUDA runtime implements too (see gc3/ir/layout.py).
 
 In-place calls alias the two user buffers with numpy views at
 `Layout.inplace_offset`, so a write through one name is seen through the
@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..layout import Layout
+from ..ir.layout import Layout
 
 
 def poison_value(dtype: np.dtype):

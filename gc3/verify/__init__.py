@@ -53,7 +53,7 @@ def verify(prog: Program, *, slots: Optional[int] = None, max_tbs: Optional[int]
     lim = Limits(**{k: v for k, v in given.items() if v is not None})
     structure.check(prog)
     runtime_limits.check(prog, lim)
-    m = model.build(prog)
+    m = model.build_model(prog)
     pairs = fifo_order.check(m)
     deadlock.check(m, slots)
     proven = _semantics.check(m) if semantics else None
@@ -73,7 +73,7 @@ def verify(prog: Program, *, slots: Optional[int] = None, max_tbs: Optional[int]
 def check_report(prog: Program, **options) -> List[str]:
     """Verify `prog` (same options as `verify`) and describe what was checked."""
     s = verify(prog, **options)
-    m = model.build(prog)
+    m = model.build_model(prog)
     need = deadlock.min_slots(m)
     per_rank = Counter(len(g.threadblocks) for g in prog.gpus)
     lim = s.limits

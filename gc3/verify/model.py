@@ -70,7 +70,7 @@ class Model:
         return sorted(set(self.sends) | set(self.recvs))
 
 
-def build(prog: Program) -> Model:
+def build_model(prog: Program) -> Model:
     m = Model(prog)
     for g in prog.gpus:
         for tb in g.threadblocks:

@@ -29,7 +29,7 @@ deterministic: every execution sees each read return the value of the same
 write, so the result of this one run is the result of all of them.  Deadlock
 freedom (checked before, `deadlock.py`) says that every execution completes.
 
-Why chunk granularity covers every call size.  `gc3/layout.py` maps a call
+Why chunk granularity covers every call size.  `gc3/ir/layout.py` maps a call
 of any element count onto the chunks: a user buffer is blocks of c chunks;
 chunk j of every block has the same length len(j) (non-increasing in j, some
 may be 0), scratch chunks are always full; a step moves whole chunks lane by
@@ -58,8 +58,8 @@ import numpy as np
 from ..errors import (DeadlockError, DuplicateContributionError, PostconditionUnprovableError, RaceError,
                       SemanticError, UnwrittenReadError)
 from ..ir import Postcondition, Program, local_input, local_output
-from ..collectives import NCCL_COLLECTIVES
-from ..layout import layout_for
+from ..dsl.collectives import NCCL_COLLECTIVES
+from ..ir.layout import layout_for
 from .model import Model
 
 BUILTIN = NCCL_COLLECTIVES   # known without being told; any other carries its postcondition
@@ -126,7 +126,7 @@ def same(a: Sym, b: Sym) -> bool:
 # --- postconditions -----------------------------------------------------------------
 def builtin_collective(prog: Program):
     """The gc3.collectives object of an NCCL collective at the IR's chunk count, or None."""
-    from .. import collectives as C
+    from ..dsl import collectives as C
 
     if prog.coll not in BUILTIN:
         return None
@@ -226,6 +226,22 @@ class _Msg:
     sender: Tuple[int, int]   # (tid, step)
 
 
+# What each opcode computes, on symbols (the simulator's SEMANTICS, on values):
+# value(reduce, read, src, dst, received) -> what the step writes and/or sends;
+# None: the step moves no data.
+SEMANTICS = {
+    "s": lambda red, read, src, dst, got: read(*src),
+    "r": lambda red, read, src, dst, got: got,
+    "rcs": lambda red, read, src, dst, got: got,
+    "rrc": lambda red, read, src, dst, got: red(got, read(*src)),
+    "rrs": lambda red, read, src, dst, got: red(got, read(*src)),
+    "rrcs": lambda red, read, src, dst, got: red(got, read(*src)),
+    "cpy": lambda red, read, src, dst, got: read(*src),
+    "re": lambda red, read, src, dst, got: red(read(*dst), read(*src)),
+    "nop": None,
+}
+
+
 class _Run:
     def __init__(self, m: Model):
         self.m = m
@@ -322,21 +338,15 @@ class _Run:
         r, cnt, t = tb.rank, st.cnt, st.type
         vc = self.vc[tid]
         vc[tid] = k + 1
-        if t == "nop":
+        value = SEMANTICS[t]
+        if value is None:
             return None
         src = local_input(st, self.conv)
         dst = local_output(st, self.conv)
         if src is not None and dst is not None:
             self._no_partial_overlap(tid, k, r, src, dst, cnt)
-        if t in ("s", "cpy"):
-            values = self.read(tid, k, r, src[0], src[1], cnt)
-        elif t in ("r", "rcs"):
-            values = msg.values
-        elif t == "re":
-            values = self.reduced(tid, k, r, self.read(tid, k, r, dst[0], dst[1], cnt),
-                                  self.read(tid, k, r, src[0], src[1], cnt))
-        else:  # rrc rrs rrcs: the received tile reduced with the local operand
-            values = self.reduced(tid, k, r, msg.values, self.read(tid, k, r, src[0], src[1], cnt))
+        values = value(lambda a, b: self.reduced(tid, k, r, a, b),
+                       lambda buf, off: self.read(tid, k, r, buf, off, cnt), src, dst, msg and msg.values)
         if dst is not None:
             self.write(tid, k, r, dst[0], dst[1], values)
         if st.info.send:

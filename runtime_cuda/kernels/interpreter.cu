@@ -25,7 +25,7 @@
 #define TRACE_AT(P, k) do { } while (0)
 #endif
 
-// Chunk geometry of one call (gc3.layout.Layout).
+// Chunk geometry of one call (gc3.ir.layout.Layout).
 struct Shape {
   i64 unit;   // elements per block of a user buffer
   i64 cs;     // lanes per chunk
@@ -33,7 +33,7 @@ struct Shape {
   int T;      // lanes per tile
 };
 
-// Chunk `idx` of buffer `buf`, tile starting at lane `lane0`, as gc3.layout's
+// Chunk `idx` of buffer `buf`, tile starting at lane `lane0`, as gc3.ir.layout's
 // chunk_range places it.
 template <int B>
 __device__ __forceinline__ Operand chunk_operand(elem_t* const (&base)[3], int buf, int idx, const Shape& sh,

@@ -9,7 +9,7 @@
 #endif
 
 // `valid` lanes from p on are real data; lanes past them read as zero and
-// are never written (gc3.layout's rule for short chunks).
+// are never written (gc3.ir.layout's rule for short chunks).
 struct Operand {
   elem_t* p;
   int valid;

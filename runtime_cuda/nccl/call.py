@@ -2,7 +2,7 @@
 selection and the gc3 layout need from it.
 
 NCCL counts mean different things per collective; `in_elems` converts them to
-`gc3.layout`'s convention (elements of each rank's input buffer) and `nbytes`
+`gc3.ir.layout`'s convention (elements of each rank's input buffer) and `nbytes`
 to nccl-tests' "size" column, which is what minBytes/maxBytes are compared to.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Call:
 
     @property
     def in_elems(self) -> int:
-        """Elements of this rank's input buffer (gc3.layout's `in_elems`)."""
+        """Elements of this rank's input buffer (gc3.ir.layout's `in_elems`)."""
         if self.coll in ("reducescatter", "alltoall"):
             return self.count * self.nranks
         return self.count

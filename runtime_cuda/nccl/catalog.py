@@ -72,14 +72,13 @@ from lxml import etree
 
 from gc3 import limits
 from gc3.errors import GC3Error, InputError
-from gc3.user_input import strict_int
+from gc3.units import parse_size, strict_int
 from gc3.ir import PROTOCOLS, Program
-from gc3.xml_io import from_xml
+from gc3.ir.xml_io import from_xml
 
 from .call import COLLECTIVES, REDUCING
 from .constants import DTYPE_CODES, OP_CODES
 from .log import LOGGER_NAME, get_logger
-from .sizes import parse_size
 
 ENV_FILES = ("GC3_XML_FILES", "MSCCL_XML_FILES")
 ENV_CONFIG = "GC3_CONFIG"
@@ -237,8 +236,8 @@ def _verifier_id() -> str:
         import gc3
         root = Path(gc3.__file__).parent
         h = hashlib.sha256(gc3.__version__.encode())
-        for f in sorted([*root.joinpath("verify").glob("*.py"), root / "ir.py", root / "layout.py",
-                         root / "limits.py", root / "collectives.py", root / "xml_io.py"]):
+        for f in sorted([*root.joinpath("verify").glob("*.py"), *root.joinpath("ir").glob("*.py"),
+                         root / "limits.py", root / "dsl" / "collectives.py"]):
             h.update(f.name.encode() + f.read_bytes())
         _VERIFIER_ID = h.hexdigest()[:16]
     return _VERIFIER_ID

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from runtime_cuda.perf import bus_factor
+from gc3.units import bus_factor
 
 from .call import COLLECTIVES, REDUCING, ROOTED
 

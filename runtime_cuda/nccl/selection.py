@@ -12,7 +12,7 @@ candidate is rejected, and that field is named in the log):
     minBytes    minBytes <= bytes   (bytes = nccl-tests' size column, see Call.nbytes)
     maxBytes    bytes <= maxBytes   (absent = unbounded)
     count       a non-empty call whose input element count divides by the entry's
-                count_multiple and that gc3.layout accepts for this rank
+                count_multiple and that gc3.ir.layout accepts for this rank
     dtype       the entry's dtypes list (absent = any)
     op          the entry's ops list or the IR's redop (reducing collectives only)
     root        broadcast/reduce: the root the IR was built for (default 0)
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from gc3.errors import GC3Error
-from gc3.layout import Layout, layout_for
+from gc3.ir.layout import Layout, layout_for
 
 from .call import REDUCING, ROOTED, Call
 from .catalog import Candidate, Catalog

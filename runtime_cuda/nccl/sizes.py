@@ -1,23 +1,6 @@
-"""Byte sizes as people write them (nccl-tests' -b 8 -e 128M, config files' "64KiB")."""
+"""Byte sizes as the drop-in's log shows them, and the size buckets of selection
+(sizes are read by gc3.units.parse_size)."""
 from __future__ import annotations
-
-from gc3.errors import GC3Error
-
-
-def parse_size(value) -> int:
-    """Bytes from an int or a string like '8', '128M', '64KiB' (binary units, as in
-    nccl-tests; runtime_cuda.perf's reader).  ValueError names what was wrong."""
-    from runtime_cuda.perf import parse_size as read_size
-    if isinstance(value, bool):
-        raise ValueError(f"expected a byte size, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"byte size must be >= 0, got {value}")
-        return value
-    try:
-        return read_size(str(value))
-    except GC3Error as exc:
-        raise ValueError(str(exc)) from None
 
 
 def format_size(nbytes: int) -> str:

@@ -1,0 +1,199 @@
+"""Collectives: buffer sizes, aliasing, precondition and postcondition.
+
+Sizes follow the block structure of `gc3/ir/layout.py`: with n ranks and chunk
+factor c, allgather's output holds n blocks of c chunks, alltoall's input and
+output n blocks each, reducescatter's input n blocks and its output one; the
+others one block of c chunks per buffer.
+
+In-place collectives alias one user buffer onto the other (`alias`), so the
+real allocation is the only one that appears in traced slots, and its size is
+the only one declared (`input_chunks`/`output_chunks` give 0 for the aliased
+buffer, as msccl-tools' XML does).
+
+A custom collective subclasses `Collective` and overrides `input_size`,
+`output_size` (if not c chunks), `precondition(rank, index)` (does input chunk
+`index` of `rank` hold data?) and `postcondition(rank, index)` (the `Value`
+output chunk `index` of `rank` must hold, or None for "don't care"), built
+with `input_chunk` and `reduction` (or `+`).
+"""
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Optional, Tuple
+
+from .. import limits
+from ..errors import TraceError
+from ..units import as_int, user_location
+from .symbolic import Value, input_chunk, reduced_inputs, reduction
+
+# The collectives NCCL has: their meaning is built into gc3's verifier and
+# runtime.  Any other collective carries its postcondition in its IR.
+NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+
+__all__ = ["NCCL_COLLECTIVES", "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
+           "AllToNext", "input_chunk", "reduction", "Value"]
+
+
+class Collective:
+    name = "custom"
+    root: Optional[int] = None
+    # The user buffer an in-place call aliases onto the other one.
+    aliased_buffer = "o"
+
+    def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False, name: Optional[str] = None):
+        num_ranks = as_int(num_ranks, "num_ranks", 1, high=limits.MAX_RANKS, limit="MAX_RANKS")
+        chunk_factor = as_int(chunk_factor, "chunk_factor", 1, high=limits.MAX_CHUNKS, limit="MAX_CHUNKS")
+        if not isinstance(inplace, bool):
+            raise TraceError(f"{user_location()}: inplace must be True or False, got {inplace!r}")
+        self.num_ranks = num_ranks
+        self.chunk_factor = chunk_factor
+        self.inplace = inplace
+        if name is not None:
+            self.name = name
+
+    def __repr__(self) -> str:
+        root = "" if self.root is None else f", root={self.root}"
+        return (f"{type(self).__name__}(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, "
+                f"inplace={self.inplace}{root})")
+
+    # --- sizes ------------------------------------------------------------
+    def input_size(self, rank: int) -> int:
+        """Chunks of the user's input buffer (as the program addresses it)."""
+        return self.chunk_factor
+
+    def output_size(self, rank: int) -> int:
+        return self.chunk_factor
+
+    def input_chunks(self, rank: int) -> int:
+        """Declared input chunks (MSCCL i_chunks): 0 when in-place aliases it away."""
+        return 0 if self.inplace and self.aliased_buffer == "i" else self.input_size(rank)
+
+    def output_chunks(self, rank: int) -> int:
+        return 0 if self.inplace and self.aliased_buffer == "o" else self.output_size(rank)
+
+    def size(self, rank: int, buffer: str) -> int:
+        return self.input_size(rank) if buffer == "i" else self.output_size(rank)
+
+    # --- aliasing ------------------------------------------------------------
+    def alias(self, rank: int, buffer: str, index: int) -> Tuple[str, int]:
+        """The real (buffer, index) of user chunk (buffer, index) on `rank`."""
+        if self.inplace and buffer == self.aliased_buffer:
+            other = "i" if buffer == "o" else "o"
+            return other, index + self.alias_offset(rank)
+        return buffer, index
+
+    def alias_offset(self, rank: int) -> int:
+        return 0
+
+    # --- conditions ------------------------------------------------------------
+    def precondition(self, rank: int, index: int) -> bool:
+        """Whether input chunk `index` of `rank` holds data when the collective starts."""
+        return True
+
+    def postcondition(self, rank: int, index: int) -> Optional[Value]:
+        raise TraceError(f"{user_location()}: collective {self.name!r} ({type(self).__name__}) defines no postcondition(rank, index)")
+
+    def every_rank(self, index: int) -> Value:
+        """The reduction of input chunk `index` of every rank, made once per index
+        (a verifier asks for it once per rank and chunk: n^2 c terms otherwise)."""
+        cache = self.__dict__.setdefault("_every_rank", {})
+        value = cache.get(index)
+        if value is None:
+            value = cache[index] = reduced_inputs(zip(range(self.num_ranks), repeat(index)))
+        return value
+
+    def _root(self, root) -> int:
+        root = as_int(root, "root", 0)
+        if root >= self.num_ranks:
+            raise TraceError(f"{user_location()}: root {root} is not a rank of {self.num_ranks}")
+        return root
+
+
+class AllReduce(Collective):
+    name = "allreduce"
+
+    def postcondition(self, rank, index):
+        return self.every_rank(index)
+
+
+class AllGather(Collective):
+    name = "allgather"
+    aliased_buffer = "i"
+
+    def output_size(self, rank):
+        return self.num_ranks * self.chunk_factor
+
+    def alias_offset(self, rank):
+        return rank * self.chunk_factor
+
+    def postcondition(self, rank, index):
+        src, j = divmod(index, self.chunk_factor)
+        return input_chunk(src, j)
+
+
+class ReduceScatter(Collective):
+    name = "reducescatter"
+
+    def input_size(self, rank):
+        return self.num_ranks * self.chunk_factor
+
+    def alias_offset(self, rank):
+        return rank * self.chunk_factor
+
+    def postcondition(self, rank, index):
+        return self.every_rank(rank * self.chunk_factor + index)
+
+
+class AllToAll(Collective):
+    name = "alltoall"
+
+    def input_size(self, rank):
+        return self.num_ranks * self.chunk_factor
+
+    def output_size(self, rank):
+        return self.num_ranks * self.chunk_factor
+
+    def postcondition(self, rank, index):
+        src, j = divmod(index, self.chunk_factor)
+        return input_chunk(src, rank * self.chunk_factor + j)
+
+
+class Broadcast(Collective):
+    name = "broadcast"
+
+    def __init__(self, num_ranks, chunk_factor=1, inplace=False, root=0):
+        super().__init__(num_ranks, chunk_factor, inplace)
+        self.root = self._root(root)
+
+    def precondition(self, rank, index):
+        # Only the root's send buffer is read by NCCL's broadcast.
+        return rank == self.root
+
+    def postcondition(self, rank, index):
+        return input_chunk(self.root, index)
+
+
+class Reduce(Collective):
+    name = "reduce"
+
+    def __init__(self, num_ranks, chunk_factor=1, inplace=False, root=0):
+        super().__init__(num_ranks, chunk_factor, inplace)
+        self.root = self._root(root)
+
+    def postcondition(self, rank, index):
+        if rank != self.root:
+            return None
+        return self.every_rank(index)
+
+
+class AllToNext(Collective):
+    """Rank i's input goes to rank i+1's output; the last rank sends nothing and
+    rank 0's output is left as it was (msccl-tools' pipeline collective)."""
+
+    name = "alltonext"
+
+    def precondition(self, rank, index):
+        return rank != self.num_ranks - 1
+
+    def postcondition(self, rank, index):
+        return None if rank == 0 else input_chunk(rank - 1, index)

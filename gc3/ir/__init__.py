@@ -1,0 +1,10 @@
+"""Stage 3's input and every later stage's vocabulary: the scheduled IR.
+
+`program.py` holds the dataclasses (Program -> Gpu -> Threadblock -> Step) and
+the opcode table, `xml_io.py` reads and writes the MSCCL XML, `layout.py` maps
+chunks to memory for one call size.  The names below are the IR's API:
+`from gc3.ir import Program, Step, OPCODES`.
+"""
+from .opcodes import OPCODES, STEP_TYPES, OpcodeInfo  # noqa: F401
+from .program import (BUFFERS, PROTOCOLS, Convention, Gpu, Operand,  # noqa: F401
+                      Postcondition, Program, Step, Threadblock, local_input, local_output, step_reads)

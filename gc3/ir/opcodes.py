@@ -1,0 +1,50 @@
+"""The step opcodes, stated once: one row per opcode with its properties.
+
+Every layer derives what it needs from this table instead of listing opcode
+names: the IR's operand roles (`program.local_input`), the compiler's sets
+(`RECVS`, `SENDS`, `FUSED`, `SEND_FUSION`), the verifier's and simulator's
+step semantics (tables keyed by opcode, checked against this one by
+tests/test_opcode_coverage.py) and the runtime's opcode numbers
+(`runtime_cuda/abi.py` reads `DEVICE_OPCODES`).  Adding an opcode starts with a
+row here; the coverage test then names every layer that lacks it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+
+@dataclass(frozen=True)
+class OpcodeInfo:
+    recv: bool                  # consumes one tile from the TB's recv connection
+    send: bool                  # produces one tile on the TB's send connection
+    reduce: bool                # combines two operands with the reduction op
+    writes: bool                # stores into its local dst operand
+    local_in: Optional[str] = None   # the local operand it reads: "src", or "acc" (src in gc3's
+                                     # convention, dst in msccl-tools'), or None
+    reads_dst: bool = False     # also reads its dst (a local reduction into dst)
+    device: bool = True         # the runtime executes it (a nop is folded into dependencies)
+    send_fusion: Optional[str] = None   # the opcode it becomes when its result is also sent on
+
+
+# In the order MSCCL documents them.
+OPCODES: Dict[str, OpcodeInfo] = {
+    "s": OpcodeInfo(recv=False, send=True, reduce=False, writes=False, local_in="src"),
+    "r": OpcodeInfo(recv=True, send=False, reduce=False, writes=True, send_fusion="rcs"),
+    "rcs": OpcodeInfo(recv=True, send=True, reduce=False, writes=True),
+    "rrc": OpcodeInfo(recv=True, send=False, reduce=True, writes=True, local_in="acc", send_fusion="rrcs"),
+    "rrs": OpcodeInfo(recv=True, send=True, reduce=True, writes=False, local_in="acc"),
+    "rrcs": OpcodeInfo(recv=True, send=True, reduce=True, writes=True, local_in="acc"),
+    "cpy": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, local_in="src"),
+    "re": OpcodeInfo(recv=False, send=False, reduce=True, writes=True, local_in="src", reads_dst=True),
+    "nop": OpcodeInfo(recv=False, send=False, reduce=False, writes=False, device=False),
+}
+
+# --- derived: no opcode is named below this line ----------------------------------
+STEP_TYPES = tuple(OPCODES)
+RECVS = frozenset(t for t, i in OPCODES.items() if i.recv)
+SENDS = frozenset(t for t, i in OPCODES.items() if i.send)
+REDUCES = frozenset(t for t, i in OPCODES.items() if i.reduce)
+FUSED = RECVS & SENDS                                 # receive and send in one step
+SEND_FUSION = {t: i.send_fusion for t, i in OPCODES.items() if i.send_fusion}
+DEVICE_OPCODES = tuple(t for t, i in OPCODES.items() if i.device)

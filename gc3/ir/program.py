@@ -1,0 +1,148 @@
+"""The scheduled IR: Program -> Gpu -> Threadblock -> Step.
+
+This mirrors the MSCCL XML schema one-to-one (attribute names kept) so that
+`xml_io` is a plain mapping and a round trip is exact.  Everything that runs an
+IR (simulator, CUDA runtime, verifier) reads operands through `local_input` /
+`local_output`, never through the raw fields, because the raw fields mean
+different things in gc3's XML and in msccl-tools' XML (see `Convention`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .opcodes import OPCODES, OpcodeInfo
+
+# The three buffers a step may name: input, output, scratch.
+BUFFERS = ("i", "o", "s")
+PROTOCOLS = ("Simple", "LL", "LL128")
+
+
+class Convention:
+    """How the raw src/dst fields of a step are to be read.
+
+    GC3: every operand is local to the GPU that runs the step.  `s` repeats
+    its source in dst, `r`/`rcs` repeat their destination in src, and the
+    recv-reduce family (`rrc rrs rrcs`) reduce the received tile with the local
+    operand src and store into dst.
+
+    MSCCL (msccl-tools output, recognised by the absence of `gc3version`): a
+    receive's src fields hold the *sender's* buffer and offset and a send's dst
+    fields the *receiver's*; the recv-reduce family reduce into their own
+    destination, so their local operand is dst.
+    """
+
+    GC3 = "gc3"
+    MSCCL = "msccl"
+
+
+Operand = Tuple[str, int]  # (buffer, chunk offset); the extent is step.cnt
+
+# What a collective computes, in the IR's chunks: (rank, output chunk) -> the
+# input chunks (rank, index) reduced into it (one: a copy).  Output chunks not
+# listed are left unspecified.
+Postcondition = Dict[Tuple[int, int], Tuple[Tuple[int, int], ...]]
+
+
+@dataclass
+class Step:
+    s: int
+    type: str
+    srcbuf: str
+    srcoff: int
+    dstbuf: str
+    dstoff: int
+    cnt: int = 1
+    depid: int = -1
+    deps: int = -1
+    hasdep: bool = False
+
+    @property
+    def info(self) -> OpcodeInfo:
+        return OPCODES[self.type]
+
+
+@dataclass
+class Threadblock:
+    id: int
+    send: int = -1
+    recv: int = -1
+    chan: int = 0
+    steps: List[Step] = field(default_factory=list)
+
+
+@dataclass
+class Gpu:
+    id: int
+    i_chunks: int
+    o_chunks: int
+    s_chunks: int
+    threadblocks: List[Threadblock] = field(default_factory=list)
+
+
+@dataclass
+class Program:
+    name: str
+    proto: str
+    nchannels: int
+    nchunksperloop: int
+    ngpus: int
+    coll: str
+    inplace: bool
+    gpus: List[Gpu] = field(default_factory=list)
+    # Optional attributes: None means "absent from the XML" so MSCCL files
+    # that lack them round-trip unchanged.
+    outofplace: Optional[bool] = None
+    minBytes: Optional[int] = None
+    maxBytes: Optional[int] = None
+    redop: Optional[str] = None
+    gc3version: Optional[str] = None
+    # Attributes of <algo> that gc3 does not interpret, kept for round trips.
+    extra: Dict[str, str] = field(default_factory=dict)
+    # A custom collective's postcondition (<postcondition> in the XML); None
+    # for the built-in collectives, whose meaning the verifier knows.
+    postcondition: Optional[Postcondition] = None
+
+    @property
+    def convention(self) -> str:
+        return Convention.GC3 if self.gc3version is not None else Convention.MSCCL
+
+    def ranks_complete(self) -> bool:
+        """Whether the <gpu> ids are exactly 0..ngpus-1.  Sized by the <gpu>s
+        present, never by ngpus, which may be any number a file claims."""
+        return len(self.gpus) == self.ngpus and sorted(g.id for g in self.gpus) == list(range(len(self.gpus)))
+
+    def gpu(self, rank: int) -> Gpu:
+        for g in self.gpus:
+            if g.id == rank:
+                return g
+        raise KeyError(f"no <gpu id={rank}> in program {self.name!r}")
+
+
+def local_input(step: Step, convention: str) -> Optional[Operand]:
+    """The local operand a step reads (besides a received tile), or None: its
+    opcode's `local_in` role (an accumulator is src in gc3's convention, dst in msccl-tools')."""
+    role = step.info.local_in
+    if role is None:
+        return None
+    if role == "acc" and convention != Convention.GC3:
+        return (step.dstbuf, step.dstoff)
+    return (step.srcbuf, step.srcoff)
+
+
+def local_output(step: Step, convention: str) -> Optional[Operand]:
+    """The local operand a step writes, or None.  `re` also reads it."""
+    if step.info.writes:
+        return (step.dstbuf, step.dstoff)
+    return None
+
+
+def step_reads(step: Step, convention: str) -> List[Operand]:
+    """Every local operand the step reads (for race detection and verification)."""
+    ops = []
+    src = local_input(step, convention)
+    if src is not None:
+        ops.append(src)
+    if step.info.reads_dst:
+        ops.append((step.dstbuf, step.dstoff))
+    return ops

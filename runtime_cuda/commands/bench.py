@@ -1,0 +1,112 @@
+"""`gc3 bench`: nccl-tests' table for gc3 and NCCL side by side.
+
+    mpirun -np 2 gc3 bench -c allreduce,alltoall -b 8 -e 256M -f 4 --json out.json --plot out.png
+
+One process per GPU.  The gc3 side is `runtime_cuda.nccl.NcclCommunicator`, so
+it runs whatever the catalog selects (GC3_XML_FILES, GC3_CONFIG, ...; `--xml`
+sets GC3_XML_FILES for convenience) and NCCL where nothing matches; the last
+column names what served each size.  The NCCL side is cupy.cuda.nccl.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from gc3.errors import GC3Error
+
+_COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8")   # gc3.dtypes' names
+
+
+def _size(ctx, param, value):
+    from gc3.units import parse_size
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _colls(ctx, param, value):
+    names = [c.strip() for c in ",".join(value).split(",") if c.strip()] or ["allreduce"]
+    if names == ["all"]:
+        return list(_COLLS)
+    bad = [c for c in names if c not in _COLLS]
+    if bad:
+        raise click.BadParameter(f"unknown collective(s) {', '.join(bad)}; choose from {', '.join(_COLLS)} or all")
+    return names
+
+
+@click.command("bench")
+@click.option("-c", "--collective", "collectives", multiple=True, callback=_colls,
+              help="collective(s), comma-separated or repeated: " + ", ".join(_COLLS) + ", or all")
+@click.option("-b", "--minbytes", default="8", callback=_size, show_default=True, help="smallest size")
+@click.option("-e", "--maxbytes", default="32M", callback=_size, show_default=True, help="largest size")
+@click.option("-f", "--stepfactor", default=2, show_default=True, help="multiply the size by this each step")
+@click.option("-i", "--stepbytes", default="0", callback=_size, help="add this each step instead (nccl-tests -i)")
+@click.option("-d", "--dtype", type=click.Choice(_DTYPES), default="float32", show_default=True)
+@click.option("-o", "--op", type=click.Choice(("sum", "prod", "max", "min", "avg")), default="sum", show_default=True)
+@click.option("-r", "--root", default=0, show_default=True, help="root of broadcast and reduce")
+@click.option("-w", "--warmup", "warmup", default=5, show_default=True, help="untimed calls per case")
+@click.option("-n", "--iters", default=20, show_default=True, help="timed calls per case")
+@click.option("--check/--no-check", default=True, show_default=True, help="compare every output element (#wrong)")
+@click.option("--impl", type=click.Choice(("both", "gc3", "nccl")), default="both", show_default=True)
+@click.option("--xml", "xml_files", multiple=True, type=click.Path(), help="IR file(s) to add to GC3_XML_FILES")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="write the rows as CSV (rank 0)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the rows as JSON (rank 0)")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG of busbw vs size (rank 0)")
+def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, check, impl,
+            xml_files, csv_path, json_path, plot_path):
+    """Measure collectives like nccl-tests, gc3 beside NCCL (run under mpirun -np N)."""
+    from runtime_cuda.nccl import perf
+
+    try:
+        sizes = perf.sweep(minbytes, maxbytes, stepfactor, stepbytes)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if xml_files:
+        os.environ["GC3_XML_FILES"] = ":".join(list(xml_files) + [os.environ.get("GC3_XML_FILES", "")]).rstrip(":")
+    try:
+        import cupy  # noqa: F401
+        from runtime_cuda.nccl import perf_gpu
+    except ImportError as exc:
+        raise click.ClickException(f"gc3 bench needs cupy with NCCL and a GPU ({exc})") from None
+    impls = ("gc3", "nccl") if impl == "both" else (impl,)
+    cfg = perf_gpu.BenchConfig(collectives, sizes, dtype, op, root, warmup, iters, check, impls)
+    host = perf_gpu.Host()
+    if not 0 <= root < host.size:
+        raise click.UsageError(f"--root {root} is not a rank of {host.size}")
+    lead = host.rank == 0
+    current = [None]
+
+    def report(row):
+        if not lead:
+            return
+        if current[0] != row.coll:
+            current[0] = row.coll
+            click.echo("\n".join(perf.header(row.coll, host.size, dtype, op, impls)))
+        click.echo(perf.format_row(row, impls))
+        for line in perf.wrong_details(row):
+            click.echo(line)
+        sys.stdout.flush()
+
+    try:
+        rows = perf_gpu.run_bench(cfg, host, report)
+    except GC3Error as exc:
+        raise click.ClickException(str(exc)) from None
+    if not lead:
+        return
+    click.echo("\n".join(perf.footer(rows, impls)))
+    meta = {"nranks": host.size, "dtype": dtype, "op": op, "root": root, "warmup": warmup, "iters": iters,
+            "impls": list(impls), "GC3_XML_FILES": os.environ.get("GC3_XML_FILES", ""),
+            "GC3_CONFIG": os.environ.get("GC3_CONFIG", "")}
+    if csv_path:
+        perf.write_csv(rows, Path(csv_path))
+    if json_path:
+        perf.write_json(rows, Path(json_path), meta)
+    if plot_path:
+        perf.plot(rows, Path(plot_path), title=f"gc3 bench, {host.size} ranks")
+    if any((m.wrong or 0) for r in rows for side in r.results.values() for m in side.values()):
+        raise click.ClickException("some outputs were wrong (#wrong > 0)")

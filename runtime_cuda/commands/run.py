@@ -1,0 +1,147 @@
+"""`gc3 run`: execute an XML IR on GPUs with the CUDA interpreter, check the
+data against numpy and report time and bandwidth.
+
+Modes (--mode): `virtual`, all ranks on one GPU in one launch; `ipc`, one
+process per GPU under `mpirun -np N` (CUDA IPC); `peer`, this one process
+drives GPUs 0..N-1 through peer access.  `auto` (the default) is ipc under
+mpirun and virtual otherwise."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from gc3 import limits
+from gc3.errors import GC3Error
+from gc3.units import env_number
+from gc3.cli._common import fail
+
+
+def _world_size() -> int:
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(var):
+            return env_number(var, os.environ[var], 1, limits.MAX_RANKS)
+    return 1
+
+
+def _mode(mode: str, world: int) -> str:
+    """The mode to run in, or a ClickException when it contradicts how the process was started."""
+    if mode == "auto":
+        return "ipc" if world > 1 else "virtual"
+    if mode == "ipc" and world < 2:
+        raise click.ClickException("--mode ipc needs one process per GPU: start it with mpirun -np N")
+    if mode != "ipc" and world > 1:
+        raise click.ClickException(f"--mode {mode} runs every rank in one process; start it without mpirun "
+                                   f"(this is process {os.environ.get('OMPI_COMM_WORLD_RANK', '?')} of {world})")
+    return mode
+
+
+def _need_gpu() -> None:
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no cupy, no driver: all mean the same to the user
+        raise click.ClickException(f"gc3 run needs a CUDA GPU and cupy (found none: {exc}); "
+                                   f"use `gc3 simulate` on a machine without one") from None
+    if n < 1:
+        raise click.ClickException("gc3 run needs a CUDA GPU; cupy sees none")
+
+
+@click.command("run")
+@click.argument("xml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--size", default="64MiB", show_default=True,
+              help="bytes per rank of the larger buffer, as nccl-tests counts them")
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--op", default="sum", show_default=True, type=click.Choice(["sum", "prod", "max", "min"]))
+@click.option("--iters", default=20, show_default=True)
+@click.option("--warmup", default=5, show_default=True)
+@click.option("--inplace/--outofplace", default=False, show_default=True)
+@click.option("--proto", default=None, type=click.Choice(["Simple", "LL", "LL128"]),
+              help="override the XML's protocol (LL128 runs as Simple)")
+@click.option("--check/--no-check", default=True, show_default=True, help="compare the result with numpy")
+@click.option("--timeout", type=float, default=None, help="seconds any GPU wait may take (default GC3_TIMEOUT_S or 5)")
+@click.option("--mode", default="auto", show_default=True, type=click.Choice(["auto", "virtual", "ipc", "peer"]),
+              help="virtual: all ranks on one GPU; ipc: one process per GPU (mpirun); "
+                   "peer: this process drives one GPU per rank; auto: ipc under mpirun, else virtual")
+def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode):
+    """Run XML on GPUs: virtual ranks on one GPU, one rank per process under mpirun,
+    or one process driving one GPU per rank (--mode peer)."""
+    from gc3.dtypes import dtype_info
+    from gc3.ir.xml_io import read_xml
+
+    from gc3.verify import verify
+
+    try:
+        mode = _mode(mode, _world_size())
+        prog = read_xml(xml)
+        # Nothing unproven reaches a GPU: a wrong IR could hang it or return wrong data.
+        verify(prog)
+    except GC3Error as exc:
+        fail(xml, exc)
+    _need_gpu()
+    try:
+        _run(prog, size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout, mode)
+    except GC3Error as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode):
+    import cupy
+
+    from runtime_cuda.checking import device_buffers, reference_case, run_checked
+    from gc3.units import bus_factor, parse_size
+    from runtime_cuda.perf import in_elems_for, nbytes_of
+    from gc3.dtypes import dtype_info
+
+    itemsize = dtype_info(dtype).np.itemsize
+    if mode == "ipc":
+        from runtime_cuda.ipc import IpcRanks
+
+        group = IpcRanks(prog, proto=proto, timeout=timeout)
+        where = f"rank {group.rank} of {prog.ngpus} processes"
+        lead = group.rank == 0
+    elif mode == "peer":
+        from runtime_cuda.peer import PeerRanks
+
+        group = PeerRanks(prog, proto=proto, timeout=timeout)
+        where = f"{prog.ngpus} ranks on GPUs {', '.join(map(str, group.devices))} in one process (peer access)"
+        lead = True
+    else:
+        from runtime_cuda.virtual import VirtualRanks
+
+        group = VirtualRanks(prog, proto=proto, timeout=timeout)
+        where = f"{prog.ngpus} virtual ranks on one GPU"
+        lead = True
+    n = in_elems_for(prog, parse_size(size), itemsize)
+    nbytes = nbytes_of(prog, n, itemsize)
+    say = click.echo if lead else (lambda *a, **k: None)
+    say(f"{prog.name}: {prog.coll}, {where}, {group.proto} protocol, {dtype} {op}, "
+        f"{nbytes} bytes per rank, {'in place' if inplace else 'out of place'}")
+    ok = True
+    if check:
+        res = run_checked(group, n, dtype, op, inplace)
+        ok = res.wrong == 0
+        click.echo(f"check{'' if lead else f' (rank {group.ranks[0]})'}: {res.wrong} wrong of "
+                   f"{res.checked} elements{'' if ok else ': ' + str(res.first)}")
+    ins, outs = device_buffers(group, reference_case(prog, n, dtype, op)[0], n, dtype, inplace)
+    for _ in range(warmup):
+        group(ins, outs, op=op, dtype=dtype)
+    group.check()
+    if hasattr(group, "comm"):
+        group.comm.Barrier()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(iters):
+        group(ins, outs, op=op, dtype=dtype)
+    stop.record()
+    stop.synchronize()
+    group.check()
+    us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / max(iters, 1)
+    algbw = nbytes / us / 1e3
+    say(f"time {us:.1f} us  algbw {algbw:.2f} GB/s  busbw {algbw * bus_factor(prog.coll, prog.ngpus):.2f} GB/s "
+        f"({iters} iterations)")
+    if hasattr(group, "close"):
+        group.close()
+    if not ok:
+        raise GC3Error("wrong results (see above)")

@@ -1,0 +1,71 @@
+"""Every module of gc3/ and runtime_cuda/ imports on a CPU machine without cupy
+(the runtime imports cupy inside functions), so a broken import path fails here
+and not on a GPU; and the compiler never names the runtime."""
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gc3", "runtime_cuda")
+# Modules that run something when imported, not only define it.
+RUNS_ON_IMPORT = {"gc3.__main__", "runtime_cuda.startup"}
+
+
+def _modules():
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join(parts)
+
+
+MODULES = list(_modules())
+
+
+def test_every_module_imports_without_cupy():
+    code = ("import sys; sys.modules['cupy'] = None; sys.modules['cupy_backends'] = None\n"
+            "import importlib\n"
+            f"for m in {[m for m in MODULES if m not in RUNS_ON_IMPORT]!r}: importlib.import_module(m)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if m.startswith("gc3")])
+def test_gc3_never_names_runtime_cuda(module):
+    path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = ROOT / module.replace(".", "/") / "__init__.py"
+    text = path.read_text()
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert not any(a.name.split(".")[0] == "runtime_cuda" for a in node.names), module
+        elif isinstance(node, ast.ImportFrom):
+            assert (node.module or "").split(".")[0] != "runtime_cuda", module
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # importlib / __import__ by name, or an entry point spelled in code
+            assert not node.value.startswith("runtime_cuda"), (module, node.value)
+
+
+def test_gc3_root_holds_api_and_shared_facts_only():
+    root = sorted(p.stem for p in (ROOT / "gc3").glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(root) <= 6, root
+
+
+def test_gc3_cli_lists_the_runtime_commands():
+    main = importlib.import_module("gc3.cli").main
+    assert {"compile", "check", "show", "simulate", "trace", "run", "bench", "catalog"} <= set(main.commands)
+
+
+def test_readme_stage_table_matches_the_folders():
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## How it is built"):text.index("## Where a chunk goes")]
+    named = {m.rstrip("/") for m in re.findall(r"^\| `(gc3/\w*/?|runtime_cuda/)`", table, re.M)}
+    folders = {f"gc3/{p.parent.name}" for p in (ROOT / "gc3").glob("*/__init__.py")} | {"gc3", "runtime_cuda"}
+    assert named == folders

@@ -1,0 +1,85 @@
+"""Every layer that gives an opcode a meaning has an entry for every row of
+gc3.ir.opcodes.OPCODES.  Adding a row (try GC3_TEST_EXTRA_OPCODE=gemm) fails
+`test_layer_has_every_opcode` once per layer that lacks it, on a CPU.
+
+Layers that only read the row's properties (operand roles, the compiler's
+RECVS/SENDS/FUSED/SEND_FUSION, the cost model, xml_io) need no entry."""
+import os
+import re
+
+import pytest
+
+from gc3.ir.opcodes import OPCODES, OpcodeInfo
+
+KERNELS = os.path.join(os.path.dirname(__file__), "..", "runtime_cuda", "kernels")
+
+
+def _simulator():
+    from gc3.simulator.executor import SEMANTICS
+    return set(SEMANTICS)
+
+
+def _verifier():
+    from gc3.verify.semantics import SEMANTICS
+    return set(SEMANTICS)
+
+
+def _timeline():
+    from gc3.simulator.timeline import _COLORS
+    return set(_COLORS)
+
+
+def _abi():
+    from runtime_cuda import abi
+    return {name[len("GC3_OP_"):].lower() for name in abi.C if name.startswith("GC3_OP_")}
+
+
+def _device_dispatch():
+    with open(os.path.join(KERNELS, "interpreter.cu")) as f:
+        return {name.lower() for name in re.findall(r"case\s+GC3_OP_(\w+)\s*:", f.read())}
+
+
+# layer -> (what it has, which rows it needs an entry for)
+LAYERS = {
+    "simulator: gc3/simulator/executor.py SEMANTICS": (_simulator, lambda i: True),
+    "verifier: gc3/verify/semantics.py SEMANTICS": (_verifier, lambda i: True),
+    "timeline: gc3/simulator/timeline.py _COLORS": (_timeline, lambda i: True),
+    "runtime ABI: #define GC3_OP_* in runtime_cuda/kernels/common.cuh": (_abi, lambda i: i.device),
+    "device dispatch: case GC3_OP_* in runtime_cuda/kernels/interpreter.cu": (_device_dispatch, lambda i: i.device),
+}
+
+
+def missing(layer, table):
+    has, needs = LAYERS[layer]
+    return sorted(t for t, info in table.items() if needs(info) and t not in has())
+
+
+@pytest.fixture
+def opcode_table():
+    table = dict(OPCODES)
+    extra = os.environ.get("GC3_TEST_EXTRA_OPCODE")
+    if extra:   # what adding an opcode row does to this test
+        table[extra] = OpcodeInfo(recv=False, send=False, reduce=False, writes=True, local_in="src")
+    return table
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_layer_has_every_opcode(layer, opcode_table):
+    assert not missing(layer, opcode_table), f"{layer} has no entry for {missing(layer, opcode_table)}"
+
+
+def test_a_new_row_is_missed_by_every_layer():
+    table = dict(OPCODES, gemm=OpcodeInfo(recv=False, send=False, reduce=False, writes=True, local_in="src"))
+    assert [layer for layer in LAYERS if missing(layer, table) == ["gemm"]] == list(LAYERS)
+
+
+def test_layers_name_no_opcode_the_table_lacks():
+    for layer, (has, needs) in LAYERS.items():
+        assert has() <= set(OPCODES), layer
+
+
+def test_derived_sets_are_the_ones_the_layers_used_to_list():
+    from gc3.ir.opcodes import DEVICE_OPCODES, FUSED, RECVS, SEND_FUSION, SENDS
+    assert RECVS == {"r", "rcs", "rrc", "rrs", "rrcs"} and SENDS == {"s", "rcs", "rrs", "rrcs"}
+    assert FUSED == {"rcs", "rrs", "rrcs"} and SEND_FUSION == {"r": "rcs", "rrc": "rrcs"}
+    assert DEVICE_OPCODES == ("s", "r", "rcs", "rrc", "rrs", "rrcs", "cpy", "re")
