@@ -45,9 +45,5 @@ def allreduce_recursive_doubling(num_ranks: int) -> GC3Program:
     return prog
 
 
-def main(argv=None):
-    return allreduce_recursive_doubling(*int_args(argv, ranks=8))
-
-
 if __name__ == "__main__":
-    main()
+    allreduce_recursive_doubling(*int_args(ranks=8))

@@ -30,9 +30,5 @@ def allreduce_ring(num_ranks: int, instances: int = 1, channels: int = 1) -> GC3
     return prog
 
 
-def main(argv=None):
-    return allreduce_ring(*int_args(argv, ranks=4, instances=1, channels=1))
-
-
 if __name__ == "__main__":
-    main()
+    allreduce_ring(*int_args(ranks=4, instances=1, channels=1))

@@ -22,9 +22,5 @@ def alltoall_direct(num_ranks: int, chunk_factor: int = 1) -> GC3Program:
     return prog
 
 
-def main(argv=None):
-    return alltoall_direct(*int_args(argv, ranks=4, chunk_factor=1))
-
-
 if __name__ == "__main__":
-    main()
+    alltoall_direct(*int_args(ranks=4, chunk_factor=1))
