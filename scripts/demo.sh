@@ -15,7 +15,7 @@ if nvidia-smi -L >/dev/null 2>&1; then
   if .venv/bin/python -c 'import cupy' 2>/dev/null; then
     $GC3 run build/allreduce_ring_4.xml --size 64MiB --dtype float32 --op sum
   elif python3 -c 'import cupy' 2>/dev/null; then
-    PYTHONPATH=$PWD python3 -m gc3 run build/allreduce_ring_4.xml --size 64MiB --dtype float32 --op sum
+    PYTHONPATH=$PWD python3 -m runtime_cuda run build/allreduce_ring_4.xml --size 64MiB --dtype float32 --op sum
   else
     echo "a GPU is present but cupy is not installed: .venv/bin/pip install -e '.[cuda]'" >&2
     exit 1

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gc3.cli import main
+from runtime_cuda.commands import cli
 from gc3.errors import InputError
+
+main = cli()   # gc3's CLI with the runtime's commands, installed or not
 
 ROOT = Path(__file__).resolve().parents[1]
 RING = ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml"

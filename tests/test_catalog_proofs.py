@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gc3.cli import main
+from runtime_cuda.commands import cli
 from runtime_cuda.nccl import catalog as catalog_mod
 from runtime_cuda.nccl.catalog import check_config, load_catalog
+
+main = cli()   # gc3's CLI with the runtime's commands, installed or not
 
 ROOT = Path(__file__).resolve().parents[1]
 RING = ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml"

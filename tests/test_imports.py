@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gc3", "runtime_cuda")
 # Modules that run something when imported, not only define it.
-RUNS_ON_IMPORT = {"gc3.__main__", "runtime_cuda.startup"}
+RUNS_ON_IMPORT = {"gc3.__main__", "runtime_cuda.__main__", "runtime_cuda.startup"}
 
 
 def _modules():
@@ -69,3 +69,16 @@ def test_readme_stage_table_matches_the_folders():
     named = {m.rstrip("/") for m in re.findall(r"^\| `(gc3/\w*/?|runtime_cuda/)`", table, re.M)}
     folders = {f"gc3/{p.parent.name}" for p in (ROOT / "gc3").glob("*/__init__.py")} | {"gc3", "runtime_cuda"}
     assert named == folders
+
+
+def test_runtime_commands_without_installed_metadata(monkeypatch):
+    """On a GPU machine the checkout runs from PYTHONPATH, without the entry points
+    pip installs: runtime_cuda.commands.cli() (what `python -m runtime_cuda` runs)
+    adds run, bench and catalog to gc3's CLI itself."""
+    from gc3.cli import main
+    from runtime_cuda.commands import cli
+
+    for name in ("run", "bench", "catalog"):
+        monkeypatch.delitem(main.commands, name, raising=False)
+    assert "run" not in main.commands
+    assert {"run", "bench", "catalog", "compile", "check"} <= set(cli().commands)

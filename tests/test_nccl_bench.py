@@ -5,8 +5,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gc3.cli import main
+from runtime_cuda.commands import cli
 from runtime_cuda.nccl import perf
+
+main = cli()   # gc3's CLI with the runtime's commands, installed or not
 
 
 @pytest.mark.parametrize("coll, n, factor", [

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gc3.cli import main
+from runtime_cuda.commands import cli
 from gc3.errors import GC3Error, RuntimeTimeoutError
 from gc3.ir.xml_io import read_xml
+
+main = cli()   # gc3's CLI with the runtime's commands, installed or not
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_RANK = [p for p in sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml")) + sorted((ROOT / "ir_samples").glob("*.xml"))

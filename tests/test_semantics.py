@@ -6,12 +6,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gc3.cli import main
+from runtime_cuda.commands import cli
 from gc3.errors import (DeadlockError, DuplicateContributionError, PostconditionUnprovableError, RaceError,
                         SemanticError, UnwrittenReadError)
 from gc3.simulator import simulate
 from gc3.verify import verify
 from gc3.ir.xml_io import from_xml, read_xml, to_xml
+
+main = cli()   # gc3's CLI with the runtime's commands, installed or not
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "ir_samples").glob("*.xml")) + sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml"))
