@@ -123,14 +123,14 @@ def test_receive_whose_value_is_read_again_is_not_absorbed():
         got = chunk(0, "in", 0).copy(1, "scratch", 0)
         chunk(1, "in", 0).reduce(got)
         got.copy(1, "out", 0)              # the received tile is needed after the reduction
-    assert sorted(x.type for x in absorb(build_instr_dag(p.ops, plan_buffers(p, 1))).instrs) == ["cpy", "r", "re", "s"]
+    assert sorted(x.type for x in absorb(build_instr_dag(p.chunk_dag, plan_buffers(p.chunk_dag, 1))).instrs) == ["cpy", "r", "re", "s"]
 
 
 def test_receive_into_the_output_that_survives_is_not_absorbed():
     with GC3Program("final", AllReduce(2, 1, inplace=False)) as p:
         got = chunk(0, "in", 0).copy(1, "out", 0)
         chunk(1, "in", 0).reduce(got)      # out[0] keeps the received value: it must be stored
-    assert sorted(x.type for x in absorb(build_instr_dag(p.ops, plan_buffers(p, 1))).instrs) == ["r", "re", "s"]
+    assert sorted(x.type for x in absorb(build_instr_dag(p.chunk_dag, plan_buffers(p.chunk_dag, 1))).instrs) == ["r", "re", "s"]
 
 
 # ----------------------------------------------------------------------------- copy absorption and S's writers
@@ -191,7 +191,7 @@ def _clobbered_source(overwrite_reaches_rrc: bool):
 
 def test_copy_absorption_refused_when_the_source_is_overwritten_first():
     p, trace = _clobbered_source(True)
-    dag = absorb(build_instr_dag(p.ops, plan_buffers(p, 1)))
+    dag = absorb(build_instr_dag(p.chunk_dag, plan_buffers(p.chunk_dag, 1)))
     assert [(x.rank, x.srcbuf, x.dstbuf) for x in dag.instrs if x.type == "cpy"][0] == (1, "i", "s")
     prog = _check_on_data(p, trace, 3)
     assert any(st_.type == "cpy" and st_.srcbuf == "i" for st_ in steps(prog, 1, "cpy"))
@@ -199,7 +199,7 @@ def test_copy_absorption_refused_when_the_source_is_overwritten_first():
 
 def test_copy_absorption_orders_the_overwrite_after_the_reduction():
     p, trace = _clobbered_source(False)
-    dag = absorb(build_instr_dag(p.ops, plan_buffers(p, 1)))
+    dag = absorb(build_instr_dag(p.chunk_dag, plan_buffers(p.chunk_dag, 1)))
     assert not [x for x in dag.instrs if x.type == "cpy" and x.srcbuf == "i"]
     (rrc,) = [x for x in dag.instrs if x.type == "rrc"]
     assert (rrc.srcbuf, rrc.srcoff, rrc.dstbuf) == ("i", 0, "s")
@@ -231,7 +231,7 @@ def test_a_value_read_by_an_absorbed_copy_is_still_stored():
 
 def test_receive_absorption_result_is_a_consistent_dag():
     traced = algorithm("allreduce_oneshot", 2)
-    dag = absorb(build_instr_dag(traced.ops, plan_buffers(traced, 1)))
+    dag = absorb(build_instr_dag(traced.chunk_dag, plan_buffers(traced.chunk_dag, 1)))
     assert sorted(x.type for x in dag.instrs) == ["rrc", "rrc", "s", "s"]
     assert [x.id for x in dag.instrs] == list(range(len(dag.instrs)))
     for u, vs in enumerate(dag.succs):

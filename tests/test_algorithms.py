@@ -85,7 +85,7 @@ def trace(name, args):
 
 def remote_steps(prog) -> int:
     """Remote ops on the longest chain of true (data-flow) dependencies."""
-    dag = prog.chunk_dag
+    dag = prog.chunk_dag.graph
     flow = nx.DiGraph([(a, b) for a, b, kind in dag.edges(data="kind") if kind == "true"])
     flow.add_nodes_from(dag.nodes)
     longest = {}

@@ -20,7 +20,7 @@ def two_rank_allreduce():
 
 
 def test_edges_and_kinds():
-    dag = two_rank_allreduce().chunk_dag
+    dag = two_rank_allreduce().chunk_dag.graph
     i0, i1 = ("init", 0, "i", 0), ("init", 1, "i", 0)
     assert set(dag.edges(data="kind")) == {
         (i0, 0, "true"), (i1, 1, "true"),
@@ -39,9 +39,9 @@ def test_edges_and_kinds():
 def test_dag_is_rebuilt_after_more_ops():
     with GC3Program("grow", AllReduce(2, 1, True)) as prog:
         chunk(0, "in", 0).reduce(chunk(1, "in", 0))
-        assert prog.chunk_dag.number_of_nodes() == 3
+        assert prog.chunk_dag.graph.number_of_nodes() == 3
         chunk(0, "in", 0).copy(1, "in", 0)
-        dag = prog.chunk_dag
+        dag = prog.chunk_dag.graph
     assert set(dag.edges(data="kind")) == {
         (("init", 0, "i", 0), 0, "true"), (("init", 1, "i", 0), 0, "true"),
         (0, 1, "true")}                            # true (reads r0.i0) outranks war (overwrites r1.i0)
@@ -54,7 +54,7 @@ def test_stronger_kind_wins_when_two_ops_are_linked_twice():
         chunk(0, "sc", 1).copy(0, "sc", 0)                      # 1 reads s1 (true) and overwrites s0 (waw)
         chunk(0, "sc", 0).copy(1, "sc", 0)                      # 2 reads s0
         chunk(0, "in", 0).copy(0, "sc", 0)                      # 3 overwrites s0 after 2 read it
-    dag = prog.chunk_dag
+    dag = prog.chunk_dag.graph
     assert dag.edges[0, 1]["kind"] == "true"
     assert dag.edges[2, 3]["kind"] == "war"
     assert not dag.has_edge(1, 3)     # 3's overwrite of s0 is already ordered after 1 through 2

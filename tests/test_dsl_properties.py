@@ -61,7 +61,7 @@ def test_any_order_of_direct_alltoall_copies_passes(n, cf, rnd):
             chunk(r, "in", j * cf, cf).copy(j, "out", r * cf)
         assert Check()
     # one true edge per copied chunk from its source node, no false dependencies
-    assert sorted(k for _, _, k in prog.chunk_dag.edges(data="kind")) == ["true"] * (n * n * cf)
+    assert sorted(k for _, _, k in prog.chunk_dag.graph.edges(data="kind")) == ["true"] * (n * n * cf)
 
 
 COLLECTIVES = [
@@ -121,7 +121,7 @@ def test_random_programs_raise_only_gc3_errors_and_their_dag_orders_every_confli
             pass
     final = prog.snapshot()
 
-    dag = prog.chunk_dag
+    dag = prog.chunk_dag.graph
     assert nx.is_directed_acyclic_graph(dag)
     for a, b in dag.edges:
         assert isinstance(b, int) and (not isinstance(a, int) or a < b)

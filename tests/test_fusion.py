@@ -63,7 +63,7 @@ def test_program_setting_is_the_default_and_the_argument_overrides_it():
 
 
 def _dag(program, fused=True):
-    d = build_instr_dag(program.ops, plan_buffers(program, 1))
+    d = build_instr_dag(program.chunk_dag, plan_buffers(program.chunk_dag, 1))
     return fuse(d) if fused else d
 
 

@@ -116,7 +116,7 @@ def _instruction_graph(program):
     from gc3.compiler.instruction_dag import build_instr_dag
     from gc3.compiler.buffers import plan_buffers
 
-    dag = build_instr_dag(program.ops, plan_buffers(program, 1))
+    dag = build_instr_dag(program.chunk_dag, plan_buffers(program.chunk_dag, 1))
     g = nx.DiGraph()
     g.add_nodes_from(range(len(dag.instrs)))
     g.add_edges_from((u, v) for u, vs in enumerate(dag.succs) for v in vs)
@@ -134,7 +134,7 @@ def test_every_chunk_dag_edge_is_kept_by_the_instruction_dag(program):
     for x in dag.instrs:
         of_op.setdefault(x.ops[0].id, []).append(x.id)
     closure = nx.transitive_closure_dag(g)
-    cd = program.chunk_dag
+    cd = program.chunk_dag.graph
     for u, v in cd.edges:
         if cd.nodes[u].get("kind") == "source":
             continue

@@ -19,7 +19,7 @@ def test_index_map_is_a_bijection_that_keeps_every_chunk_in_its_block():
         with parallelize(3):
             chunk(1, "in", 0, count=1).copy(0, "out", 3)
     for program, k in ((traced, 3), (p, 2)):
-        plan = plan_buffers(program, k)
+        plan = plan_buffers(program.chunk_dag, k)
         P = plan.parallel
         for (rank, buf), c in plan.block.items():
             size = plan.declared[(rank, buf)]
@@ -39,7 +39,7 @@ def test_parallel_factors_cut_every_chunk_and_copies_get_their_own_channels():
             chunk(0, "in", 3, count=1).copy(1, "out", 0)
         with parallelize(3):
             chunk(1, "in", 0, count=1).copy(0, "out", 3)
-    plan = plan_buffers(p, 2)
+    plan = plan_buffers(p.chunk_dag, 2)
     assert (plan.parallel, plan.copies, plan.factor) == (6, 3, 12)
     prog = lower(p, instances=2)
     assert prog.gpu(0).i_chunks == 6 * 12
@@ -74,7 +74,7 @@ def test_each_instance_has_its_own_scratch():
 
 def test_instances_never_share_a_channel_or_a_chunk():
     prog = lower(hierarchical_allreduce(2, 2), instances=2)
-    plan = plan_buffers(hierarchical_allreduce(2, 2), 2)
+    plan = plan_buffers(hierarchical_allreduce(2, 2).chunk_dag, 2)
     per_instance = prog.nchannels // 2
     for g in prog.gpus:
         owner = {}

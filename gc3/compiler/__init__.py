@@ -1,3 +1,3 @@
-"""Stage 2, lowering: a traced program's Chunk DAG -> a scheduled `gc3.ir.Program`.
+"""Stage 2, lowering: a Chunk DAG (traced or built by hand) -> a scheduled `gc3.ir.Program`.
 
 `pipeline.py` names the passes in the order they run; each other module is one pass."""

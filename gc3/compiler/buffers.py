@@ -12,6 +12,7 @@ from math import lcm
 from typing import Dict, Sequence, Tuple
 
 from ..dsl import collectives
+from ..dsl.chunk_dag import ChunkDAG
 from ..dsl.ops import Op
 from ..errors import LoweringError
 from ..ir.layout import blocks_of
@@ -58,10 +59,10 @@ class BufferPlan:
         return self.block[(rank, buf)] * self.parallel
 
 
-def plan_buffers(program, instances: int) -> BufferPlan:
-    coll = program.collective
+def plan_buffers(dag: ChunkDAG, instances: int) -> BufferPlan:
+    coll = dag.collective
     n = coll.num_ranks
-    ops: Sequence[Op] = program.ops
+    ops: Sequence[Op] = dag.ops
     factors = {op.parallel for op in ops} or {1}
     block: Dict[Tuple[int, str], int] = {}
     declared: Dict[Tuple[int, str], int] = {}
@@ -75,7 +76,7 @@ def plan_buffers(program, instances: int) -> BufferPlan:
             block[(r, buf)] = size // blocks if blocks and size % blocks == 0 and size >= blocks else max(size, 1)
         declared[(r, "i")] = din
         declared[(r, "o")] = dout
-        scratch = program.scratch_sizes.get(r, {})
+        scratch = dag.scratch_sizes.get(r, {})
         total = 0
         # "s" first, then named scratch buffers in the order the program made them.
         for name in sorted(scratch, key=lambda s: s != "s"):

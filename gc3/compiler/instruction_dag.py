@@ -1,6 +1,6 @@
-"""Pass 1: the Instruction DAG.
+"""Pass 1: the Instruction DAG, derived from the Chunk DAG.
 
-Every traced `Op` becomes one instruction per rank it touches: a remote copy a
+Every op node of the Chunk DAG (`gc3.dsl.chunk_dag.ChunkDAG`) becomes one instruction per rank it touches: a remote copy a
 send (`s`) on the source rank and a receive (`r`) on the destination, a remote
 reduce a send and a receive-reduce-copy (`rrc`), a local copy `cpy`, a local
 reduce `re`.  A send and its receive are linked by a *communication* edge
@@ -8,10 +8,11 @@ reduce `re`.  A send and its receive are linked by a *communication* edge
 that touch the same chunk (read after write, write after read, write after
 write).
 
-Processing edges are derived here from the op list, per chunk and per rank,
-rather than copied from the Chunk DAG: a Chunk DAG edge between two remote ops
-does not say on which of their ranks the conflict lies, and an instruction
-needs exactly that.  Both are computed from the same op order, so they agree.
+Processing edges are derived here from the Chunk DAG's op nodes in its order,
+per chunk and per rank, rather than copied from its edges: a Chunk DAG edge
+between two remote ops does not say on which of their ranks the conflict lies,
+and an instruction needs exactly that.  Both follow from the same op order, so
+every Chunk DAG edge is kept (tests/test_lower_properties.py holds them to it).
 
 Operands are stored in gc3's convention (`gc3.ir.Convention.GC3`): all local;
 `s` repeats its source in dst, `r`/`rcs` their destination in src, the
@@ -25,9 +26,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import LoweringError
+from ..dsl.chunk_dag import ChunkDAG
 from ..dsl.ops import Op
 from .buffers import BufferPlan
 
@@ -107,12 +109,13 @@ def _pieces(op: Op, src: Tuple[str, int], dst: Tuple[str, int], plan: BufferPlan
     return [(src[1] + a, dst[1] + a, b - a) for a, b in zip(edges, edges[1:])]
 
 
-def build_instr_dag(ops: Sequence[Op], plan: BufferPlan) -> InstrDAG:
+def build_instr_dag(chunks: ChunkDAG, plan: BufferPlan) -> InstrDAG:
+    """The Chunk DAG's op nodes, in its order, as instructions linked per rank and chunk."""
     instrs: List[Instr] = []
     send_to: List[int] = []
     recv_from: List[int] = []
     split = plan.factor > 1
-    for op in ops:
+    for op in chunks.ops:
         if op.src.count != op.dst.count:
             raise LoweringError(f"{op.where}: {op.kind} of {op.src} into {op.dst}: counts differ")
         if op.kind not in ("copy", "reduce"):

@@ -1,9 +1,12 @@
-"""The lowering pipeline: a traced `GC3Program` -> a scheduled `gc3.ir.Program`.
+"""The lowering pipeline: a Chunk DAG -> a scheduled `gc3.ir.Program`.
 
-`PASSES` names the stages in the order they run, each a function from one
-structure to the next:
+Lowering reads a `ChunkDAG` (`gc3/dsl/chunk_dag.py`) and nothing else of the
+DSL, so a traced program (`GC3Program.chunk_dag`) and one built by other means
+compile alike.  `PASSES` names the stages in the order they run, each a
+function from one structure to the next:
 
-    ops, BufferPlan --build--> InstrDAG --absorb--> InstrDAG --fuse--> InstrDAG --replicate--> InstrDAG
+    ChunkDAG --plan_buffers--> BufferPlan
+    ChunkDAG, BufferPlan --build--> InstrDAG --absorb--> InstrDAG --fuse--> InstrDAG --replicate--> InstrDAG
         --channels--> ChannelAssignment --threadblocks--> BlockSchedule [--merge_lone_pairs--> BlockSchedule]
         --sync--> [ir.Gpu] --(`lower`)--> ir.Program
 
@@ -34,6 +37,7 @@ from .channels import assign_channels
 from ..errors import LoweringError, ScheduleError
 from .fusion import fuse
 from .instruction_dag import build_instr_dag
+from ..dsl.chunk_dag import ChunkDAG
 from ..dsl.collectives import NCCL_COLLECTIVES, Collective
 from ..ir import PROTOCOLS, Postcondition, Program
 from .buffers import fit_scratch, plan_buffers
@@ -87,29 +91,33 @@ def schedule(dag, o: Options):
 def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] = None,
           instr_fusion: Optional[bool] = None, max_tbs: Optional[int] = None,
           absorption: Optional[bool] = None, tb_merge: Optional[bool] = None) -> Program:
-    """Compile a traced program; keyword arguments override the program's own settings.
+    """Compile a `ChunkDAG`, or a traced `GC3Program`'s; keyword arguments override its own settings.
 
     `absorption` (default: on whenever fusion is) can be turned off alone, to
     get the schedules compiled before it existed (measurements taken on them).
     `tb_merge` (default: on for LL) joins a channel's lone send and lone
     receive threadblocks (threadblocks.merge_lone_pairs).
     """
-    k = program.instances if instances is None else instances
+    dag = program if isinstance(program, ChunkDAG) else getattr(program, "chunk_dag", None)
+    if not isinstance(dag, ChunkDAG):
+        raise LoweringError(f"lower() compiles a gc3.dsl.chunk_dag.ChunkDAG or a traced GC3Program, "
+                            f"got {type(program).__name__}")
+    k = dag.instances if instances is None else instances
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= limits.MAX_INSTANCES:
         raise LoweringError(f"instances must be an int in 1..{limits.MAX_INSTANCES} (gc3.limits.MAX_INSTANCES), "
                             f"got {k!r}")
-    proto = program.protocol if protocol is None else protocol
+    proto = dag.protocol if protocol is None else protocol
     if proto not in PROTOCOLS:
         raise LoweringError(f"protocol {proto!r} is not one of {', '.join(PROTOCOLS)}")
-    fusion_on = program.instr_fusion if instr_fusion is None else instr_fusion
+    fusion_on = dag.instr_fusion if instr_fusion is None else instr_fusion
     # LL serves small messages, where a call's time is latency: fewer blocks
     # and no progress flag between a send and the receive beside it.
     opts = Options(fusion=fusion_on, absorption=fusion_on if absorption is None else absorption,
                    tb_merge=proto == "LL" if tb_merge is None else tb_merge,
                    slots=limits.FIFO_SLOTS[proto], max_tbs=limits.MAX_TBS if max_tbs is None else max_tbs)
-    coll = program.collective
-    if not program.ops:
-        raise LoweringError(f"program {program.name!r} traced no operations; nothing to compile")
+    coll = dag.collective
+    if not dag.ops:
+        raise LoweringError(f"program {dag.name!r} has no operations; nothing to compile")
 
     # The passes allocate many small objects and free none of them until the
     # end; the cycle collector would rescan them over and over (a third of the
@@ -117,14 +125,14 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
     collecting = gc.isenabled()
     gc.disable()
     try:
-        plan = plan_buffers(program, k)
+        plan = plan_buffers(dag, k)
         for (r, buf), n in plan.declared.items():
             if n * plan.factor > limits.MAX_CHUNKS:
                 raise LoweringError(
                     f"rank {r} buffer {buf!r}: {n} chunks x {plan.factor} (instances x parallelize) = "
                     f"{n * plan.factor} chunks, more than gc3.limits.MAX_CHUNKS={limits.MAX_CHUNKS}")
         try:
-            sched = schedule(build_instr_dag(program.ops, plan), opts)
+            sched = schedule(build_instr_dag(dag, plan), opts)
         except ScheduleError as first:
             # Fusion ties a receive connection to one send peer per channel;
             # with the user's ch=/sendtb=/recvtb= that can be impossible where
@@ -133,7 +141,7 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
             if not opts.fusion:
                 raise
             try:
-                sched = schedule(build_instr_dag(program.ops, plan), replace(opts, fusion=False))
+                sched = schedule(build_instr_dag(dag, plan), replace(opts, fusion=False))
             except ScheduleError:
                 raise first from None
         gpus = insert_sync(sched, sched.dag.plan)
@@ -142,7 +150,7 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
             gc.enable()
     nchunks = max((max(g.i_chunks, g.o_chunks) for g in gpus), default=0)
     return Program(
-        name=program.name, proto=proto, nchannels=sched.nchannels, nchunksperloop=nchunks,
+        name=dag.name, proto=proto, nchannels=sched.nchannels, nchunksperloop=nchunks,
         ngpus=coll.num_ranks, coll=coll.name, inplace=coll.inplace, gpus=gpus,
         outofplace=not coll.inplace,
         minBytes=0, maxBytes=MAX_BYTES,

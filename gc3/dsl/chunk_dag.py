@@ -1,8 +1,23 @@
-"""The Chunk DAG: traced operations linked by the dependencies between them.
+"""The Chunk DAG: what lowering compiles.
 
-Nodes: every `Op.id` (attr `op`, kind="op") and one source node
-("init", rank, buffer, index) per chunk that holds input data when the
-collective starts (kind="source").  Edges carry `kind`:
+A `ChunkDAG` is a program's operations (its op nodes, in an order that
+respects every dependency: the order they were added), the chunks that hold
+input data when the collective starts (its source nodes), and the facts
+lowering needs besides: the collective, the buffers the ops name, and the
+program's settings.  Tracing builds one (`GC3Program.chunk_dag`), but so can
+anyone with `ChunkDAG.add`, without the DSL: that is where producers other
+than tracing attach, and lowering (`gc3.compiler.pipeline.lower`) reads
+nothing else.
+
+The dependency edges follow from the ops in order, per chunk, so they are not
+stored but derived: `ChunkDAG.graph` gives them as a networkx DiGraph, built
+only when asked (drawing, depth, tests), because networkx and the graph
+together would cost lowering a quarter of its time and lowering needs them per
+rank, which the edges do not say (see `gc3/compiler/instruction_dag.py`).
+
+Graph nodes: every `Op.id` (attr `op`, kind="op") and one source node
+("init", rank, buffer, index) per input chunk (kind="source").  Edges carry
+`kind`:
 
 * "true":  the op reads a chunk the other node wrote (a reduce reads its
   destination too);
@@ -16,12 +31,14 @@ keeps the strongest: true over war over waw.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Sequence, Set, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
-import networkx as nx
-
-from ..errors import GC3Error
+from ..errors import GC3Error, LoweringError
+from .collectives import Collective
 from .ops import Op, Slot
+
+__all__ = ["ChunkDAG", "build_chunk_dag", "op_nodes", "depth", "draw"]
 
 Node = Union[int, Tuple[str, int, str, int]]
 _STRENGTH = {"true": 3, "war": 2, "waw": 1}
@@ -30,13 +47,76 @@ _STRENGTH = {"true": 3, "war": 2, "waw": 1}
 Key = Tuple[int, str, int]       # (rank, canonical buffer, index) of one chunk
 
 
+@dataclass
+class ChunkDAG:
+    """A program as lowering reads it; build it with `add` (slots in canonical
+    buffers, see `gc3/dsl/ops.py`)."""
+
+    name: str
+    collective: Collective
+    instances: int = 1
+    protocol: str = "Simple"
+    instr_fusion: bool = True
+    ops: List[Op] = field(default_factory=list)
+    # Chunks holding input data at the start; None: every input chunk the
+    # collective's precondition names, at its (in-place aliased) position.
+    sources: Optional[List[Key]] = None
+    # rank -> scratch buffer -> chunks, in the order the ops first wrote them
+    scratch_sizes: Dict[int, Dict[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        coll = self.collective
+        if self.sources is None:
+            self.sources = [key for _, key in input_slots(coll)]
+        for r in range(coll.num_ranks):
+            self.scratch_sizes.setdefault(r, {})
+        self._graph = None
+        self._graph_ops = -1
+        ops, self.ops = self.ops, []
+        for op in ops:
+            self.append(op)
+
+    def add(self, kind: str, src: Slot, dst: Slot, **fields) -> Op:
+        """A new op node after every other (so depending on any of them): dst <- src (copy) or
+        dst <- dst (op) src (reduce); `fields` are `Op`'s optional ones (ch, sendtb, recvtb, parallel, ...)."""
+        return self.append(Op(id=len(self.ops), kind=kind, src=src, dst=dst, **fields))
+
+    def append(self, op: Op) -> Op:
+        if op.id != len(self.ops):
+            raise LoweringError(f"{self.name}: op {op.id} added as node {len(self.ops)}; "
+                                f"an op's id is its position in the DAG's order")
+        if op.dst.buffer not in ("i", "o"):
+            sizes = self.scratch_sizes[op.dst.rank]
+            sizes[op.dst.buffer] = max(sizes.get(op.dst.buffer, 0), op.dst.index + op.dst.count)
+        self.ops.append(op)
+        return op
+
+    @property
+    def graph(self):
+        """The DAG with its dependency edges, as a networkx DiGraph (rebuilt after more ops)."""
+        if self._graph_ops != len(self.ops):
+            self._graph = build_chunk_dag(self.ops, self.sources)
+            self._graph_ops = len(self.ops)
+        return self._graph
+
+
+def input_slots(coll: Collective):
+    """(input index j, where input chunk j lies) for every chunk the collective's precondition fills."""
+    for r in range(coll.num_ranks):
+        for j in range(coll.input_size(r)):
+            if coll.precondition(r, j):
+                yield j, (r, *coll.alias(r, "i", j))
+
+
 def _keys(slot: Slot) -> List[Key]:
     return [(slot.rank, slot.buffer, i) for i in slot.indices()]
 
 
-def build_chunk_dag(ops: Sequence[Op], sources: Iterable[Key]) -> nx.DiGraph:
-    """The Chunk DAG of traced `ops`, given the chunks that hold input data
-    (`sources`); a traced program's is `GC3Program.chunk_dag`."""
+def build_chunk_dag(ops: Sequence[Op], sources: Iterable[Key]):
+    """The dependency graph of `ops` in order, given the chunks that hold input
+    data (`sources`); a ChunkDAG's is `ChunkDAG.graph`."""
+    import networkx as nx
+
     dag = nx.DiGraph()
     last_writer: Dict[Tuple[int, str, int], Node] = {}
     readers: Dict[Tuple[int, str, int], Set[int]] = {}
@@ -56,7 +136,8 @@ def build_chunk_dag(ops: Sequence[Op], sources: Iterable[Key]) -> nx.DiGraph:
         dag.add_node(op.id, kind="op", op=op)
         reads = list(_keys(op.src)) + (list(_keys(op.dst)) if op.kind == "reduce" else [])
         for key in reads:
-            link(last_writer[key], op.id, "true")
+            if key in last_writer:     # else: a read of no data, which verification reports
+                link(last_writer[key], op.id, "true")
         for key in _keys(op.dst):
             for reader in readers.get(key, ()):
                 link(reader, op.id, "war")
@@ -72,12 +153,20 @@ def build_chunk_dag(ops: Sequence[Op], sources: Iterable[Key]) -> nx.DiGraph:
     return dag
 
 
-def op_nodes(dag: nx.DiGraph) -> List[int]:
+def _nx(dag):
+    return dag.graph if isinstance(dag, ChunkDAG) else dag
+
+
+def op_nodes(dag) -> List[int]:
+    dag = _nx(dag)
     return [n for n, k in dag.nodes(data="kind") if k == "op"]
 
 
-def depth(dag: nx.DiGraph) -> int:
+def depth(dag) -> int:
     """Ops on the longest dependency chain (source nodes not counted)."""
+    import networkx as nx
+
+    dag = _nx(dag)
     longest: Dict[Node, int] = {}
     for n in nx.topological_sort(dag):
         here = 1 if dag.nodes[n].get("kind") == "op" else 0
@@ -88,8 +177,11 @@ def depth(dag: nx.DiGraph) -> int:
 MAX_DRAWN_NODES = 300
 
 
-def draw(dag: nx.DiGraph, path) -> None:
+def draw(dag, path) -> None:
     """Draw the DAG to an image file (format from the suffix), one row per dependency level."""
+    import networkx as nx
+
+    dag = _nx(dag)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

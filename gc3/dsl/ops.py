@@ -1,9 +1,10 @@
 """What tracing records and lowering consumes: slots and operations.
 
-The DSL (`program.py`, `chunk_ref.py`) appends one `Op` per `copy`/`reduce`
-call to the program being traced; `chunk_dag.py` links them; the lowering
-passes (`instruction_dag.py` onwards) read `GC3Program.ops` and
-`GC3Program.chunk_dag` and nothing else of the DSL.
+An `Op` is a node of the Chunk DAG (`chunk_dag.py`), the one structure the
+lowering passes read.  Tracing (`program.py`, `chunk_ref.py`) adds one per
+`copy`/`reduce` call after checking it; other producers add them with
+`ChunkDAG.add`, so an `Op` holds everything lowering needs and nothing about
+how it was made but `where` (for messages).
 
 Buffers in a `Slot` are canonical: "i", "o", "s", or the name of a user scratch
 buffer.  For an in-place collective the DSL has already rewritten aliased

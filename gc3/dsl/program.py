@@ -2,7 +2,9 @@
 
 Tracing runs the user's Python once.  Each `copy`/`reduce` is checked against
 the symbolic state (every slot's `Value`, see `symbolic.py`), applied to it,
-and appended to `GC3Program.ops` as an `Op` over canonical `Slot`s.  `Check()`
+and added to the program's Chunk DAG (`GC3Program.chunk_dag`, what lowering
+compiles) as an `Op` over canonical `Slot`s: the checks are tracing's, the
+DAG is the same whoever builds it.  `Check()`
 compares the final state with the collective's postcondition.
 
 Decisions a user may trip over:
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import limits
+from .chunk_dag import ChunkDAG, input_slots
 from .chunk_ref import ChunkRef
 from .collectives import Collective
 from ..errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
@@ -61,8 +64,7 @@ def _check_sizes(coll: Collective, where: str) -> None:
 
 class GC3Program:
     def __init__(self, name: str, collective: Collective, topology: Optional[Topology] = None,
-                 instances: int = 1, protocol: str = "Simple", instr_fusion: bool = True,
-                 interleaved_replication: bool = True):
+                 instances: int = 1, protocol: str = "Simple", instr_fusion: bool = True):
         where = user_location()
         if not isinstance(collective, Collective):
             raise TraceError(f"{where}: collective must be a gc3.collectives.Collective, got {collective!r}")
@@ -80,28 +82,18 @@ class GC3Program:
         self.name = name
         self.collective = collective
         self.topology = topology
-        self.instances = instances
-        self.protocol = protocol
-        self.instr_fusion = instr_fusion
-        self.interleaved_replication = interleaved_replication
         self.num_ranks = collective.num_ranks
-        self.ops: List[Op] = []
-        self.scratch_sizes: Dict[int, Dict[str, int]] = {r: {} for r in range(self.num_ranks)}
+        # What lowering reads: tracing only adds checked ops to it.
+        self.chunk_dag = ChunkDAG(name, collective, instances=instances, protocol=protocol,
+                                  instr_fusion=instr_fusion)
         self.where = where
         self._values: Dict[Key, Value] = {}
         self._versions: Dict[Key, int] = {}
         self._writers: Dict[Key, str] = {}
         self._parallel: Optional[Tuple[int, int]] = None   # (factor, group id)
         self._groups = 0
-        self._dag = None
-        self._dag_ops = -1
-        self.sources: List[Key] = []
-        for r in range(self.num_ranks):
-            for j in range(collective.input_size(r)):
-                if collective.precondition(r, j):
-                    buf, idx = collective.alias(r, "i", j)
-                    self._values[(r, buf, idx)] = input_chunk(r, j)
-                    self.sources.append((r, buf, idx))
+        for j, key in input_slots(collective):
+            self._values[key] = input_chunk(key[0], j)
 
     # --- context ------------------------------------------------------------
     def __enter__(self) -> "GC3Program":
@@ -119,14 +111,30 @@ class GC3Program:
     def __repr__(self) -> str:
         return f"GC3Program({self.name!r}, {self.collective!r}, {len(self.ops)} ops)"
 
-    # --- the chunk DAG --------------------------------------------------------
+    # --- what the chunk DAG holds ------------------------------------------------
     @property
-    def chunk_dag(self):
-        if self._dag_ops != len(self.ops):
-            from .chunk_dag import build_chunk_dag   # networkx: only for those who look at the DAG
-            self._dag = build_chunk_dag(self.ops, self.sources)
-            self._dag_ops = len(self.ops)
-        return self._dag
+    def ops(self) -> List[Op]:
+        return self.chunk_dag.ops
+
+    @property
+    def sources(self) -> List[Key]:
+        return self.chunk_dag.sources
+
+    @property
+    def scratch_sizes(self) -> Dict[int, Dict[str, int]]:
+        return self.chunk_dag.scratch_sizes
+
+    @property
+    def instances(self) -> int:
+        return self.chunk_dag.instances
+
+    @property
+    def protocol(self) -> str:
+        return self.chunk_dag.protocol
+
+    @property
+    def instr_fusion(self) -> bool:
+        return self.chunk_dag.instr_fusion
 
     # --- addressing -------------------------------------------------------------
     def locate(self, rank, buffer, index, count: int, where: str) -> Tuple[int, str, int]:
@@ -189,21 +197,16 @@ class GC3Program:
     # --- applying operations ------------------------------------------------------
     def record(self, kind: str, src: Slot, dst: Slot, ch, sendtb, recvtb, where: str) -> Op:
         parallel, group = self._parallel if self._parallel else (1, None)
-        op = Op(id=len(self.ops), kind=kind, src=src, dst=dst, ch=ch, sendtb=sendtb, recvtb=recvtb,
-                parallel=parallel, parallel_group=group, where=where)
         src_values = [self._values[k] for k in self.keys(src)]
         for k, v in zip(self.keys(dst), src_values):
             self._values[k] = v if kind == "copy" else self._values[k] + v
             self._versions[k] = self._versions.get(k, 0) + 1
             self._writers[k] = where
-        if dst.buffer not in ("i", "o"):
-            sizes = self.scratch_sizes[dst.rank]
-            sizes[dst.buffer] = max(sizes.get(dst.buffer, 0), dst.index + dst.count)
-        self.ops.append(op)
-        return op
+        return self.chunk_dag.add(kind, src, dst, ch=ch, sendtb=sendtb, recvtb=recvtb,
+                                  parallel=parallel, parallel_group=group, where=where)
 
     def next_scratch_index(self, rank: int, buffer: str) -> int:
-        return self.scratch_sizes[rank].get(buffer, 0)
+        return self.chunk_dag.scratch_sizes[rank].get(buffer, 0)
 
     # --- parallelize ---------------------------------------------------------------
     def begin_parallel(self, n: int, where: str) -> None:

@@ -82,7 +82,7 @@ def program_root(obj) -> int:
 
 
 def load_program(obj) -> Program:
-    """An ir.Program, an XML path, XML text, or a traced GC3Program (lowered here)."""
+    """An ir.Program, an XML path, XML text, or a traced GC3Program or ChunkDAG (lowered here)."""
     if isinstance(obj, Program):
         return obj
     if isinstance(obj, (bytes, bytearray)):
@@ -95,7 +95,7 @@ def load_program(obj) -> Program:
         from ..compiler.pipeline import lower  # the compiler is only needed for DSL programs
         return lower(obj)
     raise SimulationError(f"cannot simulate a {type(obj).__name__}: pass an ir.Program, an XML path or text, "
-                          "or a GC3Program")
+                          "or a GC3Program or ChunkDAG")
 
 
 def _element_count(size, count, itemsize: int) -> int:
