@@ -39,7 +39,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     from gc3.simulator.cost_config import PRESETS
-    from runtime_cuda.nccl import perf, tune
+    from runtime_cuda.nccl import library, perf, tune
 
     if not model_only:
         raise click.UsageError("measured tuning runs on GPUs under mpirun and is not available yet; "
@@ -58,6 +58,9 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         sizes = perf.sweep(minbytes, maxbytes, stepfactor or (tune.QUICK_SIZE_FACTOR if quick else tune.SIZE_FACTOR))
     except (GC3Error, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
+    if not library.ALGORITHMS:
+        raise click.UsageError(f"no algorithm library at {library.ALGORITHMS_DIR} (it ships with a checkout "
+                               "of gc3, not with an installed wheel)")
     colls = tune.applicable(ranks, nodes, collectives or tune.COLLECTIVES)
     if not colls:
         raise click.UsageError(f"no algorithm in the library for {', '.join(collectives or tune.COLLECTIVES)} on {ranks} ranks"

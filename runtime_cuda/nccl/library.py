@@ -1,5 +1,6 @@
 """The algorithm library (algorithms/*.py) as the catalog builders see it:
-which collective each file implements and what its positional arguments are.
+every file there, the collective it implements (its name's first word), what
+its positional arguments are, and which need a power-of-two rank count.
 
 Each file's docstring documents its arguments and its `int_args(...)` call
 reads them; their names and order are read from that call (`Algorithm.params`),
@@ -44,12 +45,27 @@ def _params(path: Path) -> Tuple[str, ...]:
     raise InputError(f"{path}: no int_args(...) call, so its arguments are unknown")
 
 
+POWER_OF_TWO = frozenset({"allreduce_recursive_doubling", "allgather_recursive_doubling",
+                          "reducescatter_recursive_halving"})
+PIPELINED = frozenset({"broadcast_ring", "broadcast_tree", "reduce_ring"})   # chunks fill a pipeline: tune them
+
+
 @dataclass(frozen=True)
 class Algorithm:
     name: str                      # algorithms/<name>.py
-    collective: str                # as the IR's coll names it
-    power_of_two: bool = False     # ranks must be a power of two
-    pipelined: bool = False        # its chunk count fills a pipeline: worth tuning, not just 1
+
+    @property
+    def collective(self) -> str:
+        """As the IR's coll names it: the files are named <collective>_<how>.py."""
+        return self.name.split("_")[0]
+
+    @property
+    def power_of_two(self) -> bool:
+        return self.name in POWER_OF_TWO
+
+    @property
+    def pipelined(self) -> bool:
+        return self.name in PIPELINED
 
     @property
     def params(self) -> Tuple[str, ...]:
@@ -91,27 +107,8 @@ class Algorithm:
         return not self.power_of_two or ranks & (ranks - 1) == 0
 
 
-_A = Algorithm
-ALGORITHMS: Dict[str, Algorithm] = {a.name: a for a in (
-    _A("allreduce_ring", "allreduce"),
-    _A("allreduce_allpairs", "allreduce"),
-    _A("allreduce_recursive_doubling", "allreduce", power_of_two=True),
-    _A("allreduce_oneshot", "allreduce"),
-    _A("allreduce_hierarchical", "allreduce"),
-    _A("allgather_ring", "allgather"),
-    _A("allgather_direct", "allgather"),
-    _A("allgather_recursive_doubling", "allgather", power_of_two=True),
-    _A("reducescatter_ring", "reducescatter"),
-    _A("reducescatter_direct", "reducescatter"),
-    _A("reducescatter_recursive_halving", "reducescatter", power_of_two=True),
-    _A("alltoall_direct", "alltoall"),
-    _A("alltoall_two_step", "alltoall"),
-    _A("alltoall_three_step", "alltoall"),
-    _A("alltonext", "alltonext"),
-    _A("broadcast_ring", "broadcast", pipelined=True),
-    _A("broadcast_tree", "broadcast", pipelined=True),
-    _A("reduce_ring", "reduce", pipelined=True),
-)}
+# Every file of algorithms/ is in the library; its collective is its name's first word.
+ALGORITHMS: Dict[str, Algorithm] = {p.stem: Algorithm(p.stem) for p in sorted(ALGORITHMS_DIR.glob("*.py"))}
 
 
 def algorithm(name: str) -> Algorithm:
