@@ -27,12 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:      # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))
 
-from gc3.compiler.pipeline import lower  # noqa: E402
-from gc3.dsl.program import run_script  # noqa: E402
 from gc3.verify import verify  # noqa: E402
 from gc3.ir.xml_io import to_xml  # noqa: E402
+from runtime_cuda.nccl.library import args as A, compile_program  # noqa: E402  (arguments by name)
 
-ALGORITHMS = ROOT / "algorithms"
 SAMPLES_DIR = ROOT / "ir_samples"
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -41,7 +39,7 @@ KiB, MiB = 1 << 10, 1 << 20
 class Sample:
     file: str                     # ir_samples/<file>.xml
     algorithm: str                # algorithms/<algorithm>.py
-    args: Tuple[int, ...]
+    args: Tuple[int, ...]         # its positional arguments (built by name: runtime_cuda.nccl.library.args)
     instances: int
     protocol: str
     min_bytes: int                # recommended sizes, nccl-tests' "size" (the larger user buffer)
@@ -51,51 +49,50 @@ class Sample:
 S = Sample
 SAMPLES: Tuple[Sample, ...] = (
     # 2 ranks (sizes and channel counts from scripts/bench_runtime.py on 2x H200, runtime_cuda/README.md)
-    S("allreduce_oneshot_2r_LL_i16", "allreduce_oneshot", (2,), 16, "LL", 0, 256 * KiB),
-    S("allreduce_ring_2r_Simple_i64", "allreduce_ring", (2,), 64, "Simple", 256 * KiB + 1, None),
-    S("allgather_direct_2r_Simple_i64", "allgather_direct", (2,), 64, "Simple", 4 * MiB, None),
-    S("reducescatter_ring_2r_Simple_i64", "reducescatter_ring", (2,), 64, "Simple", 4 * MiB, None),
-    S("alltoall_direct_2r_LL_i16", "alltoall_direct", (2,), 16, "LL", 0, 256 * KiB),
-    S("alltoall_direct_2r_Simple_i64", "alltoall_direct", (2,), 64, "Simple", 256 * KiB + 1, None),
+    S("allreduce_oneshot_2r_LL_i16", *A("allreduce_oneshot", ranks=2), 16, "LL", 0, 256 * KiB),
+    S("allreduce_ring_2r_Simple_i64", *A("allreduce_ring", ranks=2), 64, "Simple", 256 * KiB + 1, None),
+    S("allgather_direct_2r_Simple_i64", *A("allgather_direct", ranks=2), 64, "Simple", 4 * MiB, None),
+    S("reducescatter_ring_2r_Simple_i64", *A("reducescatter_ring", ranks=2), 64, "Simple", 4 * MiB, None),
+    S("alltoall_direct_2r_LL_i16", *A("alltoall_direct", ranks=2), 16, "LL", 0, 256 * KiB),
+    S("alltoall_direct_2r_Simple_i64", *A("alltoall_direct", ranks=2), 64, "Simple", 256 * KiB + 1, None),
     # 4 ranks
-    S("allreduce_oneshot_4r_LL", "allreduce_oneshot", (4,), 1, "LL", 0, 16 * KiB),
-    S("allreduce_allpairs_4r_LL", "allreduce_allpairs", (4,), 1, "LL", 16 * KiB + 1, 256 * KiB),
-    S("allreduce_ring_4r_Simple_i2", "allreduce_ring", (4,), 2, "Simple", 256 * KiB + 1, None),
-    S("allgather_ring_4r_Simple", "allgather_ring", (4,), 1, "Simple", 0, None),
-    S("reducescatter_ring_4r_inplace_Simple", "reducescatter_ring", (4, 1, 1), 1, "Simple", 0, None),
-    S("alltoall_direct_4r_LL", "alltoall_direct", (4,), 1, "LL", 0, None),
+    S("allreduce_oneshot_4r_LL", *A("allreduce_oneshot", ranks=4), 1, "LL", 0, 16 * KiB),
+    S("allreduce_allpairs_4r_LL", *A("allreduce_allpairs", ranks=4), 1, "LL", 16 * KiB + 1, 256 * KiB),
+    S("allreduce_ring_4r_Simple_i2", *A("allreduce_ring", ranks=4), 2, "Simple", 256 * KiB + 1, None),
+    S("allgather_ring_4r_Simple", *A("allgather_ring", ranks=4), 1, "Simple", 0, None),
+    S("reducescatter_ring_4r_inplace_Simple", *A("reducescatter_ring", ranks=4, chunks=1, inplace=1), 1, "Simple", 0, None),
+    S("alltoall_direct_4r_LL", *A("alltoall_direct", ranks=4), 1, "LL", 0, None),
     # 8 ranks on one node
-    S("allreduce_oneshot_8r_LL", "allreduce_oneshot", (8,), 1, "LL", 0, 16 * KiB),
-    S("allreduce_allpairs_8r_LL", "allreduce_allpairs", (8,), 1, "LL", 16 * KiB + 1, 256 * KiB),
-    S("allreduce_recursive_doubling_8r_Simple", "allreduce_recursive_doubling", (8,), 1, "Simple",
+    S("allreduce_oneshot_8r_LL", *A("allreduce_oneshot", ranks=8), 1, "LL", 0, 16 * KiB),
+    S("allreduce_allpairs_8r_LL", *A("allreduce_allpairs", ranks=8), 1, "LL", 16 * KiB + 1, 256 * KiB),
+    S("allreduce_recursive_doubling_8r_Simple", *A("allreduce_recursive_doubling", ranks=8), 1, "Simple",
       256 * KiB + 1, 2 * MiB),
-    S("allreduce_ring_8r_Simple", "allreduce_ring", (8,), 1, "Simple", 2 * MiB + 1, 32 * MiB),
-    S("allreduce_ring_8r_Simple_i4", "allreduce_ring", (8,), 4, "Simple", 32 * MiB + 1, None),
-    S("allgather_direct_8r_LL", "allgather_direct", (8,), 1, "LL", 0, 256 * KiB),
-    S("allgather_recursive_doubling_8r_Simple", "allgather_recursive_doubling", (8,), 1, "Simple",
+    S("allreduce_ring_8r_Simple", *A("allreduce_ring", ranks=8), 1, "Simple", 2 * MiB + 1, 32 * MiB),
+    S("allreduce_ring_8r_Simple_i4", *A("allreduce_ring", ranks=8), 4, "Simple", 32 * MiB + 1, None),
+    S("allgather_direct_8r_LL", *A("allgather_direct", ranks=8), 1, "LL", 0, 256 * KiB),
+    S("allgather_recursive_doubling_8r_Simple", *A("allgather_recursive_doubling", ranks=8), 1, "Simple",
       256 * KiB + 1, 4 * MiB),
-    S("allgather_ring_8r_Simple_i2", "allgather_ring", (8,), 2, "Simple", 4 * MiB + 1, None),
-    S("allgather_direct_8r_inplace_Simple", "allgather_direct", (8, 1, 1), 1, "Simple", 0, None),
-    S("reducescatter_direct_8r_LL", "reducescatter_direct", (8,), 1, "LL", 0, 256 * KiB),
-    S("reducescatter_recursive_halving_8r_Simple", "reducescatter_recursive_halving", (8,), 1, "Simple",
+    S("allgather_ring_8r_Simple_i2", *A("allgather_ring", ranks=8), 2, "Simple", 4 * MiB + 1, None),
+    S("allgather_direct_8r_inplace_Simple", *A("allgather_direct", ranks=8, chunks=1, inplace=1), 1, "Simple", 0, None),
+    S("reducescatter_direct_8r_LL", *A("reducescatter_direct", ranks=8), 1, "LL", 0, 256 * KiB),
+    S("reducescatter_recursive_halving_8r_Simple", *A("reducescatter_recursive_halving", ranks=8), 1, "Simple",
       256 * KiB + 1, 4 * MiB),
-    S("reducescatter_ring_8r_Simple_i2", "reducescatter_ring", (8,), 2, "Simple", 4 * MiB + 1, None),
-    S("alltoall_direct_8r_Simple", "alltoall_direct", (8,), 1, "Simple", 0, None),
-    S("broadcast_tree_8r_LL", "broadcast_tree", (8, 1), 1, "LL", 0, 256 * KiB),
-    S("broadcast_ring_8r_Simple", "broadcast_ring", (8, 4), 1, "Simple", 256 * KiB + 1, None),
-    S("reduce_ring_8r_Simple", "reduce_ring", (8, 4), 1, "Simple", 0, None),
+    S("reducescatter_ring_8r_Simple_i2", *A("reducescatter_ring", ranks=8), 2, "Simple", 4 * MiB + 1, None),
+    S("alltoall_direct_8r_Simple", *A("alltoall_direct", ranks=8), 1, "Simple", 0, None),
+    S("broadcast_tree_8r_LL", *A("broadcast_tree", ranks=8, chunks=1), 1, "LL", 0, 256 * KiB),
+    S("broadcast_ring_8r_Simple", *A("broadcast_ring", ranks=8, chunks=4), 1, "Simple", 256 * KiB + 1, None),
+    S("reduce_ring_8r_Simple", *A("reduce_ring", ranks=8, chunks=4), 1, "Simple", 0, None),
     # 2 nodes x 4 GPUs (shadowed by the 8-rank entries above; see the module docstring)
-    S("allreduce_hierarchical_2x4_Simple", "allreduce_hierarchical", (2, 4), 1, "Simple", 0, 32 * MiB),
-    S("allreduce_hierarchical_2x4_Simple_i2", "allreduce_hierarchical", (2, 4), 2, "Simple", 32 * MiB + 1, None),
-    S("alltoall_two_step_2x4_LL", "alltoall_two_step", (2, 4), 1, "LL", 0, 1 * MiB),
-    S("alltoall_three_step_2x4_Simple", "alltoall_three_step", (2, 4), 1, "Simple", 1 * MiB + 1, None),
+    S("allreduce_hierarchical_2x4_Simple", *A("allreduce_hierarchical", nodes=2, gpus=4), 1, "Simple", 0, 32 * MiB),
+    S("allreduce_hierarchical_2x4_Simple_i2", *A("allreduce_hierarchical", nodes=2, gpus=4), 2, "Simple", 32 * MiB + 1, None),
+    S("alltoall_two_step_2x4_LL", *A("alltoall_two_step", nodes=2, gpus=4), 1, "LL", 0, 1 * MiB),
+    S("alltoall_three_step_2x4_Simple", *A("alltoall_three_step", nodes=2, gpus=4), 1, "Simple", 1 * MiB + 1, None),
 )
 
 
 def compile_sample(sample: Sample):
     """(traced GC3Program, verified ir.Program named after the sample's file, with its size range)."""
-    traced = run_script(ALGORITHMS / f"{sample.algorithm}.py", [str(a) for a in sample.args])
-    prog = lower(traced, instances=sample.instances, protocol=sample.protocol)
+    traced, prog = compile_program(sample.algorithm, sample.args, sample.instances, sample.protocol)
     prog = dataclasses.replace(prog, name=sample.file, minBytes=sample.min_bytes,
                                maxBytes=sample.max_bytes if sample.max_bytes is not None else prog.maxBytes)
     verify(prog)

@@ -60,7 +60,7 @@ def test_gc3_root_holds_api_and_shared_facts_only():
 
 def test_gc3_cli_lists_the_runtime_commands():
     main = importlib.import_module("gc3.cli").main
-    assert {"compile", "check", "show", "simulate", "trace", "run", "bench", "catalog"} <= set(main.commands)
+    assert {"compile", "check", "show", "simulate", "trace", "run", "bench", "catalog", "tune"} <= set(main.commands)
 
 
 def test_readme_stage_table_matches_the_folders():
@@ -74,11 +74,11 @@ def test_readme_stage_table_matches_the_folders():
 def test_runtime_commands_without_installed_metadata(monkeypatch):
     """On a GPU machine the checkout runs from PYTHONPATH, without the entry points
     pip installs: runtime_cuda.commands.cli() (what `python -m runtime_cuda` runs)
-    adds run, bench and catalog to gc3's CLI itself."""
+    adds run, bench, catalog and tune to gc3's CLI itself."""
     from gc3.cli import main
     from runtime_cuda.commands import cli
 
-    for name in ("run", "bench", "catalog"):
+    for name in ("run", "bench", "catalog", "tune"):
         monkeypatch.delitem(main.commands, name, raising=False)
     assert "run" not in main.commands
-    assert {"run", "bench", "catalog", "compile", "check"} <= set(cli().commands)
+    assert {"run", "bench", "catalog", "tune", "compile", "check"} <= set(cli().commands)

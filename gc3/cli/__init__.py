@@ -1,7 +1,7 @@
 """The `gc3` command line.  Each subcommand lives in its own module in this
 folder and is added here, so the CLI is a table of contents.
 
-Commands that need a GPU runtime (`run`, `bench`, `catalog`) are not gc3's:
+Commands that need a GPU runtime (`run`, `bench`, `catalog`, `tune`) are not gc3's:
 a runtime package declares them under the entry-point group `gc3.commands`
 (runtime_cuda does, in pyproject.toml), and they are added from there, so the
 compiler never imports a runtime."""

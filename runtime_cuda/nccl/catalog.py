@@ -31,7 +31,10 @@ JSON schema (``GC3_CONFIG`` *.json and ``ir_samples/index.json``)::
         "ops": ["sum"],                        #   and reduction ops (absent = any)
         "count_multiple": 8,                   # the element count must divide by it (default 1)
         "root": 0,                             # broadcast/reduce root the IR was built for
-        "name": "label for logs"}]}
+        "name": "label for logs"}],
+     "provenance": {...}}                      # optional, any object: where the catalog came
+                                               #   from (`gc3 tune` writes it); selection
+                                               #   ignores it
 
 A top-level list is accepted as the ``algorithms`` list.  ``minBytes``/
 ``maxBytes`` are accepted as spellings of ``min_bytes``/``max_bytes``.

@@ -1,0 +1,134 @@
+"""The algorithm library (algorithms/*.py) as the catalog builders see it:
+every file there, the collective it implements (its name's first word), what
+its positional arguments are, and which need a power-of-two rank count.
+
+Each file's docstring documents its arguments and its `int_args(...)` call
+reads them; their names and order are read from that call (`Algorithm.params`),
+so `scripts/gen_ir_samples.py` and `gc3 tune` build argument lists by name and
+never by position, and a file that changes its arguments changes them here.
+
+Argument names: ranks N; nodes and gpus (N x G programs: ranks = nodes * gpus);
+chunks C (files that say chunk_factor); root; inplace (0/1); instances,
+channels (`gc3.lower(instances=)` overrides instances anyway).
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from gc3.errors import InputError
+
+ALGORITHMS_DIR = Path(__file__).resolve().parents[2] / "algorithms"
+
+PARAMS = ("ranks", "nodes", "gpus", "chunks", "root", "inplace", "instances", "channels")
+_SPELLINGS = {"chunk_factor": "chunks"}     # one name per meaning across the files
+
+
+@lru_cache(maxsize=None)
+def _params(path: Path) -> Tuple[str, ...]:
+    """The keyword names of the `int_args(...)` call in `path`, in order."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError) as exc:
+        raise InputError(f"{path}: cannot read its arguments: {exc}") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "int_args":
+            names = tuple(_SPELLINGS.get(k.arg, k.arg) for k in node.keywords)
+            unknown = [n for n in names if n not in PARAMS]
+            if unknown:
+                raise InputError(f"{path}: int_args names {', '.join(unknown)}, which the catalog builders do not "
+                                 f"know (runtime_cuda/nccl/library.py PARAMS: {', '.join(PARAMS)})")
+            return names
+    raise InputError(f"{path}: no int_args(...) call, so its arguments are unknown")
+
+
+POWER_OF_TWO = frozenset({"allreduce_recursive_doubling", "allgather_recursive_doubling",
+                          "reducescatter_recursive_halving"})
+PIPELINED = frozenset({"broadcast_ring", "broadcast_tree", "reduce_ring"})   # chunks fill a pipeline: tune them
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str                      # algorithms/<name>.py
+
+    @property
+    def collective(self) -> str:
+        """As the IR's coll names it: the files are named <collective>_<how>.py."""
+        return self.name.split("_")[0]
+
+    @property
+    def power_of_two(self) -> bool:
+        return self.name in POWER_OF_TWO
+
+    @property
+    def pipelined(self) -> bool:
+        return self.name in PIPELINED
+
+    @property
+    def params(self) -> Tuple[str, ...]:
+        """Its positional arguments, in order (names from PARAMS)."""
+        if not self.path.is_file():
+            raise InputError(f"{self.path}: the algorithm library is not here (it ships with a checkout of gc3, "
+                             "not with an installed wheel)")
+        return _params(self.path)
+
+    @property
+    def multinode(self) -> bool:
+        return self.params[:2] == ("nodes", "gpus")
+
+    @property
+    def path(self) -> Path:
+        return ALGORITHMS_DIR / f"{self.name}.py"
+
+    def argv(self, **values: int) -> Tuple[int, ...]:
+        """The positional arguments for `values` by name: the shortest prefix of
+        `params` that holds every given value (the file's defaults fill the
+        rest); a gap before the last given one is an error, since the default
+        it would need is stated only in the file's docstring."""
+        unknown = sorted(set(values) - set(self.params))
+        if unknown:
+            raise InputError(f"{self.name} takes {', '.join(self.params)}; not {', '.join(unknown)}")
+        last = max((self.params.index(k) for k in values), default=-1)
+        missing = [p for p in self.params[:last + 1] if p not in values]
+        if missing:
+            raise InputError(f"{self.name}: give {', '.join(missing)} too (positional arguments before "
+                             f"{self.params[last]})")
+        return tuple(int(values[p]) for p in self.params[:last + 1])
+
+    def fits(self, ranks: int, nodes: int = 1) -> bool:
+        """Whether the program exists for `ranks` ranks on `nodes` nodes."""
+        if ranks < 2 or ranks % nodes:
+            return False
+        if self.multinode:
+            return nodes > 1
+        return not self.power_of_two or ranks & (ranks - 1) == 0
+
+
+# Every file of algorithms/ is in the library; its collective is its name's first word.
+ALGORITHMS: Dict[str, Algorithm] = {p.stem: Algorithm(p.stem) for p in sorted(ALGORITHMS_DIR.glob("*.py"))}
+
+
+def algorithm(name: str) -> Algorithm:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise InputError(f"no algorithm {name!r} in the library (known: {', '.join(ALGORITHMS)})") from None
+
+
+def args(name: str, **values: int) -> Tuple[str, Tuple[int, ...]]:
+    """(name, positional arguments): `args("reducescatter_ring", ranks=4, chunks=1, inplace=1)`."""
+    return name, algorithm(name).argv(**values)
+
+
+def compile_program(name: str, argv: Tuple[int, ...], instances: Optional[int] = None,
+                    protocol: Optional[str] = None):
+    """(traced GC3Program, lowered ir.Program) of algorithms/<name>.py with `argv`,
+    through gc3's public entry points; GC3Error when it does not trace or lower."""
+    from gc3 import lower
+    from gc3.dsl.program import run_script
+
+    traced = run_script(algorithm(name).path, [str(a) for a in argv])
+    return traced, lower(traced, instances=instances, protocol=protocol)

@@ -1,0 +1,397 @@
+"""The half of `gc3 tune` that needs no GPU: candidates, sizes, choice, catalog.
+
+    candidates(coll, ranks, nodes, grid)  the algorithm library (`library`) crossed
+                                          with instances, protocols and chunk counts
+    tune(..., timer)                      for every size, the fastest candidate as
+                                          `timer` says; NCCL where the timer says it
+                                          is faster still
+    write_catalog(...)                    the catalog the drop-in loads (schema:
+                                          runtime_cuda/nccl/catalog.py), its IRs
+                                          beside it, and a "provenance" object
+
+How times are obtained is the `Timer`'s business alone: `ModelTimer` asks the
+simulator's cost model (no GPU; `gc3 tune --model-only`), and a timer that
+measures on GPUs through the drop-in (`tune_gpu`) plugs in unchanged.
+
+Sizes are nccl-tests' "size" (the larger user buffer), as the catalog's
+min_bytes/max_bytes are.  Each grid size is served by its fastest candidate;
+neighbouring sizes with the same winner form one range, and a range ends
+halfway (geometrically) to the next grid size with another winner.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+from gc3.errors import GC3Error, InputError
+from gc3.ir import PROTOCOLS, Program
+
+from . import library
+from .call import COLLECTIVES, ROOTED, Call
+from .constants import DTYPE_CODES, ITEMSIZE
+from .perf import element_count, nccl_count
+from .sizes import format_size
+
+DTYPE = "float32"   # the dtype candidates are timed with; entries serve every dtype
+ROOT = 0            # broadcast/reduce IRs are built for this root (other roots go to NCCL)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What is crossed with each algorithm of the library."""
+    instances: Tuple[int, ...]
+    protocols: Tuple[str, ...]
+    pipeline_chunks: Tuple[int, ...]    # chunk counts of pipelined algorithms (the others use 1)
+
+
+FULL = Grid(instances=(1, 2, 4, 8, 16), protocols=PROTOCOLS, pipeline_chunks=(1, 4, 16))
+QUICK = Grid(instances=(1, 4), protocols=("Simple", "LL"), pipeline_chunks=(4,))
+SIZE_RANGE = (1 << 10, 1 << 30)       # 1 KiB .. 1 GiB
+SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One compiled program that may serve a collective."""
+    label: str                 # its name in the catalog and its file name (label.xml)
+    algorithm: str
+    argv: Tuple[int, ...]
+    instances: int
+    protocol: str
+    program: Program           # verified by the simulator's run in ModelTimer, proven before writing
+    root: Optional[int]
+
+    @property
+    def collective(self) -> str:
+        return self.program.coll
+
+    @property
+    def inplace(self) -> bool:
+        return self.program.inplace
+
+
+def label(alg: library.Algorithm, values: Dict[str, int], instances: int, protocol: str) -> str:
+    """ir_samples' naming: allreduce_ring_4r_Simple_i2, reducescatter_ring_4r_inplace_Simple, .._2x4_..;
+    plus _c<C> for a pipelined algorithm's chunk count."""
+    where = f"{values['nodes']}x{values['gpus']}" if alg.multinode else f"{values['ranks']}r"
+    parts = [alg.name, where] + (["inplace"] if values.get("inplace") else []) + [protocol]
+    if alg.pipelined:
+        parts.append(f"c{values['chunks']}")
+    if instances > 1:
+        parts.append(f"i{instances}")
+    return "_".join(parts)
+
+
+def specs(coll: str, ranks: int, nodes: int, grid: Grid) -> List[Tuple[str, library.Algorithm, Dict[str, int], int, str]]:
+    """(label, algorithm, arguments by name, instances, protocol) of every candidate for `coll`."""
+    out = []
+    for alg in library.ALGORITHMS.values():
+        if alg.collective != coll or not alg.fits(ranks, nodes):
+            continue
+        fixed = {"ranks": ranks, "nodes": nodes, "gpus": ranks // nodes, "root": ROOT}
+        choices: Dict[str, Sequence[int]] = {
+            "chunks": grid.pipeline_chunks if alg.pipelined else (1,), "inplace": (0, 1)}
+        # instances and channels stay at the file's defaults: lower(instances=) sets the former
+        names = [p for p in alg.params if p not in ("instances", "channels")]
+        combos: List[Dict[str, int]] = [{}]
+        for p in names:
+            combos = [dict(c, **{p: v}) for c in combos for v in (choices[p] if p in choices else (fixed[p],))]
+        for values in combos:
+            for proto in grid.protocols:
+                for k in grid.instances:
+                    out.append((label(alg, values, k, proto), alg, values, k, proto))
+    return out
+
+
+def candidates(coll: str, ranks: int, nodes: int, grid: Grid) -> Tuple[List[Candidate], List[str]]:
+    """The candidates that compile, and one line per one that does not (too many
+    threadblocks for the runtime's limits at that instance count, ...)."""
+    good, skipped = [], []
+    for name, alg, values, k, proto in specs(coll, ranks, nodes, grid):
+        argv = alg.argv(**values)
+        try:
+            traced, prog = library.compile_program(alg.name, argv, k, proto)
+        except GC3Error as exc:
+            skipped.append(f"{name}: {exc}")
+            continue
+        root = traced.collective.root
+        good.append(Candidate(name, alg.name, argv, k, proto, dataclasses.replace(prog, name=name), root))
+    return good, skipped
+
+
+def call_elems(coll: str, nbytes: int, ranks: int) -> int:
+    """Elements of each rank's input buffer for a call of nccl-tests size `nbytes`
+    (the gc3 layout's in_elems), by the drop-in's own rules."""
+    code = DTYPE_CODES[DTYPE]
+    count = nccl_count(coll, element_count(coll, nbytes, ITEMSIZE[code], ranks), ranks)
+    return Call(coll, 0, 0, count, code, None, 0, ranks, 0).in_elems
+
+
+# --- how long a candidate takes -------------------------------------------------------
+
+class Timer(Protocol):
+    """Where times come from.  Sizes are nccl-tests' size in bytes; times are seconds per call."""
+
+    # True when `time` includes the runtime's copy of the input before an in-place IR serves an
+    # out-of-place call; otherwise in-place IRs serve out-of-place calls only for collectives
+    # that have no out-of-place algorithm (allreduce), where the copy is the same for all.
+    prices_inplace_copy: bool
+
+    def time(self, cand: Candidate, nbytes: int, inplace: bool) -> Optional[float]:
+        """The candidate's time for a call of `nbytes` (in place or not); None: it cannot serve it."""
+
+    def baseline(self, coll: str, nbytes: int, inplace: bool) -> Optional[float]:
+        """NCCL's time for the same call; None when not measured."""
+
+    def provenance(self) -> Dict[str, object]:
+        """What the catalog's "provenance" says about these times."""
+
+
+class ModelTimer:
+    """The simulator's cost model (`gc3 simulate --cost`): each candidate runs
+    once on the CPU (data checked against numpy), then is re-timed per size."""
+
+    prices_inplace_copy = False
+
+    def __init__(self, cost: str, ranks: int, nodes: int = 1):
+        from gc3.simulator.cost_config import preset
+        # gpus_per_node decides which link each connection uses (NVLink inside a node)
+        self.config = preset(cost, gpus_per_node=ranks // nodes)
+        self.cost, self.ranks = cost, ranks
+        self._timed: Dict[str, object] = {}
+        self._times: Dict[Tuple[str, int], Optional[float]] = {}   # the copy is not priced: placement-free
+
+    def _timed_program(self, cand: Candidate):
+        from gc3.simulator import TimedProgram
+        if cand.label not in self._timed:
+            self._timed[cand.label] = TimedProgram(cand.program, dtype=DTYPE)
+        return self._timed[cand.label]
+
+    def time(self, cand: Candidate, nbytes: int, inplace: bool) -> Optional[float]:
+        key = (cand.label, nbytes)
+        if key not in self._times:
+            elems = call_elems(cand.collective, nbytes, self.ranks)
+            try:
+                t = self._timed_program(cand).timing(count=elems, cost=self.config).total_s if elems else None
+            except GC3Error:       # this size does not split into the program's chunks
+                t = None
+            self._times[key] = t
+        return self._times[key]
+
+    def baseline(self, coll: str, nbytes: int, inplace: bool) -> Optional[float]:
+        return None
+
+    def provenance(self) -> Dict[str, object]:
+        cfg = self.config
+        calibration = cfg.calibration if cfg.calibrated else f"UNCALIBRATED: {cfg.calibration}"
+        if cfg.measured_ranks and cfg.measured_ranks != self.ranks:
+            calibration += f"; {self.ranks} ranks extrapolated from {cfg.measured_ranks}"
+        return {"timer": "cost model", "cost_model": {"preset": self.cost, "name": cfg.name,
+                                                      "calibration": calibration},
+                "measured": False, "nccl": "not measured (model only)"}
+
+
+# --- choosing ----------------------------------------------------------------------------
+
+@dataclass
+class Choice:
+    nbytes: int
+    winner: Optional[Candidate]     # None: NCCL (or no candidate serves this size)
+    time_s: Optional[float]         # the winner's (NCCL's when it won)
+    nccl_s: Optional[float]
+    timed: int                      # candidates timed at this size (the rest were pruned)
+
+
+def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inplace: bool,
+           coll: str) -> List[Choice]:
+    """The fastest of `cands` at each size.  Sizes go up, and a candidate's time at
+    a smaller size bounds its time at this one from below (a call does not get
+    faster as it grows), so candidates whose bound is already slower than the
+    best found are not timed: the slow protocols at large sizes cost nothing."""
+    bound: Dict[str, float] = {}
+    out = []
+    for nbytes in sorted(sizes):
+        best: Optional[Tuple[float, Candidate]] = None
+        timed = 0
+        for cand in sorted(cands, key=lambda c: bound.get(c.label, 0.0)):   # stable: grid order breaks ties
+            if best is not None and bound.get(cand.label, 0.0) >= best[0]:
+                break
+            t = timer.time(cand, nbytes, inplace)
+            timed += 1
+            if t is None:
+                continue
+            bound[cand.label] = t
+            if best is None or t < best[0]:
+                best = (t, cand)
+        nccl = timer.baseline(coll, nbytes, inplace)
+        if best is None or (nccl is not None and nccl < best[0]):
+            out.append(Choice(nbytes, None, nccl, nccl, timed))
+        else:
+            out.append(Choice(nbytes, best[1], best[0], nccl, timed))
+    return out
+
+
+def ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], Optional[Candidate]]]:
+    """(min_bytes, max_bytes, winner) runs: contiguous from 0 to unbounded (None);
+    a boundary between grid sizes a < b lies at sqrt(a*b)."""
+    out: List[Tuple[int, Optional[int], Optional[Candidate]]] = []
+    for i, c in enumerate(choices):
+        name = c.winner.label if c.winner else None
+        if out and (out[-1][2].label if out[-1][2] else None) == name:
+            continue
+        if out:
+            edge = math.isqrt(choices[i - 1].nbytes * c.nbytes)
+            lo, _, w = out[-1]
+            out[-1] = (lo, edge, w)
+            out.append((edge + 1, None, c.winner))
+        else:
+            out.append((0, None, c.winner))
+    return out
+
+
+@dataclass
+class Tuned:
+    """What `tune` found for one collective: per placement ("inplace"/"outofplace"), the choices."""
+    collective: str
+    candidates: List[Candidate]
+    skipped: List[str]
+    choices: Dict[str, List[Choice]] = field(default_factory=dict)
+
+
+PLACEMENTS = (("inplace", True), ("outofplace", False))
+
+
+def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int], grid: Grid, timer: Timer,
+         progress: Callable[[str], None] = lambda line: None) -> List[Tuned]:
+    out = []
+    for coll in collectives:
+        start = time.monotonic()
+        cands, skipped = candidates(coll, ranks, nodes, grid)
+        tuned = Tuned(coll, cands, skipped)
+        for place, inplace in PLACEMENTS:
+            own = [c for c in cands if c.inplace == inplace]
+            if not inplace and (timer.prices_inplace_copy or not own):
+                own = own + [c for c in cands if c.inplace]     # the runtime copies the input first
+            if own:
+                tuned.choices[place] = choose(own, sizes, timer, inplace, coll)
+        progress(f"{coll}: {len(cands)} candidates compiled, {len(skipped)} skipped, "
+                 f"{sum(ch.timed for cs in tuned.choices.values() for ch in cs)} timings, "
+                 f"{time.monotonic() - start:.1f} s")
+        out.append(tuned)
+    return out
+
+
+# --- the catalog -----------------------------------------------------------------------
+
+def entries(results: Sequence[Tuned], ranks: int, file_of: Callable[[Candidate], str]) -> List[dict]:
+    """Catalog entries, in-place ranges of a collective before its out-of-place
+    ones: an in-place IR listed for out-of-place calls also matches in-place
+    calls of its range, and the drop-in takes the first entry that serves a
+    call, so the in-place ranges (which cover every size wherever an in-place
+    candidate exists) must come first."""
+    out = []
+    for t in results:
+        per_place = {}
+        for place, inplace in PLACEMENTS:
+            per_place[place] = []
+            for lo, hi, cand in ranges(t.choices.get(place, [])):
+                if cand is None:
+                    continue       # NCCL serves these sizes
+                entry = {"file": file_of(cand), "collective": t.collective, "ranks": ranks,
+                         "inplace": cand.inplace, "outofplace": not inplace, "protocol": cand.protocol,
+                         "min_bytes": lo, "max_bytes": hi, "name": cand.label}
+                if t.collective in ROOTED:
+                    entry["root"] = cand.root if cand.root is not None else ROOT
+                per_place[place].append(entry)
+        # An in-place range that the out-of-place table gives to the same IR serves both: one entry.
+        both = [e for e in per_place["inplace"] if dict(e, outofplace=True) in per_place["outofplace"]]
+        for e in both:
+            per_place["outofplace"].remove(dict(e, outofplace=True))
+            e["outofplace"] = True
+        out += per_place["inplace"] + per_place["outofplace"]
+    return out
+
+
+def choices_record(results: Sequence[Tuned]) -> Dict[str, Dict[str, List[dict]]]:
+    """Per collective and placement, what won at each grid size and by how much, for the provenance."""
+    return {t.collective: {place: [{"bytes": c.nbytes, "algorithm": c.winner.label if c.winner else "NCCL",
+                                    "time_us": None if c.time_s is None else round(c.time_s * 1e6, 3),
+                                    "nccl_us": None if c.nccl_s is None else round(c.nccl_s * 1e6, 3)}
+                                   for c in cs] for place, cs in t.choices.items()}
+            for t in results}
+
+
+def write_catalog(results: Sequence[Tuned], out: Path, ranks: int, provenance: Dict[str, object],
+                  ir_dir: Optional[Path] = None) -> dict:
+    """Prove every chosen IR (gc3.verify), write it as <label>.xml into `ir_dir`
+    (default: beside `out`) and the catalog JSON to `out`; return the catalog."""
+    from gc3.ir.xml_io import to_xml
+    from gc3.verify import verify
+
+    out = Path(out)
+    ir_dir = Path(ir_dir) if ir_dir is not None else out.parent
+    ir_dir.mkdir(parents=True, exist_ok=True)
+    written: Dict[str, str] = {}
+
+    def file_of(cand: Candidate) -> str:
+        if cand.label not in written:
+            verify(cand.program)
+            path = ir_dir / f"{cand.label}.xml"
+            path.write_text(to_xml(cand.program))
+            written[cand.label] = os.path.relpath(path, out.parent)   # the loader reads it relative to the JSON
+        return written[cand.label]
+
+    catalog = {"version": 1, "provenance": provenance, "algorithms": entries(results, ranks, file_of)}
+    out.write_text(json.dumps(catalog, indent=2) + "\n")
+    return catalog
+
+
+def provenance(timer: Timer, ranks: int, nodes: int, sizes: Sequence[int], grid: Grid,
+               results: Sequence[Tuned], command: str) -> Dict[str, object]:
+    return {"command": command, **timer.provenance(), "ranks": ranks, "nodes": nodes,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "dtype": DTYPE, "root": ROOT, "sizes": list(sizes), "grid": dataclasses.asdict(grid),
+            "choices": choices_record(results)}
+
+
+def summary(results: Sequence[Tuned]) -> List[str]:
+    """One line per chosen range, for the terminal."""
+    lines = []
+    for t in results:
+        for place, _ in PLACEMENTS:
+            chosen = t.choices.get(place)
+            if not chosen:
+                lines.append(f"{t.collective:13} {place:10}  no candidate: NCCL")
+                continue
+            for lo, hi, cand in ranges(chosen):
+                inside = [c for c in chosen if c.nbytes >= lo and (hi is None or c.nbytes <= hi)]
+                times = ", ".join(f"{format_size(c.nbytes)} {c.time_s * 1e6:.1f} us" for c in inside
+                                  if c.time_s is not None)
+                span = f"{'>' + format_size(lo - 1) if lo else '0 B'}..{'inf' if hi is None else format_size(hi)}"
+                lines.append(f"{t.collective:13} {place:10} {span:>22}  {cand.label if cand else 'NCCL'}  ({times})")
+    return lines
+
+
+def applicable(ranks: int, nodes: int, collectives: Sequence[str]) -> List[str]:
+    """The collectives of `collectives` that have an algorithm for this many ranks."""
+    return [c for c in collectives
+            if any(a.collective == c and a.fits(ranks, nodes) for a in library.ALGORITHMS.values())]
+
+
+def check_shape(ranks: int, nodes: int) -> None:
+    from gc3 import limits
+    if not 2 <= ranks <= limits.MAX_RANKS:
+        raise InputError(f"--ranks {ranks}: expected 2..{limits.MAX_RANKS} (gc3.limits.MAX_RANKS)")
+    if nodes < 1 or ranks % nodes:
+        raise InputError(f"--nodes {nodes}: must divide --ranks {ranks} (ranks = nodes x GPUs per node)")
+
+
+__all__ = ["COLLECTIVES", "FULL", "QUICK", "Candidate", "Choice", "Grid", "ModelTimer", "Timer", "Tuned",
+           "applicable", "candidates", "choose", "ranges", "tune", "write_catalog"]

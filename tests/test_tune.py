@@ -1,0 +1,199 @@
+"""`gc3 tune --model-only`: the cost-model catalog for 2 and 4 ranks is written,
+loads as the drop-in loads it (`gc3 catalog check`), every IR in it is proven,
+its size ranges tile every (collective, placement) without overlap; the drop-in
+serves what the catalog says; a different timer gives a different catalog
+through the same writer; the algorithm table matches the files; bad options
+exit 2 without a traceback."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gc3.ir.xml_io import read_xml
+from gc3.verify import verify
+from runtime_cuda.commands import cli
+from runtime_cuda.nccl import communicator as cm
+from runtime_cuda.nccl import library, tune
+from runtime_cuda.nccl.catalog import DEFAULT_INDEX, check_config
+from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM
+
+from test_nccl_dispatch import RecordingGc3, RecordingNccl
+
+QUICK = ["--quick", "-e", "16M"]      # sizes 1 KiB, 64 KiB, 4 MiB: the grid's shape, a fraction of its time
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("GC3_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "gc3-cache"))
+
+
+def run(*args):
+    return CliRunner().invoke(cli(), ["tune", *map(str, args)])
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def tuned(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"tune{request.param}") / "catalog.json"
+    res = run("--model-only", "--ranks", request.param, *QUICK, "-o", out, "--ir-dir", out.parent / "ir")
+    assert res.exit_code == 0, res.output
+    return request.param, out, json.loads(out.read_text()), res.output
+
+
+def test_catalog_passes_catalog_check_and_every_ir_is_proven(tuned):
+    ranks, out, catalog, _ = tuned
+    res = CliRunner().invoke(cli(), ["catalog", "check", str(out)])
+    assert res.exit_code == 0, res.output
+    good, problems = check_config(out)
+    assert problems == [] and len(good) == len(catalog["algorithms"])
+    assert {c.collective for c in good} == set(tune.COLLECTIVES)
+    for e in catalog["algorithms"]:
+        assert e["file"].startswith("ir/")
+        prog = read_xml(out.parent / e["file"])
+        verify(prog)
+        assert (prog.coll, prog.ngpus, prog.inplace, prog.proto) == \
+            (e["collective"], ranks, e["inplace"], e["protocol"])
+
+
+def test_provenance_says_model_only(tuned):
+    ranks, _, catalog, _ = tuned
+    p = catalog["provenance"]
+    assert p["measured"] is False and p["nccl"] == "not measured (model only)"
+    assert p["ranks"] == ranks and p["cost_model"]["preset"] == "h200"
+    assert "calibrated on" in p["cost_model"]["calibration"] and p["date"]
+    assert p["sizes"] == [1 << 10, 1 << 16, 1 << 22]
+    assert set(p["choices"]) == set(tune.COLLECTIVES)
+
+
+def served(catalog, coll, inplace):
+    """Per size range, as the drop-in's first-match rule sees the entries."""
+    return [e for e in catalog["algorithms"] if e["collective"] == coll and
+            (e["inplace"] if inplace else e["outofplace"])]
+
+
+def test_ranges_are_contiguous_and_disjoint(tuned):
+    _, _, catalog, _ = tuned
+    for coll in tune.COLLECTIVES:
+        for inplace in (True, False):
+            entries = served(catalog, coll, inplace)
+            if coll == "alltoall" and inplace:
+                assert entries == []          # no in-place alltoall in the library: NCCL serves it
+                continue
+            assert entries, (coll, inplace)
+            assert entries[0]["min_bytes"] == 0 and entries[-1]["max_bytes"] is None, (coll, inplace)
+            for a, b in zip(entries, entries[1:]):
+                assert b["min_bytes"] == a["max_bytes"] + 1, (coll, inplace, a, b)
+
+
+def test_summary_names_every_chosen_ir(tuned):
+    _, _, catalog, output = tuned
+    for e in catalog["algorithms"]:
+        assert e["name"] in output
+    assert "wrote" in output and "not measured (model only)" in output
+
+
+def make_comm(monkeypatch, log, catalog):
+    monkeypatch.setenv("GC3_CONFIG", str(catalog))
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(RecordingNccl(log), 2, 0, lambda *a: RecordingGc3(log),
+                nccl_group=(lambda: log.append(("groupStart",)), lambda: log.append(("groupEnd",))))
+    return comm
+
+
+def allreduce_served_by(monkeypatch, catalog, count):
+    log = []
+    make_comm(monkeypatch, log, catalog).allReduce(0x2000, 0x2000, count, NCCL_FLOAT32, NCCL_SUM, 0x77)
+    assert len(log) == 1 and log[0][0] == "gc3", log
+    return log[0][1]
+
+
+def test_the_drop_in_serves_what_the_tuned_catalog_says(tmp_path, monkeypatch):
+    out = tmp_path / "c.json"
+    assert run("--model-only", "--ranks", 2, *QUICK, "-c", "allreduce", "-o", out).exit_code == 0
+    catalog = json.loads(out.read_text())
+    count = 1 << 20                      # 4 MiB of float32, in place
+    want = next(e["name"] for e in served(catalog, "allreduce", True)
+                if e["min_bytes"] <= 4 * count and (e["max_bytes"] is None or 4 * count <= e["max_bytes"]))
+    assert allreduce_served_by(monkeypatch, out, count) == want
+    # the shipped index serves the same call with another algorithm
+    default = allreduce_served_by(monkeypatch, DEFAULT_INDEX, count)
+    assert default != want and default == "allreduce_ring_2r_Simple_i64.xml"
+
+
+class RingFirst:
+    """A timer that knows only one thing: rings are fast.  Shows that candidates,
+    choice and writer do not care where times come from (a GPU timer plugs in here)."""
+    prices_inplace_copy = True
+
+    def time(self, cand, nbytes, inplace):
+        return nbytes * (1e-12 if "ring" in cand.algorithm else 1e-11)
+
+    def baseline(self, coll, nbytes, inplace):
+        return 1e-9 if nbytes > 1 << 20 else None     # "NCCL" wins above 1 MiB
+
+    def provenance(self):
+        return {"timer": "test", "measured": True, "nccl": "made up"}
+
+
+def test_another_timer_gives_another_catalog_and_nccl_keeps_its_sizes(tmp_path, monkeypatch):
+    sizes = [1 << 10, 1 << 16, 1 << 22]
+    results = tune.tune(2, 1, ["allreduce"], sizes, tune.QUICK, RingFirst())
+    out = tmp_path / "ring.json"
+    prov = tune.provenance(RingFirst(), 2, 1, sizes, tune.QUICK, results, "test")
+    catalog = tune.write_catalog(results, out, 2, prov)
+    ranges = [(e["min_bytes"], e["max_bytes"], e["name"]) for e in catalog["algorithms"]]
+    assert ranges == [(0, 524288, "allreduce_ring_2r_Simple")]       # above: NCCL, no entry
+    assert catalog["provenance"]["choices"]["allreduce"]["inplace"][-1]["algorithm"] == "NCCL"
+    assert check_config(out)[1] == []
+    assert allreduce_served_by(monkeypatch, out, 1024) == "allreduce_ring_2r_Simple"
+    log = []
+    make_comm(monkeypatch, log, out).allReduce(0x2000, 0x2000, 1 << 20, NCCL_FLOAT32, NCCL_SUM, 0x77)
+    assert log[0][0] == "allReduce"      # 4 MiB: NCCL
+
+
+def test_ranges_break_between_grid_sizes():
+    a, b = (tune.Candidate(n, n, (2,), 1, "Simple", None, None) for n in ("a", "b"))
+    ch = [tune.Choice(s, w, 1.0, None, 1) for s, w in ((1024, a), (4096, a), (16384, b), (65536, None))]
+    assert tune.ranges(ch) == [(0, 8192, a), (8193, 32768, b), (32769, None, None)]
+
+
+def test_library_arguments_match_the_files():
+    for alg in library.ALGORITHMS.values():
+        assert alg.params and set(alg.params) <= set(library.PARAMS), alg.name
+    assert library.args("reducescatter_ring", ranks=4, chunks=1, inplace=1) == ("reducescatter_ring", (4, 1, 1))
+    assert library.args("allreduce_hierarchical", nodes=2, gpus=4) == ("allreduce_hierarchical", (2, 4))
+    with pytest.raises(Exception, match="give chunks too"):
+        library.args("reducescatter_ring", ranks=4, inplace=1)
+    with pytest.raises(Exception, match="not root"):
+        library.args("allreduce_ring", ranks=4, root=0)
+
+
+def test_candidates_respect_the_shape():
+    names = {s[0] for s in tune.specs("allreduce", 6, 1, tune.QUICK)}
+    assert not any("recursive_doubling" in n for n in names)          # 6 is not a power of two
+    assert not any("hierarchical" in n for n in names)
+    names = {s[0] for s in tune.specs("alltoall", 8, 2, tune.QUICK)}
+    assert {"alltoall_two_step_2x4_LL", "alltoall_three_step_2x4_Simple_i4", "alltoall_direct_8r_LL"} <= names
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--ranks", 4, "-o", "x.json"], "--model-only"),
+    (["--model-only", "-o", "x.json"], "needs --ranks"),
+    (["--model-only", "--ranks", 1, "-o", "x.json"], "--ranks 1"),
+    (["--model-only", "--ranks", 4, "--nodes", 3, "-o", "x.json"], "must divide"),
+    (["--model-only", "--ranks", 4, "--cost", "a100", "-o", "x.json"], "unknown preset"),
+    (["--model-only", "--ranks", 4, "-o", "x.yaml"], "name it *.json"),
+    (["--model-only", "--ranks", 4, "-o", "no/such/dir/x.json"], "does not exist"),
+    (["--model-only", "--ranks", 4, "-b", "1M", "-e", "1K", "-o", "x.json"], "-e"),
+    (["--model-only", "--ranks", 4, "-b", "lots", "-o", "x.json"], "cannot read size"),
+    (["--model-only", "--ranks", 4, "-c", "gather", "-o", "x.json"], "unknown collective"),
+    (["--model-only", "--ranks", 4, "-f", 1, "-o", "x.json"], "-f must be >= 2"),
+])
+def test_bad_options_exit_2_with_one_clear_line(args, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = run(*args)
+    assert res.exit_code == 2 and needle in res.output, res.output
+    assert "Traceback" not in res.output and isinstance(res.exception, SystemExit)   # click's exit, no crash
+    assert not (tmp_path / "x.json").exists()
