@@ -290,7 +290,7 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference)
         result.errors.append(f"reference gave {len(expected)} outputs for {nranks} ranks")
         return
     result.expected = expected
-    total = 0
+    rows = []
     for r, (got, exp) in enumerate(zip(result.outputs, expected)):
         if exp is None:
             continue
@@ -298,7 +298,14 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference)
         if exp.shape != got.shape:
             result.errors.append(f"rank {r}: output has {got.size} elements, reference {exp.size}")
             continue
-        bad = mismatches(got, exp, result.dtype)
+        rows.append((r, mismatches(got, exp, result.dtype), exp, got))
+    _tally(result, rows, f"the {prog.coll} reference")
+
+
+def _tally(result: Result, rows, what: str) -> None:
+    """Record (rank, indices that differ, expected, got) rows: the count, the first, one error line."""
+    total = 0
+    for r, bad, exp, got in rows:
         if bad.size and result.first_wrong is None:
             i = int(bad[0])
             result.first_wrong = Mismatch(r, i, exp[i].item(), got[i].item())
@@ -306,8 +313,8 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference)
     result.wrong = total
     if total:
         fw = result.first_wrong
-        result.errors.insert(0, f"{total} output element(s) differ from the {prog.coll} reference; first at rank "
-                                f"{fw.rank} index {fw.index}: expected {fw.expected}, got {fw.got}")
+        result.errors.insert(0, f"{total} output element(s) differ from {what}; first at rank {fw.rank} index "
+                                f"{fw.index}: expected {fw.expected}, got {fw.got}")
 
 
 def _check_fused(result: Result, prog: Program, compute_inputs, chunks: int) -> None:
@@ -320,20 +327,10 @@ def _check_fused(result: Result, prog: Program, compute_inputs, chunks: int) -> 
         return
     expected, tol = fused_reference(prog, compute_inputs, chunks)
     result.expected = [expected] * prog.ngpus
-    total = 0
-    for r, got in enumerate(result.outputs):
-        diff = np.abs(got.astype(np.float64) - expected)
-        bad = np.flatnonzero(~(diff <= tol))      # NaN (never written) counts as wrong
-        if bad.size and result.first_wrong is None:
-            i = int(bad[0])
-            result.first_wrong = Mismatch(r, i, expected[i].item(), got[i].item())
-        total += bad.size
-    result.wrong = total
-    if total:
-        fw = result.first_wrong
-        result.errors.insert(0, f"{total} output element(s) differ from the unfused reference ({prog.compute.op} "
-                                f"on every rank, then {prog.coll}); first at rank {fw.rank} index {fw.index}: "
-                                f"expected {fw.expected}, got {fw.got}")
+    # NaN (never written) fails `diff <= tol`, so it counts as wrong.
+    rows = [(r, np.flatnonzero(~(np.abs(got.astype(np.float64) - expected) <= tol)), expected, got)
+            for r, got in enumerate(result.outputs)]
+    _tally(result, rows, f"the unfused reference ({prog.compute.op} on every rank, then {prog.coll})")
 
 
 def format_summary(res: Result) -> str:
