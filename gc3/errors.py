@@ -116,6 +116,10 @@ class PostconditionUnprovableError(VerificationError):
     """A custom collective's IR that carries no postcondition: nothing to prove it against."""
 
 
+class NotOnDeviceError(InputError):
+    """An IR with steps the runtime has no opcode for (a compute step, issue 16); the simulator runs it."""
+
+
 class LayoutError(InputError):
     """A call size that the IR's chunk layout cannot serve."""
 

@@ -22,8 +22,9 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 import numpy as np
 
 from gc3 import limits
-from gc3.errors import FifoOrderError, IRStructureError, LimitError
+from gc3.errors import FifoOrderError, IRStructureError, LimitError, NotOnDeviceError
 from gc3.ir import OPCODES, Program, Step, local_input, local_output
+from gc3.ir.opcodes import NOT_ON_DEVICE
 from gc3.verify import runtime_limits, structure
 
 from . import abi
@@ -230,8 +231,22 @@ def _fuse_reduces(steps: List[DeviceStep], tbid: int, waited: set) -> List[Devic
     return out
 
 
+def refuse_not_on_device(prog: Program) -> None:
+    """NotOnDeviceError naming the first step whose opcode the interpreter lacks
+    (`gc3.ir.opcodes.NOT_ON_DEVICE`: compute steps of a fused IR, for now): the
+    kernel would otherwise meet an opcode it cannot dispatch."""
+    for g in prog.gpus:
+        for tb in g.threadblocks:
+            for st in tb.steps:
+                if st.type in NOT_ON_DEVICE:
+                    raise NotOnDeviceError(
+                        f"{prog.name}: rank {g.id} tb {tb.id} step {st.s} is a {st.type!r} step, which the CUDA "
+                        f"runtime has no opcode for yet (a fused IR: `gc3 simulate` runs it on the CPU)")
+
+
 def build(prog: Program, ranks: Optional[Sequence[int]] = None) -> Tables:
     """Tables for the blocks of `ranks` (default: every rank, for virtual ranks)."""
+    refuse_not_on_device(prog)
     structure.check(prog)
     # Longer `re` runs are split into passes here, so only the table limits apply.
     runtime_limits.check(prog, runtime_limits.Limits(max_fanin=1 << 30))

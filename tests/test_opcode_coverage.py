@@ -73,6 +73,20 @@ def test_a_new_row_is_missed_by_every_layer():
     assert [layer for layer in LAYERS if missing(layer, table) == ["gemm"]] == list(LAYERS)
 
 
+def test_a_cpu_only_row_is_exempt_from_the_device_layers_only():
+    """A compute row the interpreter cannot run yet (device=False, not folded) still
+    needs the simulator, verifier and timeline; the device layers skip it, and
+    the runtime refuses it instead (tests/test_fused_gemv.py)."""
+    row = OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemm")
+    table = dict(OPCODES, gemm=row)
+    device = [layer for layer in LAYERS if layer.startswith(("runtime ABI", "device dispatch"))]
+    assert len(device) == 2
+    assert [layer for layer in LAYERS if missing(layer, table) == ["gemm"]] == \
+        [layer for layer in LAYERS if layer not in device]
+    from gc3.ir.opcodes import NOT_ON_DEVICE
+    assert {t for t, i in OPCODES.items() if not i.device} - {"nop"} == NOT_ON_DEVICE
+
+
 def test_layers_name_no_opcode_the_table_lacks():
     for layer, (has, needs) in LAYERS.items():
         assert has() <= set(OPCODES), layer

@@ -43,8 +43,10 @@ def col(name):
 
 def test_abi_constants_cover_every_opcode_and_the_plan_struct():
     from gc3.ir import STEP_TYPES
+    from gc3.ir.opcodes import NOT_ON_DEVICE
 
-    assert set(abi.OPCODE) == set(STEP_TYPES) - {"nop"}
+    # nop is folded away; compute steps the kernel lacks make tables.build refuse the IR
+    assert set(abi.OPCODE) == set(STEP_TYPES) - {"nop"} - NOT_ON_DEVICE and "s" in abi.OPCODE
     assert len(set(abi.OPCODE.values())) == len(abi.OPCODE)
     assert abi.PLAN_FIELDS[:3] == ("cold", "deps", "extras")
     assert abi.PLAN_FIELDS[-3:] == ("nslots", "slot_bytes", "trace")

@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from gc3.errors import IRFormatError
-from gc3.ir import STEP_TYPES, Convention, Gpu, Program, Step, Threadblock, local_input, local_output
+from gc3.ir import (STEP_TYPES, ComputeArgs, ComputeSpec, Convention, Gpu, Program, Step, Threadblock, local_input,
+                    local_output)
+from gc3.ir.opcodes import COMPUTE
 from gc3.ir.xml_io import from_xml, read_xml, to_xml
 
 MSCCL = sorted((Path(__file__).parent / "data" / "msccl").glob("*.xml"))
@@ -65,6 +67,9 @@ def _programs(draw):
             steps = draw(st.lists(_steps, max_size=5))
             for i, s in enumerate(steps):
                 s.s = i
+                if s.type in COMPUTE:   # a compute step carries its operands (and makes the IR fused)
+                    a = draw(st.integers(0, 50))
+                    s.compute = ComputeArgs(("x", "w"), a, a + draw(st.integers(1, 50)))
             tbs.append(Threadblock(id=tid, send=draw(st.integers(-1, 3)), recv=draw(st.integers(-1, 3)),
                                    chan=draw(st.integers(0, 3)), steps=steps))
         gpus.append(Gpu(id=gid, i_chunks=draw(st.integers(0, 9)), o_chunks=draw(st.integers(0, 9)),
@@ -74,7 +79,10 @@ def _programs(draw):
                    coll=draw(st.sampled_from(["allreduce", "alltoall", "custom"])), inplace=draw(st.booleans()),
                    outofplace=draw(st.one_of(st.none(), st.booleans())),
                    minBytes=draw(st.one_of(st.none(), st.integers(0, 1 << 40))),
-                   gc3version=draw(st.one_of(st.none(), st.just("0.1.0"))), gpus=gpus)
+                   gc3version=draw(st.one_of(st.none(), st.just("0.1.0"))), gpus=gpus,
+                   compute=ComputeSpec("gemv", "bfloat16", (("x", (2, 8)), ("w", (8, 100))))
+                   if any(s.compute for g in gpus for tb in g.threadblocks for s in tb.steps) or draw(st.booleans())
+                   else None)
 
 
 @given(_programs())

@@ -12,11 +12,13 @@ from ..simulator.cost_config import DEFAULT, PRESETS
 @click.command("simulate", context_settings={"ignore_unknown_options": True})
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--size", default="1MiB", show_default=True,
-              help="Bytes of each rank's input buffer: 4096, 64K, 1MiB, 1.5MB ...")
+@click.option("--size", default=None,
+              help="Bytes of each rank's input buffer: 4096, 64K, 1MiB, 1.5MB ... [default: 1MiB; a fused "
+                   "IR's own output size]")
 @click.option("--count", type=click.IntRange(min=0), default=None,
               help="Elements of each rank's input buffer (instead of --size).")
-@click.option("--dtype", type=click.Choice(sorted(DTYPES)), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(sorted(DTYPES)), default=None,
+              help="[default: float32; a fused IR's own dtype]")
 @click.option("--op", type=click.Choice(sorted(OPS)), default="sum", show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the input data.")
 @click.option("--slots", type=click.IntRange(min=1), default=None,

@@ -60,6 +60,7 @@ class Instr:
     ops: Tuple[Op, ...] = ()          # the traced ops it implements (two once fused)
     part: int = 0                     # q of the n copies made for parallelize(n)
     base: int = -1                    # id before replication (-1: not replicated, same as id)
+    compute: Optional[object] = None  # a compute instruction's gc3.ir.ComputeArgs
 
     @property
     def origin(self) -> int:
@@ -118,11 +119,21 @@ def build_instr_dag(chunks: ChunkDAG, plan: BufferPlan) -> InstrDAG:
     for op in chunks.ops:
         if op.src.count != op.dst.count:
             raise LoweringError(f"{op.where}: {op.kind} of {op.src} into {op.dst}: counts differ")
-        if op.kind not in ("copy", "reduce"):
+        if op.kind not in ("copy", "reduce", "gemv"):
             raise LoweringError(f"{op.where}: unknown op kind {op.kind!r}")
         src = plan.canonical(op.src.rank, op.src.buffer, op.src.index)
         dst = plan.canonical(op.dst.rank, op.dst.buffer, op.dst.index)
         local_tb = op.sendtb if op.sendtb is not None else op.recvtb
+        if op.kind == "gemv":
+            # A compute producer: one local instruction writing dst, which reads no chunk
+            # (src repeats dst, as a receive's does), so what consumes a chunk depends on
+            # the gemv of that chunk only.  Columns and chunks move together, so replication
+            # (which would split one chunk into several) is refused in `lower`.
+            instrs.append(Instr(len(instrs), op.dst.rank, "gemv", dst[0], dst[1], dst[0], dst[1], op.dst.count,
+                                ch=op.ch, tb=local_tb, parallel=op.parallel, ops=(op,), compute=op.compute))
+            send_to.append(-1)
+            recv_from.append(-1)
+            continue
         for si, di, cnt in _pieces(op, src, dst, plan, split):
             if not op.remote:
                 kind = "cpy" if op.kind == "copy" else "re"
@@ -147,7 +158,7 @@ def _reads_writes(x: Instr):
     t = x.type
     if t == "s":
         return (x.srcbuf, x.srcoff), None
-    if t == "r":
+    if t in ("r", "gemv"):
         return None, (x.dstbuf, x.dstoff)
     if t == "cpy":
         return (x.srcbuf, x.srcoff), (x.dstbuf, x.dstoff)
@@ -186,7 +197,7 @@ def _link(dag: InstrDAG) -> None:
                 readers.setdefault(loc, []).append(me)
         if wr is not None:
             buf, off = wr
-            pure = x.type in ("r", "cpy")
+            pure = x.type in ("r", "cpy", "gemv")
             for idx in range(off, off + x.cnt):
                 loc = (rank, buf, idx)
                 rs = readers.get(loc)

@@ -126,6 +126,12 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
     gc.disable()
     try:
         plan = plan_buffers(dag, k)
+        compute = getattr(coll, "compute", None)
+        if compute is not None and plan.factor > 1:
+            # Replication splits each chunk into sub-chunks, but a compute step names whole
+            # column blocks of y: the two would disagree.  Not needed for the first fused operators.
+            raise LoweringError(f"program {dag.name!r}: a fused program compiles with instances=1 and no "
+                                f"parallelize() for now (got {plan.instances} instance(s) x {plan.parallel})")
         for (r, buf), n in plan.declared.items():
             if n * plan.factor > limits.MAX_CHUNKS:
                 raise LoweringError(
@@ -158,6 +164,7 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         # The root travels in the IR so that its verifier and users need not guess it.
         extra={} if coll.root is None else {"root": str(coll.root)},
         postcondition=None if coll.name in NCCL_COLLECTIVES else ir_postcondition(coll, sched.dag.plan),
+        compute=getattr(coll, "compute", None),
     )
 
 

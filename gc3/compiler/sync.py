@@ -111,10 +111,10 @@ def insert_sync(sched: BlockSchedule, plan: BufferPlan) -> List[Gpu]:
                 x = instrs[i]
                 waits = [(tq, final[(tq, kq)]) for tq, kq in deps[i]]
                 for tq, sq in waits[:-1]:
-                    rows.append(("nop", "i", -1, None, "o", -1, None, 0, tq, sq, False))
+                    rows.append(("nop", "i", -1, None, "o", -1, None, 0, tq, sq, False, None))
                 depid, depstep = waits[-1] if waits else (-1, -1)
                 rows.append((x.type, x.srcbuf, x.srcoff, x.srcbuf, x.dstbuf, x.dstoff, x.dstbuf, x.cnt,
-                             depid, depstep, (t, k_) in signals))
+                             depid, depstep, (t, k_) in signals, x.compute))
             templates.append(rows)
         order = sorted(((0, tb.user, i * copies + tb.part, 0) if tb.user is not None
                         else (1, tb.send, tb.recv, tb.chan + i * per), i, t)
@@ -129,8 +129,9 @@ def insert_sync(sched: BlockSchedule, plan: BufferPlan) -> List[Gpu]:
             shift = {buf: i * plan.shift(rank, buf) for buf in ("i", "o", "s")}
             shift[None] = 0
             steps = [Step(s, typ, sb, so + shift[ks], db, do + shift[kd], cnt, ids[depid] if depid >= 0 else -1,
-                          depstep, signal)
-                     for s, (typ, sb, so, ks, db, do, kd, cnt, depid, depstep, signal) in enumerate(templates[t])]
+                          depstep, signal, comp)
+                     for s, (typ, sb, so, ks, db, do, kd, cnt, depid, depstep, signal, comp)
+                     in enumerate(templates[t])]
             out_tbs.append(Threadblock(id=n, send=tb.send, recv=tb.recv, chan=tb.chan + i * per, steps=steps))
         gpus.append(Gpu(id=rank, i_chunks=plan.ir_chunks(rank, "i"), o_chunks=plan.ir_chunks(rank, "o"),
                         s_chunks=plan.ir_chunks(rank, "s"), threadblocks=out_tbs))

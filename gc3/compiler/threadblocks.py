@@ -12,7 +12,14 @@ Following the GC3 paper (section 5.2):
   remaining path first (if that greedy order gets stuck on a connection's
   FIFO order, the order the program was traced in is tried instead);
 * local instructions (`cpy`, `re`) go to the threadblock of their rank and
-  channel whose last instruction is earliest in that order.
+  channel whose last instruction is earliest in that order;
+* a compute instruction (`gemv`) is a producer with no inputs, so depth alone
+  would take every one of them first and make a threadblock's first send wait
+  (in program order) for all of them.  Instead it takes the place of its
+  earliest consumer, just before it, and joins that consumer's threadblock
+  when it has one: each chunk is computed right where it is sent, and the
+  first send waits for the first chunk only (the epilogue, without a fused
+  opcode).
 
 The global order also plays the FIFOs: a receive is taken only after the
 receives of all earlier sends on its connection (so receives match sends in
@@ -37,7 +44,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .channels import ChannelAssignment
 from ..errors import ScheduleError
-from ..ir.opcodes import RECVS, SENDS
+from ..ir.opcodes import OPCODES, RECVS, SENDS
 from .instruction_dag import Instr, InstrDAG, depths
 
 __all__ = ["PlannedTB", "BlockSchedule", "assign_threadblocks"]
@@ -187,9 +194,11 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
             shapes.place_auto(x)
 
     depth, rdepth = depths(dag)
+    key1, key2 = list(depth), [-d for d in rdepth]
+    _compute_at_consumer(dag, shapes, key1, key2)
     saved = shapes.snapshot()
     try:
-        order = _global_order(dag, chan, shapes, slots, depth, [-d for d in rdepth])
+        order = _global_order(dag, chan, shapes, slots, key1, key2)
     except ScheduleError as first:
         # The depth heuristic fixes each connection's FIFO order greedily: it
         # may send a tile early whose receive must wait (e.g. to reuse a slot)
@@ -210,6 +219,19 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
                 f"or raise --max-tbs")
     return BlockSchedule(dag=dag, chan=chan, nchannels=channels.nchannels, per_instance=channels.per_instance,
                     tbs=shapes.tbs, tb_of=shapes.tb_of, order=order)
+
+
+def _compute_at_consumer(dag: InstrDAG, shapes: _Shapes, key1: List[int], key2: List[int]) -> None:
+    """Give each compute instruction its earliest consumer's keys (it has a smaller id,
+    having been made first, so it pops just before that consumer), and its threadblock
+    when the consumer communicates (it has one by now)."""
+    for x in dag.instrs:
+        if not OPCODES[x.type].compute or not dag.succs[x.id]:
+            continue
+        first = min(dag.succs[x.id], key=lambda v: (key1[v], key2[v], v))
+        key1[x.id], key2[x.id] = key1[first], key2[first]
+        if x.tb is None and shapes.tb_of[first] >= 0:
+            shapes.tb_of[x.id] = shapes.tb_of[first]
 
 
 def _global_order(dag: InstrDAG, chan: List[int], shapes: _Shapes, slots: int,

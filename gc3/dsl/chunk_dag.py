@@ -134,7 +134,9 @@ def build_chunk_dag(ops: Sequence[Op], sources: Iterable[Key]):
 
     for op in ops:
         dag.add_node(op.id, kind="op", op=op)
-        reads = list(_keys(op.src)) + (list(_keys(op.dst)) if op.kind == "reduce" else [])
+        # A compute producer reads x and w, which no op writes: no chunk.
+        reads = [] if op.kind == "gemv" else \
+            list(_keys(op.src)) + (list(_keys(op.dst)) if op.kind == "reduce" else [])
         for key in reads:
             if key in last_writer:     # else: a read of no data, which verification reports
                 link(last_writer[key], op.id, "true")
@@ -198,7 +200,7 @@ def draw(dag, path) -> None:
             labels[n] = f"in r{n[1]}\n{n[2]}{n[3]}"
         else:
             op = data["op"]
-            labels[n] = f"{op.id} {'cp' if op.kind == 'copy' else 'rd'}\n{op.src.rank}->{op.dst.rank}"
+            labels[n] = f"{op.id} {dict(copy='cp', reduce='rd').get(op.kind, op.kind)}\n{op.src.rank}->{op.dst.rank}"
     widest = max((len(nodes) for nodes in levels), default=1)
     fig, ax = plt.subplots(figsize=(min(max(6.0, 0.9 * widest), 60.0), min(max(4.0, 0.9 * len(levels)), 60.0)))
     styles = {"true": ("black", "solid"), "war": ("tab:red", "dashed"), "waw": ("tab:orange", "dotted")}

@@ -24,14 +24,14 @@ from typing import Optional, Tuple
 from .. import limits
 from ..errors import TraceError
 from ..units import as_int, user_location
-from .symbolic import Value, input_chunk, reduced_inputs, reduction
+from .symbolic import Value, computed_chunk, input_chunk, reduced_inputs, reduction
 
 # The collectives NCCL has: their meaning is built into gc3's verifier and
 # runtime.  Any other collective carries its postcondition in its IR.
 NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 
 __all__ = ["NCCL_COLLECTIVES", "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
-           "AllToNext", "input_chunk", "reduction", "Value"]
+           "AllToNext", "GemvAllReduce", "input_chunk", "reduction", "Value"]
 
 
 class Collective:
@@ -197,3 +197,53 @@ class AllToNext(Collective):
 
     def postcondition(self, rank, index):
         return None if rank == 0 else input_chunk(rank - 1, index)
+
+
+class GemvAllReduce(AllReduce):
+    """A fused GEMV + AllReduce (row-parallel linear layer at decode): rank r
+    holds x_r [batch, K_shard] and its weight shard w_r [K_shard, N]; every rank
+    ends with y = sum_r x_r @ w_r in its output.
+
+    The buffer holds y in column blocks (`gc3.ir.ComputeSpec`): chunk j is
+    y[:, j*N/c:(j+1)*N/c] row-major, c = chunk_factor.  No chunk holds data
+    when the collective starts: each is produced by a `gemv(rank, ...)` step
+    (its leaf gemv(rank, j)) and then sent, reduced and copied like any chunk,
+    so the postcondition is AllReduce's with gemv leaves in place of inputs.
+    In place by default: the compute writes the output buffer directly."""
+
+    def __init__(self, num_ranks, chunk_factor=1, batch=1, k_shard=128, n_out=128, dtype="bfloat16",
+                 inplace=True):
+        from ..dtypes import dtype_info
+        from ..ir import ComputeSpec
+
+        super().__init__(num_ranks, chunk_factor, inplace)
+        where = user_location()
+        batch = as_int(batch, "batch", 1, where)
+        k_shard = as_int(k_shard, "k_shard", 1, where)
+        n_out = as_int(n_out, "n_out", 1, where)
+        if n_out % self.chunk_factor:
+            raise TraceError(f"{where}: n_out={n_out} is not a multiple of chunk_factor={self.chunk_factor}: "
+                             f"each chunk must hold a whole column block of y")
+        info = dtype_info(dtype)
+        if not info.is_float:
+            raise TraceError(f"{where}: a gemv computes in floating point; dtype {info.name} is not")
+        self.compute = ComputeSpec("gemv", info.name, (("x", (batch, k_shard)), ("w", (k_shard, n_out))))
+        self.cols_per_chunk = n_out // self.chunk_factor
+
+    def __repr__(self) -> str:
+        batch, k, n = self.compute.gemv_dims()
+        return (f"GemvAllReduce(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, batch={batch}, "
+                f"k_shard={k}, n_out={n}, dtype={self.compute.dtype!r}, inplace={self.inplace})")
+
+    def precondition(self, rank, index):
+        return False      # the caller gives x and w, not chunks: gemv steps fill the buffer
+
+    def postcondition(self, rank, index):
+        cache = self.__dict__.setdefault("_sums", {})
+        if index not in cache:
+            cache[index] = reduction(computed_chunk(r, index, "gemv") for r in range(self.num_ranks))
+        return cache[index]
+
+    def columns(self, index: int, count: int = 1):
+        """Output columns [col0, col1) of y that chunks index..index+count-1 hold."""
+        return index * self.cols_per_chunk, (index + count) * self.cols_per_chunk

@@ -39,6 +39,8 @@ class Op:
 
     kind "copy":   dst <- src
     kind "reduce": dst <- dst (op) src      (src and dst have equal counts)
+    kind "gemv":   dst <- columns `compute.col0:col1` of x @ w on dst.rank (a
+                   compute producer: it reads no chunk; src repeats dst)
     The op is remote when src.rank != dst.rank: lowering turns it into a send
     on src.rank and a recv (or recv-reduce-copy) on dst.rank.
     """
@@ -53,6 +55,7 @@ class Op:
     parallel: int = 1                 # factor of the enclosing parallelize(n), 1 if none
     parallel_group: Optional[int] = None  # which parallelize block (None if none)
     where: str = ""                   # "file.py:line" of the user's call
+    compute: Optional[object] = None  # kind "gemv": its gc3.ir.ComputeArgs
 
     @property
     def remote(self) -> bool:

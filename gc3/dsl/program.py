@@ -39,7 +39,7 @@ from .collectives import Collective
 from ..errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
 from ..ir import PROTOCOLS
 from .ops import Op, Slot
-from .symbolic import Value, describe, difference, input_chunk
+from .symbolic import Value, computed_chunk, describe, difference, input_chunk
 from .topology import Topology, fully_connected
 from .tracing import Buffer, _current, _tracing, canonical_buffer  # noqa: F401  (Buffer: the DSL's name)
 from ..units import as_int, user_location
@@ -195,15 +195,21 @@ class GC3Program:
         return ChunkRef(self, slot.rank, slot.buffer, slot.index, slot.count, self.versions(slot), where)
 
     # --- applying operations ------------------------------------------------------
-    def record(self, kind: str, src: Slot, dst: Slot, ch, sendtb, recvtb, where: str) -> Op:
+    def record(self, kind: str, src: Slot, dst: Slot, ch, sendtb, recvtb, where: str, compute=None) -> Op:
         parallel, group = self._parallel if self._parallel else (1, None)
-        src_values = [self._values[k] for k in self.keys(src)]
+        if kind == "gemv":      # src repeats dst; the values are the computed column blocks
+            first = compute.col0 // self.collective.cols_per_chunk
+            src_values = [computed_chunk(dst.rank, first + k, "gemv") for k in range(dst.count)]
+            kind_applied = "copy"
+        else:
+            src_values = [self._values[k] for k in self.keys(src)]
+            kind_applied = kind
         for k, v in zip(self.keys(dst), src_values):
-            self._values[k] = v if kind == "copy" else self._values[k] + v
+            self._values[k] = v if kind_applied == "copy" else self._values[k] + v
             self._versions[k] = self._versions.get(k, 0) + 1
             self._writers[k] = where
         return self.chunk_dag.add(kind, src, dst, ch=ch, sendtb=sendtb, recvtb=recvtb,
-                                  parallel=parallel, parallel_group=group, where=where)
+                                  parallel=parallel, parallel_group=group, where=where, compute=compute)
 
     def next_scratch_index(self, rank: int, buffer: str) -> int:
         return self.chunk_dag.scratch_sizes[rank].get(buffer, 0)
@@ -253,6 +259,34 @@ def chunk(rank, buffer, index, count: int = 1, *, size: Optional[int] = None) ->
     prog.require_data(slot, where, "referenced",
                       (canonical_buffer(buffer, where), prog.topology.flatten(index, "index", where)))
     return prog.ref(slot, where)
+
+
+def gemv(rank, buffer, index, count: int = 1, *, cols: Optional[int] = None, sendtb=None) -> ChunkRef:
+    """Compute chunks (rank, buffer, index..index+count-1) as rank's partial product:
+    the column blocks `cols..cols+count-1` of x_rank @ w_rank (default `cols`:
+    `index`, the output chunks those columns end up in), under a fused
+    collective (`gc3.collectives.GemvAllReduce`).  Returns a reference to the
+    computed chunks, to send, reduce or copy like any other."""
+    from .chunk_ref import _schedule_hint
+
+    where = user_location()
+    prog = _current("gemv()")
+    coll = prog.collective
+    if getattr(coll, "compute", None) is None or coll.compute.op != "gemv":
+        raise TraceError(f"{where}: gemv() needs a fused collective that declares a gemv operator "
+                         f"(gc3.collectives.GemvAllReduce); {coll!r} declares none")
+    count = as_int(count, "count", 1, where)
+    r, buf, idx = prog.locate(rank, buffer, index, count, where)
+    first = prog.topology.flatten(index, "index", where) if cols is None else as_int(cols, "cols", 0, where)
+    if first + count > coll.chunk_factor:
+        raise IndexOutOfRangeError(f"{where}: gemv column blocks {first}:{first + count} are outside y's "
+                                   f"{coll.chunk_factor} blocks")
+    from ..ir import ComputeArgs
+    col0, col1 = coll.columns(first, count)
+    dst = Slot(r, buf, idx, count)
+    prog.record("gemv", dst, dst, None, _schedule_hint("sendtb", sendtb, where), None, where,
+                compute=ComputeArgs(("x", "w"), col0, col1))
+    return prog.ref(dst, where)
 
 
 @contextmanager

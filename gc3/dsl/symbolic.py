@@ -13,7 +13,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Optional, Tuple
 
-Term = Tuple[int, int]   # (rank, index) of an input chunk, as the user addresses it
+# (rank, index) of an input chunk, as the user addresses it; (rank, index, op)
+# for the index-th output chunk of compute operator `op` (e.g. "gemv") on rank
+# `rank`: a leaf produced by a compute step rather than given by the caller.
+Term = Tuple
 
 _SHOWN_TERMS = 6
 
@@ -34,7 +37,7 @@ class Value:
         return NotImplemented
 
     def __str__(self) -> str:
-        names = [f"in({r},{i})" for r, i in self.terms]
+        names = [term_name(t) for t in self.terms]
         if len(names) <= _SHOWN_TERMS:
             return "+".join(names)
         return f"sum of {len(names)} chunks " + "+".join(names[:3]) + "+...+" + names[-1]
@@ -43,6 +46,15 @@ class Value:
 def input_chunk(rank: int, index: int) -> Value:
     """The value input chunk `index` of rank `rank` holds before the collective runs."""
     return Value(((rank, index),))
+
+
+def computed_chunk(rank: int, index: int, op: str) -> Value:
+    """The value a compute step of operator `op` produces for output chunk `index` on `rank`."""
+    return Value(((rank, index, op),))
+
+
+def term_name(t: Term) -> str:
+    return f"in({t[0]},{t[1]})" if len(t) == 2 else f"{t[2]}({t[0]},{t[1]})"
 
 
 def reduction(values: Iterable[Value]) -> Value:
@@ -79,8 +91,8 @@ def difference(expected: Value, got: Value) -> str:
 
 def _counted(c: Counter):
     shown = []
-    for (r, i), n in sorted(c.items())[:_SHOWN_TERMS]:
-        shown.append(f"in({r},{i})" + (f" x{n}" if n > 1 else ""))
+    for t, n in sorted(c.items())[:_SHOWN_TERMS]:
+        shown.append(term_name(t) + (f" x{n}" if n > 1 else ""))
     if len(c) > _SHOWN_TERMS:
         shown.append(f"... ({len(c) - _SHOWN_TERMS} more)")
     return shown

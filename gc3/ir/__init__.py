@@ -6,5 +6,5 @@ chunks to memory for one call size.  The names below are the IR's API:
 `from gc3.ir import Program, Step, OPCODES`.
 """
 from .opcodes import OPCODES, STEP_TYPES, OpcodeInfo  # noqa: F401
-from .program import (BUFFERS, PROTOCOLS, Convention, Gpu, Operand,  # noqa: F401
+from .program import (BUFFERS, PROTOCOLS, ComputeArgs, ComputeSpec, Convention, Gpu, Operand,  # noqa: F401
                       Postcondition, Program, Step, Threadblock, local_input, local_output, step_reads)

@@ -5,7 +5,8 @@ names: the IR's operand roles (`program.local_input`), the compiler's sets
 (`RECVS`, `SENDS`, `FUSED`, `SEND_FUSION`), the verifier's and simulator's
 step semantics (tables keyed by opcode, checked against this one by
 tests/test_opcode_coverage.py) and the runtime's opcode numbers
-(`runtime_cuda/abi.py` reads `DEVICE_OPCODES`).  Adding an opcode starts with a
+(`runtime_cuda/abi.py` reads `DEVICE_OPCODES`; `runtime_cuda/tables.py` refuses
+`NOT_ON_DEVICE`).  Adding an opcode starts with a
 row here; the coverage test then names every layer that lacks it.
 """
 from __future__ import annotations
@@ -23,8 +24,13 @@ class OpcodeInfo:
     local_in: Optional[str] = None   # the local operand it reads: "src", or "acc" (src in gc3's
                                      # convention, dst in msccl-tools'), or None
     reads_dst: bool = False     # also reads its dst (a local reduction into dst)
-    device: bool = True         # the runtime executes it (a nop is folded into dependencies)
+    device: bool = True         # the interpreter kernel has an opcode for it (GC3_OP_*)
     send_fusion: Optional[str] = None   # the opcode it becomes when its result is also sent on
+    folded: bool = False        # not executed but removed by the runtime (a nop only waits, so its
+                                # waits move onto the next step); a non-device step not folded makes
+                                # the runtime refuse the IR
+    compute: Optional[str] = None   # the operator a compute step evaluates from the program's named
+                                    # compute inputs (<compute> in the XML) into its dst chunks
 
 
 # In the order MSCCL documents them.
@@ -37,7 +43,10 @@ OPCODES: Dict[str, OpcodeInfo] = {
     "rrcs": OpcodeInfo(recv=True, send=True, reduce=True, writes=True, local_in="acc"),
     "cpy": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, local_in="src"),
     "re": OpcodeInfo(recv=False, send=False, reduce=True, writes=True, local_in="src", reads_dst=True),
-    "nop": OpcodeInfo(recv=False, send=False, reduce=False, writes=False, device=False),
+    "nop": OpcodeInfo(recv=False, send=False, reduce=False, writes=False, device=False, folded=True),
+    # gc3 extension (a fused="1" IR): dst chunks <- columns [col0, col1) of x @ w for this rank's
+    # shard.  No interpreter opcode yet (issue 16), so the runtime refuses an IR that has one.
+    "gemv": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemv"),
 }
 
 # --- derived: no opcode is named below this line ----------------------------------
@@ -48,3 +57,6 @@ REDUCES = frozenset(t for t, i in OPCODES.items() if i.reduce)
 FUSED = RECVS & SENDS                                 # receive and send in one step
 SEND_FUSION = {t: i.send_fusion for t, i in OPCODES.items() if i.send_fusion}
 DEVICE_OPCODES = tuple(t for t, i in OPCODES.items() if i.device)
+# What the runtime cannot run: an IR with one of these is refused, naming it.
+NOT_ON_DEVICE = frozenset(t for t, i in OPCODES.items() if not i.device and not i.folded)
+COMPUTE = frozenset(t for t, i in OPCODES.items() if i.compute)

@@ -38,6 +38,50 @@ class Convention:
 
 Operand = Tuple[str, int]  # (buffer, chunk offset); the extent is step.cnt
 
+
+@dataclass(frozen=True)
+class ComputeArgs:
+    """What a compute step (`gemv`) evaluates: the program's named compute inputs
+    it reads, in the operator's order (gemv: x, w), and the output columns
+    [col0, col1) of x @ w it stores into its dst chunks (see `ComputeSpec`)."""
+
+    inputs: Tuple[str, ...]
+    col0: int
+    col1: int
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """The operator of a fused IR (`<compute>`, root `fused="1"`): its kind, the
+    element type of its inputs and output, and each named per-rank input's shape.
+
+    gemv: inputs x [batch, K] and w [K, N] on every rank (rank r's shard);
+    the collective's buffer is y = x @ w, [batch, N], laid out *column block
+    by column block*: with c chunks per block, chunk j holds y[:, j*N/c:(j+1)*N/c]
+    row-major (batch x N/c elements), so a chunk is one whole column range and
+    a compute step writes exactly the chunks of its columns.  For batch 1 that
+    is y itself; otherwise y = buffer.reshape(c, batch, N/c).transpose(1, 0, 2)."""
+
+    op: str
+    dtype: str
+    inputs: Tuple[Tuple[str, Tuple[int, ...]], ...]
+
+    def shape(self, name: str) -> Optional[Tuple[int, ...]]:
+        return dict(self.inputs).get(name)
+
+    def gemv_dims(self) -> Tuple[int, int, int]:
+        """(batch, K, N) of a gemv operator; ValueError when its inputs do not say."""
+        x, w = self.shape("x"), self.shape("w")
+        if self.op != "gemv" or x is None or w is None or len(x) != 2 or len(w) != 2 or x[1] != w[0]:
+            raise ValueError(f"a gemv operator needs inputs x [batch, K] and w [K, N]; got {dict(self.inputs)}")
+        return x[0], x[1], w[1]
+
+    @property
+    def out_elems(self) -> int:
+        """Elements of the collective's buffer the operator fills (gemv: batch * N)."""
+        batch, _, n = self.gemv_dims()
+        return batch * n
+
 # What a collective computes, in the IR's chunks: (rank, output chunk) -> the
 # input chunks (rank, index) reduced into it (one: a copy).  Output chunks not
 # listed are left unspecified.
@@ -56,6 +100,7 @@ class Step:
     depid: int = -1
     deps: int = -1
     hasdep: bool = False
+    compute: Optional[ComputeArgs] = None   # a compute step's operands; None for every other step
 
     @property
     def info(self) -> OpcodeInfo:
@@ -102,6 +147,12 @@ class Program:
     # A custom collective's postcondition (<postcondition> in the XML); None
     # for the built-in collectives, whose meaning the verifier knows.
     postcondition: Optional[Postcondition] = None
+    # A fused IR's operator (written as <compute> with root fused="1"); None for a plain collective.
+    compute: Optional[ComputeSpec] = None
+
+    @property
+    def fused(self) -> bool:
+        return self.compute is not None
 
     @property
     def convention(self) -> str:

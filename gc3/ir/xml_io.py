@@ -15,7 +15,8 @@ from lxml import etree
 from .. import limits
 from ..errors import IRFormatError
 from ..units import strict_int
-from . import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Postcondition, Program, Step, Threadblock
+from . import BUFFERS, PROTOCOLS, STEP_TYPES, ComputeArgs, ComputeSpec, Gpu, Postcondition, Program, Step, Threadblock
+from .opcodes import COMPUTE
 
 # A custom collective's postcondition is one extra child of <algo>, after the
 # <gpu>s: MSCCL's hand-written reader looks for <gpu> children by name and
@@ -25,6 +26,16 @@ from . import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, Postcondition, Program, Step,
 # attributes, far inside MSCCL's attribute count and length bounds.
 POSTCONDITION = "postcondition"
 _TERM = "term"
+
+# A fused IR (gc3 extension, issue 16): root attribute fused="1", compute steps
+# (`gemv`) with three more attributes (inputs="x,w" col0 col1), and one
+# <compute op dtype> child after the <gpu>s declaring each named per-rank input:
+# <input name="x" shape="1,2048"/>.  MSCCL's runtime would reject the step
+# types anyway; fused="1" says so up front, and the reader insists that it,
+# the <compute> element and the compute steps come together.
+COMPUTE_EL = "compute"
+_INPUT = "input"
+FUSED = "fused"
 
 _ALGO_REQUIRED = ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace")
 _ALGO_OPTIONAL = ("outofplace", "minBytes", "maxBytes", "redop", "gc3version")
@@ -89,10 +100,20 @@ def _children(el, tag: str, source: str, also=()):
     return out
 
 
+def _read_compute_args(el, source: str) -> ComputeArgs:
+    names = tuple(_attr(el, "inputs", source).split(","))
+    col0 = _attr(el, "col0", source, _bounded(0, limits.INT32_MAX))
+    col1 = _attr(el, "col1", source, _bounded(0, limits.INT32_MAX))
+    if col1 <= col0:
+        raise IRFormatError(f"{_where(el, source)} col0={col0} col1={col1}: an empty column range")
+    return ComputeArgs(names, col0, col1)
+
+
 def _read_step(el, source: str) -> Step:
+    typ = _attr(el, "type", source, _choice(STEP_TYPES))
     return Step(
         s=_attr(el, "s", source, _int),
-        type=_attr(el, "type", source, _choice(STEP_TYPES)),
+        type=typ,
         srcbuf=_attr(el, "srcbuf", source, _choice(BUFFERS)),
         srcoff=_attr(el, "srcoff", source, _int),
         dstbuf=_attr(el, "dstbuf", source, _choice(BUFFERS)),
@@ -101,6 +122,7 @@ def _read_step(el, source: str) -> Step:
         depid=_attr(el, "depid", source, _int, default=-1, required=False),
         deps=_attr(el, "deps", source, _int, default=-1, required=False),
         hasdep=_attr(el, "hasdep", source, _bool, default=False, required=False),
+        compute=_read_compute_args(el, source) if typ in COMPUTE else None,
     )
 
 
@@ -132,7 +154,7 @@ def _read_gpu(el, source: str) -> Gpu:
 def from_element(root, source: str = "<xml>") -> Program:
     if root.tag != "algo":
         raise IRFormatError(f"{_where(root, source)} root element must be <algo>")
-    known = set(_ALGO_REQUIRED) | set(_ALGO_OPTIONAL)
+    known = set(_ALGO_REQUIRED) | set(_ALGO_OPTIONAL) | {FUSED}
     prog = Program(
         name=_attr(root, "name", source),
         proto=_attr(root, "proto", source, _choice(PROTOCOLS)),
@@ -148,7 +170,7 @@ def from_element(root, source: str = "<xml>") -> Program:
         gc3version=_attr(root, "gc3version", source, required=False),
         extra={k: v for k, v in root.attrib.items() if k not in known},
     )
-    gpus = _children(root, "gpu", source, also=(POSTCONDITION,))
+    gpus = _children(root, "gpu", source, also=(POSTCONDITION, COMPUTE_EL))
     if len(gpus) > prog.ngpus:
         raise IRFormatError(f"{_where(gpus[prog.ngpus], source)} is <gpu> number {prog.ngpus + 1}, "
                             f"but ngpus={prog.ngpus}")
@@ -162,7 +184,37 @@ def from_element(root, source: str = "<xml>") -> Program:
         raise IRFormatError(f"{_where(posts[1], source)} a second <{POSTCONDITION}>; at most one")
     if posts:
         prog.postcondition = _read_postcondition(posts[0], source, prog.ngpus)
+    _read_fused(root, source, prog)
     return prog
+
+
+def _read_fused(root, source: str, prog: Program) -> None:
+    fused = _attr(root, FUSED, source, _bool, default=False, required=False)
+    els = root.findall(COMPUTE_EL)
+    if len(els) > 1:
+        raise IRFormatError(f"{_where(els[1], source)} a second <{COMPUTE_EL}>; at most one")
+    steps = [st for g in prog.gpus for tb in g.threadblocks for st in tb.steps if st.compute is not None]
+    if fused != bool(els) or (steps and not fused):
+        what = "compute steps" if steps else f"<{COMPUTE_EL}>" if els else f'{FUSED}="1"'
+        raise IRFormatError(f"{_where(root, source)} has {what} but not all of {FUSED}=\"1\", a <{COMPUTE_EL}> "
+                            f"element and compute steps: a fused IR carries the three together")
+    if not els:
+        return
+    el = els[0]
+    inputs = []
+    for i in _children(el, _INPUT, source):
+        try:
+            shape = tuple(strict_int(d, 1, limits.INT32_MAX) for d in _attr(i, "shape", source).split(","))
+        except ValueError as exc:
+            raise IRFormatError(f"{_where(i, source)} attribute shape={i.get('shape')!r}: {exc}") from None
+        inputs.append((_attr(i, "name", source), shape))
+    spec = ComputeSpec(op=_attr(el, "op", source, _choice(sorted(COMPUTE))),
+                       dtype=_attr(el, "dtype", source), inputs=tuple(inputs))
+    try:
+        spec.gemv_dims()
+    except ValueError as exc:
+        raise IRFormatError(f"{_where(el, source)} {exc}") from None
+    prog.compute = spec
 
 
 def _read_postcondition(el, source: str, ngpus: int) -> Postcondition:
@@ -246,6 +298,8 @@ def _algo_attrs(prog: Program) -> Dict[str, str]:
         val = getattr(prog, key)
         if val is not None:
             attrs[key] = str(val)
+    if prog.compute is not None:
+        attrs[FUSED] = "1"
     attrs.update(prog.extra)
     return attrs
 
@@ -267,8 +321,16 @@ def to_element(prog: Program):
                 for k in ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps"):
                     se.set(k, str(getattr(st, k)))
                 se.set("hasdep", _b(st.hasdep))
+                if st.compute is not None:
+                    se.set("inputs", ",".join(st.compute.inputs))
+                    se.set("col0", str(st.compute.col0))
+                    se.set("col1", str(st.compute.col1))
     if prog.postcondition is not None:
         root.append(_postcondition_element(prog.postcondition))
+    if prog.compute is not None:
+        ce = etree.SubElement(root, COMPUTE_EL, {"op": prog.compute.op, "dtype": prog.compute.dtype})
+        for name, shape in prog.compute.inputs:
+            etree.SubElement(ce, _INPUT, {"name": name, "shape": ",".join(map(str, shape))})
     return root
 
 
@@ -292,7 +354,7 @@ def to_xml(prog: Program) -> str:
     outside the IR's keywords takes the all-lxml path, so the text is
     always exactly what lxml writes (tests compare the two).
     """
-    if prog.postcondition is not None:   # custom collectives only: small programs
+    if prog.postcondition is not None or prog.compute is not None:   # custom and fused: small programs
         return _to_xml_lxml(prog)
     head = etree.tostring(etree.Element("algo", _algo_attrs(prog)), encoding="unicode")
     if not prog.gpus:

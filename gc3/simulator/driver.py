@@ -112,7 +112,7 @@ def _element_count(size, count, itemsize: int) -> int:
     return nbytes // itemsize
 
 
-def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum", seed: int = 0,
+def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "sum", seed: int = 0,
              slots: Optional[int] = None, inplace: Optional[bool] = None,
              reference: Union[None, Callable, Sequence] = None, *, count: Optional[int] = None,
              root: Optional[int] = None, inputs: Optional[Sequence[np.ndarray]] = None,
@@ -127,11 +127,28 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
     collectives, a callable `(inputs, op, nranks) -> outputs` or the expected
     outputs themselves (None entries are not checked).  root: of broadcast/
     reduce; None takes a traced GC3Program's own root (XML records none: 0).
+    dtype: None is float32, or a fused program's own (whose operator also
+    fixes the size: its output's elements; its inputs are made from `seed`).
     """
     if root is None:
         root = program_root(program_or_xml)
     prog = load_program(program_or_xml)
-    info = dtype_info(dtype)
+    spec = prog.compute
+    if spec is not None:
+        # The operator's shapes and dtype are in the IR: the call is the one it describes.
+        if dtype is not None and dtype_info(dtype).name != spec.dtype:
+            raise SimulationError(f"{prog.name} is a fused {spec.op} in {spec.dtype}; it cannot run as {dtype}")
+        if op != "sum" or inputs is not None or reference is not None:
+            raise SimulationError(f"{prog.name} is a fused {spec.op}: it sums, and makes its own inputs and "
+                                  f"reference (op, inputs and reference cannot be given)")
+        want = spec.out_elems
+        asked = None if size is None and count is None else \
+            _element_count(size, count, dtype_info(spec.dtype).np.itemsize)
+        if asked is not None and asked != want:
+            raise SimulationError(f"{prog.name} is a fused {spec.op} whose output holds {want} elements; "
+                                  f"a size of {asked} elements was asked for")
+        size, count, dtype = None, want, spec.dtype
+    info = dtype_info("float32" if dtype is None else dtype)
     ufunc = reduce_op(op)
     nranks = prog.ngpus
     in_elems = _element_count(size, count, info.np.itemsize)
@@ -153,7 +170,13 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
         raise SizeError(f"simulating {nranks} ranks at this size needs {format_bytes(total)} of buffers, more "
                               f"than gc3.limits.MAX_SIMULATED_BYTES={format_bytes(limits.MAX_SIMULATED_BYTES)}; "
                               f"use a smaller --size or --count")
-    if inputs is None:
+    compute_inputs = None
+    if spec is not None:
+        from .compute import make_compute_inputs
+        compute_inputs = make_compute_inputs(spec, nranks, seed)
+        # The caller gives no chunk data: the buffer starts as poison, so a read before a gemv shows.
+        inputs = [np.full(in_elems, np.nan, dtype=info.np) for _ in range(nranks)]
+    elif inputs is None:
         inputs = make_inputs(prog.coll, nranks, in_elems, info.name, seed, op=op)
     else:
         inputs = [np.asarray(x, dtype=info.np) for x in inputs]
@@ -162,6 +185,9 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
             raise SimulationError(f"inputs must be {nranks} arrays of {in_elems} elements")
     result.inputs = list(inputs)
     memories = {r: RankMemory(layouts[r], r, info.np, inputs[r], aliased) for r in range(nranks)}
+    if compute_inputs is not None:
+        for r in range(nranks):
+            memories[r].compute_inputs = compute_inputs[r]
 
     errs = static_errors(prog, memories)
     if errs:
@@ -190,7 +216,10 @@ def simulate(program_or_xml, size=None, dtype: str = "float32", op: str = "sum",
                 result.warnings.append(f"rank {r}: the out-of-place call modified its input buffer "
                                        f"({changed.size} element(s), first at index {changed[0]})")
 
-    _check(result, prog, inputs, op, root, reference)
+    if compute_inputs is not None:
+        _check_fused(result, prog, compute_inputs, layouts[0].chunks_per_block)
+    else:
+        _check(result, prog, inputs, op, root, reference)
 
     if run.completed:
         cfg = preset(cost) if isinstance(cost, str) else cost
@@ -261,7 +290,7 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference)
         result.errors.append(f"reference gave {len(expected)} outputs for {nranks} ranks")
         return
     result.expected = expected
-    total = 0
+    rows = []
     for r, (got, exp) in enumerate(zip(result.outputs, expected)):
         if exp is None:
             continue
@@ -269,7 +298,14 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference)
         if exp.shape != got.shape:
             result.errors.append(f"rank {r}: output has {got.size} elements, reference {exp.size}")
             continue
-        bad = mismatches(got, exp, result.dtype)
+        rows.append((r, mismatches(got, exp, result.dtype), exp, got))
+    _tally(result, rows, f"the {prog.coll} reference")
+
+
+def _tally(result: Result, rows, what: str) -> None:
+    """Record (rank, indices that differ, expected, got) rows: the count, the first, one error line."""
+    total = 0
+    for r, bad, exp, got in rows:
         if bad.size and result.first_wrong is None:
             i = int(bad[0])
             result.first_wrong = Mismatch(r, i, exp[i].item(), got[i].item())
@@ -277,8 +313,24 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference)
     result.wrong = total
     if total:
         fw = result.first_wrong
-        result.errors.insert(0, f"{total} output element(s) differ from the {prog.coll} reference; first at rank "
-                                f"{fw.rank} index {fw.index}: expected {fw.expected}, got {fw.got}")
+        result.errors.insert(0, f"{total} output element(s) differ from {what}; first at rank {fw.rank} index "
+                                f"{fw.index}: expected {fw.expected}, got {fw.got}")
+
+
+def _check_fused(result: Result, prog: Program, compute_inputs, chunks: int) -> None:
+    """Every rank's output against the unfused operator (compute, then allreduce), within
+    the rounding bound of `gc3/simulator/compute.py`."""
+    from .compute import fused_reference
+
+    if prog.coll != "allreduce":
+        result.errors.append(f"cannot check outputs: no fused reference for {prog.compute.op}+{prog.coll}")
+        return
+    expected, tol = fused_reference(prog, compute_inputs, chunks)
+    result.expected = [expected] * prog.ngpus
+    # NaN (never written) fails `diff <= tol`, so it counts as wrong.
+    rows = [(r, np.flatnonzero(~(np.abs(got.astype(np.float64) - expected) <= tol)), expected, got)
+            for r, got in enumerate(result.outputs)]
+    _tally(result, rows, f"the unfused reference ({prog.compute.op} on every rank, then {prog.coll})")
 
 
 def format_summary(res: Result) -> str:

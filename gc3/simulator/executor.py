@@ -183,18 +183,20 @@ def hasdep_warnings(prog: Program) -> List[str]:
 
 
 # --- what each opcode computes: the normative meaning of a step ------------------
-# value(op, read, src, dst, msg) -> the tile the step writes to dst and/or sends;
-# None: the step moves no data.  `read(buf, off)` reads `cnt` chunks.
+# value(op, read, src, dst, msg, computed) -> the tile the step writes to dst and/or
+# sends; None: the step moves no data.  `read(buf, off)` reads `cnt` chunks;
+# `computed()` is a compute step's result (gc3/simulator/compute.py).
 SEMANTICS = {
-    "s": lambda op, read, src, dst, msg: read(*src),
-    "r": lambda op, read, src, dst, msg: msg.tile,
-    "rcs": lambda op, read, src, dst, msg: msg.tile,
-    "rrc": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
-    "rrs": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
-    "rrcs": lambda op, read, src, dst, msg: op(msg.tile, read(*src)),
-    "cpy": lambda op, read, src, dst, msg: read(*src),
-    "re": lambda op, read, src, dst, msg: op(read(*dst), read(*src)),
+    "s": lambda op, read, src, dst, msg, computed: read(*src),
+    "r": lambda op, read, src, dst, msg, computed: msg.tile,
+    "rcs": lambda op, read, src, dst, msg, computed: msg.tile,
+    "rrc": lambda op, read, src, dst, msg, computed: op(msg.tile, read(*src)),
+    "rrs": lambda op, read, src, dst, msg, computed: op(msg.tile, read(*src)),
+    "rrcs": lambda op, read, src, dst, msg, computed: op(msg.tile, read(*src)),
+    "cpy": lambda op, read, src, dst, msg, computed: read(*src),
+    "re": lambda op, read, src, dst, msg, computed: op(read(*dst), read(*src)),
     "nop": None,
+    "gemv": lambda op, read, src, dst, msg, computed: computed(),
 }
 
 
@@ -375,6 +377,16 @@ class Simulator:
         a.pc = k + 1
         return wake
 
+    def _computed(self, st: Step, mem: RankMemory) -> np.ndarray:
+        from .compute import gemv_tile
+
+        if self.prog.compute is None or st.compute is None or mem.compute_inputs is None:
+            raise _Fatal(f"rank {mem.rank}: a {st.type} step in an IR without a <compute> operator")
+        tile, why = gemv_tile(self.prog.compute, mem.compute_inputs, st, mem.cs)
+        if tile is None:
+            raise _Fatal(f"rank {mem.rank}: {st.type} step {st.s}: {why}")
+        return tile
+
     def _compute(self, st: Step, mem: RankMemory, msg: Optional[Message]) -> Optional[np.ndarray]:
         """Move the data of one step; returns the tile it sends, if any."""
         value = SEMANTICS[st.type]
@@ -382,7 +394,8 @@ class Simulator:
             return None
         src = local_input(st, self.conv)
         dst = local_output(st, self.conv)
-        val = value(self.ufunc, lambda buf, off: mem.read(buf, off, st.cnt), src, dst, msg)
+        val = value(self.ufunc, lambda buf, off: mem.read(buf, off, st.cnt), src, dst, msg,
+                    lambda: self._computed(st, mem))
         if dst is not None:
             mem.write(dst[0], dst[1], st.cnt, val)
         return val if st.info.send else None

@@ -56,6 +56,7 @@ class RankMemory:
             arrays["o"] = np.full(L.out_elems, poison, dtype=dtype)
         arrays["s"] = np.full(L.scratch_elems, poison, dtype=dtype)
         self.arrays = arrays
+        self.compute_inputs: Optional[Dict[str, np.ndarray]] = None   # a fused program's x, w, ... of this rank
         self.cs = L.cs
         self.dtype = dtype
         # Every chunk of a user buffer is full and adjacent to the next one

@@ -10,7 +10,16 @@ reported at once: a contribution counted twice is wrong for `sum`.  Reading a
 slot nothing has written is reported too (it would read poison or stale data).
 At the end every output chunk that the postcondition specifies must hold
 exactly its expression; the first that differs is reported with the step that
-last wrote it.  Compute instructions would add node kinds beside `Sym`.
+last wrote it.
+
+Compute leaves.  In a fused IR (`fused="1"`, `gc3.ir.ComputeSpec`) no chunk
+holds data at the start: a compute step creates its leaves, `gemv(rank, j)`
+for column block j of rank's partial product x_rank @ w_rank (a `Sym` of kind
+"gemv"), and the collective's postcondition is read over those leaves in
+place of input chunks (AllReduce: output chunk j = sum_r gemv(r, j)).  A step
+computing columns that are not exactly the blocks of its destination chunks
+(shifted, or a different width) is rejected, so the proof still says which
+columns every output chunk holds.
 
 Cost.  The symbolic run is O(sum of cnt) slot operations; each step also
 joins a vector clock of T entries (T threadblocks in all) with numpy, and a
@@ -71,12 +80,13 @@ class Sym:
     """What a chunk slot holds: for each input index, the ranks whose chunk at that
     index were reduced in (one rank and one index: a plain copy of an input)."""
 
-    __slots__ = ("terms", "minpos", "lossy")
+    __slots__ = ("terms", "minpos", "lossy", "kind")
 
-    def __init__(self, terms: Tuple[Tuple[int, int], ...], minpos: int, lossy: bool = False):
+    def __init__(self, terms: Tuple[Tuple[int, int], ...], minpos: int, lossy: bool = False, kind: str = "in"):
         self.terms = terms        # sorted ((input index, rank bitmask), ...)
         self.minpos = minpos      # smallest in-block position of a leaf
         self.lossy = lossy        # passed through a user chunk that may be shorter than its data
+        self.kind = kind          # what the leaves are: "in" (input chunks) or a compute operator ("gemv")
 
     def leaves(self):
         for idx, mask in self.terms:
@@ -88,18 +98,20 @@ class Sym:
                 r += 1
 
     def __str__(self) -> str:
-        names = [f"in({r},{i})" for r, i in sorted(self.leaves())]
+        names = [f"{self.kind}({r},{i})" for r, i in sorted(self.leaves())]
         text = "+".join(names) if len(names) <= _SHOWN else \
             f"sum of {len(names)} chunks " + "+".join(names[:3]) + "+...+" + names[-1]
         return text + (" (truncated: stored in a shorter user chunk on the way)" if self.lossy else "")
 
 
-def leaf(rank: int, index: int, pos: int) -> Sym:
-    return Sym(((index, 1 << rank),), pos)
+def leaf(rank: int, index: int, pos: int, kind: str = "in") -> Sym:
+    return Sym(((index, 1 << rank),), pos, kind=kind)
 
 
 def reduce(a: Sym, b: Sym) -> Tuple[Sym, Optional[Tuple[int, int]]]:
     """a (+) b, and a leaf both contain (reduced twice) or None."""
+    if a.kind != b.kind:    # cannot happen: a fused IR has no input leaves, a plain one no compute leaves
+        raise SemanticError(f"reduces {a} with {b}: leaves of different kinds")
     merged = dict(a.terms)
     twice = None
     for idx, mask in b.terms:
@@ -108,19 +120,19 @@ def reduce(a: Sym, b: Sym) -> Tuple[Sym, Optional[Tuple[int, int]]]:
             both = old & mask
             twice = ((both & -both).bit_length() - 1, idx)
         merged[idx] = old | mask
-    return Sym(tuple(sorted(merged.items())), min(a.minpos, b.minpos), a.lossy or b.lossy), twice
+    return Sym(tuple(sorted(merged.items())), min(a.minpos, b.minpos), a.lossy or b.lossy, a.kind), twice
 
 
-def from_terms(terms, c: int) -> Sym:
+def from_terms(terms, c: int, kind: str = "in") -> Sym:
     """The Sym of input chunks `terms` ((rank, index), ...) of a layout with c chunks per block."""
     merged: Dict[int, int] = {}
     for r, idx in terms:
         merged[idx] = merged.get(idx, 0) | (1 << r)
-    return Sym(tuple(sorted(merged.items())), min((idx % c for idx in merged), default=0))
+    return Sym(tuple(sorted(merged.items())), min((idx % c for idx in merged), default=0), kind=kind)
 
 
 def same(a: Sym, b: Sym) -> bool:
-    return a.terms == b.terms and not a.lossy and not b.lossy
+    return a.terms == b.terms and a.kind == b.kind and not a.lossy and not b.lossy
 
 
 # --- postconditions -----------------------------------------------------------------
@@ -204,7 +216,7 @@ class _Rank:
         for buf in ("i", "o", "s"):
             if self.alias is None or buf != self.alias[0]:
                 self.slots[buf] = [_Slot() for _ in range(size[buf])]
-        for k in range(size["i"]):
+        for k in range(size["i"] if not prog.fused else 0):   # fused: compute steps make every leaf
             # An input NCCL does not read (a broadcast's, off the root) holds nothing to rely on.
             if coll is None or coll.precondition(rank, k):
                 b, j = self.location("i", k)
@@ -227,18 +239,19 @@ class _Msg:
 
 
 # What each opcode computes, on symbols (the simulator's SEMANTICS, on values):
-# value(reduce, read, src, dst, received) -> what the step writes and/or sends;
-# None: the step moves no data.
+# value(reduce, read, src, dst, received, computed) -> what the step writes and/or
+# sends; None: the step moves no data.  `computed()` is a compute step's leaves.
 SEMANTICS = {
-    "s": lambda red, read, src, dst, got: read(*src),
-    "r": lambda red, read, src, dst, got: got,
-    "rcs": lambda red, read, src, dst, got: got,
-    "rrc": lambda red, read, src, dst, got: red(got, read(*src)),
-    "rrs": lambda red, read, src, dst, got: red(got, read(*src)),
-    "rrcs": lambda red, read, src, dst, got: red(got, read(*src)),
-    "cpy": lambda red, read, src, dst, got: read(*src),
-    "re": lambda red, read, src, dst, got: red(read(*dst), read(*src)),
+    "s": lambda red, read, src, dst, got, computed: read(*src),
+    "r": lambda red, read, src, dst, got, computed: got,
+    "rcs": lambda red, read, src, dst, got, computed: got,
+    "rrc": lambda red, read, src, dst, got, computed: red(got, read(*src)),
+    "rrs": lambda red, read, src, dst, got, computed: red(got, read(*src)),
+    "rrcs": lambda red, read, src, dst, got, computed: red(got, read(*src)),
+    "cpy": lambda red, read, src, dst, got, computed: read(*src),
+    "re": lambda red, read, src, dst, got, computed: red(read(*dst), read(*src)),
     "nop": None,
+    "gemv": lambda red, read, src, dst, got, computed: computed(),
 }
 
 
@@ -301,7 +314,7 @@ class _Run:
                     raise RaceError(self._race(rank, b, k, "read/write", rt, epoch - 1, tid, step))
             c = mem.position(b)
             if c is not None and k % c > v.minpos and not v.lossy:
-                v = Sym(v.terms, v.minpos, True)
+                v = Sym(v.terms, v.minpos, True, v.kind)
             slot.value, slot.writer, slot.wclock, slot.reads = v, tid, step + 1, {}
 
     def _no_partial_overlap(self, tid: int, step: int, rank: int, src, dst, cnt: int) -> None:
@@ -326,7 +339,7 @@ class _Run:
             v, twice = reduce(x, y)
             if twice is not None:
                 raise DuplicateContributionError(
-                    f"{self.where(tid, step)} on rank {rank} reduces in({twice[0]},{twice[1]}) into a value "
+                    f"{self.where(tid, step)} on rank {rank} reduces {x.kind}({twice[0]},{twice[1]}) into a value "
                     f"that already contains it ({x} with {y}): that contribution would count twice")
             out.append(v)
         return out
@@ -346,12 +359,33 @@ class _Run:
         if src is not None and dst is not None:
             self._no_partial_overlap(tid, k, r, src, dst, cnt)
         values = value(lambda a, b: self.reduced(tid, k, r, a, b),
-                       lambda buf, off: self.read(tid, k, r, buf, off, cnt), src, dst, msg and msg.values)
+                       lambda buf, off: self.read(tid, k, r, buf, off, cnt), src, dst, msg and msg.values,
+                       lambda: self.computed(tid, k, r))
         if dst is not None:
             self.write(tid, k, r, dst[0], dst[1], values)
         if st.info.send:
             return _Msg(values, vc.copy(), (tid, k))
         return None
+
+    def computed(self, tid: int, step: int, rank: int) -> List[Sym]:
+        """The leaves a gemv step makes: column block col0/w + q for its chunk q, where
+        w = N / c columns make one chunk.  Columns that are not exactly those blocks
+        (shifted by any amount, or a different width) mean the destination chunks
+        would hold data the layout does not put there: rejected here."""
+        st = self.m.tbs[tid].steps[step]
+        c = self.ranks[rank].c
+        _, _, n = self.m.prog.compute.gemv_dims()
+        if n % c:
+            raise SemanticError(f"the gemv output has {n} columns, not a multiple of the {c} chunks per block: "
+                                f"a chunk would not hold a whole column block")
+        w = n // c
+        a, b = st.compute.col0, st.compute.col1
+        if a % w or b - a != st.cnt * w:
+            raise SemanticError(
+                f"{self.where(tid, step)} on rank {rank} computes columns [{a}, {b}) of x @ w into {st.cnt} chunk(s) "
+                f"of {w} columns each: not whole column blocks [{w}*j, {w}*(j+{st.cnt})), so the chunks would not "
+                f"hold the columns the output layout puts there")
+        return [leaf(rank, a // w + q, (a // w + q) % c, "gemv") for q in range(st.cnt)]
 
     def run(self) -> None:
         m = self.m
@@ -410,7 +444,7 @@ class _Run:
             mem = self.ranks[r]
             want = seen.get(terms)
             if want is None:
-                want = seen[terms] = from_terms(terms, c)
+                want = seen[terms] = from_terms(terms, c, prog.compute.op if prog.fused else "in")
             bad = [(rr, ii) for ii, mask in want.terms if ii % c != j % c for rr in (mask.bit_length() - 1,)]
             if bad:
                 raise SemanticError(
@@ -442,9 +476,9 @@ def _difference(want: Sym, got: Sym) -> str:
     w, g = set(want.leaves()), set(got.leaves())
     parts = []
     if w - g:
-        parts.append("missing " + ", ".join(f"in({r},{i})" for r, i in sorted(w - g)[:_SHOWN]))
+        parts.append("missing " + ", ".join(f"{want.kind}({r},{i})" for r, i in sorted(w - g)[:_SHOWN]))
     if g - w:
-        parts.append("extra " + ", ".join(f"in({r},{i})" for r, i in sorted(g - w)[:_SHOWN]))
+        parts.append("extra " + ", ".join(f"{got.kind}({r},{i})" for r, i in sorted(g - w)[:_SHOWN]))
     return f" [{'; '.join(parts)}]" if parts else ""
 
 

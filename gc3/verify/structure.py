@@ -31,6 +31,25 @@ def check(prog: Program) -> None:
                 _check_dep(g, tbs, tb.id, at, st)
                 if st.type != "nop":
                     _check_operands(prog, g, at, st)
+                if st.info.compute or st.compute is not None:
+                    _check_compute(prog, at, st)
+
+
+def _check_compute(prog: Program, at: str, st: Step) -> None:
+    """A compute step names the operator's inputs in its order and columns inside y."""
+    spec = prog.compute
+    if not st.info.compute or st.compute is None:
+        raise IRStructureError(f"{at}: compute operands on a {st.type!r} step, or a {st.type!r} step without them")
+    if spec is None or spec.op != st.info.compute:
+        raise IRStructureError(f"{at}: a {st.type!r} step in an IR whose <compute> declares "
+                               f"{spec.op if spec else 'no operator'} (a fused IR needs fused=\"1\" and <compute>)")
+    names = tuple(name for name, _ in spec.inputs)
+    if st.compute.inputs != names:
+        raise IRStructureError(f"{at}: reads compute inputs {','.join(st.compute.inputs)}; the operator "
+                               f"declares {','.join(names)}")
+    _, _, n = spec.gemv_dims()
+    if not 0 <= st.compute.col0 < st.compute.col1 <= n:
+        raise IRStructureError(f"{at}: columns [{st.compute.col0}, {st.compute.col1}) outside y's {n} columns")
 
 
 def _check_gpus(prog: Program) -> None:
