@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import LoweringError
+from ..ir.opcodes import COMPUTE
 from ..dsl.chunk_dag import ChunkDAG
 from ..dsl.ops import Op
 from .buffers import BufferPlan
@@ -119,17 +120,17 @@ def build_instr_dag(chunks: ChunkDAG, plan: BufferPlan) -> InstrDAG:
     for op in chunks.ops:
         if op.src.count != op.dst.count:
             raise LoweringError(f"{op.where}: {op.kind} of {op.src} into {op.dst}: counts differ")
-        if op.kind not in ("copy", "reduce", "gemv"):
+        if op.kind not in ("copy", "reduce") and op.kind not in COMPUTE:
             raise LoweringError(f"{op.where}: unknown op kind {op.kind!r}")
         src = plan.canonical(op.src.rank, op.src.buffer, op.src.index)
         dst = plan.canonical(op.dst.rank, op.dst.buffer, op.dst.index)
         local_tb = op.sendtb if op.sendtb is not None else op.recvtb
-        if op.kind == "gemv":
+        if op.kind in COMPUTE:
             # A compute producer: one local instruction writing dst, which reads no chunk
             # (src repeats dst, as a receive's does), so what consumes a chunk depends on
-            # the gemv of that chunk only.  Columns and chunks move together, so replication
+            # the compute of that chunk only.  Ranges and chunks move together, so replication
             # (which would split one chunk into several) is refused in `lower`.
-            instrs.append(Instr(len(instrs), op.dst.rank, "gemv", dst[0], dst[1], dst[0], dst[1], op.dst.count,
+            instrs.append(Instr(len(instrs), op.dst.rank, op.kind, dst[0], dst[1], dst[0], dst[1], op.dst.count,
                                 ch=op.ch, tb=local_tb, parallel=op.parallel, ops=(op,), compute=op.compute))
             send_to.append(-1)
             recv_from.append(-1)
@@ -158,7 +159,7 @@ def _reads_writes(x: Instr):
     t = x.type
     if t == "s":
         return (x.srcbuf, x.srcoff), None
-    if t in ("r", "gemv"):
+    if t == "r" or t in COMPUTE:
         return None, (x.dstbuf, x.dstoff)
     if t == "cpy":
         return (x.srcbuf, x.srcoff), (x.dstbuf, x.dstoff)
@@ -197,7 +198,7 @@ def _link(dag: InstrDAG) -> None:
                 readers.setdefault(loc, []).append(me)
         if wr is not None:
             buf, off = wr
-            pure = x.type in ("r", "cpy", "gemv")
+            pure = x.type in ("r", "cpy") or x.type in COMPUTE
             for idx in range(off, off + x.cnt):
                 loc = (rank, buf, idx)
                 rs = readers.get(loc)

@@ -24,14 +24,14 @@ from typing import Optional, Tuple
 from .. import limits
 from ..errors import TraceError
 from ..units import as_int, user_location
-from .symbolic import Value, computed_chunk, input_chunk, reduced_inputs, reduction
+from .symbolic import Value, as_computed, input_chunk, reduced_inputs, reduction
 
 # The collectives NCCL has: their meaning is built into gc3's verifier and
 # runtime.  Any other collective carries its postcondition in its IR.
 NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 
 __all__ = ["NCCL_COLLECTIVES", "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
-           "AllToNext", "GemvAllReduce", "input_chunk", "reduction", "Value"]
+           "AllToNext", "GemvAllReduce", "EmbeddingBagAllToAll", "input_chunk", "reduction", "Value"]
 
 
 class Collective:
@@ -199,7 +199,50 @@ class AllToNext(Collective):
         return None if rank == 0 else input_chunk(rank - 1, index)
 
 
-class GemvAllReduce(AllReduce):
+class _Fused:
+    """What a fused collective adds to its plain one (mixed in before it): `compute`
+    (the operator's gc3.ir.ComputeSpec), whose split axis is cut into `blocks`
+    blocks of `per_chunk` units, block k being what the plain collective calls
+    input chunk k; no chunk is given by the caller (compute steps fill them), and
+    the postcondition is the plain one's with compute leaves op(r, k) in place of
+    in(r, k)."""
+
+    compute = None
+    per_chunk = 1
+
+    def _declare(self, spec, where: str) -> None:
+        axis, length, _ = spec.split()
+        self.blocks = self.input_size(0)
+        if length % self.blocks:
+            raise TraceError(f"{where}: the {spec.op} operator's {length} {axis}s do not split into {self.blocks} "
+                             f"chunks (chunk_factor={self.chunk_factor}): a chunk must hold whole {axis}s")
+        self.compute, self.per_chunk = spec, length // self.blocks
+
+    def precondition(self, rank, index):
+        return False      # the caller gives the operator's inputs, not chunks: compute steps fill the buffer
+
+    def postcondition(self, rank, index):
+        cache = self.__dict__.setdefault("_computed", {})
+        if (rank, index) not in cache:
+            v = super().postcondition(rank, index)
+            cache[(rank, index)] = None if v is None else as_computed(v, self.compute.op)
+        return cache[(rank, index)]
+
+    def span(self, index: int, count: int = 1):
+        """The split-axis range [col0, col1) of blocks index..index+count-1."""
+        return index * self.per_chunk, (index + count) * self.per_chunk
+
+
+def _float_dtype(dtype, op: str, where: str) -> str:
+    from ..dtypes import dtype_info
+
+    info = dtype_info(dtype)
+    if not info.is_float:
+        raise TraceError(f"{where}: {op} computes in floating point; dtype {info.name} is not")
+    return info.name
+
+
+class GemvAllReduce(_Fused, AllReduce):
     """A fused GEMV + AllReduce (row-parallel linear layer at decode): rank r
     holds x_r [batch, K_shard] and its weight shard w_r [K_shard, N]; every rank
     ends with y = sum_r x_r @ w_r in its output.
@@ -213,7 +256,6 @@ class GemvAllReduce(AllReduce):
 
     def __init__(self, num_ranks, chunk_factor=1, batch=1, k_shard=128, n_out=128, dtype="bfloat16",
                  inplace=True):
-        from ..dtypes import dtype_info
         from ..ir import ComputeSpec
 
         super().__init__(num_ranks, chunk_factor, inplace)
@@ -224,26 +266,57 @@ class GemvAllReduce(AllReduce):
         if n_out % self.chunk_factor:
             raise TraceError(f"{where}: n_out={n_out} is not a multiple of chunk_factor={self.chunk_factor}: "
                              f"each chunk must hold a whole column block of y")
-        info = dtype_info(dtype)
-        if not info.is_float:
-            raise TraceError(f"{where}: a gemv computes in floating point; dtype {info.name} is not")
-        self.compute = ComputeSpec("gemv", info.name, (("x", (batch, k_shard)), ("w", (k_shard, n_out))))
-        self.cols_per_chunk = n_out // self.chunk_factor
+        self._declare(ComputeSpec("gemv", _float_dtype(dtype, "a gemv", where),
+                                  (("x", (batch, k_shard)), ("w", (k_shard, n_out)))), where)
 
     def __repr__(self) -> str:
         batch, k, n = self.compute.gemv_dims()
         return (f"GemvAllReduce(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, batch={batch}, "
                 f"k_shard={k}, n_out={n}, dtype={self.compute.dtype!r}, inplace={self.inplace})")
 
-    def precondition(self, rank, index):
-        return False      # the caller gives x and w, not chunks: gemv steps fill the buffer
-
-    def postcondition(self, rank, index):
-        cache = self.__dict__.setdefault("_sums", {})
-        if index not in cache:
-            cache[index] = reduction(computed_chunk(r, index, "gemv") for r in range(self.num_ranks))
-        return cache[index]
-
     def columns(self, index: int, count: int = 1):
         """Output columns [col0, col1) of y that chunks index..index+count-1 hold."""
-        return index * self.cols_per_chunk, (index + count) * self.cols_per_chunk
+        return self.span(index, count)
+
+
+class EmbeddingBagAllToAll(_Fused, AllToAll):
+    """A fused embedding-bag + AllToAll (DLRM table-wise sharding, TorchRec's
+    PooledEmbeddingsAllToAll): rank r holds T tables [rows, dim] (`dtype`), and for
+    the global batch of B = N*b samples, per table, `pooling` indices a sample on
+    average: indices [T, B*pooling] and offsets [T, B+1] (int32, CSR bags).
+
+    Rank r pools (sum) its tables for every sample, pooled_r [B, T*dim], and rank
+    p ends with the rows of its own b samples from every rank.  Layout: rank r's
+    input buffer is pooled_r row-major, so input chunk p*c + i (c = chunk_factor)
+    is samples p*b + i*b/c .. of it; rank p's output chunk r*c + i is rank r's
+    input chunk p*c + i (plain AllToAll), so p's output is [N, b, T*dim]: rank-major,
+    then sample, then table t's dim values.  TorchRec's [b, N*T*dim] (sample-major,
+    then rank r's tables in rank order) is output.reshape(N, b, T*dim)
+    .transpose(1, 0, 2).reshape(b, N*T*dim); the simulator's reference is this
+    output buffer.  No chunk is given: `embedding_bag(rank, ...)` steps compute
+    them (leaf ebag(rank, k) for input chunk k) anywhere, e.g. into scratch,
+    and they are sent like any chunk."""
+
+    def __init__(self, num_ranks, chunk_factor=1, tables=2, rows=64, dim=16, batch=4, pooling=4,
+                 dtype="float32"):
+        from ..ir import ComputeSpec
+
+        super().__init__(num_ranks, chunk_factor, False)
+        where = user_location()
+        t, rows, dim, b, pooling = (as_int(v, name, 1, where) for v, name in
+                                    ((tables, "tables"), (rows, "rows"), (dim, "dim"), (batch, "batch"),
+                                     (pooling, "pooling")))
+        if b % self.chunk_factor:
+            raise TraceError(f"{where}: batch={b} (samples per rank) is not a multiple of chunk_factor="
+                             f"{self.chunk_factor}: each chunk must hold whole samples")
+        total = self.num_ranks * b
+        self._declare(ComputeSpec("ebag", _float_dtype(dtype, "an embedding bag", where),
+                                  (("tables", (t, rows, dim)), ("indices", (t, total * pooling)),
+                                   ("offsets", (t, total + 1))),
+                                  (("indices", "int32"), ("offsets", "int32"))), where)
+
+    def __repr__(self) -> str:
+        t, rows, dim, nnz, total = self.compute.ebag_dims()
+        return (f"EmbeddingBagAllToAll(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, tables={t}, "
+                f"rows={rows}, dim={dim}, batch={total // self.num_ranks}, pooling={nnz // total}, "
+                f"dtype={self.compute.dtype!r})")

@@ -38,6 +38,7 @@ from .chunk_ref import ChunkRef
 from .collectives import Collective
 from ..errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
 from ..ir import PROTOCOLS
+from ..ir.opcodes import COMPUTE
 from .ops import Op, Slot
 from .symbolic import Value, computed_chunk, describe, difference, input_chunk
 from .topology import Topology, fully_connected
@@ -197,9 +198,9 @@ class GC3Program:
     # --- applying operations ------------------------------------------------------
     def record(self, kind: str, src: Slot, dst: Slot, ch, sendtb, recvtb, where: str, compute=None) -> Op:
         parallel, group = self._parallel if self._parallel else (1, None)
-        if kind == "gemv":      # src repeats dst; the values are the computed column blocks
-            first = compute.col0 // self.collective.cols_per_chunk
-            src_values = [computed_chunk(dst.rank, first + k, "gemv") for k in range(dst.count)]
+        if kind in COMPUTE:     # src repeats dst; the values are the computed blocks of the split axis
+            first = compute.col0 // self.collective.per_chunk
+            src_values = [computed_chunk(dst.rank, first + k, kind) for k in range(dst.count)]
             kind_applied = "copy"
         else:
             src_values = [self._values[k] for k in self.keys(src)]
@@ -267,25 +268,44 @@ def gemv(rank, buffer, index, count: int = 1, *, cols: Optional[int] = None, sen
     `index`, the output chunks those columns end up in), under a fused
     collective (`gc3.collectives.GemvAllReduce`).  Returns a reference to the
     computed chunks, to send, reduce or copy like any other."""
+    return _compute("gemv", "gemv()", "GemvAllReduce", rank, buffer, index, count, cols, "cols", sendtb)
+
+
+def embedding_bag(rank, buffer, index, count: int = 1, *, rows: Optional[int] = None, sendtb=None) -> ChunkRef:
+    """Compute chunks (rank, buffer, index..index+count-1) as rank's pooled embedding
+    bags (sum over each bag, every table of the rank) of the sample blocks
+    `rows..rows+count-1` of the global batch, b/c samples a block (default `rows`:
+    `index`, the input chunk those samples are in), under a fused collective
+    (`gc3.collectives.EmbeddingBagAllToAll`): block p*c + i is samples
+    p*b + i*b/c .., the ones rank p receives.  Returns a reference to the computed
+    chunks, to send or copy like any other."""
+    return _compute("ebag", "embedding_bag()", "EmbeddingBagAllToAll", rank, buffer, index, count, rows, "rows",
+                    sendtb)
+
+
+def _compute(op: str, fn: str, coll_name: str, rank, buffer, index, count, first, first_name: str,
+             sendtb) -> ChunkRef:
+    """The compute producers' one mechanism: dst chunks <- the operator's split-axis blocks
+    first..first+count-1 (the collective's input chunk indices), as one `op` step."""
     from .chunk_ref import _schedule_hint
+    from ..ir import ComputeArgs
 
     where = user_location()
-    prog = _current("gemv()")
+    prog = _current(fn)
     coll = prog.collective
-    if getattr(coll, "compute", None) is None or coll.compute.op != "gemv":
-        raise TraceError(f"{where}: gemv() needs a fused collective that declares a gemv operator "
-                         f"(gc3.collectives.GemvAllReduce); {coll!r} declares none")
+    if getattr(coll, "compute", None) is None or coll.compute.op != op:
+        raise TraceError(f"{where}: {fn} needs a fused collective that declares a {op} operator "
+                         f"(gc3.collectives.{coll_name}); {coll!r} declares none")
     count = as_int(count, "count", 1, where)
     r, buf, idx = prog.locate(rank, buffer, index, count, where)
-    first = prog.topology.flatten(index, "index", where) if cols is None else as_int(cols, "cols", 0, where)
-    if first + count > coll.chunk_factor:
-        raise IndexOutOfRangeError(f"{where}: gemv column blocks {first}:{first + count} are outside y's "
-                                   f"{coll.chunk_factor} blocks")
-    from ..ir import ComputeArgs
-    col0, col1 = coll.columns(first, count)
+    first = prog.topology.flatten(index, "index", where) if first is None else as_int(first, first_name, 0, where)
+    if first + count > coll.blocks:
+        raise IndexOutOfRangeError(f"{where}: {op} {coll.compute.split()[0]} blocks {first}:{first + count} are "
+                                   f"outside the operator's {coll.blocks} blocks")
+    col0, col1 = coll.span(first, count)
     dst = Slot(r, buf, idx, count)
-    prog.record("gemv", dst, dst, None, _schedule_hint("sendtb", sendtb, where), None, where,
-                compute=ComputeArgs(("x", "w"), col0, col1))
+    prog.record(op, dst, dst, None, _schedule_hint("sendtb", sendtb, where), None, where,
+                compute=ComputeArgs(coll.compute.names, col0, col1))
     return prog.ref(dst, where)
 
 

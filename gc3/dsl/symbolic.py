@@ -53,6 +53,12 @@ def computed_chunk(rank: int, index: int, op: str) -> Value:
     return Value(((rank, index, op),))
 
 
+def as_computed(v: Value, op: str) -> Value:
+    """`v` with each input chunk leaf in(r, i) replaced by the compute leaf op(r, i): a fused
+    collective's postcondition is its plain collective's over computed chunks."""
+    return Value(tuple((t[0], t[1], op) for t in v.terms))
+
+
 def term_name(t: Term) -> str:
     return f"in({t[0]},{t[1]})" if len(t) == 2 else f"{t[2]}({t[0]},{t[1]})"
 

@@ -47,6 +47,9 @@ OPCODES: Dict[str, OpcodeInfo] = {
     # gc3 extension (a fused="1" IR): dst chunks <- columns [col0, col1) of x @ w for this rank's
     # shard.  No interpreter opcode yet (issue 16), so the runtime refuses an IR that has one.
     "gemv": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemv"),
+    # gc3 extension: dst chunks <- pooled rows (samples [col0, col1)) of this rank's embedding
+    # tables (embedding-bag sum); CPU only, like gemv.
+    "ebag": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="ebag"),
 }
 
 # --- derived: no opcode is named below this line ----------------------------------

@@ -41,9 +41,12 @@ Operand = Tuple[str, int]  # (buffer, chunk offset); the extent is step.cnt
 
 @dataclass(frozen=True)
 class ComputeArgs:
-    """What a compute step (`gemv`) evaluates: the program's named compute inputs
-    it reads, in the operator's order (gemv: x, w), and the output columns
-    [col0, col1) of x @ w it stores into its dst chunks (see `ComputeSpec`)."""
+    """What a compute step evaluates: the program's named compute inputs it reads,
+    in the operator's order (`ComputeSpec.names`: gemv x, w; ebag tables, indices,
+    offsets), and the range [col0, col1) of the operator's split axis
+    (`ComputeSpec.axis`: gemv columns of y, ebag samples of the global batch)
+    whose results it stores into its dst chunks.  One operand shape for every
+    operator, so the XML, the verifier and the simulator read them alike."""
 
     inputs: Tuple[str, ...]
     col0: int
@@ -53,21 +56,39 @@ class ComputeArgs:
 @dataclass(frozen=True)
 class ComputeSpec:
     """The operator of a fused IR (`<compute>`, root `fused="1"`): its kind, the
-    element type of its inputs and output, and each named per-rank input's shape.
+    element type of its float inputs and output, each named per-rank input's
+    shape, and the inputs of another type (`dtypes`: index arrays are int32).
 
     gemv: inputs x [batch, K] and w [K, N] on every rank (rank r's shard);
     the collective's buffer is y = x @ w, [batch, N], laid out *column block
     by column block*: with c chunks per block, chunk j holds y[:, j*N/c:(j+1)*N/c]
     row-major (batch x N/c elements), so a chunk is one whole column range and
     a compute step writes exactly the chunks of its columns.  For batch 1 that
-    is y itself; otherwise y = buffer.reshape(c, batch, N/c).transpose(1, 0, 2)."""
+    is y itself; otherwise y = buffer.reshape(c, batch, N/c).transpose(1, 0, 2).
+
+    ebag (embedding-bag sum, table-wise sharded): tables [T, rows, dim], and for
+    the global batch of B samples indices [T, nnz] and offsets [T, B + 1] (int32;
+    bag s of table t is indices[t, offsets[t, s]:offsets[t, s + 1]], may be empty).
+    pooled[s] = concat_t sum of tables[t, bag] is [B, T*dim]; its buffer is that,
+    row-major, so samples [a, b) are one contiguous range (split axis: samples).
+    Under AllToAll each rank's input buffer is its own pooled [B, T*dim] (chunk
+    p*c + i: samples of rank p's slice); see gc3.collectives.EmbeddingBagAllToAll
+    for where they land."""
 
     op: str
     dtype: str
     inputs: Tuple[Tuple[str, Tuple[int, ...]], ...]
+    dtypes: Tuple[Tuple[str, str], ...] = ()      # inputs whose type is not `dtype`
 
     def shape(self, name: str) -> Optional[Tuple[int, ...]]:
         return dict(self.inputs).get(name)
+
+    def input_dtype(self, name: str) -> str:
+        return dict(self.dtypes).get(name, self.dtype)
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(name for name, _ in self.inputs)
 
     def gemv_dims(self) -> Tuple[int, int, int]:
         """(batch, K, N) of a gemv operator; ValueError when its inputs do not say."""
@@ -76,11 +97,34 @@ class ComputeSpec:
             raise ValueError(f"a gemv operator needs inputs x [batch, K] and w [K, N]; got {dict(self.inputs)}")
         return x[0], x[1], w[1]
 
+    def ebag_dims(self) -> Tuple[int, int, int, int, int]:
+        """(T, rows, dim, nnz, B) of an ebag operator; ValueError when its inputs do not say."""
+        t, i, o = self.shape("tables"), self.shape("indices"), self.shape("offsets")
+        if (self.op != "ebag" or self.names != ("tables", "indices", "offsets") or len(t) != 3 or len(i) != 2
+                or len(o) != 2 or not t[0] == i[0] == o[0] or o[1] < 2
+                or self.input_dtype("indices") != "int32" or self.input_dtype("offsets") != "int32"):
+            raise ValueError(f"an ebag operator needs inputs tables [T, rows, dim], indices [T, nnz] and offsets "
+                             f"[T, B+1] (both int32); got {dict(self.inputs)} typed {dict(self.dtypes)}")
+        return t[0], t[1], t[2], i[1], o[1] - 1
+
+    def split(self) -> Tuple[str, int, int]:
+        """(axis, length, buffer elements per unit) of the operator's split axis, the one compute
+        steps' [col0, col1) index: gemv (column, N, batch); ebag (sample, B, T*dim).  ValueError
+        for an operator this table lacks or inputs it cannot read."""
+        if self.op == "gemv":
+            batch, _, n = self.gemv_dims()
+            return "column", n, batch
+        if self.op == "ebag":
+            t, _, dim, _, b = self.ebag_dims()
+            return "sample", b, t * dim
+        raise ValueError(f"unknown compute operator {self.op!r}")
+
     @property
     def out_elems(self) -> int:
-        """Elements of the collective's buffer the operator fills (gemv: batch * N)."""
-        batch, _, n = self.gemv_dims()
-        return batch * n
+        """Elements of the collective's buffer the operator fills (gemv: batch * N; ebag: B * T * dim)."""
+        _, length, unit = self.split()
+        return length * unit
+
 
 # What a collective computes, in the IR's chunks: (rank, output chunk) -> the
 # input chunks (rank, index) reduced into it (one: a copy).  Output chunks not

@@ -28,9 +28,9 @@ POSTCONDITION = "postcondition"
 _TERM = "term"
 
 # A fused IR (gc3 extension, issue 16): root attribute fused="1", compute steps
-# (`gemv`) with three more attributes (inputs="x,w" col0 col1), and one
+# (`gemv`, `ebag`) with three more attributes (inputs="x,w" col0 col1), and one
 # <compute op dtype> child after the <gpu>s declaring each named per-rank input:
-# <input name="x" shape="1,2048"/>.  MSCCL's runtime would reject the step
+# <input name="x" shape="1,2048"/>, with dtype="int32" where it is not the operator's.  MSCCL's runtime would reject the step
 # types anyway; fused="1" says so up front, and the reader insists that it,
 # the <compute> element and the compute steps come together.
 COMPUTE_EL = "compute"
@@ -201,17 +201,19 @@ def _read_fused(root, source: str, prog: Program) -> None:
     if not els:
         return
     el = els[0]
-    inputs = []
+    inputs, dtypes = [], []
     for i in _children(el, _INPUT, source):
         try:
             shape = tuple(strict_int(d, 1, limits.INT32_MAX) for d in _attr(i, "shape", source).split(","))
         except ValueError as exc:
             raise IRFormatError(f"{_where(i, source)} attribute shape={i.get('shape')!r}: {exc}") from None
         inputs.append((_attr(i, "name", source), shape))
+        if i.get("dtype") is not None:
+            dtypes.append((inputs[-1][0], _attr(i, "dtype", source)))
     spec = ComputeSpec(op=_attr(el, "op", source, _choice(sorted(COMPUTE))),
-                       dtype=_attr(el, "dtype", source), inputs=tuple(inputs))
+                       dtype=_attr(el, "dtype", source), inputs=tuple(inputs), dtypes=tuple(dtypes))
     try:
-        spec.gemv_dims()
+        spec.split()
     except ValueError as exc:
         raise IRFormatError(f"{_where(el, source)} {exc}") from None
     prog.compute = spec
@@ -329,8 +331,11 @@ def to_element(prog: Program):
         root.append(_postcondition_element(prog.postcondition))
     if prog.compute is not None:
         ce = etree.SubElement(root, COMPUTE_EL, {"op": prog.compute.op, "dtype": prog.compute.dtype})
+        typed = dict(prog.compute.dtypes)
         for name, shape in prog.compute.inputs:
-            etree.SubElement(ce, _INPUT, {"name": name, "shape": ",".join(map(str, shape))})
+            ie = etree.SubElement(ce, _INPUT, {"name": name, "shape": ",".join(map(str, shape))})
+            if name in typed:       # only inputs not of the operator's dtype say theirs
+                ie.set("dtype", typed[name])
     return root
 
 

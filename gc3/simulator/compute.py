@@ -2,70 +2,152 @@
 
 A fused IR (`gc3.ir.ComputeSpec`) names per-rank compute inputs instead of
 taking the collective's input buffer from the caller.  Here they are made
-(seeded, exactly representable in the operator's dtype), a `gemv` step is
-evaluated as the interpreter would (inputs in bf16/fp16/fp32, fp32
-accumulation, the result rounded to the dtype, laid out column block by column
-block), and the expected output is computed the *unfused* way: each rank's
-x_r @ w_r on its own, rounded as that kernel would store it, then summed across
-ranks, as a GEMV followed by an NCCL AllReduce would.
+(seeded, exactly representable in the operator's dtype), a compute step is
+evaluated as the interpreter would (float inputs in bf16/fp16/fp32, fp32
+accumulation, the result rounded to the dtype, laid out as `ComputeSpec`
+says), and the expected output is computed the *unfused* way: each rank's
+operator on its own, rounded as that kernel would store it, then the
+collective on those results, as the operator followed by an NCCL call would.
+
+One table, `OPERATORS`, says per operator how to make its inputs, evaluate a
+range of its split axis, and compute the unfused reference; everything else
+(range checks, dtype handling, the comparison) is shared.
+
+* gemv + AllReduce: x_r @ w_r per rank, summed across ranks.
+* ebag + AllToAll: each rank pools its T tables (sum) for the whole global
+  batch, [B, T*dim]; rank p then receives every rank's rows of its slice
+  p*b .. (p+1)*b, rank-major: its output is [N, b, T*dim]
+  (gc3.collectives.EmbeddingBagAllToAll).
 
 Tolerance: the fused and unfused results differ by rounding only (the order
 of the cross-rank sum, the dtype's rounding of partial sums), which is bounded
 by a few ulps of the *magnitudes* added, not of the result: an element that
 cancels to about zero may carry an absolute error of an ulp of its largest
-partial.  So an element passes when |got - expected| <= rtol * sum_r |y_r|
-(+ a tiny atol), rtol = 2e-2 for bf16 (issue 16's figure), and finer for
-wider types.  A wrong column (a shifted step) changes values by their own
-magnitude, far outside that bound.
+partial.  So an element passes when |got - expected| <= rtol * (sum of the
+magnitudes added) (+ a tiny atol), rtol = 2e-2 for bf16 (issue 16's figure),
+and finer for wider types.  A wrong range (a shifted step) changes values by
+their own magnitude, far outside that bound.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from ..dtypes import dtype_info
-from ..ir import ComputeSpec, Program, Step
+from ..ir import ComputeSpec, Step
 
 # rtol against the sum of the partial magnitudes, per dtype.
 RTOL = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 1e-5, "float64": 1e-12}
 
 
-def make_compute_inputs(spec: ComputeSpec, nranks: int, seed: int) -> List[Dict[str, np.ndarray]]:
-    """Per rank, each named input: small integers over 8 (exact in bf16), signed so sums cancel."""
-    rng = np.random.default_rng(seed)
-    dt = dtype_info(spec.dtype).np
-    return [{name: (rng.integers(-8, 9, size=shape) / 8.0).astype(dt) for name, shape in spec.inputs}
-            for _ in range(nranks)]
+def _values(rng, shape, dt):
+    """Small integers over 8 (exact in bf16), signed so sums cancel."""
+    return (rng.integers(-8, 9, size=shape) / 8.0).astype(dt)
 
 
 def _blocks(y: np.ndarray, nblocks: int) -> np.ndarray:
-    """[batch, cols] -> the buffer layout: nblocks column blocks, each row-major."""
+    """[batch, cols] -> the gemv buffer layout: nblocks column blocks, each row-major."""
     batch, cols = y.shape
     return y.reshape(batch, nblocks, cols // nblocks).transpose(1, 0, 2).reshape(-1)
 
 
-def gemv_tile(spec: ComputeSpec, inputs: Dict[str, np.ndarray], st: Step, cs: int) -> Tuple[np.ndarray, str]:
-    """The tile a gemv step writes (cnt chunks of cs lanes), or (None, why) when its operands cannot be
-    evaluated.  Columns are taken as the step says, so a wrong range computes wrong data."""
-    batch, _, n = spec.gemv_dims()
-    args = st.compute
-    x, w = (inputs[name] for name in args.inputs)
-    a, b = args.col0, args.col1
-    if not 0 <= a < b <= n:
-        return None, f"columns [{a}, {b}) are outside y's {n} columns"
-    if (b - a) % st.cnt or batch * (b - a) != st.cnt * cs:
-        return None, (f"columns [{a}, {b}) x batch {batch} do not fill {st.cnt} chunk(s) of {cs} elements")
-    y = x.astype(np.float32) @ w[:, a:b].astype(np.float32)       # fp32 accumulation
-    return _blocks(y, st.cnt).astype(x.dtype), ""
+# --- gemv: y = x @ w, split by columns, AllReduce ---------------------------------------
+def _gemv_make(spec: ComputeSpec, rng) -> Dict[str, np.ndarray]:
+    dt = dtype_info(spec.dtype).np
+    return {name: _values(rng, shape, dt) for name, shape in spec.inputs}
 
 
-def fused_reference(prog: Program, inputs: Sequence[Dict[str, np.ndarray]], chunks: int):
-    """(expected buffer, per-element tolerance) of the unfused operator, the same on every rank."""
-    spec = prog.compute
+def _gemv_tile(spec: ComputeSpec, args, a: int, b: int, cnt: int) -> np.ndarray:
+    x, w = args
+    return _blocks(x.astype(np.float32) @ w[:, a:b].astype(np.float32), cnt)     # fp32 accumulation
+
+
+def _gemv_reference(spec: ComputeSpec, inputs, chunks: int):
     dt = dtype_info(spec.dtype).np
     partial = [(d["x"].astype(np.float32) @ d["w"].astype(np.float32)).astype(dt) for d in inputs]
     total = np.sum([p.astype(np.float64) for p in partial], axis=0)
     scale = np.sum([np.abs(p.astype(np.float64)) for p in partial], axis=0)
-    tol = RTOL.get(spec.dtype, 2e-2) * scale + 1e-6
-    return _blocks(total, chunks), _blocks(tol, chunks)
+    want = (_blocks(total, chunks), _blocks(RTOL.get(spec.dtype, 2e-2) * scale + 1e-6, chunks))
+    return [want] * len(inputs)
+
+
+# --- ebag: pooled embedding bags, split by samples, AllToAll -----------------------------
+def _ebag_make(spec: ComputeSpec, rng) -> Dict[str, np.ndarray]:
+    t, rows, dim, nnz, batch = spec.ebag_dims()
+    offsets = np.sort(rng.integers(0, nnz + 1, size=(t, batch + 1)), axis=1)   # some bags empty
+    offsets[:, 0], offsets[:, -1] = 0, nnz
+    return {"tables": _values(rng, (t, rows, dim), dtype_info(spec.dtype).np),
+            "indices": rng.integers(0, rows, size=(t, nnz)).astype(np.int32),
+            "offsets": offsets.astype(np.int32)}
+
+
+def _pool(tables: np.ndarray, indices: np.ndarray, offsets: np.ndarray, a: int, b: int) -> np.ndarray:
+    """Sum-pooled bags of samples [a, b) of every table, fp32: [b - a, T*dim] row-major."""
+    t_count, _, dim = tables.shape
+    out = np.zeros((b - a, t_count, dim), np.float32)
+    for t in range(t_count):
+        seg = offsets[t, a:b + 1].astype(np.int64)
+        bag = np.repeat(np.arange(b - a), np.diff(seg))
+        np.add.at(out[:, t], bag, tables[t][indices[t, seg[0]:seg[-1]]].astype(np.float32))
+    return out.reshape(b - a, t_count * dim)
+
+
+def _ebag_tile(spec: ComputeSpec, args, a: int, b: int, cnt: int) -> np.ndarray:
+    return _pool(*args, a, b).reshape(-1)      # samples are rows: a range is already chunk order
+
+
+def _ebag_reference(spec: ComputeSpec, inputs, chunks: int):
+    """Pool locally (the whole global batch, stored in the dtype), then AllToAll by sample slice."""
+    dt = dtype_info(spec.dtype).np
+    _, _, _, _, batch = spec.ebag_dims()
+    n = len(inputs)
+    b = batch // n
+    pooled = [_pool(d["tables"], d["indices"], d["offsets"], 0, batch).astype(dt).astype(np.float64)
+              for d in inputs]
+    scale = [_pool(np.abs(d["tables"]), d["indices"], d["offsets"], 0, batch).astype(np.float64) for d in inputs]
+    rtol = RTOL.get(spec.dtype, 2e-2)
+    return [(np.concatenate([pooled[r][p * b:(p + 1) * b].reshape(-1) for r in range(n)]),
+             np.concatenate([rtol * scale[r][p * b:(p + 1) * b].reshape(-1) + 1e-6 for r in range(n)]))
+            for p in range(n)]
+
+
+@dataclass(frozen=True)
+class Operator:
+    coll: str               # the collective it is fused with (whose unfused reference follows it)
+    make: Callable          # (spec, rng) -> {input name: array} of one rank
+    tile: Callable          # (spec, input arrays in the step's order, col0, col1, cnt) -> fp32 tile
+    reference: Callable     # (spec, every rank's inputs, chunks per block) -> [(expected, tol)] per rank
+
+
+# Keyed by operator (= opcode) name: tests/test_opcode_coverage.py checks every compute row has one.
+OPERATORS = {
+    "gemv": Operator("allreduce", _gemv_make, _gemv_tile, _gemv_reference),
+    "ebag": Operator("alltoall", _ebag_make, _ebag_tile, _ebag_reference),
+}
+
+
+def make_compute_inputs(spec: ComputeSpec, nranks: int, seed: int) -> List[Dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [OPERATORS[spec.op].make(spec, rng) for _ in range(nranks)]
+
+
+def compute_tile(spec: ComputeSpec, inputs: Dict[str, np.ndarray], st: Step, cs: int) -> Tuple[np.ndarray, str]:
+    """The tile a compute step writes (cnt chunks of cs lanes), or (None, why) when its operands cannot be
+    evaluated.  The range is taken as the step says, so a wrong range computes wrong data."""
+    axis, n, unit = spec.split()
+    a, b = st.compute.col0, st.compute.col1
+    if not 0 <= a < b <= n:
+        return None, f"{axis}s [{a}, {b}) are outside the operator's {n} {axis}s"
+    if (b - a) % st.cnt or unit * (b - a) != st.cnt * cs:
+        return None, f"{axis}s [{a}, {b}) x {unit} elements do not fill {st.cnt} chunk(s) of {cs} elements"
+    if any(name not in inputs for name in st.compute.inputs):
+        return None, f"reads inputs {','.join(st.compute.inputs)}; the operator has {','.join(inputs)}"
+    tile = OPERATORS[spec.op].tile(spec, [inputs[name] for name in st.compute.inputs], a, b, st.cnt)
+    return tile.astype(dtype_info(spec.dtype).np), ""
+
+
+def fused_reference(spec: ComputeSpec, inputs: Sequence[Dict[str, np.ndarray]], chunks: int):
+    """Per rank, (expected buffer, per-element tolerance) of the unfused operator then its collective."""
+    return OPERATORS[spec.op].reference(spec, inputs, chunks)

@@ -174,7 +174,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
     if spec is not None:
         from .compute import make_compute_inputs
         compute_inputs = make_compute_inputs(spec, nranks, seed)
-        # The caller gives no chunk data: the buffer starts as poison, so a read before a gemv shows.
+        # The caller gives no chunk data: the buffer starts as poison, so a read before a compute step shows.
         inputs = [np.full(in_elems, np.nan, dtype=info.np) for _ in range(nranks)]
     elif inputs is None:
         inputs = make_inputs(prog.coll, nranks, in_elems, info.name, seed, op=op)
@@ -318,18 +318,18 @@ def _tally(result: Result, rows, what: str) -> None:
 
 
 def _check_fused(result: Result, prog: Program, compute_inputs, chunks: int) -> None:
-    """Every rank's output against the unfused operator (compute, then allreduce), within
+    """Every rank's output against the unfused operator (compute, then its collective), within
     the rounding bound of `gc3/simulator/compute.py`."""
-    from .compute import fused_reference
+    from .compute import OPERATORS, fused_reference
 
-    if prog.coll != "allreduce":
+    if prog.coll != OPERATORS[prog.compute.op].coll:
         result.errors.append(f"cannot check outputs: no fused reference for {prog.compute.op}+{prog.coll}")
         return
-    expected, tol = fused_reference(prog, compute_inputs, chunks)
-    result.expected = [expected] * prog.ngpus
+    pairs = fused_reference(prog.compute, compute_inputs, chunks)
+    result.expected = [expected for expected, _ in pairs]
     # NaN (never written) fails `diff <= tol`, so it counts as wrong.
     rows = [(r, np.flatnonzero(~(np.abs(got.astype(np.float64) - expected) <= tol)), expected, got)
-            for r, got in enumerate(result.outputs)]
+            for r, (got, (expected, tol)) in enumerate(zip(result.outputs, pairs))]
     _tally(result, rows, f"the unfused reference ({prog.compute.op} on every rank, then {prog.coll})")
 
 

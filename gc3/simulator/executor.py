@@ -197,6 +197,7 @@ SEMANTICS = {
     "re": lambda op, read, src, dst, msg, computed: op(read(*dst), read(*src)),
     "nop": None,
     "gemv": lambda op, read, src, dst, msg, computed: computed(),
+    "ebag": lambda op, read, src, dst, msg, computed: computed(),
 }
 
 
@@ -378,11 +379,11 @@ class Simulator:
         return wake
 
     def _computed(self, st: Step, mem: RankMemory) -> np.ndarray:
-        from .compute import gemv_tile
+        from .compute import compute_tile
 
         if self.prog.compute is None or st.compute is None or mem.compute_inputs is None:
             raise _Fatal(f"rank {mem.rank}: a {st.type} step in an IR without a <compute> operator")
-        tile, why = gemv_tile(self.prog.compute, mem.compute_inputs, st, mem.cs)
+        tile, why = compute_tile(self.prog.compute, mem.compute_inputs, st, mem.cs)
         if tile is None:
             raise _Fatal(f"rank {mem.rank}: {st.type} step {st.s}: {why}")
         return tile

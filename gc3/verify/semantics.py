@@ -15,11 +15,12 @@ last wrote it.
 Compute leaves.  In a fused IR (`fused="1"`, `gc3.ir.ComputeSpec`) no chunk
 holds data at the start: a compute step creates its leaves, `gemv(rank, j)`
 for column block j of rank's partial product x_rank @ w_rank (a `Sym` of kind
-"gemv"), and the collective's postcondition is read over those leaves in
-place of input chunks (AllReduce: output chunk j = sum_r gemv(r, j)).  A step
-computing columns that are not exactly the blocks of its destination chunks
-(shifted, or a different width) is rejected, so the proof still says which
-columns every output chunk holds.
+"gemv"), `ebag(rank, j)` for sample block j of rank's pooled tables, and the
+collective's postcondition is read over those leaves in place of input chunks
+(AllReduce: output chunk j = sum_r gemv(r, j); AllToAll: output chunk r*c+i
+of rank p = ebag(r, p*c+i)).  A step computing a range that is not exactly the
+blocks of its destination chunks (shifted, or a different width) is rejected,
+so the proof still says which columns or samples every output chunk holds.
 
 Cost.  The symbolic run is O(sum of cnt) slot operations; each step also
 joins a vector clock of T entries (T threadblocks in all) with numpy, and a
@@ -208,6 +209,7 @@ class _Rank:
         # One element per chunk: the layout's element offsets are chunk offsets.
         L = layout_for(prog, c_layout.blocks_in * c, rank)
         size = {"i": L.blocks_in * c, "o": L.blocks_out * c, "s": L.s_chunks}
+        self.nin = size["i"]              # input chunks: the index space of a fused IR's compute leaves
         self.alias: Optional[Tuple[str, str, int]] = None
         if prog.inplace:
             base, off = L.inplace_offset(rank)
@@ -252,6 +254,7 @@ SEMANTICS = {
     "re": lambda red, read, src, dst, got, computed: red(read(*dst), read(*src)),
     "nop": None,
     "gemv": lambda red, read, src, dst, got, computed: computed(),
+    "ebag": lambda red, read, src, dst, got, computed: computed(),
 }
 
 
@@ -368,24 +371,28 @@ class _Run:
         return None
 
     def computed(self, tid: int, step: int, rank: int) -> List[Sym]:
-        """The leaves a gemv step makes: column block col0/w + q for its chunk q, where
-        w = N / c columns make one chunk.  Columns that are not exactly those blocks
-        (shifted by any amount, or a different width) mean the destination chunks
+        """The leaves a compute step makes: with the operator's split axis (gemv: N columns
+        of y; ebag: B samples) cut into K blocks of w = length / K units, K the rank's
+        input chunks (the collective's input index space: c for an AllReduce, N*c for an
+        AllToAll), dst chunk q holds leaf col0/w + q.  A range that is not exactly those
+        blocks (shifted by any amount, or a different width) means the destination chunks
         would hold data the layout does not put there: rejected here."""
         st = self.m.tbs[tid].steps[step]
-        c = self.ranks[rank].c
-        _, _, n = self.m.prog.compute.gemv_dims()
-        if n % c:
-            raise SemanticError(f"the gemv output has {n} columns, not a multiple of the {c} chunks per block: "
-                                f"a chunk would not hold a whole column block")
-        w = n // c
+        mem = self.ranks[rank]
+        op = self.m.prog.compute.op
+        axis, n, _ = self.m.prog.compute.split()
+        k = mem.nin
+        if not k or n % k:
+            raise SemanticError(f"the {op} output has {n} {axis}s, not a multiple of the {k} input chunks: "
+                                f"a chunk would not hold a whole {axis} block")
+        w = n // k
         a, b = st.compute.col0, st.compute.col1
         if a % w or b - a != st.cnt * w:
             raise SemanticError(
-                f"{self.where(tid, step)} on rank {rank} computes columns [{a}, {b}) of x @ w into {st.cnt} chunk(s) "
-                f"of {w} columns each: not whole column blocks [{w}*j, {w}*(j+{st.cnt})), so the chunks would not "
-                f"hold the columns the output layout puts there")
-        return [leaf(rank, a // w + q, (a // w + q) % c, "gemv") for q in range(st.cnt)]
+                f"{self.where(tid, step)} on rank {rank} computes {axis}s [{a}, {b}) of {op} into {st.cnt} chunk(s) "
+                f"of {w} {axis}s each: not whole {axis} blocks [{w}*j, {w}*(j+{st.cnt})), so the chunks would not "
+                f"hold the {axis}s the layout puts there")
+        return [leaf(rank, a // w + q, (a // w + q) % mem.c, op) for q in range(st.cnt)]
 
     def run(self) -> None:
         m = self.m

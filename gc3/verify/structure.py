@@ -43,13 +43,14 @@ def _check_compute(prog: Program, at: str, st: Step) -> None:
     if spec is None or spec.op != st.info.compute:
         raise IRStructureError(f"{at}: a {st.type!r} step in an IR whose <compute> declares "
                                f"{spec.op if spec else 'no operator'} (a fused IR needs fused=\"1\" and <compute>)")
-    names = tuple(name for name, _ in spec.inputs)
+    names = spec.names
     if st.compute.inputs != names:
         raise IRStructureError(f"{at}: reads compute inputs {','.join(st.compute.inputs)}; the operator "
                                f"declares {','.join(names)}")
-    _, _, n = spec.gemv_dims()
+    axis, n, _ = spec.split()
     if not 0 <= st.compute.col0 < st.compute.col1 <= n:
-        raise IRStructureError(f"{at}: columns [{st.compute.col0}, {st.compute.col1}) outside y's {n} columns")
+        raise IRStructureError(f"{at}: {axis}s [{st.compute.col0}, {st.compute.col1}) outside the operator's {n} "
+                               f"{axis}s")
 
 
 def _check_gpus(prog: Program) -> None:
