@@ -14,14 +14,9 @@ from gc3.ir.opcodes import OPCODES, OpcodeInfo
 KERNELS = os.path.join(os.path.dirname(__file__), "..", "runtime_cuda", "kernels")
 
 
-def _simulator():
-    from gc3.simulator.executor import SEMANTICS
-    return set(SEMANTICS)
-
-
-def _verifier():
-    from gc3.verify.semantics import SEMANTICS
-    return set(SEMANTICS)
+def _step_value():
+    from gc3.ir.opcodes import STEP_VALUE
+    return set(STEP_VALUE)
 
 
 def _timeline():
@@ -46,8 +41,8 @@ def _compute_operators():
 
 # layer -> (what it has, which rows it needs an entry for)
 LAYERS = {
-    "simulator: gc3/simulator/executor.py SEMANTICS": (_simulator, lambda i: True),
-    "verifier: gc3/verify/semantics.py SEMANTICS": (_verifier, lambda i: True),
+    # what a step computes, read by the simulator (on values) and the semantic checker (on symbols)
+    "step meaning: gc3/ir/opcodes.py STEP_VALUE": (_step_value, lambda i: True),
     "timeline: gc3/simulator/timeline.py _COLORS": (_timeline, lambda i: True),
     # a compute row's operator (named like its opcode): inputs, evaluation, unfused reference
     "compute operators: gc3/simulator/compute.py OPERATORS": (_compute_operators, lambda i: i.compute is not None),
@@ -84,7 +79,7 @@ def test_a_new_row_is_missed_by_every_layer():
 
 def test_a_cpu_only_row_is_exempt_from_the_device_layers_only():
     """A compute row the interpreter cannot run yet (device=False, not folded) still
-    needs the simulator, verifier, timeline and an operator; the device layers skip it, and
+    needs its step meaning, timeline colour and an operator; the device layers skip it, and
     the runtime refuses it instead (tests/test_fused_gemv.py)."""
     row = OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemm")
     table = dict(OPCODES, gemm=row)

@@ -52,6 +52,26 @@ OPCODES: Dict[str, OpcodeInfo] = {
     "ebag": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="ebag"),
 }
 
+# --- what each opcode computes: the normative meaning of a step -----------------
+# One statement for every reader: the simulator applies it to numpy tiles, the
+# semantic checker to symbols.  value(reduce, read, src, dst, received, computed)
+# -> what the step writes to dst and/or sends; None: the step moves no data.
+# `read(buf, off)` reads the step's `cnt` chunks, `received` is what arrived (None
+# for steps that receive nothing), `computed()` is a compute step's result.
+STEP_VALUE = {
+    "s": lambda red, read, src, dst, got, computed: read(*src),
+    "r": lambda red, read, src, dst, got, computed: got,
+    "rcs": lambda red, read, src, dst, got, computed: got,
+    "rrc": lambda red, read, src, dst, got, computed: red(got, read(*src)),
+    "rrs": lambda red, read, src, dst, got, computed: red(got, read(*src)),
+    "rrcs": lambda red, read, src, dst, got, computed: red(got, read(*src)),
+    "cpy": lambda red, read, src, dst, got, computed: read(*src),
+    "re": lambda red, read, src, dst, got, computed: red(read(*dst), read(*src)),
+    "nop": None,
+    "gemv": lambda red, read, src, dst, got, computed: computed(),
+    "ebag": lambda red, read, src, dst, got, computed: computed(),
+}
+
 # --- derived: no opcode is named below this line ----------------------------------
 STEP_TYPES = tuple(OPCODES)
 RECVS = frozenset(t for t, i in OPCODES.items() if i.recv)
@@ -63,3 +83,4 @@ DEVICE_OPCODES = tuple(t for t, i in OPCODES.items() if i.device)
 # What the runtime cannot run: an IR with one of these is refused, naming it.
 NOT_ON_DEVICE = frozenset(t for t, i in OPCODES.items() if not i.device and not i.folded)
 COMPUTE = frozenset(t for t, i in OPCODES.items() if i.compute)
+

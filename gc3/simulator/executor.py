@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..ir.opcodes import STEP_VALUE
 from ..ir import Program, Step, Threadblock, local_input, local_output, step_reads
 from .memory import RankMemory
 from .races import Access, Race, RaceDetector
@@ -180,25 +181,6 @@ def hasdep_warnings(prog: Program) -> List[str]:
                         warns.append(f"rank {g.id} tb {tb.id} step {st.s} waits on tb {st.depid} step {st.deps}, "
                                      "which has hasdep=0")
     return warns
-
-
-# --- what each opcode computes: the normative meaning of a step ------------------
-# value(op, read, src, dst, msg, computed) -> the tile the step writes to dst and/or
-# sends; None: the step moves no data.  `read(buf, off)` reads `cnt` chunks;
-# `computed()` is a compute step's result (gc3/simulator/compute.py).
-SEMANTICS = {
-    "s": lambda op, read, src, dst, msg, computed: read(*src),
-    "r": lambda op, read, src, dst, msg, computed: msg.tile,
-    "rcs": lambda op, read, src, dst, msg, computed: msg.tile,
-    "rrc": lambda op, read, src, dst, msg, computed: op(msg.tile, read(*src)),
-    "rrs": lambda op, read, src, dst, msg, computed: op(msg.tile, read(*src)),
-    "rrcs": lambda op, read, src, dst, msg, computed: op(msg.tile, read(*src)),
-    "cpy": lambda op, read, src, dst, msg, computed: read(*src),
-    "re": lambda op, read, src, dst, msg, computed: op(read(*dst), read(*src)),
-    "nop": None,
-    "gemv": lambda op, read, src, dst, msg, computed: computed(),
-    "ebag": lambda op, read, src, dst, msg, computed: computed(),
-}
 
 
 class Simulator:
@@ -390,13 +372,13 @@ class Simulator:
 
     def _compute(self, st: Step, mem: RankMemory, msg: Optional[Message]) -> Optional[np.ndarray]:
         """Move the data of one step; returns the tile it sends, if any."""
-        value = SEMANTICS[st.type]
+        value = STEP_VALUE[st.type]
         if value is None:
             return None
         src = local_input(st, self.conv)
         dst = local_output(st, self.conv)
-        val = value(self.ufunc, lambda buf, off: mem.read(buf, off, st.cnt), src, dst, msg,
-                    lambda: self._computed(st, mem))
+        val = value(self.ufunc, lambda buf, off: mem.read(buf, off, st.cnt), src, dst,
+                    msg and msg.tile, lambda: self._computed(st, mem))
         if dst is not None:
             mem.write(dst[0], dst[1], st.cnt, val)
         return val if st.info.send else None

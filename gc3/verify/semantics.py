@@ -67,6 +67,7 @@ import numpy as np
 
 from ..errors import (DeadlockError, DuplicateContributionError, PostconditionUnprovableError, RaceError,
                       SemanticError, UnwrittenReadError)
+from ..ir.opcodes import STEP_VALUE
 from ..ir import Postcondition, Program, local_input, local_output
 from ..dsl.collectives import NCCL_COLLECTIVES
 from ..ir.layout import layout_for
@@ -240,24 +241,6 @@ class _Msg:
     sender: Tuple[int, int]   # (tid, step)
 
 
-# What each opcode computes, on symbols (the simulator's SEMANTICS, on values):
-# value(reduce, read, src, dst, received, computed) -> what the step writes and/or
-# sends; None: the step moves no data.  `computed()` is a compute step's leaves.
-SEMANTICS = {
-    "s": lambda red, read, src, dst, got, computed: read(*src),
-    "r": lambda red, read, src, dst, got, computed: got,
-    "rcs": lambda red, read, src, dst, got, computed: got,
-    "rrc": lambda red, read, src, dst, got, computed: red(got, read(*src)),
-    "rrs": lambda red, read, src, dst, got, computed: red(got, read(*src)),
-    "rrcs": lambda red, read, src, dst, got, computed: red(got, read(*src)),
-    "cpy": lambda red, read, src, dst, got, computed: read(*src),
-    "re": lambda red, read, src, dst, got, computed: red(read(*dst), read(*src)),
-    "nop": None,
-    "gemv": lambda red, read, src, dst, got, computed: computed(),
-    "ebag": lambda red, read, src, dst, got, computed: computed(),
-}
-
-
 class _Run:
     def __init__(self, m: Model):
         self.m = m
@@ -354,7 +337,7 @@ class _Run:
         r, cnt, t = tb.rank, st.cnt, st.type
         vc = self.vc[tid]
         vc[tid] = k + 1
-        value = SEMANTICS[t]
+        value = STEP_VALUE[t]
         if value is None:
             return None
         src = local_input(st, self.conv)
