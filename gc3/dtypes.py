@@ -57,6 +57,9 @@ OPS: Dict[str, np.ufunc] = {
     "prod": np.multiply,
     "max": np.maximum,
     "min": np.minimum,
+    # NCCL's ncclAvg: steps sum; the result is then divided by the rank count
+    # (gc3.ir.epilogue.avg_divide has NCCL's rule per dtype).
+    "avg": np.add,
 }
 
 # (rtol, atol) per dtype for `allclose(got, expected)`.  Float rows allow

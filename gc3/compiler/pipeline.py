@@ -34,7 +34,7 @@ from typing import Callable, Optional, Tuple
 from .. import __version__, limits
 from .absorption import absorb
 from .channels import assign_channels
-from ..errors import LoweringError, ScheduleError
+from ..errors import GC3Error, LoweringError, ScheduleError
 from .fusion import fuse
 from .instruction_dag import build_instr_dag
 from ..dsl.chunk_dag import ChunkDAG
@@ -155,7 +155,7 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         if collecting:
             gc.enable()
     nchunks = max((max(g.i_chunks, g.o_chunks) for g in gpus), default=0)
-    return Program(
+    prog = Program(
         name=dag.name, proto=proto, nchannels=sched.nchannels, nchunksperloop=nchunks,
         ngpus=coll.num_ranks, coll=coll.name, inplace=coll.inplace, gpus=gpus,
         outofplace=not coll.inplace,
@@ -166,6 +166,22 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         postcondition=None if coll.name in NCCL_COLLECTIVES else ir_postcondition(coll, sched.dag.plan),
         compute=getattr(coll, "compute", None),
     )
+    if coll.epilogue is not None:
+        _place_epilogue(prog, coll.epilogue)
+    return prog
+
+
+def _place_epilogue(prog: Program, epi) -> None:
+    """Mark the steps that store final output chunks (gc3.verify.semantics.place_epilogue, which
+    runs the program symbolically: so the program must verify without it first)."""
+    from .. import verify
+    from ..verify.semantics import place_epilogue
+
+    try:
+        verify.verify(prog)
+        place_epilogue(prog, epi)
+    except GC3Error as exc:
+        raise LoweringError(f"program {prog.name!r}: cannot place the epilogue {epi}: {exc}") from None
 
 
 def ir_postcondition(coll, plan) -> Optional[Postcondition]:

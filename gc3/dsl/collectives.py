@@ -40,7 +40,11 @@ class Collective:
     # The user buffer an in-place call aliases onto the other one.
     aliased_buffer = "o"
 
-    def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False, name: Optional[str] = None):
+    # gc3.ir.epilogue.Epilogue every specified output chunk gets on top of its value (None: none)
+    epilogue = None
+
+    def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False, name: Optional[str] = None,
+                 epilogue=None, cols: Optional[int] = None):
         num_ranks = as_int(num_ranks, "num_ranks", 1, high=limits.MAX_RANKS, limit="MAX_RANKS")
         chunk_factor = as_int(chunk_factor, "chunk_factor", 1, high=limits.MAX_CHUNKS, limit="MAX_CHUNKS")
         if not isinstance(inplace, bool):
@@ -50,6 +54,21 @@ class Collective:
         self.inplace = inplace
         if name is not None:
             self.name = name
+        if epilogue is not None:
+            self.with_epilogue(epilogue, cols)
+
+    def with_epilogue(self, epilogue, cols: Optional[int] = None) -> "Collective":
+        """Fuse an elementwise epilogue into the collective (gc3.ir.epilogue): "scale(0.5),bias(b)"
+        or a list ["avg", ("bias", "b"), ("residual", "r"), ("cast", "bfloat16")]; `cols`: the
+        bias length.  The compiler puts it on the steps that store each final output chunk."""
+        from ..ir.epilogue import EpilogueError, make, parse
+
+        where = f"{user_location()}: {type(self).__name__} epilogue"
+        try:
+            self.epilogue = parse(epilogue, cols, where) if isinstance(epilogue, str) else make(epilogue, cols, where)
+        except EpilogueError as exc:
+            raise TraceError(str(exc)) from None
+        return self
 
     def __repr__(self) -> str:
         root = "" if self.root is None else f", root={self.root}"

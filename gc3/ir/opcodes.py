@@ -72,6 +72,10 @@ STEP_VALUE = {
     "ebag": lambda red, read, src, dst, got, computed: computed(),
 }
 
+# A step's epilogue (gc3.ir.epilogue, the step's `epilogue` attribute) transforms the value
+# STEP_VALUE gives before it is stored into dst, and only that store: a tile the step also
+# sends leaves raw.  So only opcodes that store may carry one (EPILOGUE_CARRIERS below).
+
 # --- derived: no opcode is named below this line ----------------------------------
 STEP_TYPES = tuple(OPCODES)
 RECVS = frozenset(t for t, i in OPCODES.items() if i.recv)
@@ -83,4 +87,5 @@ DEVICE_OPCODES = tuple(t for t, i in OPCODES.items() if i.device)
 # What the runtime cannot run: an IR with one of these is refused, naming it.
 NOT_ON_DEVICE = frozenset(t for t, i in OPCODES.items() if not i.device and not i.folded)
 COMPUTE = frozenset(t for t, i in OPCODES.items() if i.compute)
+EPILOGUE_CARRIERS = frozenset(t for t, i in OPCODES.items() if i.writes)
 

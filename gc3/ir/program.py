@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from .epilogue import Epilogue
 from .opcodes import OPCODES, OpcodeInfo
 
 # The three buffers a step may name: input, output, scratch.
@@ -145,6 +146,8 @@ class Step:
     deps: int = -1
     hasdep: bool = False
     compute: Optional[ComputeArgs] = None   # a compute step's operands; None for every other step
+    # gc3.ir.epilogue.Epilogue applied to what the step stores into dst (not to what it sends)
+    epilogue: Optional["Epilogue"] = None
 
     @property
     def info(self) -> OpcodeInfo:
@@ -193,6 +196,9 @@ class Program:
     postcondition: Optional[Postcondition] = None
     # A fused IR's operator (written as <compute> with root fused="1"); None for a plain collective.
     compute: Optional[ComputeSpec] = None
+    # What the collective promises on top of its reduction (<epilogue>, root fused="1"):
+    # every specified output chunk holds epilogue(its value); None for a plain collective.
+    epilogue: Optional["Epilogue"] = None
 
     @property
     def fused(self) -> bool:

@@ -34,6 +34,9 @@ _TERM = "term"
 # types anyway; fused="1" says so up front, and the reader insists that it,
 # the <compute> element and the compute steps come together.
 COMPUTE_EL = "compute"
+# Elementwise epilogue (gc3.ir.epilogue): <epilogue ops="scale(0.5),bias(b)" cols="N"/> after the
+# <gpu>s, and epilogue="..." on each step that stores a final chunk; root fused="1" as well.
+EPILOGUE_EL = "epilogue"
 _INPUT = "input"
 FUSED = "fused"
 
@@ -123,7 +126,17 @@ def _read_step(el, source: str) -> Step:
         deps=_attr(el, "deps", source, _int, default=-1, required=False),
         hasdep=_attr(el, "hasdep", source, _bool, default=False, required=False),
         compute=_read_compute_args(el, source) if typ in COMPUTE else None,
+        epilogue=_read_epilogue(el, "epilogue", None, source) if el.get("epilogue") is not None else None,
     )
+
+
+def _read_epilogue(el, key: str, cols, source: str):
+    from .epilogue import EpilogueError, parse
+    try:
+        # a step's bias length is the root's (cols), filled in by _read_fused
+        return parse(el.get(key), cols, where=f"{_where(el, source)} attribute {key}", check_cols=key != "epilogue")
+    except EpilogueError as exc:
+        raise IRFormatError(str(exc)) from None
 
 
 def _read_tb(el, source: str) -> Threadblock:
@@ -170,7 +183,7 @@ def from_element(root, source: str = "<xml>") -> Program:
         gc3version=_attr(root, "gc3version", source, required=False),
         extra={k: v for k, v in root.attrib.items() if k not in known},
     )
-    gpus = _children(root, "gpu", source, also=(POSTCONDITION, COMPUTE_EL))
+    gpus = _children(root, "gpu", source, also=(POSTCONDITION, COMPUTE_EL, EPILOGUE_EL))
     if len(gpus) > prog.ngpus:
         raise IRFormatError(f"{_where(gpus[prog.ngpus], source)} is <gpu> number {prog.ngpus + 1}, "
                             f"but ngpus={prog.ngpus}")
@@ -190,6 +203,23 @@ def from_element(root, source: str = "<xml>") -> Program:
 
 def _read_fused(root, source: str, prog: Program) -> None:
     fused = _attr(root, FUSED, source, _bool, default=False, required=False)
+    epis = root.findall(EPILOGUE_EL)
+    if len(epis) > 1:
+        raise IRFormatError(f"{_where(epis[1], source)} a second <{EPILOGUE_EL}>; at most one")
+    if epis:
+        if not fused:
+            raise IRFormatError(f'{_where(root, source)} has an <{EPILOGUE_EL}> but not {FUSED}="1"')
+        cols = epis[0].get("cols")
+        prog.epilogue = _read_epilogue(epis[0], "ops", None if cols is None else _attr(epis[0], "cols", source, _int),
+                                       source)
+    if prog.epilogue is None and any(st.epilogue for g in prog.gpus for tb in g.threadblocks for st in tb.steps):
+        raise IRFormatError(f"{source}: steps carry an epilogue but the root has no <{EPILOGUE_EL}>")
+    if prog.epilogue is not None:
+        from .epilogue import Epilogue
+        for st in (st for g in prog.gpus for tb in g.threadblocks for st in tb.steps if st.epilogue):
+            if "bias" in dict(st.epilogue.items):
+                st.epilogue = Epilogue(st.epilogue.items, prog.epilogue.cols)
+        fused = bool(root.findall(COMPUTE_EL))   # fused="1" is accounted for by the epilogue
     els = root.findall(COMPUTE_EL)
     if len(els) > 1:
         raise IRFormatError(f"{_where(els[1], source)} a second <{COMPUTE_EL}>; at most one")
@@ -300,7 +330,7 @@ def _algo_attrs(prog: Program) -> Dict[str, str]:
         val = getattr(prog, key)
         if val is not None:
             attrs[key] = str(val)
-    if prog.compute is not None:
+    if prog.compute is not None or prog.epilogue is not None:
         attrs[FUSED] = "1"
     attrs.update(prog.extra)
     return attrs
@@ -327,6 +357,8 @@ def to_element(prog: Program):
                     se.set("inputs", ",".join(st.compute.inputs))
                     se.set("col0", str(st.compute.col0))
                     se.set("col1", str(st.compute.col1))
+                if st.epilogue is not None:
+                    se.set("epilogue", st.epilogue.text)
     if prog.postcondition is not None:
         root.append(_postcondition_element(prog.postcondition))
     if prog.compute is not None:
@@ -336,6 +368,10 @@ def to_element(prog: Program):
             ie = etree.SubElement(ce, _INPUT, {"name": name, "shape": ",".join(map(str, shape))})
             if name in typed:       # only inputs not of the operator's dtype say theirs
                 ie.set("dtype", typed[name])
+    if prog.epilogue is not None:
+        ee = etree.SubElement(root, EPILOGUE_EL, {"ops": prog.epilogue.text})
+        if prog.epilogue.cols is not None:
+            ee.set("cols", str(prog.epilogue.cols))
     return root
 
 
@@ -359,7 +395,7 @@ def to_xml(prog: Program) -> str:
     outside the IR's keywords takes the all-lxml path, so the text is
     always exactly what lxml writes (tests compare the two).
     """
-    if prog.postcondition is not None or prog.compute is not None:   # custom and fused: small programs
+    if prog.postcondition is not None or prog.compute is not None or prog.epilogue is not None:   # small programs
         return _to_xml_lxml(prog)
     head = etree.tostring(etree.Element("algo", _algo_attrs(prog)), encoding="unicode")
     if not prog.gpus:

@@ -148,6 +148,11 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
             raise SimulationError(f"{prog.name} is a fused {spec.op} whose output holds {want} elements; "
                                   f"a size of {asked} elements was asked for")
         size, count, dtype = None, want, spec.dtype
+    epi = prog.epilogue
+    if epi is not None and (spec is not None or op != "sum"):
+        raise SimulationError(f"{prog.name} carries the epilogue {epi}: it runs as a sum (its epilogue says the rest, "
+                              f"avg included) and not with a compute operator" if spec is None else
+                              f"{prog.name}: an epilogue on a compute-fused program is not simulated yet")
     info = dtype_info("float32" if dtype is None else dtype)
     ufunc = reduce_op(op)
     nranks = prog.ngpus
@@ -188,6 +193,12 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
     if compute_inputs is not None:
         for r in range(nranks):
             memories[r].compute_inputs = compute_inputs[r]
+    epilogue_inputs = None
+    if epi is not None:
+        from ..ir.epilogue import make_inputs as make_epilogue_inputs
+        epilogue_inputs = make_epilogue_inputs(epi, layouts[0].out_elems, info.name, nranks, seed)
+        for r in range(nranks):
+            memories[r].epilogue_inputs = epilogue_inputs[r]
 
     errs = static_errors(prog, memories)
     if errs:
@@ -201,6 +212,14 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
     result.races_more = run.races_truncated
     result.deadlock = run.deadlock
     result.outputs = [memories[r].output() for r in range(nranks)]
+    if op == "avg":
+        # A plain program run with avg sums; the division is a second pass over the output,
+        # as the NCCL drop-in does it (a program that fuses it carries the avg epilogue).
+        from ..ir.epilogue import avg_divide
+        result.outputs = [avg_divide(o, nranks) for o in result.outputs]
+    if epi is not None:
+        from ..ir.epilogue import out_dtype
+        result.outputs = [o.astype(out_dtype(epi, info.name)) for o in result.outputs]
     result.errors.extend(run.errors)
     if run.deadlock:
         result.errors.append(f"deadlock: no threadblock can progress; {len(run.deadlock)} blocked:\n  "
@@ -219,7 +238,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
     if compute_inputs is not None:
         _check_fused(result, prog, compute_inputs, layouts[0].chunks_per_block)
     else:
-        _check(result, prog, inputs, op, root, reference)
+        _check(result, prog, inputs, op, root, reference, epilogue_inputs)
 
     if run.completed:
         cfg = preset(cost) if isinstance(cost, str) else cost
@@ -271,7 +290,7 @@ def _changed(now: np.ndarray, before: np.ndarray) -> np.ndarray:
     return np.flatnonzero((a != b).any(axis=1))
 
 
-def _check(result: Result, prog: Program, inputs, op: str, root: int, reference) -> None:
+def _check(result: Result, prog: Program, inputs, op: str, root: int, reference, epilogue_inputs=None) -> None:
     nranks = prog.ngpus
     if reference is None:
         if prog.coll in COLLECTIVES:
@@ -289,6 +308,14 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference)
     if len(expected) != nranks:
         result.errors.append(f"reference gave {len(expected)} outputs for {nranks} ranks")
         return
+    what = f"the {prog.coll} reference"
+    if prog.epilogue is not None:
+        # The unfused operator: the collective's reference, then the epilogue as a separate pass.
+        from ..ir.epilogue import reference as epilogue_reference
+        expected = [None if e is None else epilogue_reference(prog.epilogue, np.asarray(e), nranks,
+                                                              epilogue_inputs[r])
+                    for r, e in enumerate(expected)]
+        what = f"the unfused reference ({prog.coll}, then {prog.epilogue})"
     result.expected = expected
     rows = []
     for r, (got, exp) in enumerate(zip(result.outputs, expected)):
@@ -298,8 +325,8 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference)
         if exp.shape != got.shape:
             result.errors.append(f"rank {r}: output has {got.size} elements, reference {exp.size}")
             continue
-        rows.append((r, mismatches(got, exp, result.dtype), exp, got))
-    _tally(result, rows, f"the {prog.coll} reference")
+        rows.append((r, mismatches(got, exp, got.dtype), exp, got))
+    _tally(result, rows, what)
 
 
 def _tally(result: Result, rows, what: str) -> None:

@@ -380,5 +380,18 @@ class Simulator:
         val = value(self.ufunc, lambda buf, off: mem.read(buf, off, st.cnt), src, dst,
                     msg and msg.tile, lambda: self._computed(st, mem))
         if dst is not None:
-            mem.write(dst[0], dst[1], st.cnt, val)
+            mem.write(dst[0], dst[1], st.cnt, val if st.epilogue is None else self._epilogue(st, mem, dst, val))
         return val if st.info.send else None
+
+    def _epilogue(self, st: Step, mem: RankMemory, dst, val: np.ndarray) -> np.ndarray:
+        from ..ir.epilogue import EpilogueError, apply
+
+        index = mem.output_index(dst[0], dst[1], st.cnt)
+        if index is None:
+            raise _Fatal(f"rank {mem.rank}: {st.type} step {st.s} applies an epilogue to {dst[0]}[{dst[1]}], "
+                         f"which is not memory of the output buffer")
+        try:
+            return apply(st.epilogue, val, index, self.prog.ngpus, mem.epilogue_inputs or {},
+                         where=f"rank {mem.rank} {st.type} step {st.s}")
+        except EpilogueError as exc:
+            raise _Fatal(str(exc)) from None

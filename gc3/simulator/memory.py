@@ -57,6 +57,7 @@ class RankMemory:
         arrays["s"] = np.full(L.scratch_elems, poison, dtype=dtype)
         self.arrays = arrays
         self.compute_inputs: Optional[Dict[str, np.ndarray]] = None   # a fused program's x, w, ... of this rank
+        self.epilogue_inputs: Optional[Dict[str, np.ndarray]] = None  # an epilogue's bias/residual of this rank
         self.cs = L.cs
         self.dtype = dtype
         # Every chunk of a user buffer is full and adjacent to the next one
@@ -98,6 +99,24 @@ class RankMemory:
         for k in range(cnt):
             a, n = starts[off + k], lens[off + k]
             arr[a:a + n] = tile[k * cs:k * cs + n]
+
+    def output_index(self, buf: str, off: int, cnt: int) -> Optional[np.ndarray]:
+        """For each lane of a `cnt`-chunk tile stored at buf[off], the index in the
+        output buffer of the element it lands on (lanes past a chunk's end: -1, not
+        stored), or None if the chunks are not the output's memory (an epilogue's bias
+        and residual are indexed by output element)."""
+        if buf == "s":
+            return None
+        arr, out = self.arrays[buf], self.arrays["o"]
+        shift = (arr.__array_interface__["data"][0] - out.__array_interface__["data"][0]) // arr.itemsize
+        starts, lens = self._ranges[buf]
+        idx = np.full(cnt * self.cs, -1, dtype=np.int64)
+        for k in range(cnt):
+            a, n = starts[off + k] + shift, lens[off + k]
+            if n and not (0 <= a and a + n <= out.size):
+                return None
+            idx[k * self.cs:k * self.cs + n] = np.arange(a, a + n)
+        return idx
 
     def output(self) -> np.ndarray:
         return self.arrays["o"]

@@ -36,8 +36,13 @@ def _reduced(inputs: Sequence[np.ndarray], op) -> np.ndarray:
     info = dtype_info(dt)
     stack = np.stack([np.asarray(x) for x in inputs])
     if info.is_float:
-        return ufunc.reduce(stack.astype(np.float64), axis=0).astype(dt)
-    return ufunc.reduce(stack, axis=0)
+        out = ufunc.reduce(stack.astype(np.float64), axis=0).astype(dt)
+    else:
+        out = ufunc.reduce(stack, axis=0)
+    if op == "avg":
+        from ..ir.epilogue import avg_divide
+        out = avg_divide(out, len(inputs))
+    return out
 
 
 def _blocks(x: np.ndarray, n: int) -> List[np.ndarray]:
@@ -154,7 +159,7 @@ def make_inputs(coll: str, nranks: int, in_elems: int, dtype="float32", seed: in
             vals = vals * rng.choice([-1, 1], size=shape)
     else:
         # sum: partial sums of n values stay within the exact integer range.
-        bound = info.exact // n if op == "sum" else info.exact
+        bound = info.exact // n if op in ("sum", "avg") else info.exact
         m = max(1, min(bound, 2048))
         lo = -(m // 2) if signed else 0
         hi = m // 2 if signed else m

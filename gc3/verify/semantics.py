@@ -82,13 +82,17 @@ class Sym:
     """What a chunk slot holds: for each input index, the ranks whose chunk at that
     index were reduced in (one rank and one index: a plain copy of an input)."""
 
-    __slots__ = ("terms", "minpos", "lossy", "kind")
+    __slots__ = ("terms", "minpos", "lossy", "kind", "epi")
 
-    def __init__(self, terms: Tuple[Tuple[int, int], ...], minpos: int, lossy: bool = False, kind: str = "in"):
+    def __init__(self, terms: Tuple[Tuple[int, int], ...], minpos: int, lossy: bool = False, kind: str = "in",
+                 epi: Optional[Tuple[str, str, int]] = None):
         self.terms = terms        # sorted ((input index, rank bitmask), ...)
         self.minpos = minpos      # smallest in-block position of a leaf
         self.lossy = lossy        # passed through a user chunk that may be shorter than its data
         self.kind = kind          # what the leaves are: "in" (input chunks) or a compute operator ("gemv")
+        # (epilogue text, memory buffer, chunk) when an epilogue was applied as it was stored
+        # there: its bias/residual are indexed by that place, so it is part of the value
+        self.epi = epi
 
     def leaves(self):
         for idx, mask in self.terms:
@@ -103,6 +107,8 @@ class Sym:
         names = [f"{self.kind}({r},{i})" for r, i in sorted(self.leaves())]
         text = "+".join(names) if len(names) <= _SHOWN else \
             f"sum of {len(names)} chunks " + "+".join(names[:3]) + "+...+" + names[-1]
+        if self.epi is not None:
+            text = f"{self.epi[0]} at {self.epi[1]}[{self.epi[2]}] of ({text})"
         return text + (" (truncated: stored in a shorter user chunk on the way)" if self.lossy else "")
 
 
@@ -134,7 +140,7 @@ def from_terms(terms, c: int, kind: str = "in") -> Sym:
 
 
 def same(a: Sym, b: Sym) -> bool:
-    return a.terms == b.terms and a.kind == b.kind and not a.lossy and not b.lossy
+    return a.terms == b.terms and a.kind == b.kind and a.epi == b.epi and not a.lossy and not b.lossy
 
 
 # --- postconditions -----------------------------------------------------------------
@@ -256,6 +262,7 @@ class _Run:
         self.vc: Dict[int, np.ndarray] = {}
         self.snap: Dict[Tuple[int, int], np.ndarray] = {}
         self.wanted = {(m.index[(t.rank, st.depid)], st.deps) for t in m.tbs for st in t.steps if st.depid >= 0}
+        self.place = None   # (steps, epilogue) while place_epilogue marks the steps that get it
 
     def where(self, tid: int, step: int) -> str:
         return self.m.tbs[tid].at(step)
@@ -283,7 +290,7 @@ class _Run:
             out.append(slot.value)
         return out
 
-    def write(self, tid: int, step: int, rank: int, buf: str, off: int, values: List[Sym]) -> None:
+    def write(self, tid: int, step: int, rank: int, buf: str, off: int, values: List[Sym], epilogue=None) -> None:
         mem = self.ranks[rank]
         vc = self.vc[tid]
         if buf == "i" and mem.alias is None:
@@ -300,7 +307,13 @@ class _Run:
                     raise RaceError(self._race(rank, b, k, "read/write", rt, epoch - 1, tid, step))
             c = mem.position(b)
             if c is not None and k % c > v.minpos and not v.lossy:
-                v = Sym(v.terms, v.minpos, True, v.kind)
+                v = Sym(v.terms, v.minpos, True, v.kind, v.epi)
+            if epilogue is not None:
+                if v.epi is not None:
+                    raise SemanticError(
+                        f"{self.where(tid, step)} on rank {rank} applies the epilogue {epilogue} to {v}, which "
+                        f"already went through one: the epilogue would apply twice")
+                v = Sym(v.terms, v.minpos, v.lossy, v.kind, (epilogue.text, b, k))
             slot.value, slot.writer, slot.wclock, slot.reads = v, tid, step + 1, {}
 
     def _no_partial_overlap(self, tid: int, step: int, rank: int, src, dst, cnt: int) -> None:
@@ -322,6 +335,11 @@ class _Run:
     def reduced(self, tid: int, step: int, rank: int, a: List[Sym], b: List[Sym]) -> List[Sym]:
         out = []
         for x, y in zip(a, b):
+            done = x if x.epi is not None else y if y.epi is not None else None
+            if done is not None:
+                raise SemanticError(
+                    f"{self.where(tid, step)} on rank {rank} reduces {done}, a value its epilogue already "
+                    f"transformed: the epilogue belongs on the final value only")
             v, twice = reduce(x, y)
             if twice is not None:
                 raise DuplicateContributionError(
@@ -347,8 +365,20 @@ class _Run:
         values = value(lambda a, b: self.reduced(tid, k, r, a, b),
                        lambda buf, off: self.read(tid, k, r, buf, off, cnt), src, dst, msg and msg.values,
                        lambda: self.computed(tid, k, r))
+        if self.place is not None and (tid, k) in self.place[0]:
+            # A final store applies the epilogue unless its value already carries it (read
+            # back from an output chunk that had it and forwarded); never half and half.
+            carried = {v.epi is not None for v in values}
+            if len(carried) > 1:
+                raise SemanticError(f"{self.where(tid, k)} on rank {r} stores final chunks of which some already "
+                                    f"went through the epilogue and some did not: no one step attribute serves")
+            if carried == {False}:
+                st.epilogue = self.place[1]
         if dst is not None:
-            self.write(tid, k, r, dst[0], dst[1], values)
+            self.write(tid, k, r, dst[0], dst[1], values, st.epilogue)
+        elif st.epilogue is not None:
+            raise SemanticError(f"{self.where(tid, k)} on rank {r}: a {t} step stores nothing, so it cannot "
+                                f"carry an epilogue ({st.epilogue})")
         if st.info.send:
             return _Msg(values, vc.copy(), (tid, k))
         return None
@@ -444,6 +474,8 @@ class _Run:
             if k >= len(mem.slots[b]):
                 raise SemanticError(f"rank {r}: the postcondition names output chunk {j}, but the output holds "
                                     f"{len(mem.slots[b])} chunks")
+            if prog.epilogue is not None:
+                want = Sym(want.terms, want.minpos, want.lossy, want.kind, (prog.epilogue.text, b, k))
             slot = mem.slots[b][k]
             got = slot.value
             if got is not None and same(got, want):
@@ -456,6 +488,48 @@ class _Run:
                 f"program {prog.name!r} does not compute {prog.coll}: rank {r} output chunk o[{j}]{stored} "
                 f"should hold {want} but holds {got if got is not None else 'nothing'}{detail}{by}")
         return len(post)
+
+
+def place_epilogue(prog: Program, epi) -> int:
+    """Mark the steps of a plain, verified `prog` that must apply `epi` (a gc3.ir.epilogue.Epilogue):
+    for every output chunk the postcondition specifies, the step that stores its final value,
+    unless that value was read back from an output chunk that already had it.  Sets
+    `prog.epilogue`; returns the number of steps marked.  The run is deterministic (the program
+    is race-free), so `check` on the result proves each output chunk gets it exactly once."""
+    from .model import build_model
+
+    m = build_model(prog)
+    post = postcondition_of(prog)
+    first = _Run(m)
+    first.run()
+    finals = set()
+    for (r, j) in post:
+        mem = first.ranks[r]
+        b, k = mem.location("o", j)
+        slot = mem.slots[b][k]
+        if slot.writer < 0:
+            raise SemanticError(f"rank {r} output chunk {j} is never written by the program: no step can apply "
+                                f"the epilogue {epi} to it")
+        finals.add((slot.writer, slot.wclock - 1))
+    for tid, k in sorted(finals):
+        tb = m.tbs[tid]
+        st = tb.steps[k]
+        mem = first.ranks[tb.rank]
+        dst = local_output(st, first.conv)
+        for n in range(st.cnt):
+            b, kk = mem.location(dst[0], dst[1] + n)
+            slot = mem.slots[b][kk]
+            if (slot.writer, slot.wclock - 1) != (tid, k):
+                raise SemanticError(f"{tb.at(k)} on rank {tb.rank} stores final output chunks and {b}[{kk}], which a "
+                                    f"later step overwrites: the epilogue would apply to a non-final value")
+    for t in m.tbs:
+        for st in t.steps:
+            st.epilogue = None
+    second = _Run(m)
+    second.place = (finals, epi)
+    second.run()
+    prog.epilogue = epi
+    return sum(st.epilogue is not None for t in m.tbs for st in t.steps)
 
 
 def _name(buf: str, j: int, b: str, k: int) -> str:
