@@ -16,8 +16,8 @@ MAX_THREADS = 512
 _INCLUDE = re.compile(r'^#include "([^"]+)"\s*$', re.M)
 
 
-def source() -> str:
-    """interpreter.cu with its local headers inlined, so that CuPy's cache key
+def source(entry: str = "interpreter.cu") -> str:
+    """`entry` (a file of kernels/) with its local headers inlined, so that CuPy's cache key
     (a hash of the source text) changes whenever any of them does."""
     seen = set()
 
@@ -28,7 +28,7 @@ def source() -> str:
         text = (abi.KERNEL_DIR / name).read_text()
         return _INCLUDE.sub(lambda m: expand(m.group(1)), text.replace("#pragma once", ""))
 
-    return expand("interpreter.cu")
+    return expand(entry)
 
 
 def trace_enabled() -> bool:

@@ -238,6 +238,10 @@ def refuse_not_on_device(prog: Program) -> None:
     for g in prog.gpus:
         for tb in g.threadblocks:
             for st in tb.steps:
+                if st.epilogue is not None:
+                    raise NotOnDeviceError(
+                        f"{prog.name}: rank {g.id} tb {tb.id} step {st.s} carries the epilogue {st.epilogue}, which "
+                        f"the CUDA interpreter does not apply yet (`gc3 simulate` runs it on the CPU)")
                 if st.type in NOT_ON_DEVICE:
                     raise NotOnDeviceError(
                         f"{prog.name}: rank {g.id} tb {tb.id} step {st.s} is a {st.type!r} step, which the CUDA "

@@ -10,7 +10,8 @@ DT = sorted(DTYPES)
 
 def _loop_reduce(inputs, op):
     """Element-by-element reduction in rank order, in Python: an independent oracle."""
-    f = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b, "max": max, "min": min}[op]
+    f = {"sum": lambda a, b: a + b, "avg": lambda a, b: a + b, "prod": lambda a, b: a * b, "max": max,
+         "min": min}[op]
     out = []
     for i in range(inputs[0].size):
         acc = inputs[0][i].item()
@@ -28,8 +29,12 @@ def test_allreduce_matches_python_loop_and_is_exact(dtype, op, nranks):
     assert all(x.dtype == np_dtype(dtype) and x.shape == (37,) for x in inputs)
     outs = reference("allreduce", inputs, op, nranks)
     expected = _loop_reduce(inputs, op)
-    if dtype == "uint8" and op in ("sum", "prod"):
+    if dtype == "uint8" and op in ("sum", "prod", "avg"):
         expected = [v % 256 for v in expected]
+    if op == "avg":   # NCCL: integers truncate toward zero, floats scale by 1/n
+        n = nranks
+        expected = [(abs(v) // n) * (1 if v >= 0 else -1) if isinstance(v, int) else
+                    np_dtype(dtype).type(v * (1.0 / n)).item() for v in expected]
     for o in outs:
         assert [v.item() for v in o] == expected      # exact, not merely close
 
@@ -77,8 +82,8 @@ def test_bad_arguments_raise_named_errors():
         reference("alltoall", [np.zeros(4)] * 3, "sum", 3)
     with pytest.raises(DtypeError, match="float8"):
         dtype_info("float8")
-    with pytest.raises(DtypeError, match="avg"):
-        reduce_op("avg")
+    with pytest.raises(DtypeError, match="mean"):
+        reduce_op("mean")
 
 
 def test_mismatches_respects_dtype_tolerance():

@@ -212,7 +212,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
     result.races_more = run.races_truncated
     result.deadlock = run.deadlock
     result.outputs = [memories[r].output() for r in range(nranks)]
-    if op == "avg":
+    if op == "avg" and prog.coll in ("allreduce", "reducescatter", "reduce"):
         # A plain program run with avg sums; the division is a second pass over the output,
         # as the NCCL drop-in does it (a program that fuses it carries the avg epilogue).
         from ..ir.epilogue import avg_divide

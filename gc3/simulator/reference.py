@@ -41,7 +41,7 @@ def _reduced(inputs: Sequence[np.ndarray], op) -> np.ndarray:
         out = ufunc.reduce(stack, axis=0)
     if op == "avg":
         from ..ir.epilogue import avg_divide
-        out = avg_divide(out, len(inputs))
+        out = avg_divide(out.astype(dt), len(inputs))   # NCCL divides the wrapped sum
     return out
 
 

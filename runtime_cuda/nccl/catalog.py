@@ -295,6 +295,9 @@ def _candidate(path: Path, origin: str, s: _Settings, cache: Optional[Path] = No
         refuse_not_on_device(prog)
     except GC3Error as exc:
         raise CatalogEntryError(str(exc)) from None
+    if prog.epilogue is not None:
+        raise CatalogEntryError(f"{path}: carries the epilogue {prog.epilogue}, which no NCCL call asks for "
+                                f"(its named inputs are not an NCCL argument)")
     _verify(prog, path, hashlib.sha256(data).hexdigest(), cache)
     overridden = s.protocol is not None and s.protocol != prog.proto
     if overridden:

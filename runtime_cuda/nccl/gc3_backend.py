@@ -21,6 +21,11 @@ from .catalog import Candidate
 from .selection import Decision
 
 
+def _kernel_op(call: Call) -> str:
+    """The interpreter build a call runs: avg is served by the sum build plus a division pass."""
+    return "sum" if call.op_name == "avg" else call.op_name
+
+
 def _key(cand: Candidate) -> Tuple:
     return (str(cand.path), cand.name, cand.program.proto)
 
@@ -47,7 +52,7 @@ class Gc3Backend:
             return self._failed[key]
         if call.dtype_name not in self._abi.DTYPE:
             return f"the interpreter is not built for {call.dtype_name} (it has {', '.join(self._abi.DTYPE)})"
-        if call.coll in REDUCING and call.op_name not in self._abi.REDOP:
+        if call.coll in REDUCING and _kernel_op(call) not in self._abi.REDOP:
             return f"the interpreter has no {call.op_name} reduction (it has {', '.join(self._abi.REDOP)})"
         try:
             proto = self._launcher.runtime_protocol(cand.program.proto)
@@ -87,8 +92,13 @@ class Gc3Backend:
         c = decision.call
         group = self._groups[_key(decision.candidate)]
         # Non-reducing collectives never reduce: share the sum build of the kernel.
-        op = c.op_name if c.coll in REDUCING else "sum"
+        op = _kernel_op(c) if c.coll in REDUCING else "sum"
         group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, c.stream)
+        if c.coll in REDUCING and c.op_name == "avg" and (c.coll != "reduce" or c.rank == c.root):
+            # A catalog program is a plain sum program: avg is its sum, then NCCL's division
+            # in a second pass on the same stream (only where the call defines the output).
+            from runtime_cuda import avg
+            avg.divide(c.recvbuf, c.out_elems, c.dtype_name, c.nranks, c.stream)
 
     def check_async_error(self) -> None:
         """Raise RuntimeTimeoutError if a gc3 kernel of this communicator gave up waiting."""

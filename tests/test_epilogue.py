@@ -1,0 +1,169 @@
+"""Elementwise epilogues and NCCL's avg (issue 16 item 5): the IR, the semantic
+checker and the simulator on the CPU; the avg division pass on the GPU."""
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gc3.errors import GC3Error, IRFormatError, SemanticError
+from gc3.ir.epilogue import EpilogueError, avg_divide, parse
+from gc3.ir.xml_io import from_xml, to_xml
+from gc3.simulator.driver import simulate
+from gc3.simulator.reference import reference
+from gc3.verify import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+ALGO = ROOT / "algorithms" / "fused" / "allreduce_epilogue.py"
+
+
+def compiled(*argv, fusion=True):
+    from gc3 import lower
+    from gc3.dsl.program import run_script
+    return lower(run_script(ALGO, [str(a) for a in argv]), instr_fusion=fusion)
+
+
+def marked(prog):
+    return [(g.id, tb.id, st) for g in prog.gpus for tb in g.threadblocks for st in tb.steps if st.epilogue]
+
+
+@pytest.mark.parametrize("argv", [(), (2, 1, 8, 0), (4, 1, 64, 1), (2, 2, 16, 0)])
+def test_compiles_checks_and_simulates(argv):
+    prog = compiled(*argv)
+    assert prog.epilogue is not None and marked(prog)
+    xml = to_xml(prog)
+    assert 'fused="1"' in xml and "<epilogue" in xml
+    back = from_xml(xml)
+    assert to_xml(back) == xml
+    assert verify(back).proven > 0
+    res = simulate(xml, count=1000)
+    assert res.ok, res.errors
+    # the reference is the unfused operator, computed separately
+    cast = (argv + (4, 2, 64, 1))[3] if len(argv) < 4 else argv[3]
+    assert res.outputs[0].dtype == (np.dtype("float32") if not cast else res.expected[0].dtype)
+
+
+def test_every_output_chunk_gets_it_once_in_the_ring():
+    prog = compiled(4, 2, 64, 1)
+    # ring: the last reduction and each of the N-1 all-gather receives store a final chunk
+    assert len(marked(prog)) == 4 * 4
+
+
+def _mutate(prog, how):
+    prog = copy.deepcopy(prog)
+    steps = [st for _, _, st in marked(prog)]
+    if how == "scale":
+        steps[0].epilogue = parse(steps[0].epilogue.text.replace("scale(0.25)", "scale(0.5)"), prog.epilogue.cols)
+    elif how == "missing":
+        steps[-1].epilogue = None
+    elif how == "twice":
+        # bias (and the rest) applied twice: a partial reduction into the output gets it as well
+        for g in prog.gpus:
+            for tb in g.threadblocks:
+                for st in tb.steps:
+                    if st.type == "re" and st.epilogue is None:
+                        st.epilogue = prog.epilogue
+    return prog
+
+
+@pytest.mark.parametrize("how,argv", [("scale", (4, 2, 64, 1)), ("missing", (4, 2, 64, 1)), ("twice", (4, 1, 64, 0))])
+def test_checker_and_simulator_reject_a_mutated_epilogue(how, argv):
+    good = compiled(*argv, fusion=how != "twice")
+    prog = _mutate(good, how)
+    assert to_xml(prog) != to_xml(good)
+    with pytest.raises(SemanticError, match="epilogue|scale"):
+        verify(prog)
+    res = simulate(to_xml(prog), count=4096)
+    assert not res.ok and res.wrong
+
+
+def test_parse_errors_name_the_item():
+    with pytest.raises(EpilogueError, match="sqrt"):
+        parse("scale(2),sqrt")
+    with pytest.raises(EpilogueError, match="cast must be the last"):
+        parse("cast(bf16),scale(2)")
+    with pytest.raises(EpilogueError, match="cols"):
+        parse("bias(b)")
+    with pytest.raises(EpilogueError, match="argument"):
+        parse("scale")
+    assert parse("scale(0.5),bias(b),cast(bf16)", cols=4).text == "scale(0.5),bias(b),cast(bfloat16)"
+
+
+def test_reader_wants_fused_with_an_epilogue():
+    xml = to_xml(compiled(2, 1, 8, 0))
+    with pytest.raises(IRFormatError, match="fused"):
+        from_xml(xml.replace(' fused="1"', ""))
+    with pytest.raises(IRFormatError, match="no <epilogue>"):
+        from_xml(xml[:xml.index("  <epilogue")] + "</algo>\n")
+
+
+def test_runtime_and_catalog_refuse_an_epilogue_ir():
+    from runtime_cuda.tables import refuse_not_on_device
+    with pytest.raises(GC3Error, match="epilogue"):
+        refuse_not_on_device(compiled(2, 1, 8, 0))
+
+
+# --- avg ---------------------------------------------------------------------------
+def test_avg_divide_is_ncclavg_integer_rule():
+    # NCCL FuncSumPostDiv: |x| / n with the sign restored: truncation toward zero, on the wrapped sum
+    x = np.array([-7, 7, -1, 1, -(2 ** 31), 2 ** 31 - 1], dtype=np.int32)
+    assert avg_divide(x, 2).tolist() == [-3, 3, 0, 0, -(2 ** 30), 2 ** 30 - 1]
+    assert avg_divide(np.array([-9, 9], dtype=np.int64), 4).tolist() == [-2, 2]
+    assert avg_divide(np.array([255, 7], dtype=np.uint8), 2).tolist() == [127, 3]
+    assert avg_divide(np.array([-6.0, 3.0], dtype=np.float32), 4).tolist() == [-1.5, 0.75]
+
+
+def test_reference_avg_wraps_then_divides():
+    a = np.array([2 ** 31 - 1, -5], dtype=np.int32)
+    b = np.array([2, -2], dtype=np.int32)
+    out = reference("allreduce", [a, b], "avg", 2)[0]
+    wrapped = (a.astype(np.int64) + b).astype(np.int32)      # -2**31+1, -7
+    assert out.tolist() == [int(np.trunc(wrapped[0] / 2)), -3]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "uint8"])
+def test_simulate_avg_on_a_sum_program(dtype):
+    xml = (ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml").read_text()
+    res = simulate(xml, count=4096, dtype=dtype, op="avg")
+    assert res.ok, res.errors
+    # and a division that is not NCCL's (numpy floor on ints, no division on floats) is caught
+    sums = simulate(xml, count=4096, dtype=dtype, op="sum")
+    assert any((np.asarray(o) != np.asarray(e)).any() for o, e in zip(sums.outputs, res.expected))
+
+
+# --- GPU ---------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", [2, 4])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "int64", "uint8"])
+def test_gpu_avg_is_sum_then_ncclavg(nranks, dtype):
+    """What the drop-in's gc3 backend runs for op avg: the sum program (virtual ranks),
+    then runtime_cuda.avg.divide on the output; vs numpy: bit-exact."""
+    import cupy
+    from gc3.dtypes import dtype_info
+    from gc3.ir.xml_io import read_xml
+    from gc3.simulator.reference import make_inputs
+    from runtime_cuda import avg
+    from runtime_cuda.virtual import VirtualRanks
+
+    path = ROOT / "ir_samples" / ("allreduce_ring_2r_Simple_i64.xml" if nranks == 2 else
+                                  "allreduce_ring_4r_Simple_i2.xml")
+    vr = VirtualRanks(read_xml(path))
+    n_el = 3 * 4096 + 5
+    xs = make_inputs("allreduce", nranks, n_el, dtype, seed=3, op="avg")
+    if not dtype_info(dtype).is_float and dtype != "uint8":
+        xs[0][:4] = [-7, 7, -1, 5]          # odd sums of both signs: truncation shows
+        for x in xs[1:]:
+            x[:4] = 0
+    np_dt = dtype_info(dtype).np
+    ins = [cupy.asarray(x.view(np.uint16) if dtype == "bfloat16" else x) for x in xs]
+    outs = [cupy.zeros_like(a) for a in ins]
+    vr(ins, outs, op="sum", dtype=dtype)
+    cupy.cuda.runtime.deviceSynchronize()
+    for o in outs:
+        avg.divide(o.data.ptr, o.size, dtype, nranks, cupy.cuda.get_current_stream().ptr)
+    cupy.cuda.runtime.deviceSynchronize()
+    want = reference("allreduce", xs, "avg", nranks)
+    for r, o in enumerate(outs):
+        got = cupy.asnumpy(o)
+        got = got.view(np_dt) if dtype == "bfloat16" else got
+        assert np.array_equal(got.view(np.uint8), want[r].view(np.uint8)), (r, got[:8], want[r][:8])
