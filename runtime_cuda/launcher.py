@@ -28,16 +28,15 @@ from .streams import StreamOrder
 from .tables import Tables
 
 DEFAULT_TIMEOUT_S = 5.0
-# MSCCL's LL128 has no implementation here; Simple carries it (same bandwidth
-# class, the XML's schedule and FIFO depth unchanged).
-PROTOCOL_SUBSTITUTES = {"Simple": "Simple", "LL": "LL", "LL128": "Simple"}
 
 
 def runtime_protocol(xml_proto: str, override: Optional[str] = None) -> str:
+    """The protocol a program runs with: the XML's, or `override`; never a
+    substitute -- one the kernel does not implement is an error."""
     p = override or xml_proto
-    if p not in PROTOCOL_SUBSTITUTES:
-        raise GC3Error(f"unknown protocol {p!r}; expected one of {', '.join(PROTOCOL_SUBSTITUTES)}")
-    return PROTOCOL_SUBSTITUTES[p]
+    if p not in abi.PROTO:
+        raise GC3Error(f"protocol {p!r} is not implemented by the CUDA runtime; it runs {', '.join(abi.PROTO)}")
+    return p
 
 
 def timeout_s(value: Optional[float] = None) -> float:
@@ -241,7 +240,9 @@ class Executor:
             what = (f"waiting for rank {a} to free a FIFO slot on channel {b} (it has consumed {seen}, "
                     f"{want} needed; no matching receive?)")
         elif kind == C["GC3_WAIT_LL"]:
-            what = (f"waiting for LL data from rank {a} on channel {b} (line flag {seen & 0xFFFFFFFF}, "
+            if self.proto == "LL":
+                seen, want = seen & 0xFFFFFFFF, want & 0xFFFFFFFF
+            what = (f"waiting for {self.proto} data from rank {a} on channel {b} (line flag {seen}, "
                     f"expected {want}; no matching send?)")
         else:
             what = f"unknown wait kind {kind}"
