@@ -158,13 +158,15 @@ class Executor:
             f"so the runtime refuses to launch (use fewer virtual ranks or TBs)")
 
     # -- calls ----------------------------------------------------------
-    def buffer_table(self, ptrs: Tuple[int, ...], stream: int):
+    def buffer_table(self, ptrs: Tuple[int, ...], stream: int, captured: bool = False):
         """Device copy of the per-rank (i, o, s) addresses, cached by value.
         Allocated under and written on the launch stream (raw handle): a copy
         queued on another stream could still be pending when a kernel on this
         one reads it, and the pool must not hand the memory to work unordered
         with it.  Evicted tables are retired, not freed: queued launches may
-        still read them."""
+        still read them.  While `stream` captures a graph, the table is written
+        now, on the set-up stream (a captured upload would read this host
+        array at every replay, long after it is gone)."""
         tab = self._bufs.get(ptrs)
         if tab is None:
             if len(self._bufs) > 256:
@@ -177,10 +179,12 @@ class Executor:
             if faults.active("pool-stream"):
                 tab = self.cupy.asarray(host)
             else:
-                s = streams.wrap(stream)
+                s = streams.setup_stream() if captured else streams.wrap(stream)
                 with streams.current(s):
                     tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
                 tab.set(host, stream=s)
+                if captured:
+                    s.synchronize()
             self._bufs[ptrs] = tab
         return tab
 
