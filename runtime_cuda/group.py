@@ -29,11 +29,11 @@ class PreparedCall:
         self.keep = keep   # scratch/temp buffers this call's addresses point into
         self._memcpy = cupy.cuda.runtime.memcpyAsync
 
-    def __call__(self, stream_ptr: int) -> None:
+    def __call__(self, stream_ptr: int, captured: bool = False) -> None:
         for c in self.pre:
             self._memcpy(c.dst, c.src, c.nbytes, _D2D, stream_ptr)
         if self.launch is not None:
-            self.launch(stream_ptr)
+            self.launch(stream_ptr, captured)
         for c in self.post:
             self._memcpy(c.dst, c.src, c.nbytes, _D2D, stream_ptr)
 
@@ -134,7 +134,7 @@ class LaunchGroup:
             self._prepared[key] = call
         if captured:
             self._captured[id(call)] = call
-        call(ptr)
+        call(ptr, captured)
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
                  stream=None) -> List:

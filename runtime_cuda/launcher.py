@@ -79,12 +79,16 @@ class Launch:
         self.params_ptr = ctypes.addressof(self.params)
         self.keep = bufs   # the buffer table must outlive every queued launch
 
-    def __call__(self, stream_ptr: int) -> None:
+    def __call__(self, stream_ptr: int, captured: bool = False) -> None:
+        """`captured`: the stream is capturing a graph; the launch goes in as a
+        plain kernel node (every block is co-resident by the occupancy check
+        of Executor._threads, so the cooperative guarantee adds nothing, and a
+        plain node captures on every driver)."""
         if self.ex.broken:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
         d = self._driver
         try:
-            if self.coop:
+            if self.coop and not captured:
                 d.launchCooperativeKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream_ptr, self.params_ptr)
             else:
                 d.launchKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream_ptr, self.params_ptr, 0)

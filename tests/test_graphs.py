@@ -131,7 +131,8 @@ def test_dropin_graph_capture_on_two_processes_sharing_one_gpu(tmp_path):
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
     for xml in xmls:
         env["GC3_XML_FILES"] = str(xml)
-        proc = subprocess.run(["mpirun", "-np", "2", sys.executable, str(ROOT / "tests" / "gpu_programs" / "dropin_graph.py")],
+        program = ROOT / "tests" / "gpu_programs" / "dropin_graph.py"
+        proc = subprocess.run(["mpirun", "-np", "2", sys.executable, str(program)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-4000:]
