@@ -20,24 +20,49 @@ MAX_REDUCE_FANIN = 8       # consecutive `re` steps into one dst fused into one 
 
 # --- FIFO slots and tiles ------------------------------------------------------
 # Bytes per FIFO slot (the runtime's default; GC3_SLOT_BYTES_<PROTO> overrides
-# it there).  LL slots hold 16-byte lines carrying 8 data bytes.
+# it there).  LL slots hold 16-byte lines carrying 8 data bytes; LL128 slots
+# hold 128-byte lines of 16 8-byte words, 15 of data and one flag.
 SLOT_BYTES = {"Simple": 256 << 10, "LL": 32 << 10, "LL128": 256 << 10}
 TILE_GRANULE_BYTES = 16    # the runtime tiles in whole 16-byte granules
+LL128_LINE_BYTES = 128
+LL128_LINE_DATA_BYTES = 120
+# Protocols whose slots carry their ready flag inside the data (no tail word):
+# a receiver reads each line as it lands.
+FLAGGED_PROTOCOLS = ("LL", "LL128")
 
 
 def slot_data_bytes(proto: str, slot_bytes: int) -> int:
     """Data bytes a slot of `slot_bytes` holds under `proto`."""
-    return slot_bytes // 2 if proto == "LL" else slot_bytes
+    if proto == "LL":
+        return slot_bytes // 2
+    if proto == "LL128":
+        return slot_bytes // LL128_LINE_BYTES * LL128_LINE_DATA_BYTES
+    return slot_bytes
 
 
-def tile_elems(cs: int, itemsize: int, slot_data: int, max_cnt: int, tiles: int = 1, min_bytes: int = 0) -> int:
+def slot_align(proto: str) -> int:
+    """Slot sizes must be multiples of this: an LL128 line must not straddle
+    a 128-byte boundary, or its store is no longer one transaction."""
+    return LL128_LINE_BYTES if proto == "LL128" else 64
+
+
+def tile_granule_bytes(proto: str) -> int:
+    """Tiles are whole multiples of this many bytes.  LL128: 240, the least
+    common multiple of the 16-byte granule and a line's 120 data bytes, so
+    every chunk-tile fills whole lines and cnt tiles fit the slot's lines."""
+    return 240 if proto == "LL128" else TILE_GRANULE_BYTES
+
+
+def tile_elems(cs: int, itemsize: int, slot_data: int, max_cnt: int, tiles: int = 1, min_bytes: int = 0,
+               granule_bytes: int = TILE_GRANULE_BYTES) -> int:
     """Elements per tile of a chunk of `cs` elements (the runtime's rule, which
     the cost model replays): as many as a slot of `slot_data` bytes holds for
     the largest transfer (`max_cnt` chunks), in whole granules, and no more than
     the chunk needs -- or, with `tiles` > 1, small enough that a chunk makes
     `tiles` tiles (so the steps of one chunk pipeline across FIFO slots) but no
-    smaller than `min_bytes`.  0 when a slot cannot hold one granule per chunk."""
-    g = max(TILE_GRANULE_BYTES // itemsize, 1)
+    smaller than `min_bytes`.  0 when a slot cannot hold one granule per chunk.
+    `granule_bytes`: tile_granule_bytes(proto)."""
+    g = max(granule_bytes // itemsize, 1)
     fit = slot_data // (max_cnt * itemsize) // g * g
     if fit < g:
         return 0

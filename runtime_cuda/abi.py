@@ -25,7 +25,7 @@ BUF = {"i": C["GC3_BUF_I"], "o": C["GC3_BUF_O"], "s": C["GC3_BUF_S"], None: C["G
 DTYPE = {name: C[f"GC3_DT_{name.upper()}"]
          for name in ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8")}
 REDOP = {name: C[f"GC3_RED_{name.upper()}"] for name in ("sum", "prod", "max", "min")}
-PROTO = {"Simple": C["GC3_PROTO_SIMPLE"], "LL": C["GC3_PROTO_LL"]}
+PROTO = {"Simple": C["GC3_PROTO_SIMPLE"], "LL": C["GC3_PROTO_LL"], "LL128": C["GC3_PROTO_LL128"]}
 
 TB_NFIELDS = C["GC3_TB_NFIELDS"]
 ST_NFIELDS = C["GC3_ST_NFIELDS"]

@@ -46,14 +46,15 @@ def rank_layouts(prog: Program, in_elems: int):
 
 def tile_lanes(cs: int, itemsize: int, proto: str, max_cnt: int, split: Optional[TileSplit] = None) -> int:
     """Lanes per tile: as many as a slot holds for the largest transfer, in
-    whole 16-byte granules, and no more than the chunk needs -- or, with a
+    whole granules (limits.tile_granule_bytes), and no more than the chunk needs -- or, with a
     `split`, small enough that a chunk makes `split.tiles` tiles (so that the
     steps of one chunk pipeline across FIFO slots) but no smaller than
     `split.min_bytes`."""
     split = split or TileSplit()
-    lanes = limits.tile_elems(cs, itemsize, slot_data_bytes(proto), max_cnt, split.tiles, split.min_bytes)
+    granule = limits.tile_granule_bytes(proto)
+    lanes = limits.tile_elems(cs, itemsize, slot_data_bytes(proto), max_cnt, split.tiles, split.min_bytes, granule)
     if lanes == 0:
-        g = max(limits.TILE_GRANULE_BYTES // itemsize, 1)
+        g = max(granule // itemsize, 1)
         raise LimitError(f"a FIFO slot of {slot_data_bytes(proto)} data bytes cannot hold {max_cnt} chunks of "
                          f"{g} x {itemsize}-byte elements; raise GC3_SLOT_BYTES_{proto.upper()}")
     return lanes

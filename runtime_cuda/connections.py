@@ -35,8 +35,9 @@ def slot_bytes(proto: str) -> int:
     name = f"GC3_SLOT_BYTES_{proto.upper()}"
     env = os.environ.get(name)
     n = env_number(name, env, 64, 1 << 30) if env else limits.SLOT_BYTES[proto]
-    if n <= 0 or n % 64:
-        raise GC3Error(f"GC3_SLOT_BYTES_{proto.upper()}={n}: must be a positive multiple of 64")
+    align = limits.slot_align(proto)
+    if n <= 0 or n % align:
+        raise GC3Error(f"GC3_SLOT_BYTES_{proto.upper()}={n}: must be a positive multiple of {align}")
     return n
 
 
@@ -48,7 +49,7 @@ class TileSplit:
 
 
 # No split by default: a tile is as large as a slot holds.
-_TILE_SPLIT = {"Simple": TileSplit(), "LL": TileSplit()}
+_TILE_SPLIT = {"Simple": TileSplit(), "LL": TileSplit(), "LL128": TileSplit()}
 
 
 def tile_split(proto: str) -> TileSplit:

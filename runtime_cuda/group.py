@@ -29,11 +29,11 @@ class PreparedCall:
         self.keep = keep   # scratch/temp buffers this call's addresses point into
         self._memcpy = cupy.cuda.runtime.memcpyAsync
 
-    def __call__(self, stream_ptr: int) -> None:
+    def __call__(self, stream_ptr: int, captured: bool = False) -> None:
         for c in self.pre:
             self._memcpy(c.dst, c.src, c.nbytes, _D2D, stream_ptr)
         if self.launch is not None:
-            self.launch(stream_ptr)
+            self.launch(stream_ptr, captured)
         for c in self.post:
             self._memcpy(c.dst, c.src, c.nbytes, _D2D, stream_ptr)
 
@@ -51,6 +51,9 @@ class LaunchGroup:
         self._scratch: Dict[int, object] = {}
         self._temp: Dict[int, object] = {}
         self._prepared: Dict[tuple, PreparedCall] = {}
+        # Calls captured into a CUDA graph, by id: a graph may be replayed at
+        # any time, so what its launches address lives as long as the group.
+        self._captured: Dict[int, PreparedCall] = {}
         split = tile_split(self.proto)   # fixed for the group's life, like its slot size
         self._shape = lru_cache(maxsize=64)(
             lambda n, itemsize: call_shape(self.prog, n, itemsize, self.proto, self.tables.max_cnt, split))
@@ -64,7 +67,7 @@ class LaunchGroup:
         """The GPU that holds `rank`'s buffers (all ranks share one unless a mode says otherwise)."""
         return self.executor.device.id
 
-    def _grown(self, pool: Dict[int, object], rank: int, nbytes: int, stream: int) -> int:
+    def _grown(self, pool: Dict[int, object], rank: int, nbytes: int, stream: int, captured: bool = False) -> int:
         if nbytes == 0:
             return 0
         buf = pool.get(rank)
@@ -77,9 +80,13 @@ class LaunchGroup:
             else:
                 # Under the call's stream, so the pool reuses it only for work
                 # ordered after this call there; zeroed on that stream too.
-                with streams.current(streams.wrap(stream)):
+                # While it captures a graph: made now, on the set-up stream.
+                s = streams.setup_stream() if captured else streams.wrap(stream)
+                with streams.current(s):
                     buf = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
-                self.cupy.cuda.runtime.memsetAsync(buf.data.ptr, 0, nbytes, stream)
+                self.cupy.cuda.runtime.memsetAsync(buf.data.ptr, 0, nbytes, s.ptr)
+                if captured:
+                    s.synchronize()
                 # Queued launches still address the old buffer through their
                 # prepared calls: both go only once those launches are done.
                 order.retire((pool.get(rank), self._prepared))
@@ -88,7 +95,7 @@ class LaunchGroup:
         return buf.data.ptr
 
     def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                 stream: int) -> "PreparedCall":
+                 stream: int, captured: bool = False) -> "PreparedCall":
         info = dtype_info(dtype)
         itemsize = info.np.itemsize
         lay, shape = self._shape(in_elems, itemsize)
@@ -99,31 +106,35 @@ class LaunchGroup:
             b = bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize)
             if b.temp_bytes:
                 b = bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize,
-                         temp_ptr=self._grown(self._temp, r, b.temp_bytes, stream))
+                         temp_ptr=self._grown(self._temp, r, b.temp_bytes, stream, captured))
             pre += [b.pre] if b.pre else []
             post += [b.post] if b.post else []
-            scratch = self._grown(self._scratch, r, self.prog.gpu(r).s_chunks * shape.cs * itemsize, stream)
+            scratch = self._grown(self._scratch, r, self.prog.gpu(r).s_chunks * shape.cs * itemsize, stream, captured)
             ptrs.extend((b.i, b.o, scratch))
         keep = (self._scratch.copy(), self._temp.copy())
-        bufs = self.executor.buffer_table(tuple(ptrs), stream)
+        bufs = self.executor.buffer_table(tuple(ptrs), stream, captured)
         return PreparedCall(self.executor.prepare(info.name, op, bufs, shape), pre, post, shape, keep)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                  stream=None) -> None:
         """Enqueue one call on raw device addresses (one per rank of the group),
         on `stream` (a CuPy stream, a raw handle, or None for CuPy's current one).
-        Everything but the launch itself is cached per (addresses, size, dtype, op)."""
+        Everything but the launch itself is cached per (addresses, size, dtype, op).
+        A call on a stream capturing a CUDA graph is captured (streams.py, point 6)."""
         ptr = streams.handle(stream)
-        self.executor.order.enter(ptr)
+        captured = streams.is_capturing(ptr)
+        self.executor.order.enter(ptr, captured)
         key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op)
         call = self._prepared.get(key)
         if call is None:
             if len(self._prepared) > 1024:
                 self.executor.order.retire(self._prepared)
                 self._prepared = {}
-            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr)
+            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr, captured)
             self._prepared[key] = call
-        call(ptr)
+        if captured:
+            self._captured[id(call)] = call
+        call(ptr, captured)
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
                  stream=None) -> List:

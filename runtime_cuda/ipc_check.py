@@ -1,13 +1,17 @@
 """Data-checks XML programs with one process per GPU:
 
     mpirun --allow-run-as-root -np 2 python3 -m runtime_cuda.ipc_check a.xml [b.xml ...] [--quick | --large]
+        [--proto=PROTO] [--dtypes=D1,D2,...]
 
 Runs each program for sizes from one lane per chunk to tens of MiB, uneven
 ones included, every dtype and op, in and out of place, plus a broken
 program (a receive with no send) that must end in RuntimeTimeoutError.
 With --large, only the large sizes instead: 256 MiB per rank (or the most
 ir_samples/index.json recommends the program for) in float32 and an uneven
-count just below it in bfloat16 (checking.large_cases).
+count just below it in bfloat16 (checking.large_cases).  Each program runs
+with its XML's protocol and another one, or with --proto=PROTO only;
+--dtypes limits the dtype sweep to those dtypes with op sum (fewer kernels to
+build).
 Prints one summary line per program on rank 0 and exits 1 on any wrong
 element or unexpected error."""
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+from typing import Optional, Sequence
 
 from gc3.dtypes import DTYPES
 from gc3.errors import GC3Error, RuntimeTimeoutError
@@ -34,16 +39,18 @@ def sizes(prog, quick: bool):
     return out if quick else out + [bi * (c * min(1048576, lanes) + c - 1), bi * c * min(4194304, 4 * lanes)]
 
 
-def check_program(path: str, comm, quick: bool) -> CheckResult:
+def check_program(path: str, comm, quick: bool, proto_only: Optional[str] = None,
+                  dtypes: Optional[Sequence[str]] = None) -> CheckResult:
     prog = read_xml(path)
     total = CheckResult()
-    for proto in (None, "LL" if prog.proto != "LL" else "Simple"):
+    protos = (proto_only,) if proto_only else (None, "LL" if prog.proto != "LL" else "Simple")
+    for proto in protos:
         group = IpcRanks(prog, comm, proto=proto)
         for n in sizes(prog, quick):
             for inplace in (False, True):
                 total.add(run_checked(group, n, "float32", "sum", inplace))
-        for dtype in sorted(DTYPES):
-            for op in OPS:
+        for dtype in dtypes or sorted(DTYPES):
+            for op in ("sum",) if dtypes else OPS:
                 for n in sizes(prog, True)[1::2]:
                     total.add(run_checked(group, n, dtype, op, inplace=bool(n % 2)))
         total.add(run_checked(group, sizes(prog, True)[-1], "bfloat16", "sum", False, repeat=20))
@@ -102,12 +109,17 @@ def main(argv) -> int:
     comm = MPI.COMM_WORLD
     quick = "--quick" in argv
     large = "--large" in argv
+    proto = next((a.split("=", 1)[1] for a in argv if a.startswith("--proto=")), None)
+    dtypes = next((a.split("=", 1)[1].split(",") for a in argv if a.startswith("--dtypes=")), None)
+    unknown = sorted(set(dtypes or ()) - set(DTYPES))
+    if unknown:
+        raise SystemExit(f"ipc_check: unknown dtype(s) {', '.join(unknown)} in --dtypes; known: {', '.join(sorted(DTYPES))}")
     paths = [a for a in argv if not a.startswith("--")]
     failed = False
     for path in paths:
         t0 = time.perf_counter()
         try:
-            res = check_large(path, comm) if large else check_program(path, comm, quick)
+            res = check_large(path, comm) if large else check_program(path, comm, quick, proto, dtypes)
             err = ""
         except Exception as exc:  # reported with the rank, then the job fails
             res, err = CheckResult(), f"{type(exc).__name__}: {exc}"

@@ -28,16 +28,15 @@ from .streams import StreamOrder
 from .tables import Tables
 
 DEFAULT_TIMEOUT_S = 5.0
-# MSCCL's LL128 has no implementation here; Simple carries it (same bandwidth
-# class, the XML's schedule and FIFO depth unchanged).
-PROTOCOL_SUBSTITUTES = {"Simple": "Simple", "LL": "LL", "LL128": "Simple"}
 
 
 def runtime_protocol(xml_proto: str, override: Optional[str] = None) -> str:
+    """The protocol a program runs with: the XML's, or `override`; never a
+    substitute -- one the kernel does not implement is an error."""
     p = override or xml_proto
-    if p not in PROTOCOL_SUBSTITUTES:
-        raise GC3Error(f"unknown protocol {p!r}; expected one of {', '.join(PROTOCOL_SUBSTITUTES)}")
-    return PROTOCOL_SUBSTITUTES[p]
+    if p not in abi.PROTO:
+        raise GC3Error(f"protocol {p!r} is not implemented by the CUDA runtime; it runs {', '.join(abi.PROTO)}")
+    return p
 
 
 def timeout_s(value: Optional[float] = None) -> float:
@@ -80,12 +79,16 @@ class Launch:
         self.params_ptr = ctypes.addressof(self.params)
         self.keep = bufs   # the buffer table must outlive every queued launch
 
-    def __call__(self, stream_ptr: int) -> None:
+    def __call__(self, stream_ptr: int, captured: bool = False) -> None:
+        """`captured`: the stream is capturing a graph; the launch goes in as a
+        plain kernel node (every block is co-resident by the occupancy check
+        of Executor._threads, so the cooperative guarantee adds nothing, and a
+        plain node captures on every driver)."""
         if self.ex.broken:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
         d = self._driver
         try:
-            if self.coop:
+            if self.coop and not captured:
                 d.launchCooperativeKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream_ptr, self.params_ptr)
             else:
                 d.launchKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream_ptr, self.params_ptr, 0)
@@ -159,13 +162,15 @@ class Executor:
             f"so the runtime refuses to launch (use fewer virtual ranks or TBs)")
 
     # -- calls ----------------------------------------------------------
-    def buffer_table(self, ptrs: Tuple[int, ...], stream: int):
+    def buffer_table(self, ptrs: Tuple[int, ...], stream: int, captured: bool = False):
         """Device copy of the per-rank (i, o, s) addresses, cached by value.
         Allocated under and written on the launch stream (raw handle): a copy
         queued on another stream could still be pending when a kernel on this
         one reads it, and the pool must not hand the memory to work unordered
         with it.  Evicted tables are retired, not freed: queued launches may
-        still read them."""
+        still read them.  While `stream` captures a graph, the table is written
+        now, on the set-up stream (a captured upload would read this host
+        array at every replay, long after it is gone)."""
         tab = self._bufs.get(ptrs)
         if tab is None:
             if len(self._bufs) > 256:
@@ -178,10 +183,12 @@ class Executor:
             if faults.active("pool-stream"):
                 tab = self.cupy.asarray(host)
             else:
-                s = streams.wrap(stream)
+                s = streams.setup_stream() if captured else streams.wrap(stream)
                 with streams.current(s):
                     tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
                 tab.set(host, stream=s)
+                if captured:
+                    s.synchronize()
             self._bufs[ptrs] = tab
         return tab
 
@@ -241,7 +248,9 @@ class Executor:
             what = (f"waiting for rank {a} to free a FIFO slot on channel {b} (it has consumed {seen}, "
                     f"{want} needed; no matching receive?)")
         elif kind == C["GC3_WAIT_LL"]:
-            what = (f"waiting for LL data from rank {a} on channel {b} (line flag {seen & 0xFFFFFFFF}, "
+            if self.proto == "LL":
+                seen, want = seen & 0xFFFFFFFF, want & 0xFFFFFFFF
+            what = (f"waiting for {self.proto} data from rank {a} on channel {b} (line flag {seen}, "
                     f"expected {want}; no matching send?)")
         else:
             what = f"unknown wait kind {kind}"

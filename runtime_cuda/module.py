@@ -41,7 +41,9 @@ def options(dtype: str, op: str, proto: str, trace: bool = False) -> Tuple[str, 
     debug += ("-DGC3_TRACE",) if trace else ()
     return debug + ("-std=c++17",
             f"-DGC3_DTYPE={abi.DTYPE[dtype]}", f"-DGC3_REDOP={abi.REDOP[op]}", f"-DGC3_PROTO={abi.PROTO[proto]}",
-            f"-DGC3_MAX_FANIN={limits.MAX_REDUCE_FANIN}", f"-DGC3_MAX_THREADS={MAX_THREADS}")
+            f"-DGC3_MAX_FANIN={limits.MAX_REDUCE_FANIN}", f"-DGC3_MAX_THREADS={MAX_THREADS}",
+            f"-DGC3_LL128_LINE_BYTES={limits.LL128_LINE_BYTES}",
+            f"-DGC3_LL128_LINE_DATA_BYTES={limits.LL128_LINE_DATA_BYTES}")
 
 
 def cooperative_default() -> bool:

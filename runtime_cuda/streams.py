@@ -23,6 +23,14 @@
 5. Set-up work (zeroing FIFOs, uploading tables, rendezvous buffers) runs on
    a private non-blocking stream that is synchronized alone, never the whole
    device: another stream may hold kernels that wait for peers.
+6. Calls made while the caller's stream is capturing a CUDA graph enqueue
+   only the call's own copies and launch there; whatever a call needs once
+   (scratch, buffer tables) is made on the set-up stream at capture time, and
+   everything a captured call addresses is kept for the group's life (the
+   graph may be replayed at any time).  The kernel's arguments never change
+   and its counters live on the device, so each replay is a new call.  A
+   capturing stream is never ordered against uncaptured work (CUDA refuses
+   the dependency): the user orders a graph's launches, as with NCCL.
 """
 from __future__ import annotations
 
@@ -33,6 +41,24 @@ from typing import Any, Deque, Dict, Optional, Tuple
 LEGACY_PTRS = (0, 1)   # 0: the null stream; 1: cudaStreamLegacy (the same stream)
 PER_THREAD_PTR = 2     # cudaStreamPerThread
 _NOT_READY = 600       # cudaErrorNotReady
+
+
+_capture_status = None
+
+
+def is_capturing(ptr: int) -> bool:
+    """Whether the stream is capturing a CUDA graph (or its capture was
+    invalidated); the legacy stream never captures.  One runtime call."""
+    global _capture_status
+    if ptr in LEGACY_PTRS:
+        return False
+    if _capture_status is None:
+        import cupy
+
+        rt = cupy.cuda.runtime
+        _capture_status = getattr(rt, "streamIsCapturing", None) or (
+            lambda p: int(cupy.cuda.ExternalStream(p).is_capturing()))
+    return _capture_status(ptr) != 0
 
 
 def wrap(ptr: int):
@@ -80,7 +106,8 @@ def setup_stream():
 
 
 class CudaEvents:
-    """The three event operations StreamOrder needs, on raw stream handles."""
+    """The event operations StreamOrder needs, on raw stream handles, and
+    whether a stream is capturing a graph."""
 
     def __init__(self):
         import cupy
@@ -110,6 +137,9 @@ class CudaEvents:
     def destroy(self, event: int) -> None:
         self._rt.eventDestroy(event)
 
+    def capturing(self, stream: int) -> bool:
+        return is_capturing(stream)
+
 
 class StreamOrder:
     """Issue order across streams for one communicator (or launch group), and
@@ -123,6 +153,7 @@ class StreamOrder:
         self._link: Optional[int] = None
         self._graves: Deque[Tuple[int, Any]] = deque()
         self._spare: list = []
+        self._held: list = []   # retired while the last stream was capturing: kept for good
         # GC3_FAULT=stream-order: skip the cross-stream wait, to show the fuzz catches it.
         self._fault = fault
 
@@ -136,9 +167,20 @@ class StreamOrder:
     def last(self) -> Optional[int]:
         return self._last
 
-    def enter(self, stream: int) -> None:
-        """Order the next operation, on `stream`, after everything issued so far."""
+    def enter(self, stream: int, capturing: Optional[bool] = None) -> None:
+        """Order the next operation, on `stream`, after everything issued so far.
+        Work captured into a graph takes no part (contract point 6): a capturing
+        `stream` neither waits nor becomes the last stream, and nothing waits
+        for a `last` stream that is capturing (its work has not run)."""
         last = self._last
+        if last is not None and last != stream:
+            if capturing is None:
+                capturing = self.events.capturing(stream)
+            if capturing:
+                return
+            if self.events.capturing(last):
+                self._last = stream
+                return
         if last is not None and last != stream and not self._fault:
             ev = self.events
             if self._link is None:
@@ -152,8 +194,12 @@ class StreamOrder:
             self.reap()
 
     def retire(self, obj: Any) -> None:
-        """Drop our reference to `obj` once all work issued so far has finished."""
+        """Drop our reference to `obj` once all work issued so far has finished
+        (callers keep what captured work uses themselves: see LaunchGroup)."""
         if self._last is None or obj is None:
+            return
+        if self.events.capturing(self._last):   # an event recorded there would be captured, not fired
+            self._held.append(obj)
             return
         ev = self.events
         event = self._spare.pop() if self._spare else ev.new()

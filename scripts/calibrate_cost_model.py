@@ -131,7 +131,7 @@ def vector_of(cfg: CostConfig) -> np.ndarray:
 
 def config_of(x: np.ndarray, base: CostConfig, calibrated: bool = False, note: str = "") -> CostConfig:
     launch, over, dep, a_ll, a_s, tb_ll, tb_s, port, mem, red = (float(v) for v in x)
-    # The runtime runs LL128 as Simple (runtime_cuda.launcher.PROTOCOL_SUBSTITUTES): same figures.
+    # LL128 is not measured here: Simple's figures stand in for it.
     nv = LinkParams(alpha_s={"LL": a_ll, "LL128": a_s, "Simple": a_s}, tb_Bps={"LL": tb_ll, "LL128": tb_s,
                                                                                "Simple": tb_s},
                     port_Bps=port, calibrated=calibrated)
@@ -218,7 +218,7 @@ def preset_block(x: np.ndarray, note: str) -> str:
     return (
         "# CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)\n"
         f"H200_CALIBRATION = {json.dumps(note)}\n"
-        "# LL128: the runtime runs it as Simple, so it gets Simple's figures.\n"
+        "# LL128: not measured yet; Simple's figures stand in for it.\n"
         f"H200_NVLINK = LinkParams(alpha_s={{\"LL\": {_num(a_ll)}, \"LL128\": {_num(a_s)}, \"Simple\": {_num(a_s)}}},\n"
         f"                         tb_Bps={{\"LL\": {_num(tb_ll)}, \"LL128\": {_num(tb_s)}, \"Simple\": {_num(tb_s)}}},\n"
         f"                         port_Bps={_num(port)}, calibrated=True)\n"

@@ -1,6 +1,6 @@
 """A GC3_CONFIG that runs every shipped sample for N ranks with the LL128
-protocol (the runtime substitutes its Simple data path for LL128, keeping the
-XML's schedule), so the fuzz exercises those programs under that protocol:
+protocol (keeping the XML's schedule), so the fuzz exercises those programs
+under that protocol:
 
     python scripts/ll128_config.py 2 > /tmp/ll128.json
     GC3_CONFIG=/tmp/ll128.json mpirun -np 2 python scripts/fuzz_dropin.py ...

@@ -29,6 +29,7 @@ class Events:
 
     def __init__(self):
         self.log, self.pending, self.n = [], set(), 0
+        self.capturing_streams = set()
 
     def new(self):
         self.n += 1
@@ -43,6 +44,9 @@ class Events:
 
     def done(self, event):
         return event not in self.pending
+
+    def capturing(self, stream):
+        return stream in self.capturing_streams
 
 
 def test_same_stream_needs_no_event():
@@ -84,6 +88,30 @@ def test_retired_objects_live_until_their_event_completes():
     ev.pending.clear()
     order.enter(5)
     assert order.pending == 0
+
+
+def test_graph_capture_takes_no_part_in_the_order():
+    """CUDA refuses a capturing stream's dependency on uncaptured work (and
+    an event recorded in a capture never fires): calls captured on stream 9
+    neither wait nor become the last stream; a capture begun on the last
+    stream is never waited for; what is retired then is kept for good."""
+    ev = Events()
+    order = StreamOrder(ev)
+    order.enter(7)
+    ev.capturing_streams.add(9)
+    order.enter(9)
+    order.enter(9, capturing=True)
+    assert ev.log == [] and order.last == 7
+    order.enter(5)                                   # eager work after it waits for 7 only
+    assert ev.log == [("record", 1, 7), ("wait", 5, 1)]
+    ev.capturing_streams.add(5)                      # a capture begun on the last stream
+    order.retire(["scratch a graph may address"])
+    assert order.pending == 0 and len(ev.log) == 2   # held, no event recorded into the capture
+    order.enter(3)                                   # nothing to wait for: 5's work is captured
+    assert len(ev.log) == 2 and order.last == 3
+    ev.capturing_streams.clear()
+    order.enter(9)
+    assert ev.log[-2:] == [("record", 1, 3), ("wait", 9, 1)]
 
 
 class RecordingGc3:

@@ -143,14 +143,21 @@ def test_connection_records_point_into_the_right_ranks_memory():
 
 
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
-@pytest.mark.parametrize("proto", ["Simple", "LL"])
+@pytest.mark.parametrize("proto", ["Simple", "LL", "LL128"])
 @pytest.mark.parametrize("cs", [1, 7, 1000, 1 << 20, (1 << 26) + 3])
 def test_tiles_fit_slots_and_cover_the_chunk(cs, proto, itemsize):
+    from gc3 import limits
+
     max_cnt = 4
     T = binding.tile_lanes(cs, itemsize, proto, max_cnt)
-    assert T * itemsize % 16 == 0
+    g = limits.tile_granule_bytes(proto) // itemsize
+    assert T * itemsize % 16 == 0 and T % g == 0
     assert T * itemsize * max_cnt <= connections.slot_data_bytes(proto)
-    assert -(-cs // T) * T >= cs and (T < cs or T - cs < 16 // itemsize or T == 16 // itemsize)
+    if proto == "LL128":   # whole lines per chunk-tile, and max_cnt tiles' lines within the slot
+        assert T * itemsize % limits.LL128_LINE_DATA_BYTES == 0
+        assert max_cnt * T * itemsize // limits.LL128_LINE_DATA_BYTES * limits.LL128_LINE_BYTES \
+            <= connections.slot_bytes(proto)
+    assert -(-cs // T) * T >= cs and (T < cs or T - cs < g or T == g)
 
 
 @pytest.mark.parametrize("itemsize", [2, 4, 8])

@@ -102,19 +102,6 @@ def test_recv_without_send_times_out_with_location():
     assert "rank 2 TB 0" in msg and "from rank 1" in msg and "timed out" in msg, msg
 
 
-def test_ll128_runs_as_documented_substitute():
-    from runtime_cuda.launcher import runtime_protocol
-
-    prog = read_xml(RING)
-    prog.proto = "LL128"
-    assert runtime_protocol(prog.proto) == "Simple"
-    from runtime_cuda.virtual import VirtualRanks
-    from runtime_cuda.checking import run_checked
-
-    res = run_checked(VirtualRanks(prog), 4 * 1001, "float16", "sum", inplace=True)
-    assert res.checked and res.wrong == 0, res.first
-
-
 @pytest.mark.slow
 def test_stress_10000_back_to_back_calls():
     """Mixed algorithms and sizes, one device-side comparison per call, one

@@ -197,3 +197,12 @@ def test_bad_options_exit_2_with_one_clear_line(args, needle, tmp_path, monkeypa
     assert res.exit_code == 2 and needle in res.output, res.output
     assert "Traceback" not in res.output and isinstance(res.exception, SystemExit)   # click's exit, no crash
     assert not (tmp_path / "x.json").exists()
+
+
+def test_progress_reports_each_decided_size_with_the_time_left(tuned):
+    _, _, catalog, output = tuned
+    lines = [l for l in output.splitlines() if l.startswith("[") and "s left" in l]
+    decided = sum(len(per) for c in catalog["provenance"]["choices"].values() for per in c.values())
+    assert len(lines) == decided, output[-2000:]
+    last = lines[-1]
+    assert last.startswith(f"[{len(lines)}/{len(lines)}]") and "about 0 s left" in last, last

@@ -20,7 +20,7 @@ from ..errors import GC3Error
 
 # Payload fraction of the bytes on the wire: an LL line carries a 4-byte flag
 # with every 4 data bytes, LL128 8 flag bytes per 128-byte line.
-PROTOCOL_EFFICIENCY = {"Simple": 1.0, "LL128": 120 / 128, "LL": 0.5}
+PROTOCOL_EFFICIENCY = {"Simple": 1.0, "LL128": limits.LL128_LINE_DATA_BYTES / limits.LL128_LINE_BYTES, "LL": 0.5}
 
 # Data bytes one FIFO slot holds (gc3.limits.SLOT_BYTES, as the runtime sizes
 # them).  A chunk moves in tiles of at most this many bytes, and each (step,
@@ -70,7 +70,7 @@ H100_MEM_SCALE = 3.35 / 4.8
 
 # CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)
 H200_CALIBRATION = "calibrated on nvidia-h200-x2, 2026-11-22, 148 points, median error 3.0%"
-# LL128: the runtime runs it as Simple, so it gets Simple's figures.
+# LL128: not measured yet; Simple's figures stand in for it.
 H200_NVLINK = LinkParams(alpha_s={"LL": 1.309e-06, "LL128": 4.6e-06, "Simple": 4.6e-06},
                          tb_Bps={"LL": 4.383e+09, "LL128": 1.453e+10, "Simple": 1.453e+10},
                          port_Bps=3.359e+11, calibrated=True)

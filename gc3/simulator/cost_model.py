@@ -121,10 +121,11 @@ def tile_of(chunk_bytes: int, itemsize: int, proto: str, max_cnt: int, config: C
     if chunk_bytes <= 0:
         return 0, 0
     tiles, min_bytes = config.tile_split
+    granule = limits.tile_granule_bytes(proto)
     lanes = limits.tile_elems(chunk_bytes // itemsize, itemsize, config.slot_data_bytes[proto], max_cnt,
-                              tiles, min_bytes)
+                              tiles, min_bytes, granule)
     # A slot too small for one granule per chunk: the runtime refuses; model one granule.
-    tile = (lanes or max(limits.TILE_GRANULE_BYTES // itemsize, 1)) * itemsize
+    tile = (lanes or max(granule // itemsize, 1)) * itemsize
     return tile, -(-chunk_bytes // tile)
 
 
@@ -159,7 +160,7 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
 def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: int, tile: int, ntiles: int,
             start: List[float], end: List[float], spans: Optional[List[list]]) -> float:
     eff = PROTOCOL_EFFICIENCY[proto]
-    ll = proto == "LL"   # LL is read line by line as it lands; LL128 runs as Simple
+    ll = proto in limits.FLAGGED_PROTOCOLS   # read line by line as it lands, no tail word
     n = len(s.types)
     ports = sorted(set(s.conn_port))
     port_idx = {p: k for k, p in enumerate(ports)}

@@ -58,7 +58,7 @@ def _need_gpu() -> None:
 @click.option("--warmup", default=5, show_default=True)
 @click.option("--inplace/--outofplace", default=False, show_default=True)
 @click.option("--proto", default=None, type=click.Choice(["Simple", "LL", "LL128"]),
-              help="override the XML's protocol (LL128 runs as Simple)")
+              help="override the XML's protocol")
 @click.option("--check/--no-check", default=True, show_default=True, help="compare the result with numpy")
 @click.option("--timeout", type=float, default=None, help="seconds any GPU wait may take (default GC3_TIMEOUT_S or 5)")
 @click.option("--mode", default="auto", show_default=True, type=click.Choice(["auto", "virtual", "ipc", "peer"]),

@@ -1,6 +1,7 @@
 """`gc3 tune`: write the drop-in's algorithm catalog from predicted or measured times.
 
     gc3 tune --model-only --ranks 4 -o catalog.json            # cost model, no GPU
+    mpirun -np 4 gc3 tune --quick -o catalog.json              # measured, one rank per process
     GC3_CONFIG=catalog.json python train.py                    # the drop-in uses it
 
 The candidates, the size grid and the catalog writer are runtime_cuda.nccl.tune;
@@ -8,6 +9,7 @@ only the timer differs between the modes.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +18,10 @@ import click
 from gc3.errors import GC3Error
 
 from .bench import _colls, _size
+
+
+# Set by mpirun (Open MPI, MPICH/Hydra, PMIx) or srun: measured tuning was launched as one of N processes.
+_LAUNCHED_BY = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_NTASKS")
 
 
 def _collectives(ctx, param, value):
@@ -27,11 +33,12 @@ def _collectives(ctx, param, value):
 @click.option("--ranks", type=int, help="rank count to tune for (--model-only)")
 @click.option("--nodes", type=int, default=1, show_default=True, help="nodes the ranks span (ranks = nodes x GPUs)")
 @click.option("--cost", default="h200", show_default=True, help="cost-model preset (gc3 simulate --cost)")
-@click.option("--quick", is_flag=True, help="a small grid (instances 1 and 4; Simple and LL) and sizes x64 apart")
+@click.option("--quick", is_flag=True, help="a small grid (instances 1 and 4; Simple and LL) and sizes x64 apart "
+                                            "(measured: up to 16 MiB unless -e says otherwise)")
 @click.option("-c", "--collective", "collectives", multiple=True, callback=_collectives,
               help="collective(s), comma-separated or repeated, or all (default: all)")
 @click.option("-b", "--minbytes", default="1K", callback=_size, show_default=True, help="smallest size")
-@click.option("-e", "--maxbytes", default="1G", callback=_size, show_default=True, help="largest size")
+@click.option("-e", "--maxbytes", default=None, help="largest size [default: 1G; measured --quick: 16M]")
 @click.option("-f", "--stepfactor", type=int, help="multiply the size by this each step [default: 4; --quick 64]")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="catalog JSON to write")
 @click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: beside -o]")
@@ -41,9 +48,20 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     from gc3.simulator.cost_config import PRESETS
     from runtime_cuda.nccl import library, perf, tune
 
+    maxbytes = _size(None, None, maxbytes or ("16M" if quick and not model_only else "1G"))
+    host = None
     if not model_only:
-        raise click.UsageError("measured tuning runs on GPUs under mpirun and is not available yet; "
-                               "use --model-only --ranks N for a catalog from the cost model")
+        if not any(v in os.environ for v in _LAUNCHED_BY):
+            raise click.UsageError("measured tuning runs one rank per process under mpirun (mpirun -np N gc3 tune "
+                                   "...; processes may share a GPU); without GPUs use --model-only --ranks N")
+        from runtime_cuda.nccl.perf_gpu import Host
+
+        host = Host()
+        if host.size < 2:
+            raise click.UsageError(f"measured tuning needs >= 2 processes (mpirun -np N), got {host.size}")
+        if ranks is not None and ranks != host.size:
+            raise click.UsageError(f"--ranks {ranks} but mpirun started {host.size} processes")
+        ranks = host.size
     if ranks is None:
         raise click.UsageError("--model-only needs --ranks N")
     if cost not in PRESETS:
@@ -66,18 +84,47 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         raise click.UsageError(f"no algorithm in the library for {', '.join(collectives or tune.COLLECTIVES)} on {ranks} ranks"
                                + (f" and {nodes} nodes" if nodes > 1 else ""))
     grid = tune.QUICK if quick else tune.FULL
-    timer = tune.ModelTimer(cost, ranks, nodes)
+    if host is None:
+        timer = tune.ModelTimer(cost, ranks, nodes)
+    else:
+        from runtime_cuda.nccl.tune_gpu import MeasuredTimer
+
+        timer = MeasuredTimer(host, max(sizes))
+    lead = host is None or host.rank == 0     # measured: rank 0 speaks and writes
 
     def progress(line):
-        click.echo(line, err=True)
-        sys.stderr.flush()
+        if lead:
+            click.echo(line, err=True)
+            sys.stderr.flush()
 
-    results = tune.tune(ranks, nodes, colls, sizes, grid, timer, progress)
-    words = ["gc3 tune --model-only", f"--ranks {ranks}"] + ([f"--nodes {nodes}"] if nodes > 1 else []) + \
-        [f"--cost {cost}"] + (["--quick"] if quick else [])
+    try:
+        results = tune.tune(ranks, nodes, colls, sizes, grid, timer, progress)
+    finally:
+        if host is not None:
+            timer.close()
+    words = ["gc3 tune", "--model-only" if host is None else f"(mpirun -np {ranks})", f"--ranks {ranks}"] + \
+        ([f"--nodes {nodes}"] if nodes > 1 else []) + ([f"--cost {cost}"] if host is None else []) + \
+        (["--quick"] if quick else [])
     prov = tune.provenance(timer, ranks, nodes, sizes, grid, results, " ".join(words))
+    if not lead:
+        host.barrier()      # rank 0 writes the catalog
+        return
+    try:
+        _write(results, out, ranks, prov, ir_dir, output)
+    finally:
+        if host is not None:
+            host.barrier()
+
+
+def _write(results, out: Path, ranks: int, prov: dict, ir_dir, output: str) -> None:
+    from runtime_cuda.nccl import tune
+
     catalog = tune.write_catalog(results, out, ranks, prov, Path(ir_dir) if ir_dir else None)
     for line in tune.summary(results):
         click.echo(line)
     click.echo(f"wrote {output}: {len(catalog['algorithms'])} entries, "
                f"{len({e['file'] for e in catalog['algorithms']})} IR files ({prov['nccl']})")
+    if prov.get("shippable") is False:
+        click.echo(f"NOT SHIPPABLE: {prov['not_shippable']}")
+    for label, why in sorted(prov.get("rejected", {}).items()):
+        click.echo(f"rejected {label}: {why}", err=True)

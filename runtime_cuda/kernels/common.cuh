@@ -46,12 +46,13 @@ typedef long long i64;
 
 #define GC3_PROTO_SIMPLE 1
 #define GC3_PROTO_LL 2
+#define GC3_PROTO_LL128 3
 
 // What a timed-out wait was waiting for (ErrorRecord kind).
 #define GC3_WAIT_DEP 1       // another TB of the same rank to finish a step
 #define GC3_WAIT_DATA 2      // a Simple FIFO slot to be filled by the sender
 #define GC3_WAIT_CREDIT 3    // a free FIFO slot (the receiver to consume one)
-#define GC3_WAIT_LL 4        // an LL line to carry the expected flag
+#define GC3_WAIT_LL 4        // an LL or LL128 line to carry the expected flag
 
 // int32 fields of one TB descriptor (the host's table; block_rows.py turns
 // it and the connection records into the rows the kernel reads).
@@ -164,7 +165,7 @@ struct Plan {
   u64 n_abort_peers;
   u64 timeout_ns;
   u64 nslots;                // FIFO slots per connection
-  u64 slot_bytes;            // bytes per slot (LL: bytes of lines)
+  u64 slot_bytes;            // bytes per slot (LL, LL128: bytes of lines)
   u64* trace;                // null, or [nblocks][GC3_TRACE_WORDS] timestamps (GC3_TRACE builds)
 };
 #define GC3_PLAN_WORDS 12

@@ -7,6 +7,7 @@
 #include "reduce_ops.cuh"
 #include "prims_simple.cuh"
 #include "prims_ll.cuh"
+#include "prims_ll128.cuh"
 
 #ifndef GC3_PROTO
 #define GC3_PROTO GC3_PROTO_SIMPLE
@@ -57,7 +58,7 @@ struct StepCtx {
   int n;
   char* rslot;   // receive slot of this step (or null)
   char* sslot;   // send slot of this step (or null)
-  unsigned rflag, sflag;
+  u64 rflag, sflag;   // the slot's flag (LL: its low 32 bits)
   int rpeer, rchan;
 };
 
@@ -66,7 +67,7 @@ struct StepCtx {
 // operand".  Returns false if a wait inside the data path gave up (LL).
 // `extra` is shared memory for the additional sources of a fused `re`.
 __device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st, Operand* extra) {
-  constexpr int B = (GC3_PROTO == GC3_PROTO_LL) ? 8 : 16;
+  constexpr int B = (GC3_PROTO == GC3_PROTO_SIMPLE) ? 16 : 8;
   const int op = st[GC3_ST_OP], flags = st[GC3_ST_FLAGS], cnt = st[GC3_ST_CNT];
   const int in_buf = st[GC3_ST_IN_BUF], in_off = st[GC3_ST_IN_OFF];
   const int out_buf = st[GC3_ST_OUT_BUF], out_off = st[GC3_ST_OUT_OFF];
@@ -108,12 +109,19 @@ __device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st
       ++nd;
     }
     if (nd) reduce_copy<B, 4>(c.n, s, d0, d1, nd);
-#else
+#elif GC3_PROTO == GC3_PROTO_LL
     (void)d1;
     const i64 lines = (i64)T * sizeof(elem_t) / 8;   // lines per chunk-tile
     const uint4* rl = recv ? (const uint4*)c.rslot + k * lines : nullptr;
     uint4* sl = send ? (uint4*)c.sslot + k * lines : nullptr;
-    if (!reduce_copy_ll(*c.P, c.w, c.rpeer, c.rchan, c.n, rl, c.rflag, s, sl, c.sflag, d0, nd)) return false;
+    if (!reduce_copy_ll(*c.P, c.w, c.rpeer, c.rchan, c.n, rl, (unsigned)c.rflag, s, sl, (unsigned)c.sflag, d0, nd))
+      return false;
+#else
+    (void)d1;
+    const i64 words = (i64)T * sizeof(elem_t) / GC3_LL128_LINE_DATA_BYTES * GC3_LL128_LINE_WORDS;  // per chunk-tile
+    const u64* rl = recv ? (const u64*)c.rslot + k * words : nullptr;
+    u64* sl = send ? (u64*)c.sslot + k * words : nullptr;
+    if (!reduce_copy_ll128(*c.P, c.w, c.rpeer, c.rchan, c.n, rl, c.rflag, s, sl, c.sflag, d0, nd)) return false;
 #endif
   }
   return true;
@@ -150,7 +158,7 @@ __device__ void run_tb(const Plan& P, const int* row, const u64* bufs, const Sha
   const u64 nslots = P.nslots, slot_bytes = P.slot_bytes;
   const unsigned epoch = bs.epoch;
   (void)data_in;
-  (void)data_out;   // LL carries its signal in the data
+  (void)data_out;   // LL and LL128 carry their signal in the data
   __shared__ Operand extra[GC3_MAX_FANIN];
   StepCtx c;
   c.P = &P;
@@ -203,8 +211,8 @@ __device__ void run_tb(const Plan& P, const int* row, const u64* bufs, const Sha
       const u64 sent = bs.sent, recvd = bs.recvd;
       c.rslot = has_recv ? rfifo + (recvd % nslots) * slot_bytes : nullptr;
       c.sslot = has_send ? sfifo + (sent % nslots) * slot_bytes : nullptr;
-      c.rflag = (unsigned)(recvd + 1);
-      c.sflag = (unsigned)(sent + 1);
+      c.rflag = recvd + 1;
+      c.sflag = sent + 1;
 
       bool ok = true;
       switch (c.w.op) {

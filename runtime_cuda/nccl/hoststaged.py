@@ -63,9 +63,19 @@ class HostStagedNccl:
     def _dtype(code: int) -> np.dtype:
         return numpy_dtype(DTYPE_NAMES[code])
 
+    def _not_capturing(self, stream: int) -> None:
+        from gc3.errors import CommunicatorError
+        from runtime_cuda.streams import is_capturing
+
+        if is_capturing(stream):
+            raise CommunicatorError(
+                f"rank {self.rank}: a call that gc3 does not serve went to the host-staged stand-in for NCCL "
+                f"(NcclCommunicator.from_mpi), which waits on the host and cannot be captured in a CUDA graph")
+
     def _get(self, ptr: int, count: int, code: int, stream: int) -> np.ndarray:
         import cupy
 
+        self._not_capturing(stream)
         a = np.empty(count, self._dtype(code))
         cupy.cuda.runtime.streamSynchronize(stream)
         if count:
@@ -75,6 +85,7 @@ class HostStagedNccl:
     def _put(self, ptr: int, a: np.ndarray, stream: int) -> None:
         import cupy
 
+        self._not_capturing(stream)
         a = np.ascontiguousarray(a)
         if a.size:
             cupy.cuda.runtime.memcpyAsync(ptr, a.ctypes.data, a.nbytes, cupy.cuda.runtime.memcpyHostToDevice,

@@ -152,11 +152,24 @@ def run_case(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int,
     return host.mean(elapsed_us), wrong, first, route
 
 
+def nccl_issue(host: Host) -> Issue:
+    """NCCL through cupy.cuda.nccl, on a communicator of its own in these processes."""
+    from .fallback import NcclFallback, originals
+
+    uid = host.bcast(originals()["get_unique_id"]() if host.rank == 0 else None)
+    ref = NcclFallback(originals()["NcclCommunicator"](host.size, uid, host.rank))
+
+    def issue(coll, send, recv, count, dtype, op, stream, root):
+        ref.run(Call(coll, send, recv, count, dtype, op, stream, host.size, host.rank, root))
+        return "NCCL"
+    return issue
+
+
 def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> List[Row]:
     import cupy
 
     from . import communicator
-    from .fallback import NcclFallback, originals
+    from .fallback import originals
 
     cupy.cuda.Device(local_device(host.rank)).use()
     uid = host.bcast(originals()["get_unique_id"]() if host.rank == 0 else None)
@@ -165,13 +178,7 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
         gc3_comm = communicator.NcclCommunicator(host.size, uid, host.rank)
         impls["gc3"] = lambda *a: gc3_comm.submit(*a)
     if "nccl" in cfg.impls:
-        uid2 = host.bcast(originals()["get_unique_id"]() if host.rank == 0 else None)
-        ref = NcclFallback(originals()["NcclCommunicator"](host.size, uid2, host.rank))
-
-        def nccl_issue(coll, send, recv, count, dtype, op, stream, root):
-            ref.run(Call(coll, send, recv, count, dtype, op, stream, host.size, host.rank, root))
-            return "NCCL"
-        impls["nccl"] = nccl_issue
+        impls["nccl"] = nccl_issue(host)
     biggest = (max(cfg.sizes) + 256 + 15) // 16 * 16   # whole elements of every dtype
     sendbuf = cupy.empty(biggest, dtype=cupy.uint8)
     recvbuf = cupy.empty(biggest, dtype=cupy.uint8)

@@ -210,7 +210,7 @@ class Choice:
 
 
 def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inplace: bool,
-           coll: str) -> List[Choice]:
+           coll: str, done: Callable[[Choice], None] = lambda choice: None) -> List[Choice]:
     """The fastest of `cands` at each size.  Sizes go up, and a candidate's time at
     a smaller size bounds its time at this one from below (a call does not get
     faster as it grows), so candidates whose bound is already slower than the
@@ -235,6 +235,7 @@ def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inpla
             out.append(Choice(nbytes, None, nccl, nccl, timed))
         else:
             out.append(Choice(nbytes, best[1], best[0], nccl, timed))
+        done(out[-1])
     return out
 
 
@@ -270,7 +271,21 @@ PLACEMENTS = (("inplace", True), ("outofplace", False))
 
 def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int], grid: Grid, timer: Timer,
          progress: Callable[[str], None] = lambda line: None) -> List[Tuned]:
+    """`progress` gets a line per collective, and one per (collective, placement,
+    size) decided with the time left (at the pace so far)."""
     out = []
+    begin = time.monotonic()
+    steps, total = [0], len(collectives) * len(PLACEMENTS) * len(sizes)
+
+    def decided(coll: str, place: str, c: Choice) -> None:
+        steps[0] += 1
+        spent = time.monotonic() - begin
+        left = spent / steps[0] * (total - steps[0])
+        what = c.winner.label if c.winner else "NCCL"
+        at = f" {c.time_s * 1e6:.1f} us" if c.time_s is not None else ""
+        progress(f"[{steps[0]}/{total}] {coll} {place} {format_size(c.nbytes)}: {what}{at} "
+                 f"({c.timed} timed); {spent:.0f} s spent, about {left:.0f} s left")
+
     for coll in collectives:
         start = time.monotonic()
         cands, skipped = candidates(coll, ranks, nodes, grid)
@@ -280,7 +295,10 @@ def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int
             if not inplace and (timer.prices_inplace_copy or not own):
                 own = own + [c for c in cands if c.inplace]     # the runtime copies the input first
             if own:
-                tuned.choices[place] = choose(own, sizes, timer, inplace, coll)
+                tuned.choices[place] = choose(own, sizes, timer, inplace, coll,
+                                              lambda c, coll=coll, place=place: decided(coll, place, c))
+            else:
+                total -= len(sizes)
         progress(f"{coll}: {len(cands)} candidates compiled, {len(skipped)} skipped, "
                  f"{sum(ch.timed for cs in tuned.choices.values() for ch in cs)} timings, "
                  f"{time.monotonic() - start:.1f} s")
