@@ -82,6 +82,10 @@ class NotSetYet(AssertionError):
     pass
 
 
+class Deadlock(AssertionError):
+    pass
+
+
 class FakeCupy(types.ModuleType):
     """What runtime_cuda.fused touches of CuPy, executing on the host at issue time."""
 
@@ -93,7 +97,7 @@ class FakeCupy(types.ModuleType):
         self.waits = self.releases = self.copies = self.gemms = 0
         rt = types.SimpleNamespace(
             getDevice=lambda: 0, eventDisableTiming=2, eventCreateWithFlags=lambda f: next(Stream.count),
-            eventRecord=lambda ev, s: None, streamWaitEvent=lambda s, ev, f: None, eventQuery=lambda ev: 0,
+            eventRecord=self._record, streamWaitEvent=self._wait_event, eventQuery=lambda ev: 0,
             eventDestroy=lambda ev: None, memcpyAsync=self._memcpy, CUDARuntimeError=RuntimeError)
         null = Stream(ptr=0)
         Stream.current = null
@@ -104,6 +108,68 @@ class FakeCupy(types.ModuleType):
             cublas=types.SimpleNamespace(create=lambda: 1, destroy=lambda h: None, gemmEx=self._gemm),
             Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None, use=lambda: None))
         self.RawModule = lambda code, options=(): types.SimpleNamespace(get_function=self._function)
+        # How issued work executes: "immediate" (at issue; a wait whose flag is
+        # not set yet is an error), "streams" (each stream in order, streams
+        # interleaved at random: races between streams show), "one_connection"
+        # (CUDA_DEVICE_MAX_CONNECTIONS=1: one hardware queue in issue order; an
+        # item starts only when its stream's previous item is done, a wait
+        # kernel runs until its flag is set and holds back what follows it).
+        self.mode = "immediate"
+        self.queue = []
+        self.last = {}     # stream -> its last queued op
+        self.events = {}   # event -> the op it was recorded after
+
+    # --- queued execution ---------------------------------------------------------
+    def _issue(self, stream, run, ready=None, spins=False):
+        if self.mode == "immediate":
+            if ready is not None and not ready():
+                raise NotSetYet("wait issued before its release")
+            run()
+            return
+        op = types.SimpleNamespace(run=run, ready=ready or (lambda: True), prev=self.last.get(stream), done=False,
+                                   spins=spins)
+        self.last[stream] = op
+        self.queue.append(op)
+
+    def _record(self, ev, stream):
+        self.events[ev] = self.last.get(stream) if self.mode != "immediate" else None
+
+    def _wait_event(self, stream, ev, flags):
+        target = self.events.get(ev)
+        self._issue(stream, lambda: None, ready=lambda: target is None or target.done)
+
+    def drain(self, rng=None):
+        """Execute everything queued; raise Deadlock if nothing can move."""
+        ops, self.queue, self.last = self.queue, [], {}
+        started = lambda op: op.prev is None or op.prev.done   # noqa: E731
+        if self.mode == "streams":
+            while ops:
+                heads = [op for op in ops if started(op) and op.ready()]
+                if not heads:
+                    raise Deadlock(f"{len(ops)} operations left, none can run")
+                op = heads[rng.integers(len(heads))]
+                op.run()
+                op.done = True
+                ops.remove(op)
+            return
+        running, i = [], 0
+        while i < len(ops) or running:
+            moved = False
+            for op in [op for op in running if op.ready()]:
+                op.done = True
+                running.remove(op)
+                moved = True
+            if i < len(ops) and started(ops[i]) and (ops[i].spins or ops[i].ready()):
+                op = ops[i]
+                i += 1
+                moved = True
+                if op.spins:   # a spinning kernel: later items of other streams may start beside it
+                    running.append(op)
+                else:
+                    op.run()
+                    op.done = True
+            if not moved:
+                raise Deadlock(f"the hardware queue is stuck at item {i} of {len(ops)}")
 
     def _alloc(self, shape, dtype, fill=None):
         a = np.empty(shape, dtype=dtype).view(DevArray)
@@ -125,11 +191,14 @@ class FakeCupy(types.ModuleType):
 
     def _memcpy(self, dst, src, nbytes, kind, stream):
         self.copies += 1
-        ctypes.memmove(dst, src, nbytes)
+        self._issue(stream, lambda: ctypes.memmove(dst, src, nbytes))
 
     def _gemm(self, handle, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, compute, algo):
         assert (ta, tb, compute) == (0, 0, 68) and Stream.current is not None
         self.gemms += 1
+        self._issue(Stream.current.ptr, lambda: self._gemm_now(m, n, k, A, at, lda, B, bt, ldb, C, ct, ldc))
+
+    def _gemm_now(self, m, n, k, A, at, lda, B, bt, ldb, C, ct, ldc):
         a = to_f32(colmajor(A, m, k, lda, _CUDA_TYPES[at]), at).astype(np.float64)
         b = to_f32(colmajor(B, k, n, ldb, _CUDA_TYPES[bt]), bt).astype(np.float64)
         colmajor(C, m, n, ldc, _CUDA_TYPES[ct])[...] = from_f32((a @ b).astype(np.float32), ct)
@@ -137,16 +206,20 @@ class FakeCupy(types.ModuleType):
     def _function(self, name):
         def release(grid, block, args, stream=None):
             self.releases += 1
-            view(int(args[0]), 1, np.uint32)[0] = int(args[1])
+            flag, value = int(args[0]), int(args[1])
+            self._issue(stream.ptr, lambda: view(flag, 1, np.uint32).__setitem__(0, value))
 
         def wait(grid, block, args, stream=None):
             self.waits += 1
-            seen, want = int(view(int(args[0]), 1, np.uint32)[0]), int(args[1])
-            if np.int32(np.uint32((seen - want) & 0xFFFFFFFF)) < 0:
-                raise NotSetYet(f"wait issued before its release (flag {seen} < {want})")
+            flag, want = int(args[0]), int(args[1])
+            self._issue(stream.ptr, lambda: None,
+                        ready=lambda: np.int32(np.uint32((int(view(flag, 1, np.uint32)[0]) - want) & 0xFFFFFFFF)) >= 0,
+                        spins=True)
 
         def sum_round(grid, block, args, stream=None):
-            parts, stride, nparts, count, out, kind = (int(x) for x in args)
+            self._issue(stream.ptr, lambda: sum_now(*(int(x) for x in args)))
+
+        def sum_now(parts, stride, nparts, count, out, kind):
             total = view(parts, count, np.float32).copy()
             for p in range(1, nparts):
                 total += view(parts + 4 * p * stride, count, np.float32)
@@ -398,3 +471,82 @@ def test_a_wait_issued_before_its_release_is_caught(cp, monkeypatch):
     B, _ = matrices(cp, rng, [(4, 4)] * 2, "float32")
     with pytest.raises(NotSetYet):
         gemm_reduce_scatter(A, B, group(2))
+
+
+# --- queued execution: races between streams, one hardware queue ----------------------
+def _queued_calls(cp, n, fused, rng, ops=("rs", "ar", "ag", "a2a")):
+    """Six back-to-back calls of each operator in `ops` issued before
+    anything runs (so a rank's call k+2 may meet a peer still reading call
+    k); returns (results, expected) to compare after draining."""
+    g = group(n)
+    M, K, N = 2 * n, 3, 4
+    got, want = [], []
+    # One stream per rank, as separate processes have, changing from call to
+    # call with a period other than the buffers' 2 (so only the 'consumed'
+    # flags keep a rank from refilling a buffer its peer has not read yet).
+    sets = [[cp.cuda.Stream(non_blocking=True) for _ in range(n)] for _ in range(3)]
+    for call in range(6):
+        own = sets[call % 3]
+        A, Av = matrices(cp, rng, [(M, K)] * n, "float32")
+        B, Bv = matrices(cp, rng, [(K, N)] * n, "float32")
+        total = sum(a @ b for a, b in zip(Av, Bv))
+        if "rs" in ops:
+            got += gemm_reduce_scatter(A, B, g, fused=fused, stream=own)
+            want += [total[r * 2:(r + 1) * 2] for r in range(n)]
+        if "ar" in ops:
+            got += gemm_all_reduce(A, B, g, fused=fused, stream=own)
+            want += [total] * n
+        if "ag" in ops:
+            Bag, Bagv = matrices(cp, rng, [(K, N)] * n, "float32")
+            shards = [cp._alloc((2, K), np.float32) for _ in A]   # kept by cp until the queue has run
+            for x, a in zip(shards, A):
+                x[...] = a[:2]
+            agA, ag = all_gather_gemm(shards, Bag, g, return_a=True, fused=fused, stream=own)
+            full = np.concatenate([a[:2] for a in Av])
+            got += ag + agA
+            want += [full @ b for b in Bagv] + [full] * n
+        if "a2a" in ops:
+            splits = [M - n + 1] + [1] * (n - 1) if call % 2 else [2] * n
+            got += gemm_all_to_all(A, B, splits, g, fused=fused, stream=own)
+            off = [sum(splits[:d]) for d in range(n + 1)]
+            want += [np.concatenate([(Av[s] @ Bv[s])[off[d]:off[d + 1]] for s in range(n)]) for d in range(n)]
+    return got, want
+
+
+@pytest.mark.parametrize("mode", ["streams", "one_connection"])
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("fused", [True, False])
+def test_back_to_back_calls_with_streams_interleaved(cp, mode, n, fused):
+    for seed in range(2 if mode == "streams" else 1):
+        cp.mode = mode
+        rng = np.random.default_rng(seed)
+        got, want = _queued_calls(cp, n, fused, rng)
+        cp.drain(rng)
+        for x, y in zip(got, want):
+            same(x, y)
+
+
+def test_the_interleaving_finds_a_missing_consumed_wait(cp, monkeypatch):
+    """Take out the wait for the peer's 'consumed' flag: some interleaving
+    then overwrites a buffer a peer has not read yet."""
+    real = gemm._Rank.push
+
+    def careless_push(self, stream, lane, d, src, dst, nbytes, chunk):
+        e, self.e = self.e, 1   # epochs <= 2 skip the wait
+        try:
+            real(self, stream, lane, d, src, dst, nbytes, chunk)
+        finally:
+            self.e = e
+        # the arrival flag must still carry the real epoch
+        self.w.release(stream.ptr, self.st.flag(d, lane, gemm.ARRIVE, self.r), self.e)
+
+    monkeypatch.setattr(gemm._Rank, "push", careless_push)
+    cp.mode = "streams"
+    for op in ("rs", "ar", "ag", "a2a"):
+        wrong = 0
+        for seed in range(8):
+            rng = np.random.default_rng(seed)
+            got, want = _queued_calls(cp, 3, True, rng, ops=(op,))
+            cp.drain(rng)
+            wrong += sum(not np.allclose(value(x), y) for x, y in zip(got, want))
+        assert wrong > 0, op
