@@ -14,7 +14,7 @@ alternate calls, and one flag block per rank; see gemm.py for what they hold.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, List, Optional, Sequence
+from typing import Any, Dict, Hashable, List, Optional
 
 from gc3.errors import GC3Error
 
