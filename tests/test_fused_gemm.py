@@ -98,7 +98,8 @@ class FakeCupy(types.ModuleType):
         rt = types.SimpleNamespace(
             getDevice=lambda: 0, eventDisableTiming=2, eventCreateWithFlags=lambda f: next(Stream.count),
             eventRecord=self._record, streamWaitEvent=self._wait_event, eventQuery=lambda ev: 0,
-            eventDestroy=lambda ev: None, memcpyAsync=self._memcpy, CUDARuntimeError=RuntimeError)
+            eventDestroy=lambda ev: None, memcpyAsync=self._memcpy, CUDARuntimeError=RuntimeError,
+            memsetAsync=lambda p, v, nbytes, s: self._issue(s, lambda: ctypes.memset(p, v, nbytes)))
         null = Stream(ptr=0)
         Stream.current = null
         stream_cls = type("Stream", (Stream,), {"null": null})
@@ -391,6 +392,16 @@ def test_gemm_all_to_all(cp, n, dtype, fused):
                 off = sum(S[s][:d])
                 blocks.append((Av[s] @ Bv[s])[off:off + S[s][d]])
             same(got[d], np.concatenate(blocks))
+
+
+def test_an_empty_inner_dimension_gives_zeros(cp):
+    """K = 0 (what the benchmark uses to time the exchange alone): cuBLAS
+    refuses it, so the product is zeroed instead."""
+    g = group(2)
+    A = [cp._alloc((4, 0), np.float32) for _ in range(2)]
+    B = [cp._alloc((0, 3), np.float32) for _ in range(2)]
+    for got in (gemm_reduce_scatter(A, B, g), gemm_all_reduce(A, B, g), gemm_all_to_all(A, B, [1, 3], g)):
+        assert all(np.array_equal(x, np.zeros_like(x)) for x in got)
 
 
 def test_fused_sends_each_chunk_as_soon_as_it_is_computed(cp):

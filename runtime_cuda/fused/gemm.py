@@ -200,14 +200,7 @@ class _Rank:
         return self.st.buf(name, rank, self.p)
 
     def gemm(self, stream, a: int, b: int, c: int, m: int, k: int, n: int, in_type: int, out_type: int) -> None:
-        """Row-major C[m, n] = A[m, k] @ B[k, n] (cuBLAS is column-major: C^T = B^T A^T)."""
-        if m == 0 or n == 0:
-            return
-        import cupy
-
-        with streams.current(stream):   # gemmEx runs on CuPy's current stream
-            cupy.cuda.cublas.gemmEx(self.lr.cublas, 0, 0, n, m, k, _ONE.ctypes.data, b, in_type, n, a, in_type, k,
-                                    _ZERO.ctypes.data, c, out_type, n, _COMPUTE_32F, _GEMM_DEFAULT)
+        gemm_rows(self.lr.cublas, stream, a, b, c, m, k, n, in_type, out_type)
 
     def hand_over(self) -> None:
         """What the compute stream has queued so far comes before the next transfer."""
@@ -237,6 +230,24 @@ class _Rank:
             self.w.release(stream.ptr, self.st.flag(s, lane, DONE, self.r), self.e)
 
 
+def gemm_rows(handle: int, stream, a: int, b: int, c: int, m: int, k: int, n: int, in_type: int,
+              out_type: int) -> None:
+    """Queue on `stream`: row-major C[m, n] = A[m, k] @ B[k, n], all three
+    contiguous (cuBLAS is column-major: it computes C^T = B^T A^T)."""
+    if m == 0 or n == 0:
+        return
+    import cupy
+
+    if k == 0:   # cuBLAS refuses a leading dimension of 0; the product is all zeros
+        cupy.cuda.runtime.memsetAsync(c, 0, m * n * (4 if out_type == _R_32F else 2), stream.ptr)
+        return
+    if _ONE is None:
+        _host_scalars()
+    with streams.current(stream):   # gemmEx runs on CuPy's current stream
+        cupy.cuda.cublas.gemmEx(handle, 0, 0, n, m, k, _ONE.ctypes.data, b, in_type, n, a, in_type, k,
+                                _ZERO.ctypes.data, c, out_type, n, _COMPUTE_32F, _GEMM_DEFAULT)
+
+
 def _rt():
     import cupy
 
@@ -259,22 +270,21 @@ def _sum_round(stream, parts: int, stride: int, nparts: int, count: int, out: in
                            np.int32(kind)), stream=stream)
 
 
-def _host_scalars():
-    import numpy as np
-
-    return np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
-
-
+# alpha = 1, beta = 0 in host memory (cuBLAS's default pointer mode), kept for the process.
 _ONE, _ZERO = None, None
 
 
-def _prepare(group: _Group, op: str):
+def _host_scalars() -> None:
     global _ONE, _ZERO
+    import numpy as np
+
+    _ONE, _ZERO = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
+
+
+def _prepare(group: _Group, op: str):
     if not isinstance(group, _Group):
         raise GC3Error(f"{op}: comm must be a runtime_cuda.fused VirtualGemmGroup or IpcGemmGroup, "
                        f"got {type(group).__name__}")
-    if _ONE is None:
-        _ONE, _ZERO = _host_scalars()
     group.check()
     group.last_events = []
 
