@@ -107,7 +107,10 @@ class FakeCupy(types.ModuleType):
             runtime=rt, Stream=stream_cls, ExternalStream=lambda p: Stream(ptr=p),
             get_current_stream=lambda: Stream.current, alloc_pinned_memory=self._pinned,
             cublas=types.SimpleNamespace(create=lambda: 1, destroy=lambda h: None, gemmEx=self._gemm),
-            Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None, use=lambda: None))
+            Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None, use=lambda: None, id=0),
+            Event=lambda: types.SimpleNamespace(record=lambda s=None: None, synchronize=lambda: None),
+            get_elapsed_time=lambda a, b: 1.0)
+        rt.getDeviceProperties = lambda dev: {"name": b"numpy stand-in"}
         self.RawModule = lambda code, options=(): types.SimpleNamespace(get_function=self._function)
         # How issued work executes: "immediate" (at issue; a wait whose flag is
         # not set yet is an error), "streams" (each stream in order, streams
@@ -171,6 +174,36 @@ class FakeCupy(types.ModuleType):
                     op.done = True
             if not moved:
                 raise Deadlock(f"the hardware queue is stuck at item {i} of {len(ops)}")
+
+    def __getattr__(self, name):
+        """Everything else of CuPy's array API: numpy's, results kept as device arrays."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        attr = getattr(np, name)
+        if not callable(attr) or isinstance(attr, type):
+            return attr
+
+        def on_device(*args, **kwargs):
+            out = attr(*args, **kwargs)
+            if isinstance(out, np.ndarray) and not isinstance(out, DevArray):
+                out = out.view(DevArray)
+                self.keep.append(out)
+            return out
+        return on_device
+
+    @property
+    def random(self):
+        fake = self
+
+        class RandomState:
+            def __init__(self, seed):
+                self.g = np.random.default_rng(seed)
+
+            def standard_normal(self, shape, dtype=np.float64):
+                out = self.g.standard_normal(shape, dtype=dtype).view(DevArray)
+                fake.keep.append(out)
+                return out
+        return types.SimpleNamespace(RandomState=RandomState)
 
     def _alloc(self, shape, dtype, fill=None):
         a = np.empty(shape, dtype=dtype).view(DevArray)
@@ -496,8 +529,11 @@ def _queued_calls(cp, n, fused, rng, ops=("rs", "ar", "ag", "a2a")):
     # call with a period other than the buffers' 2 (so only the 'consumed'
     # flags keep a rank from refilling a buffer its peer has not read yet).
     sets = [[cp.cuda.Stream(non_blocking=True) for _ in range(n)] for _ in range(3)]
+    mixed = fused == "mixed"
     for call in range(6):
         own = sets[call % 3]
+        if mixed:   # fused and sequential calls share a shape's buffers and flags
+            fused = call % 3 != 1
         A, Av = matrices(cp, rng, [(M, K)] * n, "float32")
         B, Bv = matrices(cp, rng, [(K, N)] * n, "float32")
         total = sum(a @ b for a, b in zip(Av, Bv))
@@ -526,7 +562,7 @@ def _queued_calls(cp, n, fused, rng, ops=("rs", "ar", "ag", "a2a")):
 
 @pytest.mark.parametrize("mode", ["streams", "one_connection"])
 @pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", [True, False, "mixed"])
 def test_back_to_back_calls_with_streams_interleaved(cp, mode, n, fused):
     for seed in range(2 if mode == "streams" else 1):
         cp.mode = mode
@@ -561,3 +597,41 @@ def test_the_interleaving_finds_a_missing_consumed_wait(cp, monkeypatch):
             cp.drain(rng)
             wrong += sum(not np.allclose(value(x), y) for x, y in zip(got, want))
         assert wrong > 0, op
+
+
+def test_the_gpu_check_program_runs_on_the_stand_in(cp, monkeypatch, capsys):
+    """tests/gpu_programs/fused_gemm_check.py (what the GPU tests run), here
+    on the stand-in: its bookkeeping and references agree with the operators,
+    and a spoiled result makes it fail."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "gpu_programs" / "fused_gemm_check.py"
+    spec = importlib.util.spec_from_file_location("fused_gemm_check_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    small = ["--rounds", "2", "--m", "24", "--k", "8", "--n", "12", "--max-delay-ms", "0"]
+    for n, extra in ((2, []), (3, ["--fused", "1"]), (4, ["--fused", "0"])):
+        monkeypatch.setattr(sys, "argv", ["x", "--virtual", str(n)] + small + extra)
+        assert mod.main() == 0, capsys.readouterr().out
+        assert ", 0 wrong" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["x", "--virtual", "2", "--corrupt"] + small)
+    assert mod.main() == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_the_benchmark_runs_on_the_stand_in(cp, monkeypatch, capsys):
+    """scripts/bench_fused_gemm.py's code paths (compute side, flag costs,
+    operators fused / sequential / exchange alone, sampled check) on small
+    shapes; the times are the stand-in's, meaningless."""
+    from fake_gpu import script
+
+    with script("bench_fused_gemm") as bench:
+        small = [dict(op=op, M=32, K=16, N=8, splits=sp) for op, sp in
+                 [(op, "equal") for op in bench.OPS] + [("gemm_all_to_all", "skewed")]]
+        monkeypatch.setattr(bench, "shapes", lambda n, quick: small)
+        assert bench.main(["--virtual", "2", "--iters", "2", "--warmup", "1"]) == 0
+        out = capsys.readouterr().out
+        assert out.count("check=ok") == len(small), out
+        assert bench.main(["--compute-only", "--ranks", "4", "--iters", "1", "--warmup", "0"]) == 0
+        assert "chunks of" in capsys.readouterr().out

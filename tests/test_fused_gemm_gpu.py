@@ -86,5 +86,5 @@ def test_a_flag_never_set_raises_within_the_timeout(connections):
 
 
 def test_a_missing_peer_is_named_within_the_timeout():
-    rc, out = run(["--stuck"], {"GC3_FUSED_TIMEOUT": "3"}, mpi=2, timeout=90)
+    rc, out = run(["--stuck", "--timeout", 3], mpi=2, timeout=90)
     assert rc == 0 and "WATCHDOG OK" in out and "from rank 1" in out, out[-4000:]

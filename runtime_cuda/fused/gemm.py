@@ -483,7 +483,9 @@ def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, str
                 rt.memcpyAsync(ga.data.ptr, g, n * block, _MEMCPY_DEFAULT, rk.comp.ptr)
                 if fuse:   # its own chunk never went through the gather buffer
                     rt.memcpyAsync(ga.data.ptr + r * block, a_ptr, block, _MEMCPY_DEFAULT, rk.comp.ptr)
-            rk.consumed(rk.comp, 0, [s for s in range(n) if s != r or not fuse])
+            # Its own slot too, though the fused path leaves it unused: the
+            # sequential path, on this shape two calls later, waits for it.
+            rk.consumed(rk.comp, 0, range(n))
             rk.end()
 
         phases[r] = [push, compute]

@@ -42,6 +42,7 @@ def parse():
     p.add_argument("--fused", choices=("auto", "1", "0"), default="auto")
     p.add_argument("--max-delay-ms", type=float, default=2.0)
     p.add_argument("--stuck", action="store_true")
+    p.add_argument("--timeout", type=float, default=3.0, help="the watchdog's deadline for --stuck (s)")
     p.add_argument("--never-set", action="store_true")
     p.add_argument("--corrupt", action="store_true", help="spoil one result element: the check must fail")
     return p.parse_args()
@@ -82,6 +83,9 @@ def stuck(args):
     B = ref.matrix(1, g.rank, "B", (K, N), args.dtype)
     gemm_reduce_scatter(A, B, g, fused=True)   # one good call registers the shape (a collective step) on both
     g.synchronize()
+    # Only now the short deadline: the first call may wait for a peer still compiling its kernels.
+    g.watchdog.timeout = args.timeout
+    MPI.COMM_WORLD.Barrier()
     code = 0
     if g.rank == 0:
         t0 = time.monotonic()
