@@ -88,3 +88,12 @@ def test_a_flag_never_set_raises_within_the_timeout(connections):
 def test_a_missing_peer_is_named_within_the_timeout():
     rc, out = run(["--stuck", "--timeout", 3], mpi=2, timeout=90)
     assert rc == 0 and "WATCHDOG OK" in out and "from rank 1" in out, out[-4000:]
+
+
+def test_driver_stream_waits():
+    """GC3_FUSED_WAIT=driver (cuStreamWaitValue32, watched by the host thread), where cuda.bindings imports."""
+    probe = subprocess.run([sys.executable, "-c", "from cuda.bindings import driver"], capture_output=True)
+    if probe.returncode:
+        pytest.skip("cuda.bindings does not import here: the driver's stream memory operations are unavailable")
+    rc, out = run(["--virtual", 2, "--rounds", 2], {"GC3_FUSED_WAIT": "driver", "GC3_FUSED_RELEASE": "driver"})
+    assert rc == 0 and OK in out and "release=driver, wait=driver" in out, out[-6000:]
