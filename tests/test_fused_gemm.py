@@ -478,6 +478,10 @@ def test_bad_inputs_are_named(cp):
         gemm_all_to_all(A, B, [4, 4], g)
     with pytest.raises(GC3Error, match=r"splits\[1\]=-1"):
         gemm_all_to_all(A, B, [6, -1], g)
+    with pytest.raises(GC3Error, match=r"splits\[0\]=2.5"):
+        gemm_all_to_all(A, B, [2.5, 2.5], g)
+    with pytest.raises(GC3Error, match="splits has 3 entries, expected one per rank"):
+        gemm_all_to_all(A, B, [1, 2, 2], g)
     with pytest.raises(GC3Error, match="out: expected shape"):
         gemm_all_reduce(A, B, g, out=[cp.empty((5, 4), np.uint16)] * 2)
     with pytest.raises(GC3Error, match="VirtualGemmGroup or IpcGemmGroup"):

@@ -33,6 +33,7 @@ overlap can save: one cuBLAS call then the same transfers run instead
 """
 from __future__ import annotations
 
+import operator
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -113,9 +114,13 @@ def check_splits(splits: Sequence[int], n: int, rows: int, where: str) -> List[i
         raise GC3Error(f"{where}: splits has {len(splits)} entries, expected one per rank ({n})")
     out = []
     for d, s in enumerate(splits):
-        if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__") or int(s) < 0:
+        try:
+            v = operator.index(s)   # ints and numpy integers; floats and strings refused
+        except TypeError:
+            v = -1
+        if isinstance(s, bool) or v < 0:
             raise GC3Error(f"{where}: splits[{d}]={s!r} is not an int >= 0")
-        out.append(int(s))
+        out.append(v)
     if sum(out) != rows:
         raise GC3Error(f"{where}: splits {out} add up to {sum(out)} rows, but A has {rows}")
     return out
