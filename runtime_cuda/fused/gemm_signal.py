@@ -1,0 +1,287 @@
+"""Chunk flags of the GEMM fusions, and the watchdog that keeps their waits
+from hanging.
+
+A flag is a 32-bit word holding an epoch (the how-many-th call of one
+operator shape), so flags are never reset: a wait asks for "at least epoch
+e" with a wrap-around compare.
+
+* release(stream, flag, e): written by the stream once all work queued
+  before it is done.  Two ways, chosen by `release_backend()`: the driver's
+  stream memory operation `cuStreamWriteValue32` (package cuda-bindings;
+  no kernel launch) or a one-thread kernel.  GC3_FUSED_RELEASE=driver|kernel
+  forces one (the benchmark measures both).
+* wait(stream, flag, e): holds the stream until the flag reaches e.  By
+  default a one-thread kernel that spins with a device-side deadline
+  (GC3_FUSED_TIMEOUT seconds): when it passes, the kernel records which
+  wait it was and returns, and every later wait of this process returns at
+  once, so the streams drain and nothing hangs, even under
+  CUDA_DEVICE_MAX_CONNECTIONS=1, where a blocked stream would hold back the
+  very work that releases it.  GC3_FUSED_WAIT=driver uses
+  `cuStreamWaitValue32` instead, which cannot time out by itself: there the
+  watchdog thread, once the deadline passes, prints which wait is stuck and
+  ends the process (exit status 3), since the stream can never drain.
+
+The watchdog names flag, chunk and rank of the wait that failed; an
+operator checks it at every call and `Watchdog.synchronize` raises it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import Deque, List, Optional, Tuple
+
+from gc3.errors import InputError, RuntimeTimeoutError
+from gc3.units import env_number
+from runtime_cuda import streams
+
+DEFAULT_TIMEOUT_S = 60.0
+EXIT_STUCK = 3
+_GEQ = 0   # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0
+
+_SOURCE = r"""
+__device__ __forceinline__ unsigned long long gc3_now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void gc3_flag_release(unsigned* flag, unsigned value) {
+    // Work earlier on this stream is complete (kernel boundary); make it
+    // visible system-wide before the flag says so.
+    __threadfence_system();
+    atomicExch_system(flag, value);
+}
+
+extern "C" __global__ void gc3_flag_wait(const unsigned* flag, unsigned value, unsigned long long timeout_ns,
+                                         int* failed, int ident) {
+    const unsigned long long start = gc3_now_ns();
+    while ((int)(*(volatile const unsigned*)flag - value) < 0) {
+        if (*(volatile int*)failed != 0) return;   // an earlier wait failed: drain, do not wait
+        if (gc3_now_ns() - start > timeout_ns) {
+            atomicCAS_system(failed, 0, ident);
+            return;
+        }
+        __nanosleep(200);
+    }
+    __threadfence_system();   // later reads of the chunk come after the flag
+}
+
+extern "C" __global__ void gc3_spin_ns(unsigned long long ns) {
+    const unsigned long long start = gc3_now_ns();
+    while (gc3_now_ns() - start < ns) __nanosleep(1000);
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(device: int):
+    import cupy
+
+    mod = cupy.RawModule(code=_SOURCE, options=("-std=c++17",))
+    return {name: mod.get_function(name) for name in ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns")}
+
+
+def _kernel(name: str):
+    import cupy
+
+    return _kernels(cupy.cuda.runtime.getDevice())[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _driver():
+    """cuda.bindings' driver module, or None where it does not import."""
+    try:
+        from cuda.bindings import driver
+    except Exception:   # absent, or a build that does not match the installed driver
+        return None
+    return driver
+
+
+def _choice(var: str, env) -> str:
+    raw = env.get(var, "").strip().lower()
+    if raw not in ("", "driver", "kernel"):
+        raise InputError(f"environment variable {var}={raw!r}: expected 'driver' or 'kernel'")
+    if raw == "driver" and _driver() is None:
+        raise InputError(f"{var}=driver, but cuda.bindings does not import here (pip package cuda-bindings)")
+    return raw
+
+
+def release_backend(env=None) -> str:
+    """How flags are released: 'driver' (cuStreamWriteValue32) where
+    cuda.bindings imports, else 'kernel'; GC3_FUSED_RELEASE overrides."""
+    env = os.environ if env is None else env
+    return _choice("GC3_FUSED_RELEASE", env) or ("driver" if _driver() is not None else "kernel")
+
+
+def wait_backend(env=None) -> str:
+    """How streams wait for flags: 'kernel' (self-timing spin) unless GC3_FUSED_WAIT=driver."""
+    env = os.environ if env is None else env
+    return _choice("GC3_FUSED_WAIT", env) or "kernel"
+
+
+def timeout_s(env=None) -> float:
+    env = os.environ if env is None else env
+    raw = env.get("GC3_FUSED_TIMEOUT", "")
+    return DEFAULT_TIMEOUT_S if not raw.strip() else env_number("GC3_FUSED_TIMEOUT", raw, 0.001, 86400.0, float)
+
+
+def _check_driver(result, what: str) -> None:
+    driver = _driver()
+    err = result[0] if isinstance(result, tuple) else result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")
+
+
+def release(stream: int, flag: int, value: int, backend: str) -> None:
+    """Queue on `stream`: flag := value, after the work queued before it."""
+    value &= 0xFFFFFFFF
+    if backend == "driver":
+        driver = _driver()
+        _check_driver(driver.cuStreamWriteValue32(driver.CUstream(stream), driver.CUdeviceptr(flag), value, 0),
+                      "cuStreamWriteValue32")
+        return
+    import numpy as np
+
+    _kernel("gc3_flag_release")((1,), (1,), (np.uint64(flag), np.uint32(value)), stream=streams.wrap(stream))
+
+
+def spin(stream: int, seconds: float) -> None:
+    """Queue a kernel that keeps `stream` busy for `seconds` (tests and
+    benchmarks use it to make one rank late)."""
+    import numpy as np
+
+    _kernel("gc3_spin_ns")((1,), (1,), (np.uint64(int(seconds * 1e9)),), stream=streams.wrap(stream))
+
+
+class Watchdog:
+    """One per group of ranks driven by this process: issues the waits and
+    turns one that never ends into RuntimeTimeoutError."""
+
+    _RING = 1 << 16   # waits remembered for naming; older idents are reused
+
+    def __init__(self, where: str, env=None):
+        import cupy
+        import numpy as np
+
+        env = os.environ if env is None else env
+        self.where = where
+        self.timeout = timeout_s(env)
+        self.release_backend = release_backend(env)
+        self.wait_backend = wait_backend(env)
+        # The failure word lives in pinned host memory, which the device reaches
+        # by the same address (unified addressing): the host reads it without
+        # queueing anything on a stream that might be blocked.
+        self._pinned = cupy.cuda.alloc_pinned_memory(8)
+        self._failed = np.frombuffer(self._pinned, dtype=np.int32, count=2)
+        self._failed[:] = 0
+        self.failed_ptr = self._pinned.ptr
+        self._names: List[str] = [""] * self._RING
+        self._next = 0
+        self.failure: Optional[str] = None
+        self._device = cupy.cuda.runtime.getDevice()
+        # Driver-mode waits: (event, ident, issue time), checked by the thread.
+        self._pending: Deque[Tuple[int, int, float]] = deque()
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+
+    # --- waits ------------------------------------------------------------
+    def wait(self, stream: int, flag: int, value: int, what: str) -> None:
+        """Queue on `stream`: hold until `flag` reaches epoch `value`; `what`
+        names it (flag, chunk, rank) in the error if it never does."""
+        import numpy as np
+
+        self._next = self._next % (self._RING - 1) + 1   # ident 0 means "no failure"
+        ident = self._next
+        self._names[ident] = what
+        value &= 0xFFFFFFFF
+        if self.wait_backend == "driver":
+            driver = _driver()
+            _check_driver(driver.cuStreamWaitValue32(driver.CUstream(stream), driver.CUdeviceptr(flag), value, _GEQ),
+                          "cuStreamWaitValue32")
+            self._track(stream, ident)
+            return
+        _kernel("gc3_flag_wait")((1,), (1,), (np.uint64(flag), np.uint32(value),
+                                              np.uint64(int(self.timeout * 1e9)), np.uint64(self.failed_ptr),
+                                              np.int32(ident)), stream=streams.wrap(stream))
+
+    def release(self, stream: int, flag: int, value: int) -> None:
+        release(stream, flag, value, self.release_backend)
+
+    # --- failure ----------------------------------------------------------
+    def _describe(self, ident: int, how: str) -> str:
+        return (f"{self.where}: {how} after {self.timeout:g} s (GC3_FUSED_TIMEOUT) waiting for {self._names[ident]}; "
+                "a peer rank is missing, late, or failed earlier")
+
+    def check(self) -> None:
+        """Raise RuntimeTimeoutError if any wait of this group has failed."""
+        if self.failure is None:
+            ident = int(self._failed[0])
+            if ident:
+                self.failure = self._describe(ident, "gave up")
+        if self.failure is not None:
+            raise RuntimeTimeoutError(self.failure)
+
+    def synchronize(self, events) -> None:
+        """Wait (host) for `events` (raw event handles), raising the watchdog's
+        error as soon as a wait fails instead of blocking forever."""
+        import cupy
+
+        rt = cupy.cuda.runtime
+        deadline = time.monotonic() + self.timeout + 5.0
+        for ev in events:
+            while True:
+                self.check()
+                try:
+                    if rt.eventQuery(ev) in (0, None):
+                        break
+                except rt.CUDARuntimeError as exc:
+                    if getattr(exc, "status", None) != 600:   # cudaErrorNotReady
+                        raise
+                if time.monotonic() > deadline:
+                    raise RuntimeTimeoutError(f"{self.where}: the GPU work of a call did not finish within "
+                                              f"{self.timeout:g} s (GC3_FUSED_TIMEOUT) + 5 s, and no wait reported")
+                time.sleep(0.0005)
+        self.check()
+
+    # --- the thread (driver-mode waits only) --------------------------------
+    def _track(self, stream: int, ident: int) -> None:
+        import cupy
+
+        rt = cupy.cuda.runtime
+        ev = rt.eventCreateWithFlags(rt.eventDisableTiming)
+        rt.eventRecord(ev, stream)
+        with self._lock:
+            self._pending.append((ev, ident, time.monotonic()))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name=f"gc3-fused-watchdog {self.where}", daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        import cupy
+
+        rt = cupy.cuda.runtime
+        rt.setDevice(self._device)
+        while True:
+            time.sleep(0.01)
+            with self._lock:
+                if not self._pending:
+                    continue
+                ev, ident, since = self._pending[0]
+            try:
+                done = rt.eventQuery(ev) in (0, None)
+            except rt.CUDARuntimeError:
+                done = False
+            if done:
+                with self._lock:
+                    self._pending.popleft()
+                rt.eventDestroy(ev)
+            elif time.monotonic() - since > self.timeout:
+                # cuStreamWaitValue32 never returns: the stream cannot drain and
+                # every host synchronization would block, so end the process.
+                msg = self._describe(ident, "stuck (cuStreamWaitValue32)")
+                print(f"gc3 fused watchdog: {msg}; ending the process", file=sys.stderr, flush=True)
+                os._exit(EXIT_STUCK)
