@@ -84,11 +84,13 @@ def test_shifted_compute_step_is_wrong_in_check_and_simulate(twoshot, col_shift,
     assert not res.ok and res.wrong > 0 and "unfused reference" in res.errors[0]
 
 
-def test_first_send_waits_for_its_own_chunk_only(twoshot):
+@pytest.mark.parametrize("compute_tbs", [0, 4])
+def test_first_send_waits_for_its_own_chunk_only(twoshot, compute_tbs):
     """The fused property: some send's happens-before set (program order in its
     threadblock, depid waits, received messages) holds exactly one gemv, of the
-    chunk it sends; and no rank's sends all wait for every gemv of the rank."""
-    prog = twoshot
+    chunk it sends; and no rank's sends all wait for every gemv of the rank.  Also
+    with the gemv steps on compute TBs of their own (the send then waits on one by depid)."""
+    prog = twoshot if not compute_tbs else lower(_algo()(4, 1, 512, 2048, 8, 2, compute_tbs))
     steps = {(g.id, tb.id, k): st for g in prog.gpus for tb in g.threadblocks for k, st in enumerate(tb.steps)}
     tbs = {(g.id, tb.id): tb for g in prog.gpus for tb in g.threadblocks}
     # k-th send on a connection -> k-th receive
