@@ -105,3 +105,26 @@ def test_auto_path_refuses_what_one_block_per_compute_tb_cannot_win(monkeypatch)
     with pytest.raises(mb.GC3Error, match="fused path cannot serve this call: a single rank"):
         mb._decide(comm, "fused", "a single rank", "gemv_allreduce", args, "bfloat16", 0, "one")
     assert os.environ.get("GC3_FUSED_MAX_BLOCK_BYTES") is None
+
+
+def test_benchmark_script_lists_both_operators_and_its_options():
+    import subprocess
+    import sys
+    spec = runpy.run_path(str(ROOT / "scripts" / "bench_fused.py"))
+    assert list(spec["OPERATORS"]) == ["gemv_allreduce", "embedding_bag_alltoall"]
+    assert spec["GEMV_SHAPES"]["full"] == [(b, k, 8192) for b in (1, 8, 32) for k in (2048, 7168, 4096)]
+    assert spec["EBAG_SHAPES"]["full"] == [(8, 1 << 20, 128, 32, 2048), (8, 1 << 20, 128, 32, 8192)]
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_fused.py"), "--help"], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert out.returncode == 0 and "--virtual" in out.stdout and "--compute-only" in out.stdout
+
+
+def test_gc3_run_refuses_a_fused_ir_in_peer_mode(tmp_path):
+    from click.testing import CliRunner
+    from runtime_cuda.commands import cli
+    prog = lower(runpy.run_path(str(ROOT / "algorithms" / "fused" / "gemv_allreduce.py"))["gemv_allreduce"](2, 1, 16,
+                                                                                                         64, 2, 2))
+    xml = tmp_path / "g.xml"
+    xml.write_text(to_xml(prog))
+    res = CliRunner().invoke(cli(), ["run", str(xml), "--mode", "peer"])
+    assert res.exit_code != 0 and "runs in --mode virtual or ipc" in res.output

@@ -75,6 +75,8 @@ def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout,
     try:
         mode = _mode(mode, _world_size())
         prog = read_xml(xml)
+        if prog.fused and mode == "peer":
+            raise GC3Error(f"{prog.name} is a fused IR ({prog.compute.op}): it runs in --mode virtual or ipc")
         # Nothing unproven reaches a GPU: a wrong IR could hang it or return wrong data.
         verify(prog)
     except GC3Error as exc:
