@@ -178,7 +178,8 @@ def fused_buffers(group, inputs):
         with cupy.cuda.Device(group.rank_device(r)):
             ins.append([cupy.asarray(np.ascontiguousarray(inputs[r][name]).view(storage_dtype(spec.input_dtype(name))))
                         for name in spec.names])
-            outs.append(cupy.full(spec.out_elems, np.array(np.nan, dtype_info(spec.dtype).np).view(dt), dtype=dt))
+            outs.append(cupy.full(spec.out_elems, np.array(np.nan, dtype_info(spec.dtype).np).view(dt).item(),
+                                  dtype=dt))
     return ins, outs
 
 

@@ -43,7 +43,8 @@ GEMV_CASES = [  # (ranks, batch, K, N, chunks, variant, compute TBs, dtype)
     (2, 1, 37, 200, 2, 2, 0, "bfloat16"),       # N % 8 != 0: element-wise weight loads
     (2, 3, 64, 520, 8, 1, 4, "float16"),        # 65-column blocks: vector loads from unaligned columns
     (4, 5, 130, 96, 4, 2, 2, "float32"),
-    (4, 32, 300, 1024, 8, 2, 8, "bfloat16"),    # batch 32: passes of 4 rows, tiles across rows
+    (4, 32, 300, 1024, 8, 2, 8, "bfloat16"),    # batch 32: passes of 8 rows with 8-byte loads
+    (2, 5, 50, 100, 2, 2, 2, "bfloat16"),       # N % 8 == 4: 8-byte loads from 4-aligned columns
 ]
 EBAG_CASES = [  # (ranks, tables, rows, dim, samples per rank, pooling, chunks, compute TBs, dtype)
     (2, 3, 50, 20, 6, 3, 2, 0, "bfloat16"),     # dim % 8 != 0: element-wise row loads
@@ -95,6 +96,41 @@ def test_a_shifted_compute_range_gives_wrong_results(name, args):
     assert run_fused_checked(VirtualRanks(prog), seed=2).wrong == 0
     res = run_fused_checked(VirtualRanks(_shifted(prog)), seed=2)
     assert res.wrong > 0, "a compute step shifted by one row/column still matched the reference"
+
+
+def test_first_chunk_leaves_before_the_last_compute_chunk_ends(monkeypatch):
+    """Fused, not compute-then-send, on the device: in a GC3_TRACE build (%globaltimer per step of
+    each block), rank 0's first send has completed before its compute TBs finish their last gemv.
+    16 column blocks on 4 compute TBs: each TB computes 4 blocks one after the other."""
+    monkeypatch.setenv("GC3_TRACE", "1")
+    from gc3.ir import OPCODES
+    from runtime_cuda.checking import fused_buffers, fused_case, run_fused
+    from runtime_cuda.virtual import VirtualRanks
+    prog = _lower("gemv_allreduce", 2, 1, 4096, 8192, 16, 2, 4)
+    group = VirtualRanks(prog)
+    ins, outs = fused_buffers(group, fused_case(prog)[0])
+    run_fused(group, ins, outs)          # compiles and warms up
+    group.executor.clear_trace()
+    run_fused(group, ins, outs)
+    group.check()
+    trace = group.executor.trace()
+    t = group.tables
+    assert t.ranks and max(len(steps) for steps in t.device_steps) < 30     # every step's stamps fit the trace
+
+    def done(block, j):                  # one tile per chunk: step j's data is done at stamp 3 + 2j
+        return int(trace[block, 3 + 2 * j])
+    sends, computes = [], []
+    for b, (rank, _) in enumerate(t.blocks):
+        if rank != 0:
+            continue
+        steps = t.device_steps[b]
+        sends += [done(b, j) for j, ds in enumerate(steps) if OPCODES[ds.op].send]
+        gemvs = [j for j, ds in enumerate(steps) if ds.op == "gemv"]
+        if gemvs:
+            computes.append(done(b, gemvs[-1]))
+    assert len(computes) == 4 and sends and all(sends) and all(computes)
+    assert min(sends) < max(computes), (f"first send done at {min(sends)} ns, last gemv done at {max(computes)} ns: "
+                                        f"compute-then-send, not fused")
 
 
 def test_a_fused_call_without_compute_inputs_is_refused():

@@ -177,8 +177,9 @@ def matmul(x, w, dtype: str):
     try:
         import torch
 
-        before = torch.cuda.current_stream()
-        torch.cuda.set_stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr))
+        device = torch.device("cuda", x.device.id)    # CuPy's device for x, which torch's current one may not be
+        before = torch.cuda.current_stream(device)
+        torch.cuda.set_stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr, device=device))
         try:
             y = torch.matmul(_torch_bf16(torch, x), _torch_bf16(torch, w))
         finally:

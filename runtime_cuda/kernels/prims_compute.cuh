@@ -33,8 +33,8 @@ struct CmpVec {
   elem_t e[V];
 };
 
-// V consecutive elements; one 16-byte load when V fills 16 bytes (the caller
-// guarantees the alignment), else element by element.
+// V consecutive elements; one 16- or 8-byte load when V fills that many bytes
+// (the caller guarantees the alignment), else element by element.
 template <int V>
 __device__ __forceinline__ CmpVec<V> cmp_load(const elem_t* p) {
   CmpVec<V> r;
@@ -44,6 +44,14 @@ __device__ __forceinline__ CmpVec<V> cmp_load(const elem_t* p) {
       elem_t e[V];
     } t;
     t.u = __ldg(reinterpret_cast<const uint4*>(p));
+#pragma unroll
+    for (int c = 0; c < V; ++c) r.e[c] = t.e[c];
+  } else if constexpr (V * sizeof(elem_t) == 8) {
+    union {
+      uint2 u;
+      elem_t e[V];
+    } t;
+    t.u = __ldg(reinterpret_cast<const uint2*>(p));
 #pragma unroll
     for (int c = 0; c < V; ++c) r.e[c] = t.e[c];
   } else {
@@ -147,7 +155,12 @@ __device__ void gemv_tile(const elem_t* x, const elem_t* w, int batch, int K, in
   }
   lo += colbase;
   hi += colbase;
-  if (N % GC3_CMP_VEC == 0 && ((u64)w & 15) == 0)
+  // 16-bit types with more rows than a pass of 16-byte vectors holds: 8-byte vectors and twice the
+  // rows per pass, so the weight is read half as often.
+  constexpr int V8 = 8 / (int)sizeof(elem_t);
+  if (sizeof(elem_t) == 2 && r_hi - r_lo + 1 > GC3_CMP_ACC / GC3_CMP_VEC && N % V8 == 0 && ((u64)w & 7) == 0)
+    gemv_cols<V8>(x, w, K, N, r_lo, r_hi, lo, hi, colbase, pc, dst, lane0, n, sacc);
+  else if (N % GC3_CMP_VEC == 0 && ((u64)w & 15) == 0)
     gemv_cols<GC3_CMP_VEC>(x, w, K, N, r_lo, r_hi, lo, hi, colbase, pc, dst, lane0, n, sacc);
   else
     gemv_cols<1>(x, w, K, N, r_lo, r_hi, lo, hi, colbase, pc, dst, lane0, n, sacc);
