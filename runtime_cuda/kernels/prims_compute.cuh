@@ -129,12 +129,11 @@ __device__ void gemv_rows(const elem_t* x, const elem_t* w, int K, int N, int r_
 template <int V>
 __device__ void gemv_cols(const elem_t* x, const elem_t* w, int K, int N, int r_lo, int r_hi, i64 lo, i64 hi,
                           i64 colbase, int pc, elem_t* dst, i64 lane0, int n, float* sacc) {
+  // Batch 1 (decode) gets a pass of its own; more rows share the widest pass (unused rows are
+  // predicated off), which keeps the instantiations, and NVRTC's compile time, down.
   constexpr int RBMAX = GC3_CMP_ACC / V >= 8 ? 8 : GC3_CMP_ACC / V;
-  const int rows = r_hi - r_lo + 1;
-  if (rows == 1)
+  if (r_hi == r_lo)
     gemv_rows<V, 1>(x, w, K, N, r_lo, r_hi, lo, hi, colbase, pc, dst, lane0, n, sacc);
-  else if (rows == 2)
-    gemv_rows<V, 2>(x, w, K, N, r_lo, r_hi, lo, hi, colbase, pc, dst, lane0, n, sacc);
   else
     gemv_rows<V, RBMAX>(x, w, K, N, r_lo, r_hi, lo, hi, colbase, pc, dst, lane0, n, sacc);
 }
