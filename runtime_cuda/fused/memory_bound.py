@@ -94,9 +94,16 @@ def _compute_tbs(blocks: int, ranks_here: int) -> int:
         return min(_env_int("GC3_FUSED_COMPUTE_TBS", 0), blocks)
     import cupy
 
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sms = _sm_count(cupy.cuda.Device().id)
     room = max(1, min(blocks, sms // max(ranks_here, 1) - 8))
     return 1 << (room.bit_length() - 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
 def _gemv_args(n: int, batch: int, k: int, n_out: int, ranks_here: int) -> Tuple[int, ...]:
@@ -257,6 +264,11 @@ def _compute_blocks(prog) -> int:
     return max(1, sum(any(st.info.compute for st in tb.steps) for tb in prog.gpu(0).threadblocks))
 
 
+@functools.lru_cache(maxsize=64)
+def _program_blocks(algo: str, args: Tuple[int, ...], dtype: str) -> int:
+    return _compute_blocks(fused_program(algo, args, dtype))
+
+
 def _group(comm, algo: str, args: tuple, dtype: str):
     """The launch group of a fused program for `comm` (built on first use, collectively), or raise."""
     from ..ipc import IpcRanks
@@ -287,7 +299,7 @@ def _decide(comm, path: str, refusal: str, algo: str, args: tuple, dtype: str, t
     key = (algo, args, dtype, id(comm))
     why = refusal or _failed.get(key, "")
     if not why and path == "auto":
-        per_block = traffic // _compute_blocks(fused_program(algo, args, dtype))
+        per_block = traffic // _program_blocks(algo, args, dtype)
         limit = _env_int("GC3_FUSED_MAX_BLOCK_BYTES", DEFAULT_MAX_BLOCK_BYTES)
         if per_block > limit:
             why = (f"{per_block} bytes of compute traffic per thread block, above GC3_FUSED_MAX_BLOCK_BYTES="
