@@ -16,7 +16,8 @@ maximum across ranks:
               own program (allreduce_allpairs / alltoall_direct);
   T_seq       cuBLAS/CuPy compute, then NCCL (one GPU per process only);
   T_unf       the same compute, then gc3's collective;
-  T_fused     runtime_cuda.fused's fused path (one gc3 program);
+  T_fused     runtime_cuda.fused's fused path (one gc3 program); --graph: also replayed from a
+              CUDA graph, where the call allocates nothing;
   speedups    T_seq/T_fused and T_unf/T_fused; fusion is claimed ("FUSED WINS") only where
               T_fused < T_unf.
   check       the fused output against a float64 reference of the same inputs (every
@@ -85,13 +86,13 @@ def _kernels():
 class Bench:
     """The ranks of this run, the GPU, and the helpers every operator's bench uses."""
 
-    def __init__(self, virtual: int, compute_only: bool, warmup: int, iters: int):
+    def __init__(self, virtual: int, compute_only: bool, warmup: int, iters: int, graph: bool = False):
         import cupy
 
         from runtime_cuda.fused import VirtualComm
 
         self.cupy = cupy
-        self.warmup, self.iters = warmup, iters
+        self.warmup, self.iters, self.graph = warmup, iters, graph
         self.k = _kernels()
         self.world = None
         self.nccl = None          # the raw NCCL communicator, when each rank has a GPU of its own
@@ -160,6 +161,26 @@ class Bench:
         self.stream.synchronize()
         return self.max(statistics.median(cupy.cuda.get_elapsed_time(a, b) * 1e3 for a, b in events))
 
+    def graph_time(self, fn: Callable[[], None]):
+        """(median µs of replaying one call of `fn` captured in a CUDA graph, or None, and why not).
+        Only for calls that allocate nothing while captured (the pool could hand the memory on)."""
+        why, graph = "", None
+        try:
+            fn()
+            self.stream.synchronize()
+            self.stream.begin_capture()
+            try:
+                fn()
+            finally:
+                graph = self.stream.end_capture()
+        except Exception as exc:     # reported in the row: capture is optional
+            why = f"(not captured: {type(exc).__name__}: {exc})"
+        if self.world is not None:   # every rank times the replay, or none does (time() is collective)
+            why = next((w for w in self.world.allgather(why) if w), "")
+        if why:
+            return None, why
+        return self.time(lambda: graph.launch(self.stream)), ""
+
     # -- inputs ---------------------------------------------------------------------------------
     def fill(self, shape, dtype: str, seed: int):
         """Hash values of `dtype` (bfloat16 as uint16 bits), on self.stream."""
@@ -226,6 +247,8 @@ def _row(bench: Bench, what: str, t: Dict[str, Optional[float]], gb: Dict[str, f
     bench.say(f"  T_comm NCCL {_fmt(t['cnccl'])}  gc3 {_fmt(t['cg3'])}   T_seq {_fmt(t['seq'])}  T_unf {_fmt(t['unf'])}"
               f"  T_fused {_fmt(t['fused'])} us   T_seq/T_fused {_ratio(t['seq'], t['fused'])}  "
               f"T_unf/T_fused {_ratio(t['unf'], t['fused'])}  {'FUSED WINS' if wins else 'no fusion win'}")
+    if "graph" in t:
+        bench.say(f"  T_fused replayed from a CUDA graph: {_fmt(t['graph'])} us {t.get('graph_why', '')}")
     bench.say(f"  check: {'OK' if wrong == 0 else 'WRONG'} ({wrong} of {total} elements outside the bound)")
 
 
@@ -288,11 +311,14 @@ def bench_gemv(bench: Bench, quick: bool, compute_only: bool) -> bool:
             args_o = [outs[r] for r in bench.local]
             comm = bench.comm
             if bench.world is None:
-                t["fused"] = bench.time(lambda: gemv_allreduce(args_x, args_w, comm, out=args_o, stream=bench.stream,
-                                                               path="fused"))
+                def fused_call():
+                    gemv_allreduce(args_x, args_w, comm, out=args_o, stream=bench.stream, path="fused")
             else:
-                t["fused"] = bench.time(lambda: gemv_allreduce(args_x[0], args_w[0], comm, out=args_o[0],
-                                                               stream=bench.stream, path="fused"))
+                def fused_call():
+                    gemv_allreduce(args_x[0], args_w[0], comm, out=args_o[0], stream=bench.stream, path="fused")
+            t["fused"] = bench.time(fused_call)
+            if bench.graph and batch == 1:     # batch > 1 reorders the blocks through a temporary
+                t["graph"], t["graph_why"] = bench.graph_time(fused_call)
             bench.stream.synchronize()
             wrong, total = _check_gemv(bench, outs, batch, k, n_out, dtype)
             ok &= wrong == 0
@@ -389,13 +415,16 @@ def bench_ebag(bench: Bench, quick: bool, compute_only: bool) -> bool:
             tl, il, ol = ([d[r] for r in bench.local] for d in (tables, indices, outs))
             comm = bench.comm
             if bench.world is None:
-                t["fused"] = bench.time(lambda: embedding_bag_alltoall(tl, il, [offsets] * n, comm, out=ol,
-                                                                       stream=bench.stream, path="fused",
-                                                                       check_inputs=False))
+                def fused_call():
+                    embedding_bag_alltoall(tl, il, [offsets] * n, comm, out=ol, stream=bench.stream, path="fused",
+                                           check_inputs=False)
             else:
-                t["fused"] = bench.time(lambda: embedding_bag_alltoall(tl[0], il[0], offsets, comm, out=ol[0],
-                                                                       stream=bench.stream, path="fused",
-                                                                       check_inputs=False))
+                def fused_call():
+                    embedding_bag_alltoall(tl[0], il[0], offsets, comm, out=ol[0], stream=bench.stream, path="fused",
+                                           check_inputs=False)
+            t["fused"] = bench.time(fused_call)
+            if bench.graph:     # indices hold exactly B*pooling positions: the call allocates nothing
+                t["graph"], t["graph_why"] = bench.graph_time(fused_call)
             bench.stream.synchronize()
             wrong, total = _check_ebag(bench, outs, t_count, rows, dim, pooling, b, dtype)
             ok &= wrong == 0
@@ -460,10 +489,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--compute-only", action="store_true", help="only T_compute: the opcodes vs cuBLAS/CuPy, one GPU")
     ap.add_argument("--quick", action="store_true", help="smaller shapes")
     ap.add_argument("--op", choices=sorted(OPERATORS), action="append", help="operators to run (default: all)")
+    ap.add_argument("--graph", action="store_true", help="also time the fused call replayed from a CUDA graph")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     a = ap.parse_args(argv)
-    bench = Bench(a.virtual, a.compute_only, a.warmup, a.iters)
+    bench = Bench(a.virtual, a.compute_only, a.warmup, a.iters, a.graph)
     mode = ("compute only, one rank" if a.compute_only else f"{bench.n} virtual ranks on one GPU" if a.virtual
             else f"{bench.n} processes" + (", NCCL" if bench.nccl is not None else ", sharing GPUs: no NCCL"))
     bench.say(f"bench_fused: {bench.device} ({bench.sms} SMs), {mode}, warm-up {a.warmup}, median of {a.iters}, "
