@@ -153,8 +153,8 @@ def test_a_fused_call_without_compute_inputs_is_refused():
 def test_gemv_allreduce_api_on_virtual_ranks(n, dtype, path):
     import cupy
     from fused_cases import count_wrong, gemv_case, poisoned, to_host
-    from runtime_cuda.fused import VirtualComm, gemv_allreduce
-    batch, k, n_out = 3, 71, 264          # odd K, 33-column blocks
+    from runtime_cuda.fused import VirtualComm, check, gemv_allreduce
+    batch, k, n_out = 3, 71, 264          # odd K, 66-column blocks
     xs, ws, want, scale = gemv_case(np.random.default_rng(n), n, batch, k, n_out, dtype)
     comm = VirtualComm(n)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -162,6 +162,7 @@ def test_gemv_allreduce_api_on_virtual_ranks(n, dtype, path):
     for rep in range(2):   # the second call reuses the cached program and launch
         got = gemv_allreduce(xs, ws, comm, out=outs, stream=s, path=path)
         s.synchronize()
+        check(comm)
         assert all(g is o for g, o in zip(got, outs))
         for r in range(n):
             wrong = count_wrong(to_host(outs[r], dtype), want, scale, dtype)
@@ -176,13 +177,15 @@ def test_gemv_allreduce_api_on_virtual_ranks(n, dtype, path):
 def test_embedding_bag_alltoall_api_on_virtual_ranks(n, dtype, path):
     import cupy
     from fused_cases import count_wrong, ebag_case, poisoned, to_host
-    from runtime_cuda.fused import VirtualComm, embedding_bag_alltoall
+    from runtime_cuda.fused import VirtualComm, check, embedding_bag_alltoall
     t, rows, dim, b = 3, 57, 24, 5        # nnz not a multiple of the global batch: indices padded
     tables, indices, offsets, expected = ebag_case(np.random.default_rng(10 + n), n, t, rows, dim, b, dtype)
     s = cupy.cuda.Stream(non_blocking=True)
     outs = [poisoned((n, b, t * dim), dtype) for _ in range(n)]
-    embedding_bag_alltoall(tables, indices, offsets, VirtualComm(n), out=outs, stream=s, path=path)
+    comm = VirtualComm(n)
+    embedding_bag_alltoall(tables, indices, offsets, comm, out=outs, stream=s, path=path)
     s.synchronize()
+    check(comm)
     for p, (want, scale) in enumerate(expected):
         wrong = count_wrong(to_host(outs[p], dtype), want, scale, dtype)
         assert wrong == 0, f"{path} rank {p}: {wrong} of {want.size} wrong"

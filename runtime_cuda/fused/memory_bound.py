@@ -315,6 +315,14 @@ def _decide(comm, path: str, refusal: str, algo: str, args: tuple, dtype: str, t
     return None
 
 
+def check(comm) -> None:
+    """Synchronize and raise gc3.errors.RuntimeTimeoutError if a fused kernel of `comm` gave up
+    waiting (the communicator's own check_async_error covers its collectives, not these)."""
+    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.get(comm, {})
+    for group in groups.values():
+        group.check()
+
+
 # --- GEMV + AllReduce -------------------------------------------------------------------------
 def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = None):
     """y = sum over ranks of x_r @ w_r on every rank (a row-parallel linear layer at decode).
@@ -502,5 +510,5 @@ def _ebag_sequential(comm, a, dtype: str, mode: str, n: int, b: int, stream) -> 
                   streams.handle(stream))
 
 
-__all__ = ["VirtualComm", "gemv_allreduce", "embedding_bag_alltoall", "fused_program", "matmul", "pool",
+__all__ = ["VirtualComm", "check", "gemv_allreduce", "embedding_bag_alltoall", "fused_program", "matmul", "pool",
            "to_f32", "from_f32", "value_dtype", "storage"]

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from fused_cases import count_wrong, ebag_case, gemv_case, poisoned, to_host  # noqa: E402
-from runtime_cuda.fused import embedding_bag_alltoall, gemv_allreduce  # noqa: E402
+from runtime_cuda.fused import check, embedding_bag_alltoall, gemv_allreduce  # noqa: E402
 from runtime_cuda.nccl import NcclCommunicator  # noqa: E402
 
 world = MPI.COMM_WORLD
@@ -45,6 +45,7 @@ for dtype in ("bfloat16", "float32"):
             if bad:
                 wrong.append(f"embedding_bag_alltoall {dtype} {path} call {rep}: {bad} of {out.size} wrong")
 comm.check_async_error()
+check(comm)
 print(f"rank {rank}: " + ("fused_ops ok" if not wrong else "WRONG: " + "; ".join(wrong)), flush=True)
 world.Barrier()
 sys.exit(1 if wrong else 0)
