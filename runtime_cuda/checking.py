@@ -153,3 +153,65 @@ def large_cases(prog: Program, nbytes: int) -> List[Tuple[int, str, bool]]:
     m = max(in_elems_for(prog, nbytes, 2) // (bi * c) - 2, 1) | 1
     uneven = bi * (c * m + c - 1) if c > 1 else bi * m
     return [(even, "float32", prog.inplace), (uneven, "bfloat16", not prog.inplace)]
+
+
+def fused_case(prog: Program, seed: int = 0):
+    """A fused IR's seeded compute inputs (every rank's, values exact in the dtype, as the
+    simulator makes them) and per rank (expected output, per-element tolerance): the unfused
+    operator then its collective, gc3/simulator/compute.py's reference."""
+    from gc3.simulator.compute import fused_reference, make_compute_inputs
+
+    inputs = make_compute_inputs(prog.compute, prog.ngpus, seed)
+    lay = layout_for(prog, prog.compute.out_elems, 0)
+    return inputs, fused_reference(prog.compute, inputs, lay.chunks_per_block)
+
+
+def fused_buffers(group, inputs):
+    """Per rank of the group: its compute inputs on its device, in the operator's order, and a
+    poisoned output buffer of the operator's size (NaN bits: never equal to any result)."""
+    import cupy
+
+    spec = group.prog.compute
+    dt = storage_dtype(spec.dtype)
+    ins, outs = [], []
+    for r in group.ranks:
+        with cupy.cuda.Device(group.rank_device(r)):
+            ins.append([cupy.asarray(np.ascontiguousarray(inputs[r][name]).view(storage_dtype(spec.input_dtype(name))))
+                        for name in spec.names])
+            outs.append(cupy.full(spec.out_elems, np.array(np.nan, dtype_info(spec.dtype).np).view(dt).item(),
+                                  dtype=dt))
+    return ins, outs
+
+
+def run_fused(group, ins, outs, stream=None) -> None:
+    """One call of a fused program: the output buffers double as the (unused or in-place) inputs."""
+    ptrs = [o.data.ptr for o in outs]
+    group.run_ptrs(ptrs, ptrs, group.prog.compute.out_elems, group.prog.compute.dtype, "sum", stream,
+                   compute=[[a.data.ptr for a in per_rank] for per_rank in ins])
+
+
+def run_fused_checked(group, seed: int = 0, repeat: int = 1, stream=None) -> CheckResult:
+    """Checked calls of a fused IR (virtual ranks or this process's rank): seeded compute
+    inputs, poisoned outputs, each rank's result within the simulator's bound of the unfused
+    reference (NaN -- an element never written -- counts as wrong)."""
+    import cupy
+
+    inputs, pairs = fused_case(group.prog, seed)
+    dtype = group.prog.compute.dtype
+    res = CheckResult()
+    for _ in range(repeat):
+        ins, outs = fused_buffers(group, inputs)
+        run_fused(group, ins, outs, stream)
+        group.check()
+        res = CheckResult()
+        for r, out in zip(group.ranks, outs):
+            with cupy.cuda.Device(group.rank_device(r)):
+                got = out.get().view(dtype_info(dtype).np).astype(np.float64)
+            expected, tol = pairs[r]
+            bad = np.flatnonzero(~(np.abs(got - expected) <= tol))
+            first = None
+            if bad.size:
+                i = int(bad[0])
+                first = f"rank {r} output[{i}] = {got[i]!r}, expected {expected[i]!r} ({bad.size} wrong on this rank)"
+            res.add(CheckResult(checked=got.size, wrong=int(bad.size), first=first))
+    return res

@@ -7,10 +7,11 @@ from functools import lru_cache
 from typing import Dict, List, Optional, Sequence
 
 from gc3.dtypes import dtype_info
+from gc3.errors import GC3Error
 from gc3.ir import Program
 
-from . import faults, streams
-from .binding import Copy, Shape, bind, call_shape
+from . import abi, faults, streams
+from .binding import Binding, Copy, Shape, bind, call_shape
 from .connections import tile_split
 from .launcher import Executor, Launch
 from .tables import Tables
@@ -94,16 +95,49 @@ class LaunchGroup:
             pool[rank] = buf
         return buf.data.ptr
 
+    def _compute_table(self, compute, in_elems: int, dtype: str, cs: int) -> List[int]:
+        """A fused IR's part of the buffer table: zeros up to GC3_MAX_BUFS, then per rank of the
+        group its compute input addresses (kernels/common.cuh, GC3_CMP_PTRS).  Refuses a call the
+        compute steps would evaluate out of shape, naming what differs."""
+        spec = self.prog.compute
+        where = f"{self.prog.name} ({spec.op} + {self.prog.coll})"
+        if compute is None or len(compute) != len(self.ranks):
+            raise GC3Error(f"{where}: a fused program's call needs the compute inputs "
+                           f"({', '.join(spec.names)}) of each of its {len(self.ranks)} rank(s) here")
+        if dtype != spec.dtype:
+            raise GC3Error(f"{where}: the program computes in {spec.dtype}; the call is {dtype}")
+        if in_elems != spec.out_elems:
+            raise GC3Error(f"{where}: the operator fills {spec.out_elems} elements per rank; the call has {in_elems}")
+        _, _, unit = spec.split()
+        if any(u * unit != cs for u in self.tables.chunk_units):
+            raise GC3Error(f"{where}: compute steps fill chunks of {sorted(u * unit for u in self.tables.chunk_units)} "
+                           f"elements but {in_elems} elements make chunks of {cs}")
+        width = abi.C["GC3_CMP_PTRS"]
+        table = [0] * abi.C["GC3_MAX_BUFS"]
+        for k, ptrs in enumerate(compute):
+            if len(ptrs) != len(spec.names) or len(ptrs) > width:
+                raise GC3Error(f"{where}: rank {self.ranks[k]} gives {len(ptrs)} compute input(s); "
+                               f"the operator reads {', '.join(spec.names)}")
+            table += [int(p) for p in ptrs] + [0] * (width - len(ptrs))
+        return table
+
     def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                 stream: int, captured: bool = False) -> "PreparedCall":
+                 stream: int, captured: bool = False, compute=None) -> "PreparedCall":
         info = dtype_info(dtype)
         itemsize = info.np.itemsize
         lay, shape = self._shape(in_elems, itemsize)
+        if self.prog.fused:
+            cmp_table = self._compute_table(compute, in_elems, info.name, lay.cs)
+        elif compute is not None:
+            raise GC3Error(f"{self.prog.name}: compute inputs given to a program without compute steps")
         ptrs: List[int] = []
         pre: List[Copy] = []
         post: List[Copy] = []
+        # Compute steps fill the buffers: a fused program that never names `i` gets no address
+        # bound to it (binding an unused input would cost an out-of-place program a copy per call).
+        no_input = self.prog.fused and not self.tables.uses_input
         for k, r in enumerate(self.tables.ranks):
-            b = bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize)
+            b = Binding(0, out_ptrs[k]) if no_input else bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize)
             if b.temp_bytes:
                 b = bind(self.prog, lay, r, in_ptrs[k], out_ptrs[k], itemsize,
                          temp_ptr=self._grown(self._temp, r, b.temp_bytes, stream, captured))
@@ -111,26 +145,31 @@ class LaunchGroup:
             post += [b.post] if b.post else []
             scratch = self._grown(self._scratch, r, self.prog.gpu(r).s_chunks * shape.cs * itemsize, stream, captured)
             ptrs.extend((b.i, b.o, scratch))
+        if self.prog.fused:
+            ptrs += cmp_table[len(ptrs):]
         keep = (self._scratch.copy(), self._temp.copy())
         bufs = self.executor.buffer_table(tuple(ptrs), stream, captured)
         return PreparedCall(self.executor.prepare(info.name, op, bufs, shape), pre, post, shape, keep)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                 stream=None) -> None:
+                 stream=None, compute: Optional[Sequence[Sequence[int]]] = None) -> None:
         """Enqueue one call on raw device addresses (one per rank of the group),
         on `stream` (a CuPy stream, a raw handle, or None for CuPy's current one).
+        A fused program's call also takes, per rank, the addresses of its compute
+        inputs in the operator's order (`gc3.ir.ComputeSpec.names`).
         Everything but the launch itself is cached per (addresses, size, dtype, op).
         A call on a stream capturing a CUDA graph is captured (streams.py, point 6)."""
         ptr = streams.handle(stream)
         captured = streams.is_capturing(ptr)
         self.executor.order.enter(ptr, captured)
-        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op)
+        cmp = None if compute is None else tuple(tuple(int(p) for p in ptrs) for ptrs in compute)
+        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, cmp)
         call = self._prepared.get(key)
         if call is None:
             if len(self._prepared) > 1024:
                 self.executor.order.retire(self._prepared)
                 self._prepared = {}
-            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr, captured)
+            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr, captured, cmp)
             self._prepared[key] = call
         if captured:
             self._captured[id(call)] = call

@@ -71,7 +71,10 @@ class Launch:
         self.ex = ex
         self.fn = k.kernel.ptr
         self.grid, self.block, self.coop = ex.tables.nblocks, nt, coop
-        self.args = _Args(ex.plan.data.ptr, ex.rows.data.ptr, ex.row_words, bufs.data.ptr, bufs.size,
+        # A fused call's table goes on past GC3_MAX_BUFS (the compute inputs, read from global
+        # memory); the kernel copies only the i/o/s entries into shared memory.
+        nbufs = min(bufs.size, abi.C["GC3_MAX_BUFS"])
+        self.args = _Args(ex.plan.data.ptr, ex.rows.data.ptr, ex.row_words, bufs.data.ptr, nbufs,
                           ex.abort_word, shape.unit, shape.cs, shape.cpb, shape.T, shape.ntiles)
         base = ctypes.addressof(self.args)
         self.params = (ctypes.c_void_p * len(_Args._fields_))(
@@ -143,7 +146,7 @@ class Executor:
         key = (dtype, op)
         if key not in self._kernels:
             coop = module.cooperative_default()
-            k = module.kernel(dtype, op, self.proto, self.device.id, coop, self.trace_on)
+            k = module.kernel(dtype, op, self.proto, self.device.id, coop, self.trace_on, self.tables.prog.fused)
             self._kernels[key] = (k, self._threads(k), coop)
         return self._kernels[key]
 

@@ -36,9 +36,11 @@ def trace_enabled() -> bool:
     return os.environ.get("GC3_TRACE", "0") not in ("", "0")
 
 
-def options(dtype: str, op: str, proto: str, trace: bool = False) -> Tuple[str, ...]:
+def options(dtype: str, op: str, proto: str, trace: bool = False, compute: bool = False) -> Tuple[str, ...]:
+    """`compute`: with the compute opcodes (a fused IR's group; prims_compute.cuh says why not always)."""
     debug = ("-lineinfo",) if os.environ.get("GC3_NVRTC_LINEINFO") else ()
     debug += ("-DGC3_TRACE",) if trace else ()
+    debug += ("-DGC3_COMPUTE",) if compute else ()
     return debug + ("-std=c++17",
             f"-DGC3_DTYPE={abi.DTYPE[dtype]}", f"-DGC3_REDOP={abi.REDOP[op]}", f"-DGC3_PROTO={abi.PROTO[proto]}",
             f"-DGC3_MAX_FANIN={limits.MAX_REDUCE_FANIN}", f"-DGC3_MAX_THREADS={MAX_THREADS}",
@@ -51,33 +53,43 @@ def cooperative_default() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(dtype: str, op: str, proto: str, device: int, cooperative: bool = True, trace: bool = False):
+def kernel(dtype: str, op: str, proto: str, device: int, cooperative: bool = True, trace: bool = False,
+           compute: bool = False):
     """The compiled interpreter for the current device (`device` is part of the cache key)."""
     import cupy
 
-    mod = cupy.RawModule(code=source(), options=options(dtype, op, proto, trace),
+    mod = cupy.RawModule(code=source(), options=options(dtype, op, proto, trace, compute),
                          enable_cooperative_groups=cooperative)
     return mod.get_function(KERNEL_NAME)
 
 
-def _compile_one(variant: Tuple[str, str, str]) -> str:
+def _compile_one(variant: Tuple[str, str, str, bool]) -> str:
     import time
 
+    dtype, op, proto, compute = variant
+    name = "/".join(variant[:3]) + ("/compute" if compute else "")
     t0 = time.perf_counter()
     try:
-        kernel(*variant, device=0, cooperative=cooperative_default()).kernel  # noqa: B018  (compiles and loads)
+        kernel(dtype, op, proto, device=0, cooperative=cooperative_default(), trace=trace_enabled(),
+               compute=compute).kernel  # noqa: B018  (compiles and loads)
     except Exception as exc:  # reported, so that one bad variant does not hide the others
-        return f"{'/'.join(variant)} FAILED: {type(exc).__name__}: {exc}"
-    return f"{'/'.join(variant)} {time.perf_counter() - t0:.1f}s"
+        return f"{name} FAILED: {type(exc).__name__}: {exc}"
+    return f"{name} {time.perf_counter() - t0:.1f}s"
 
 
-def warm(jobs: int = 8) -> None:
-    """Compile every dtype x op x protocol in parallel processes, filling
-    CuPy's on-disk cache, so that later processes only load binaries."""
+# The builds a fused IR's group uses: compute opcodes, float types, sum (tables.COMPUTE_DTYPES).
+FUSED_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def warm(jobs: int = 8, fused_only: bool = False) -> None:
+    """Compile every dtype x op x protocol and the fused programs' builds (or only those) in
+    parallel processes, filling CuPy's on-disk cache, so that later processes only load
+    binaries (GC3_TRACE=1: the trace builds)."""
     import itertools
     import multiprocessing
 
-    variants = list(itertools.product(abi.DTYPE, abi.REDOP, abi.PROTO))
+    variants = [] if fused_only else [v + (False,) for v in itertools.product(abi.DTYPE, abi.REDOP, abi.PROTO)]
+    variants += [(dt, "sum", proto, True) for dt in FUSED_DTYPES for proto in abi.PROTO]
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:
         for line in pool.imap_unordered(_compile_one, variants):
             print(line, flush=True)
@@ -86,4 +98,5 @@ def warm(jobs: int = 8) -> None:
 if __name__ == "__main__":
     import sys
 
-    warm(int(sys.argv[1]) if len(sys.argv) > 1 else 8)
+    args = [a for a in sys.argv[1:] if a != "--fused"]
+    warm(int(args[0]) if args else 8, fused_only="--fused" in sys.argv[1:])

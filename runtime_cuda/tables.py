@@ -8,7 +8,10 @@ Three things happen on the way:
   stood for (the TB's previous real step plus the nop's own waits);
 * waits are reduced to one (block, device step) per other TB, the latest;
 * runs of `re` steps into the same destination are fused into one pass of up
-  to gc3.limits.MAX_REDUCE_FANIN sources, where nothing waits in between.
+  to gc3.limits.MAX_REDUCE_FANIN sources, where nothing waits in between;
+* a compute step (fused IR) gets its operands in the extras table: its range
+  of the operator's split axis and the operator's dimensions
+  (GC3_CMP_EXTRA_PAIRS in kernels/common.cuh).
 
 Connections are (sender rank, receiver rank, channel); a launch group (all
 ranks for virtual ranks, one rank per process) gets the send- and
@@ -23,7 +26,7 @@ import numpy as np
 
 from gc3 import limits
 from gc3.errors import FifoOrderError, IRStructureError, LimitError, NotOnDeviceError
-from gc3.ir import OPCODES, Program, Step, local_input, local_output
+from gc3.ir import OPCODES, ComputeArgs, Program, Step, local_input, local_output
 from gc3.ir.opcodes import NOT_ON_DEVICE
 from gc3.verify import runtime_limits, structure
 
@@ -44,6 +47,7 @@ class DeviceStep:
     waits: Dict[int, int]               # tb id -> xml step index of a real step
     origs: List[int]                    # xml step indices folded into this row
     signal: bool = False
+    compute: Optional[ComputeArgs] = None   # a compute step's operands
 
 
 @dataclass
@@ -59,6 +63,9 @@ class Tables:
     max_cnt: int                        # largest cnt of any transfer in the whole program
     blocks: List[Tuple[int, int]]       # (rank, tb id) of each block
     device_steps: List[List[DeviceStep]] = field(default_factory=list)   # per block
+    chunk_units: FrozenSet[int] = frozenset()   # split-axis units per chunk of the compute steps (fused IR)
+    uses_input: bool = True             # some step of these blocks reads or writes buffer i
+
 
     @property
     def nblocks(self) -> int:
@@ -200,7 +207,7 @@ def device_steps(prog: Program, rank: int) -> Dict[int, List[DeviceStep]]:
             if st.type == "nop":
                 continue
             out.append(DeviceStep(op=st.type, cnt=st.cnt, inp=local_input(st, conv), out=local_output(st, conv),
-                                  extras=[], waits=_latest(pending, tb.id), origs=[k]))
+                                  extras=[], waits=_latest(pending, tb.id), origs=[k], compute=st.compute))
             pending = set()
         rows[tb.id] = out
     waited = {(t, k) for steps in rows.values() for ds in steps for t, k in ds.waits.items()}
@@ -248,6 +255,32 @@ def refuse_not_on_device(prog: Program) -> None:
                         f"runtime has no opcode for yet (a fused IR: `gc3 simulate` runs it on the CPU)")
 
 
+# The storage types the compute opcodes are built for (prims_compute.cuh).
+COMPUTE_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def compute_pairs(prog: Program, rank: int, tbid: int, ds: DeviceStep) -> List[List[int]]:
+    """A compute step's GC3_CMP_EXTRA_PAIRS extras rows: [col0, col1], then the operator's
+    dimensions.  structure.check has put its operands inside the operator; refused here is what
+    the kernel in particular cannot evaluate, naming the step."""
+    spec, args = prog.compute, ds.compute
+    where = f"{prog.name}: rank {rank} tb {tbid} step {ds.origs[-1]} ({ds.op})"
+    if spec.dtype not in COMPUTE_DTYPES:
+        raise NotOnDeviceError(f"{where}: the interpreter's {spec.op} computes in {', '.join(COMPUTE_DTYPES)}, "
+                               f"not {spec.dtype}")
+    axis, length, _ = spec.split()
+    if ds.out is None or (args.col1 - args.col0) % ds.cnt:
+        raise IRStructureError(f"{where}: {axis}s [{args.col0}, {args.col1}) do not split into its {ds.cnt} dst "
+                               f"chunk(s)")
+    dims = list(getattr(spec, f"{spec.op}_dims")())
+    if max(dims + [length]) > limits.INT32_MAX:
+        raise LimitError(f"{where}: operator dimensions {dims} do not fit the kernel's int32 fields")
+    pairs = abi.C["GC3_CMP_EXTRA_PAIRS"]
+    flat = [args.col0, args.col1] + dims
+    flat += [0] * (2 * pairs - len(flat))
+    return [flat[i:i + 2] for i in range(0, 2 * pairs, 2)]
+
+
 def build(prog: Program, ranks: Optional[Sequence[int]] = None) -> Tables:
     """Tables for the blocks of `ranks` (default: every rank, for virtual ranks)."""
     refuse_not_on_device(prog)
@@ -272,6 +305,7 @@ def build(prog: Program, ranks: Optional[Sequence[int]] = None) -> Tables:
     recv_idx = {k: i for i, k in enumerate(recvs)}
 
     tb_rows, step_rows, dep_rows, extra_rows = [], [], [], []
+    units: set = set()
     for b, ((r, tbid), steps) in enumerate(zip(blocks, per_block)):
         if len(steps) >= 1 << abi.STEP_BITS:
             raise LimitError(f"rank {r} TB {tbid}: {len(steps)} device steps, more than {(1 << abi.STEP_BITS) - 1}")
@@ -288,6 +322,9 @@ def build(prog: Program, ranks: Optional[Sequence[int]] = None) -> Tables:
                 dep_rows.append([target, _device_index(per_block[target], k)])
             extra_start = len(extra_rows)
             extra_rows.extend([abi.BUF[buf], off] for buf, off in ds.extras)
+            if info.compute:
+                extra_rows.extend(compute_pairs(prog, r, tbid, ds))
+                units.add((ds.compute.col1 - ds.compute.col0) // ds.cnt)
             inp = ds.inp or (None, 0)
             out = ds.out or (None, 0)
             step_rows.append([abi.OPCODE[ds.op], flags, ds.cnt, abi.BUF[inp[0]], inp[1], abi.BUF[out[0]], out[1],
@@ -296,7 +333,10 @@ def build(prog: Program, ranks: Optional[Sequence[int]] = None) -> Tables:
         prog=prog, ranks=ranks,
         tbs=_array(tb_rows, abi.TB_NFIELDS), steps=_array(step_rows, abi.ST_NFIELDS),
         deps=_array(dep_rows, 2), extras=_array(extra_rows, 2),
-        sends=sends, recvs=recvs, max_cnt=max_transfer_cnt(prog), blocks=blocks, device_steps=per_block)
+        sends=sends, recvs=recvs, max_cnt=max_transfer_cnt(prog), blocks=blocks, device_steps=per_block,
+        chunk_units=frozenset(units),
+        uses_input=any(op is not None and op[0] == "i" for steps in per_block for ds in steps
+                       for op in [ds.inp, ds.out] + ds.extras))
 
 
 def _device_index(steps: List[DeviceStep], xml_index: int) -> int:

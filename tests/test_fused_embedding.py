@@ -10,7 +10,7 @@ import pytest
 from gc3 import Check, GC3Program, embedding_bag
 from gc3.collectives import EmbeddingBagAllToAll, GemvAllReduce
 from gc3.compiler.pipeline import lower
-from gc3.errors import NotOnDeviceError, PostconditionError, SemanticError, TraceError
+from gc3.errors import IRStructureError, PostconditionError, SemanticError, TraceError
 from gc3.ir.opcodes import COMPUTE, NOT_ON_DEVICE
 from gc3.ir.xml_io import from_xml, to_xml
 from gc3.simulator import simulate
@@ -52,8 +52,8 @@ def test_default_arguments_compile_and_round_trip(default):
     assert len(steps) == 4 * 4 * 2 and {st.compute.inputs for st in steps} == {("tables", "indices", "offsets")}
 
 
-def test_opcode_row_is_cpu_only():
-    assert "ebag" in COMPUTE and "ebag" in NOT_ON_DEVICE
+def test_opcode_row_is_on_the_device():
+    assert "ebag" in COMPUTE and "ebag" not in NOT_ON_DEVICE
 
 
 def _shifted(prog, by):
@@ -116,10 +116,22 @@ def test_dsl_checks():
             embedding_bag(0, "scratch", 0, rows=n)
 
 
-def test_runtime_tables_refuse_naming_the_opcode(default):
+def test_runtime_tables_carry_the_compute_operands(default):
+    """ebag device steps point at their sample range and (T, rows, dim, nnz, B); the program never
+    names buffer i (the runtime binds no input), and a step reading other inputs is refused."""
     tables = pytest.importorskip("runtime_cuda.tables")
-    with pytest.raises(NotOnDeviceError, match="'ebag' step"):
-        tables.build(default)
+    from runtime_cuda import abi
+    t = tables.build(default)
+    dims = list(default.compute.ebag_dims())
+    rows = t.steps[t.steps[:, abi.field("ST", "OP")] == abi.OPCODE["ebag"]]
+    assert len(rows) == 4 * 4 * 2
+    for row in rows:
+        ex = t.extras[row[abi.field("ST", "EXTRA_START")]:][:abi.C["GC3_CMP_EXTRA_PAIRS"]].reshape(-1)
+        assert list(ex[2:7]) == dims and ex[1] - ex[0] == 2
+    assert t.chunk_units == {2} and not t.uses_input
+    bad = from_xml(to_xml(default).replace('inputs="tables,indices,offsets"', 'inputs="tables,offsets,indices"', 1))
+    with pytest.raises(IRStructureError, match="ebag.*reads compute inputs tables,offsets,indices"):
+        tables.build(bad)
 
 
 def test_cli_simulate_and_check(tmp_path, default):

@@ -10,7 +10,7 @@ import pytest
 from gc3 import GC3Program, Check, chunk, gemv
 from gc3.collectives import AllReduce, GemvAllReduce
 from gc3.compiler.pipeline import lower
-from gc3.errors import (IRFormatError, LoweringError, NotOnDeviceError, PostconditionError, SemanticError,
+from gc3.errors import (IRFormatError, IRStructureError, LoweringError, NotOnDeviceError, PostconditionError, SemanticError,
                         TraceError, UninitializedChunkError)
 from gc3.ir.opcodes import COMPUTE, DEVICE_OPCODES, NOT_ON_DEVICE
 from gc3.ir.xml_io import from_xml, to_xml
@@ -84,11 +84,13 @@ def test_shifted_compute_step_is_wrong_in_check_and_simulate(twoshot, col_shift,
     assert not res.ok and res.wrong > 0 and "unfused reference" in res.errors[0]
 
 
-def test_first_send_waits_for_its_own_chunk_only(twoshot):
+@pytest.mark.parametrize("compute_tbs", [0, 4])
+def test_first_send_waits_for_its_own_chunk_only(twoshot, compute_tbs):
     """The fused property: some send's happens-before set (program order in its
     threadblock, depid waits, received messages) holds exactly one gemv, of the
-    chunk it sends; and no rank's sends all wait for every gemv of the rank."""
-    prog = twoshot
+    chunk it sends; and no rank's sends all wait for every gemv of the rank.  Also
+    with the gemv steps on compute TBs of their own (the send then waits on one by depid)."""
+    prog = twoshot if not compute_tbs else lower(_algo()(4, 1, 512, 2048, 8, 2, compute_tbs))
     steps = {(g.id, tb.id, k): st for g in prog.gpus for tb in g.threadblocks for k, st in enumerate(tb.steps)}
     tbs = {(g.id, tb.id): tb for g in prog.gpus for tb in g.threadblocks}
     # k-th send on a connection -> k-th receive
@@ -152,15 +154,39 @@ def test_fused_programs_refuse_replication():
         lower(_algo()(2, 1, 16, 32, 2, 2), instances=2)
 
 
-def test_opcode_table_marks_gemv_as_cpu_only():
-    assert "gemv" in COMPUTE and "gemv" in NOT_ON_DEVICE and "gemv" not in DEVICE_OPCODES
+def test_opcode_table_marks_gemv_as_a_device_compute_opcode():
+    assert "gemv" in COMPUTE and "gemv" not in NOT_ON_DEVICE and "gemv" in DEVICE_OPCODES
     assert "nop" not in NOT_ON_DEVICE      # folded by the runtime, not refused
 
 
-def test_runtime_tables_refuse_a_fused_ir_naming_the_opcode(twoshot):
+def test_runtime_tables_carry_the_compute_operands(twoshot):
+    """Each gemv device step points at GC3_CMP_EXTRA_PAIRS extras rows: its column range, then
+    (batch, K, N); a range outside the operator, or the wrong inputs, is refused naming the step."""
     tables = pytest.importorskip("runtime_cuda.tables")
-    with pytest.raises(NotOnDeviceError, match="'gemv' step"):
-        tables.build(twoshot)
+    from runtime_cuda import abi
+    t = tables.build(twoshot)
+    batch, k, n = twoshot.compute.gemv_dims()
+    pairs = abi.C["GC3_CMP_EXTRA_PAIRS"]
+    rows = t.steps[t.steps[:, abi.field("ST", "OP")] == abi.OPCODE["gemv"]]
+    assert len(rows) == 4 * 8 and not rows[:, abi.field("ST", "NEXTRA")].any()
+    cols = set()
+    for row in rows:
+        ex = t.extras[row[abi.field("ST", "EXTRA_START")]:][:pairs].reshape(-1)
+        assert list(ex[2:]) == [batch, k, n, 0, 0, 0] and ex[1] - ex[0] == n // 8
+        cols.add((int(ex[0]), int(ex[1])))
+    assert cols == {(j * n // 8, (j + 1) * n // 8) for j in range(8)}
+    assert t.chunk_units == {n // 8} and t.uses_input      # in place: the compute writes the i/o buffer
+    with pytest.raises(IRStructureError, match=r"gemv\): columns \[1793, 2049\) outside"):
+        tables.build(_out_of_range(twoshot))
+
+
+def _out_of_range(prog):
+    text = to_xml(prog)
+    n = prog.compute.gemv_dims()[2]
+    st = next(st for g in prog.gpus for tb in g.threadblocks for st in tb.steps
+              if st.type == "gemv" and st.compute.col1 == n)
+    old = f'col0="{st.compute.col0}" col1="{st.compute.col1}"'
+    return from_xml(text.replace(old, f'col0="{st.compute.col0 + 1}" col1="{st.compute.col1 + 1}"', 1))
 
 
 def test_catalog_skips_a_fused_ir_with_a_reason(tmp_path, twoshot):
@@ -171,7 +197,7 @@ def test_catalog_skips_a_fused_ir_with_a_reason(tmp_path, twoshot):
     index.write_text('{"version": 1, "algorithms": [{"file": "gemv_ar.xml", "collective": "allreduce", '
                      '"ranks": 4}]}')
     cands, skipped = catalog.check_config(index, env={})
-    assert not cands and len(skipped) == 1 and "'gemv' step" in skipped[0], skipped
+    assert not cands and len(skipped) == 1 and "fused IR (gemv + allreduce)" in skipped[0], skipped
 
 
 def test_simulate_cli_runs_a_fused_ir_with_no_options(tmp_path, twoshot):

@@ -100,4 +100,4 @@ def test_derived_sets_are_the_ones_the_layers_used_to_list():
     from gc3.ir.opcodes import DEVICE_OPCODES, FUSED, RECVS, SEND_FUSION, SENDS
     assert RECVS == {"r", "rcs", "rrc", "rrs", "rrcs"} and SENDS == {"s", "rcs", "rrs", "rrcs"}
     assert FUSED == {"rcs", "rrs", "rrcs"} and SEND_FUSION == {"r": "rcs", "rrc": "rrcs"}
-    assert DEVICE_OPCODES == ("s", "r", "rcs", "rrc", "rrs", "rrcs", "cpy", "re")
+    assert DEVICE_OPCODES == ("s", "r", "rcs", "rrc", "rrs", "rrcs", "cpy", "re", "gemv", "ebag")

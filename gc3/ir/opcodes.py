@@ -45,11 +45,11 @@ OPCODES: Dict[str, OpcodeInfo] = {
     "re": OpcodeInfo(recv=False, send=False, reduce=True, writes=True, local_in="src", reads_dst=True),
     "nop": OpcodeInfo(recv=False, send=False, reduce=False, writes=False, device=False, folded=True),
     # gc3 extension (a fused="1" IR): dst chunks <- columns [col0, col1) of x @ w for this rank's
-    # shard.  No interpreter opcode yet (issue 16), so the runtime refuses an IR that has one.
-    "gemv": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemv"),
+    # shard (runtime_cuda/kernels/prims_compute.cuh).
+    "gemv": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, compute="gemv"),
     # gc3 extension: dst chunks <- pooled rows (samples [col0, col1)) of this rank's embedding
-    # tables (embedding-bag sum); CPU only, like gemv.
-    "ebag": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="ebag"),
+    # tables (embedding-bag sum).
+    "ebag": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, compute="ebag"),
 }
 
 # --- what each opcode computes: the normative meaning of a step -----------------

@@ -75,6 +75,8 @@ def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout,
     try:
         mode = _mode(mode, _world_size())
         prog = read_xml(xml)
+        if prog.fused and mode == "peer":
+            raise GC3Error(f"{prog.name} is a fused IR ({prog.compute.op}): it runs in --mode virtual or ipc")
         # Nothing unproven reaches a GPU: a wrong IR could hang it or return wrong data.
         verify(prog)
     except GC3Error as exc:
@@ -113,6 +115,8 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
         group = VirtualRanks(prog, proto=proto, timeout=timeout)
         where = f"{prog.ngpus} virtual ranks on one GPU"
         lead = True
+    if prog.fused:
+        return _run_fused(prog, group, iters, warmup, check, mode)
     n = in_elems_for(prog, parse_size(size), itemsize)
     nbytes = nbytes_of(prog, n, itemsize)
     say = click.echo if lead else (lambda *a, **k: None)
@@ -141,6 +145,44 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
     algbw = nbytes / us / 1e3
     say(f"time {us:.1f} us  algbw {algbw:.2f} GB/s  busbw {algbw * bus_factor(prog.coll, prog.ngpus):.2f} GB/s "
         f"({iters} iterations)")
+    if hasattr(group, "close"):
+        group.close()
+    if not ok:
+        raise GC3Error("wrong results (see above)")
+
+
+def _run_fused(prog, group, iters, warmup, check, mode):
+    """A fused IR: its operator's shapes and dtype are the XML's (--size and --dtype do not
+    apply); seeded compute inputs, checked against the unfused reference, then timed."""
+    import cupy
+
+    from runtime_cuda.checking import fused_buffers, fused_case, run_fused, run_fused_checked
+
+    lead = getattr(group, "rank", 0) == 0
+    say = click.echo if lead else (lambda *a, **k: None)
+    spec = prog.compute
+    say(f"{prog.name}: {spec.op} + {prog.coll}, {prog.ngpus} ranks ({mode}), {group.proto} protocol, "
+        f"{spec.dtype}, operator inputs {', '.join(f'{n} {list(s)}' for n, s in spec.inputs)}")
+    ok = True
+    if check:
+        res = run_fused_checked(group)
+        ok = res.wrong == 0
+        click.echo(f"check{'' if lead else f' (rank {group.ranks[0]})'}: {res.wrong} wrong of "
+                   f"{res.checked} elements{'' if ok else ': ' + str(res.first)}")
+    ins, outs = fused_buffers(group, fused_case(prog)[0])
+    for _ in range(warmup):
+        run_fused(group, ins, outs)
+    group.check()
+    if hasattr(group, "comm"):
+        group.comm.Barrier()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for _ in range(iters):
+        run_fused(group, ins, outs)
+    stop.record()
+    stop.synchronize()
+    group.check()
+    say(f"time {cupy.cuda.get_elapsed_time(start, stop) * 1e3 / max(iters, 1):.1f} us per call ({iters} iterations)")
     if hasattr(group, "close"):
         group.close()
     if not ok:

@@ -17,6 +17,8 @@ typedef long long i64;
 #define GC3_OP_RRCS 6
 #define GC3_OP_CPY 7
 #define GC3_OP_RE 8
+#define GC3_OP_GEMV 9        // compute steps of a fused="1" IR (prims_compute.cuh)
+#define GC3_OP_EBAG 10
 
 // Bits of a step descriptor's GC3_ST_FLAGS field.
 #define GC3_F_RECV 1
@@ -122,6 +124,16 @@ typedef long long i64;
 #define GC3_HOT_WORDS 4096
 // Per-call buffer table entries a launch can hold (3 per rank of the group).
 #define GC3_MAX_BUFS 192
+// A fused IR's call also passes each rank's compute inputs (gemv: x, w; ebag:
+// tables, indices, offsets): GC3_CMP_PTRS addresses per rank slot, in the
+// operator's input order, from entry GC3_MAX_BUFS of the same table on (read
+// from global memory by compute steps only, so the shared copy stays small).
+#define GC3_CMP_PTRS 4
+// A compute step's operands, in the extras table from its GC3_ST_EXTRA_START
+// (its GC3_ST_NEXTRA stays 0): pair 0 = [col0, col1) of the operator's split
+// axis, pairs 1..3 = the operator's dimensions (gemv: batch, K, N; ebag: T,
+// rows, dim, nnz, B), zero-padded.
+#define GC3_CMP_EXTRA_PAIRS 4
 
 // u64 fields of one connection record (send side and receive side alike);
 // block_rows.py copies them into the rows of the blocks that own them.

@@ -8,6 +8,7 @@
 #include "prims_simple.cuh"
 #include "prims_ll.cuh"
 #include "prims_ll128.cuh"
+#include "prims_compute.cuh"
 
 #ifndef GC3_PROTO
 #define GC3_PROTO GC3_PROTO_SIMPLE
@@ -127,6 +128,27 @@ __device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st
   return true;
 }
 
+#ifdef GC3_HAS_COMPUTE
+// A compute step (gemv, ebag): its operator for this tile of each of its cnt dst
+// chunks, straight into them.  Operands: GC3_CMP_EXTRA_PAIRS pairs in the extras
+// table ([col0, col1), then the operator's dimensions); `cmp` the rank's
+// compute input addresses.  Chunk k holds split-axis units col0 + k*per ..
+__device__ __forceinline__ void compute_step(const StepCtx& c, const int* st, const u64* cmp) {
+  const int* ex = c.P->extras + 2 * st[GC3_ST_EXTRA_START];
+  const int col0 = ex[0], cnt = st[GC3_ST_CNT];
+  const int per = (ex[1] - col0) / cnt;
+  for (int k = 0; k < cnt; ++k) {
+    const Operand d = chunk_operand<16>(c.base, st[GC3_ST_OUT_BUF], st[GC3_ST_OUT_OFF] + k, c.sh, c.lane0, c.n);
+    const i64 first = (i64)col0 + (i64)k * per;
+    if (st[GC3_ST_OP] == GC3_OP_GEMV)
+      gemv_tile((const elem_t*)cmp[0], (const elem_t*)cmp[1], ex[2], ex[3], ex[4], first, per, d.p, c.lane0, d.valid);
+    else
+      ebag_tile((const elem_t*)cmp[0], (const int*)cmp[1], (const int*)cmp[2], ex[2], ex[3], ex[4], ex[5], ex[6],
+                first, d.p, c.lane0, d.valid);
+  }
+}
+#endif
+
 // The wait list of a device step: the first GC3_DS_INLINE_DEPS inline, the rest in P.deps.
 __device__ __forceinline__ const int* dep_at(const Plan& P, const int* st, int d) {
   return d < GC3_DS_INLINE_DEPS ? st + GC3_DS_DEP0 + 2 * d
@@ -143,7 +165,8 @@ struct BlockState {
 
 // Runs one block's threadblock to the end of the call.  `row` is the
 // block's row in shared memory (GC3_BK_*); `cold` its steps beyond the row.
-__device__ void run_tb(const Plan& P, const int* row, const u64* bufs, const Shape& sh, int ntiles,
+// `gbufs` is the call's buffer table in global memory (compute input addresses).
+__device__ void run_tb(const Plan& P, const int* row, const u64* bufs, const u64* gbufs, const Shape& sh, int ntiles,
                        BlockState& bs) {
   const u64* q = (const u64*)row;
   const int nsteps = row[GC3_BK_NSTEPS], nhot = row[GC3_BK_NHOT];
@@ -220,6 +243,11 @@ __device__ void run_tb(const Plan& P, const int* row, const u64* bufs, const Sha
         case GC3_OP_RRS: case GC3_OP_RRCS: case GC3_OP_CPY: case GC3_OP_RE:
           ok = copy_reduce_step(c, st, extra);
           break;
+        case GC3_OP_GEMV: case GC3_OP_EBAG:
+#ifdef GC3_HAS_COMPUTE
+          compute_step(c, st, gbufs + GC3_MAX_BUFS + GC3_CMP_PTRS * rank_slot);
+#endif
+          break;
         default:  // the host emits no other opcode
           break;
       }
@@ -289,7 +317,7 @@ gc3_interpreter(const Plan* plan, int* rows, int row_words, const u64* bufs, int
   sh.cs = cs;
   sh.cpb = cpb;
   sh.T = T;
-  run_tb(P, row, sbufs, sh, ntiles, bs);
+  run_tb(P, row, sbufs, bufs, sh, ntiles, bs);
   __syncthreads();
   if (threadIdx.x == 0) {
     u64* gq = (u64*)grow;

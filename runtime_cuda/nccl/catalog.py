@@ -290,8 +290,11 @@ def _candidate(path: Path, origin: str, s: _Settings, cache: Optional[Path] = No
             raise CatalogEntryError(f"entry says {field}={want!r} but {path} has {field}={have!r}")
     if prog.coll not in COLLECTIVES:
         raise CatalogEntryError(f"{path}: collective {prog.coll!r} has no NCCL call (NCCL has {', '.join(COLLECTIVES)})")
+    if prog.fused:
+        raise CatalogEntryError(f"{path}: a fused IR ({prog.compute.op} + {prog.coll}) is no NCCL call's algorithm: "
+                                f"its compute steps read inputs that no NCCL call passes (runtime_cuda.fused runs it)")
     from ..tables import refuse_not_on_device
-    try:    # a fused IR is not an NCCL call's algorithm, and the interpreter cannot run its compute steps
+    try:
         refuse_not_on_device(prog)
     except GC3Error as exc:
         raise CatalogEntryError(str(exc)) from None

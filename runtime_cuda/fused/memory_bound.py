@@ -1,0 +1,514 @@
+"""GEMV + AllReduce and embedding-bag + AllToAll on CuPy arrays (issue 16), fused or sequential.
+
+*Fused*: one gc3 program (algorithms/fused/gemv_allreduce.py,
+algorithms/fused/embedding_bag_alltoall.py) whose compute steps produce each
+chunk right before it is sent, run by the interpreter with the caller's arrays
+as its compute inputs.  *Sequential*: cuBLAS / CuPy computes the whole result,
+then the communicator's collective moves it.  Both give the same values up to
+rounding (fp32 accumulation either way).
+
+Ranks.  `comm` is a communicator of the drop-in
+(`runtime_cuda.nccl.NcclCommunicator`, one rank per process: the fused program
+runs as an `IpcRanks` launch group set up over the communicator's own
+rendezvous, so every rank must make the same calls in the same order), or
+`VirtualComm(n)`: n ranks in this process on this GPU (`runtime_cuda.virtual`),
+each array argument then a list of n arrays, rank r's at index r.
+
+Types: bfloat16, float16, float32 values (indices and offsets int32).  CuPy
+has no bfloat16, so a uint16 array is read as bfloat16.
+
+Path.  `path=` or GC3_FUSED: "fused" or "sequential" forces one (a fused call
+that cannot be served then raises); "auto" (the default) takes the fused path
+unless the call is one it cannot serve, or one it cannot win: the interpreter
+computes with one thread block per TB that holds compute steps, so above
+GC3_FUSED_MAX_BLOCK_BYTES (default 1 MiB) of weight/table traffic per such
+block the sequential path's full-GPU kernels are faster.  Each fall-back is
+logged with its reason at INFO (GC3_DEBUG=INFO).
+
+Compiled programs and their launch groups are cached per (operator shape,
+dtype, ranks).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import runpy
+import weakref
+from typing import Dict, List, Optional, Tuple
+
+from gc3.errors import GC3Error
+
+from .. import streams
+from ..nccl.library import ALGORITHMS_DIR
+from ..nccl.log import get_logger
+from ..tables import COMPUTE_DTYPES
+
+PATHS = ("auto", "fused", "sequential")
+DEFAULT_MAX_BLOCK_BYTES = 1 << 20
+
+
+class VirtualComm:
+    """n ranks in this process on the current GPU: every array argument is a list of n arrays."""
+
+    def __init__(self, nranks: int):
+        if int(nranks) < 1:
+            raise ValueError(f"VirtualComm needs at least one rank, got {nranks}")
+        self.nranks = int(nranks)
+        self.groups: Dict[tuple, object] = {}
+
+    def size(self) -> int:
+        return self.nranks
+
+
+# Launch groups of the communicators of the drop-in, per program key (not kept alive by us).
+_comm_groups: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_failed: Dict[tuple, str] = {}
+
+
+# --- programs ---------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def fused_program(algo: str, args: Tuple[int, ...], dtype: str):
+    """The lowered IR of algorithms/fused/<algo>.py with positional `args` and `dtype`."""
+    from gc3.compiler.pipeline import lower
+
+    fn = runpy.run_path(str(ALGORITHMS_DIR / "fused" / f"{algo}.py"))[algo]
+    return lower(fn(*args, dtype=dtype))
+
+
+def _env_int(name: str, default: int) -> int:
+    env = os.environ.get(name)
+    if not env:
+        return default
+    from gc3.units import env_number
+
+    return env_number(name, env, 0, 1 << 30, int)
+
+
+def _compute_tbs(blocks: int, ranks_here: int) -> int:
+    """Compute TBs per rank (the algorithms' S): as many as the split axis has blocks, within the
+    SMs each rank of this GPU gets, less a few for the communication TBs, rounded down to a power
+    of two so blocks share them evenly.  GC3_FUSED_COMPUTE_TBS overrides (0: compute in the
+    sending TBs)."""
+    env = os.environ.get("GC3_FUSED_COMPUTE_TBS")
+    if env:
+        return min(_env_int("GC3_FUSED_COMPUTE_TBS", 0), blocks)
+    import cupy
+
+    sms = _sm_count(cupy.cuda.Device().id)
+    room = max(1, min(blocks, sms // max(ranks_here, 1) - 8))
+    return 1 << (room.bit_length() - 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    import cupy
+
+    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+def _gemv_args(n: int, batch: int, k: int, n_out: int, ranks_here: int) -> Tuple[int, ...]:
+    """(ranks, batch, K, N, chunks, variant, compute TBs): up to GC3_FUSED_CHUNKS (32) column
+    blocks of at least 64 columns where N allows (so blocks leave while later ones compute);
+    one-shot for outputs of at most 64 KiB, whose latency a second step would dominate."""
+    most = _env_int("GC3_FUSED_CHUNKS", 32)
+    chunks = next((c for c in (32, 16, 8, 4, 2) if c <= most and n_out % c == 0 and n_out // c >= 64), 1)
+    variant = 1 if batch * n_out * 2 <= 1 << 16 else 2
+    variant = _env_int("GC3_FUSED_GEMV_VARIANT", variant)
+    return (n, batch, k, n_out, chunks, variant, _compute_tbs(chunks, ranks_here))
+
+
+def _ebag_args(n: int, t: int, rows: int, dim: int, b: int, pooling: int, ranks_here: int) -> Tuple[int, ...]:
+    """(ranks, tables, rows, dim, samples per rank, pooling, chunks, bf16 flag (unused: dtype says),
+    compute TBs): up to 4 sample blocks per rank slice."""
+    chunks = next(c for c in (4, 2, 1) if b % c == 0)
+    return (n, t, rows, dim, b, pooling, chunks, 0, _compute_tbs(n * chunks, ranks_here))
+
+
+# --- arrays -----------------------------------------------------------------------------------
+def value_dtype(a, what: str) -> str:
+    """The value type of a CuPy array (uint16 is bfloat16); ValueError for any other."""
+    name = a.dtype.name
+    name = "bfloat16" if name in ("uint16", "bfloat16") else name
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"{what}: dtype {a.dtype.name}; expected one of {', '.join(COMPUTE_DTYPES)} "
+                         f"(uint16 arrays are bfloat16)")
+    return name
+
+
+def storage(dtype: str):
+    """The CuPy dtype that holds values of `dtype`."""
+    import cupy
+
+    return cupy.dtype(cupy.uint16 if dtype == "bfloat16" else dtype)
+
+
+def to_f32(a, dtype: str):
+    """fp32 copy of an array of `dtype` values."""
+    import cupy
+
+    if dtype == "bfloat16":
+        return (a.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
+    return a.astype(cupy.float32)
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_round():
+    import cupy
+
+    # Round to nearest even, quiet NaN: what the kernel's from_acc does.
+    return cupy.ElementwiseKernel(
+        "float32 f", "uint16 h",
+        "unsigned int u = __float_as_uint(f);"
+        "h = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40)"
+        " : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
+        "gc3_f32_to_bf16")
+
+
+def from_f32(f, dtype: str, out=None):
+    """`f` (fp32) rounded to `dtype`, into `out` when given."""
+    if dtype == "bfloat16":
+        return _bf16_round()(f, out) if out is not None else _bf16_round()(f)
+    if out is None:
+        return f.astype(dtype)
+    out[...] = f
+    return out
+
+
+def matmul(x, w, dtype: str):
+    """x @ w with fp32 accumulation, in `dtype`: cuBLAS through CuPy; bfloat16 (which CuPy lacks)
+    through torch's cuBLAS on the current CuPy stream where torch is present, else widened to fp32."""
+    import cupy
+
+    if dtype != "bfloat16":
+        return cupy.matmul(x, w)
+    try:
+        import torch
+
+        device = torch.device("cuda", x.device.id)    # CuPy's device for x, which torch's current one may not be
+        before = torch.cuda.current_stream(device)
+        torch.cuda.set_stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr, device=device))
+        try:
+            y = torch.matmul(_torch_bf16(torch, x), _torch_bf16(torch, w))
+        finally:
+            torch.cuda.set_stream(before)
+        return cupy.from_dlpack(y.view(torch.int16)).view(cupy.uint16)
+    except ImportError:
+        return from_f32(cupy.matmul(to_f32(x, dtype), to_f32(w, dtype)), dtype)
+
+
+def _torch_bf16(torch, a):
+    return torch.from_dlpack(a.view("int16")).view(torch.bfloat16)
+
+
+def pool(tables, indices, offsets, dtype: str, mode: str = "sum"):
+    """CuPy gather + sum (or mean): pooled [B, T*dim] in `dtype` of one rank's tables."""
+    import cupy
+    import cupyx
+
+    t_count, _, dim = tables.shape
+    batch = offsets.shape[1] - 1
+    acc = cupy.zeros((t_count, batch, dim), cupy.float32)
+    pos = cupy.arange(indices.shape[1], dtype=cupy.int32)
+    for t in range(t_count):
+        bag = cupy.searchsorted(offsets[t, 1:], pos, side="right")   # the bag of each index position
+        used = (pos >= offsets[t, 0]) & (pos < offsets[t, -1])
+        rows = to_f32(tables[t].take(indices[t][used], axis=0), dtype)
+        cupyx.scatter_add(acc[t], bag[used], rows)
+    if mode == "mean":
+        counts = cupy.diff(offsets, axis=1).astype(cupy.float32)
+        acc /= cupy.maximum(counts, 1)[:, :, None]
+    return from_f32(acc.transpose(1, 0, 2).reshape(batch, t_count * dim), dtype)
+
+
+# --- the call's ranks -------------------------------------------------------------------------
+def _ranks(comm, arrays: Dict[str, object]) -> Tuple[int, Dict[str, list], Optional[int]]:
+    """(number of ranks, per argument the list of arrays this process holds, this process's rank or
+    None for virtual ranks)."""
+    if isinstance(comm, VirtualComm):
+        out = {}
+        for name, a in arrays.items():
+            if a is None:
+                out[name] = [None] * comm.nranks
+                continue
+            if not isinstance(a, (list, tuple)) or len(a) != comm.nranks:
+                raise ValueError(f"{name}: with VirtualComm({comm.nranks}) give a list of {comm.nranks} arrays, "
+                                 f"one per rank")
+            out[name] = list(a)
+        return comm.nranks, out, None
+    if not hasattr(comm, "rank_id"):
+        raise TypeError(f"comm must be a runtime_cuda.nccl communicator or a VirtualComm, not {type(comm).__name__}")
+    return comm.size(), {name: [a] for name, a in arrays.items()}, comm.rank_id()
+
+
+def _where(rank: Optional[int], k: int) -> str:
+    return f"rank {k if rank is None else rank}"
+
+
+def _check_array(a, what: str, ndim: int, dtype=None) -> None:
+    if not hasattr(a, "__cuda_array_interface__") or a.ndim != ndim or not a.flags.c_contiguous:
+        raise ValueError(f"{what}: expected a C-contiguous {ndim}-D CuPy array, got "
+                         f"{type(a).__name__} {getattr(a, 'shape', '')}")
+    if dtype is not None and a.dtype.name != dtype:
+        raise ValueError(f"{what}: dtype {a.dtype.name}, expected {dtype}")
+
+
+def _path(path: Optional[str]) -> str:
+    path = path or os.environ.get("GC3_FUSED", "auto") or "auto"
+    if path not in PATHS:
+        raise ValueError(f"path (or GC3_FUSED) must be one of {', '.join(PATHS)}, got {path!r}")
+    return path
+
+
+def _compute_blocks(prog) -> int:
+    """TBs of rank 0 that hold compute steps: the thread blocks the operator's work is spread over."""
+    return max(1, sum(any(st.info.compute for st in tb.steps) for tb in prog.gpu(0).threadblocks))
+
+
+@functools.lru_cache(maxsize=64)
+def _program_blocks(algo: str, args: Tuple[int, ...], dtype: str) -> int:
+    return _compute_blocks(fused_program(algo, args, dtype))
+
+
+def _group(comm, algo: str, args: tuple, dtype: str):
+    """The launch group of a fused program for `comm` (built on first use, collectively), or raise."""
+    from ..ipc import IpcRanks
+    from ..virtual import VirtualRanks
+
+    key = (algo, args, dtype)
+    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
+    if key in groups:
+        return groups[key]
+    prog = fused_program(algo, args, dtype)
+    if isinstance(comm, VirtualComm):
+        group = VirtualRanks(prog)
+    else:
+        exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
+        if exchange is None:
+            raise GC3Error("the communicator has no gc3 runtime behind it (NCCL only)")
+        group = IpcRanks(prog, exchange, device=comm.device_id())
+    groups[key] = group
+    return group
+
+
+def _decide(comm, path: str, refusal: str, algo: str, args: tuple, dtype: str, traffic: int, what: str):
+    """The fused launch group, or None for the sequential path (its reason logged at INFO)."""
+    log = get_logger()
+    if path == "sequential":
+        log.info("%s: sequential path: path=sequential", what)
+        return None
+    key = (algo, args, dtype, id(comm))
+    why = refusal or _failed.get(key, "")
+    if not why and path == "auto":
+        per_block = traffic // _program_blocks(algo, args, dtype)
+        limit = _env_int("GC3_FUSED_MAX_BLOCK_BYTES", DEFAULT_MAX_BLOCK_BYTES)
+        if per_block > limit:
+            why = (f"{per_block} bytes of compute traffic per thread block, above GC3_FUSED_MAX_BLOCK_BYTES="
+                   f"{limit} (the interpreter computes with one block per compute TB)")
+    if not why:
+        try:
+            return _group(comm, algo, args, dtype)
+        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
+            why = _failed[key] = f"launch group set-up failed: {exc}"
+    if path == "fused":
+        raise GC3Error(f"{what}: the fused path cannot serve this call: {why}")
+    log.info("%s: sequential path: %s", what, why)
+    return None
+
+
+def check(comm) -> None:
+    """Synchronize and raise gc3.errors.RuntimeTimeoutError if a fused kernel of `comm` gave up
+    waiting (the communicator's own check_async_error covers its collectives, not these)."""
+    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.get(comm, {})
+    for group in groups.values():
+        group.check()
+
+
+# --- GEMV + AllReduce -------------------------------------------------------------------------
+def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = None):
+    """y = sum over ranks of x_r @ w_r on every rank (a row-parallel linear layer at decode).
+
+    x [batch, K_shard] and w [K_shard, N] (this rank's shard), both of one value type; returns
+    out [batch, N] of that type.  With a VirtualComm, x, w (and out) are lists, one per rank, and
+    so is the result."""
+    import cupy
+
+    n, a, rank = _ranks(comm, {"x": x, "w": w, "out": out})
+    path = _path(path)
+    first = None
+    for k in range(len(a["x"])):
+        at = _where(rank, k)
+        _check_array(a["x"][k], f"gemv_allreduce: {at}: x", 2)
+        _check_array(a["w"][k], f"gemv_allreduce: {at}: w", 2)
+        shape = (a["x"][k].shape, a["w"][k].shape, a["x"][k].dtype.name, a["w"][k].dtype.name)
+        if shape[0][1] != shape[1][0] or shape[2] != shape[3]:
+            raise ValueError(f"gemv_allreduce: {at}: x {shape[0]} {shape[2]} and w {shape[1]} {shape[3]} do not "
+                             f"multiply (x [batch, K], w [K, N], one dtype)")
+        if first is not None and shape != first:
+            raise ValueError(f"gemv_allreduce: {at}: shapes {shape} differ from rank 0's {first}")
+        first = shape
+    dtype = value_dtype(a["x"][0], "gemv_allreduce: x")
+    (batch, k_shard), (_, n_out) = first[0], first[1]
+    with streams.current(streams.wrap(streams.handle(stream))):
+        for k in range(len(a["out"])):
+            if a["out"][k] is None:
+                a["out"][k] = cupy.empty((batch, n_out), dtype=storage(dtype))
+            _check_array(a["out"][k], f"gemv_allreduce: {_where(rank, k)}: out", 2, storage(dtype).name)
+            if a["out"][k].shape != (batch, n_out):
+                raise ValueError(f"gemv_allreduce: {_where(rank, k)}: out is {a['out'][k].shape}, "
+                                 f"expected {(batch, n_out)}")
+        args = _gemv_args(n, batch, k_shard, n_out, len(a["x"]))
+        refusal = "a single rank: nothing to reduce" if n < 2 else ""
+        traffic = k_shard * n_out * storage(dtype).itemsize
+        group = _decide(comm, path, refusal, "gemv_allreduce", args, dtype, traffic,
+                        f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks")
+        if group is None:
+            _gemv_sequential(comm, a, dtype, stream)
+        else:
+            _gemv_fused(group, a, args, dtype, stream)
+    return a["out"] if isinstance(comm, VirtualComm) else a["out"][0]
+
+
+def _gemv_fused(group, a, args, dtype: str, stream) -> None:
+    import cupy
+
+    _, batch, _, n_out, chunks, _, _ = args
+    # The program's buffer holds y column block by column block (gc3.ir.ComputeSpec); for one
+    # row, or one block, that is y itself.
+    direct = batch == 1 or chunks == 1
+    bufs = a["out"] if direct else [cupy.empty((chunks, batch, n_out // chunks), dtype=storage(dtype))
+                                    for _ in a["out"]]
+    ptrs = [b.data.ptr for b in bufs]
+    group.run_ptrs(ptrs, ptrs, batch * n_out, dtype, "sum", stream,
+                   compute=[(x.data.ptr, w.data.ptr) for x, w in zip(a["x"], a["w"])])
+    if not direct:
+        for b, o in zip(bufs, a["out"]):
+            o[...] = b.transpose(1, 0, 2).reshape(batch, n_out)
+
+
+def _gemv_sequential(comm, a, dtype: str, stream) -> None:
+    partial = [matmul(x, w, dtype) for x, w in zip(a["x"], a["w"])]
+    _allreduce(comm, partial, a["out"], dtype, stream)
+
+
+def _allreduce(comm, parts: List, outs: List, dtype: str, stream) -> None:
+    """The communicator's AllReduce (sum) of parts into outs; virtual ranks: one fp32 sum on this GPU."""
+    if isinstance(comm, VirtualComm):
+        total = functools.reduce(lambda s, p: s + to_f32(p, dtype), parts[1:], to_f32(parts[0], dtype))
+        for o in outs:
+            from_f32(total, dtype, o)
+        return
+    from ..nccl.constants import DTYPE_CODES, NCCL_SUM
+
+    comm.allReduce(parts[0].data.ptr, outs[0].data.ptr, parts[0].size, DTYPE_CODES[dtype], NCCL_SUM,
+                   streams.handle(stream))
+
+
+# --- embedding-bag + AllToAll -----------------------------------------------------------------
+def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", out=None, stream=None, *,
+                           path: Optional[str] = None, check_inputs: bool = True):
+    """Pooled embedding bags of this rank's tables for the global batch, each rank receiving its
+    samples' rows from every rank (DLRM table-wise sharding, TorchRec's PooledEmbeddingsAllToAll).
+
+    tables [T, rows, dim] (values), indices [T, nnz] and offsets [T, B+1] (int32, CSR bags: bag s
+    of table t is indices[t, offsets[t, s]:offsets[t, s+1]]), B = ranks * b.  Returns out
+    [ranks, b, T*dim]: out[r] holds rank r's pooled vectors of this rank's b samples
+    (algorithms/fused/embedding_bag_alltoall.py); TorchRec's [b, ranks*T*dim] is
+    out.transpose(1, 0, 2).reshape(b, -1).  mode "sum" or "mean" (mean: sequential path).
+    check_inputs: verify indices and offsets on the device first (synchronizes the stream)."""
+    import cupy
+
+    if mode not in ("sum", "mean"):
+        raise ValueError(f"embedding_bag_alltoall: mode must be 'sum' or 'mean', got {mode!r}")
+    n, a, rank = _ranks(comm, {"tables": tables, "indices": indices, "offsets": offsets, "out": out})
+    path = _path(path)
+    first = None
+    for k in range(len(a["tables"])):
+        at = f"embedding_bag_alltoall: {_where(rank, k)}"
+        _check_array(a["tables"][k], f"{at}: tables", 3)
+        _check_array(a["indices"][k], f"{at}: indices", 2, "int32")
+        _check_array(a["offsets"][k], f"{at}: offsets", 2, "int32")
+        t_count, rows, dim = a["tables"][k].shape
+        shape = (a["tables"][k].shape, a["indices"][k].shape, a["offsets"][k].shape, a["tables"][k].dtype.name)
+        if a["indices"][k].shape[0] != t_count or a["offsets"][k].shape[0] != t_count:
+            raise ValueError(f"{at}: tables {shape[0]}, indices {shape[1]} and offsets {shape[2]} must have T rows")
+        if (a["offsets"][k].shape[1] - 1) % n or a["offsets"][k].shape[1] < 2:
+            raise ValueError(f"{at}: offsets {shape[2]} hold B+1 bag bounds per table; B must be a positive "
+                             f"multiple of the {n} ranks")
+        if first is not None and shape != first:
+            raise ValueError(f"{at}: shapes {shape} differ from rank 0's {first}")
+        first = shape
+    dtype = value_dtype(a["tables"][0], "embedding_bag_alltoall: tables")
+    (t_count, rows, dim), (_, nnz), (_, bounds) = first[0], first[1], first[2]
+    batch = bounds - 1
+    b = batch // n
+    with streams.current(streams.wrap(streams.handle(stream))):
+        if check_inputs:    # on the call's stream: the caller may still be writing them there
+            for k in range(len(a["indices"])):
+                _check_bags(a["indices"][k], a["offsets"][k], rows, f"embedding_bag_alltoall: {_where(rank, k)}")
+        for k in range(len(a["out"])):
+            if a["out"][k] is None:
+                a["out"][k] = cupy.empty((n, b, t_count * dim), dtype=storage(dtype))
+            _check_array(a["out"][k], f"embedding_bag_alltoall: {_where(rank, k)}: out", 3, storage(dtype).name)
+            if a["out"][k].shape != (n, b, t_count * dim):
+                raise ValueError(f"embedding_bag_alltoall: {_where(rank, k)}: out is {a['out'][k].shape}, "
+                                 f"expected {(n, b, t_count * dim)}")
+        pooling = max(1, -(-nnz // batch))    # the program's nnz is B*pooling: indices padded up to it
+        args = _ebag_args(n, t_count, rows, dim, b, pooling, len(a["tables"]))
+        refusal = ("mode 'mean': the ebag opcode pools by sum" if mode != "sum"
+                   else "a single rank: nothing to exchange" if n < 2 else "")
+        traffic = t_count * nnz * dim * storage(dtype).itemsize
+        group = _decide(comm, path, refusal, "embedding_bag_alltoall", args, dtype, traffic,
+                        f"embedding_bag_alltoall T={t_count} rows={rows} dim={dim} B={batch} nnz={nnz} {dtype} "
+                        f"on {n} ranks")
+        if group is None:
+            _ebag_sequential(comm, a, dtype, mode, n, b, stream)
+        else:
+            _ebag_fused(group, a, args, batch, dtype, stream)
+    return a["out"] if isinstance(comm, VirtualComm) else a["out"][0]
+
+
+def _check_bags(indices, offsets, rows: int, at: str) -> None:
+    """ValueError naming the first bad index or bag bound (synchronizes with the device)."""
+    bad = (indices < 0) | (indices >= rows)
+    if bool(bad.any()):
+        t, j = divmod(int(bad.argmax()), indices.shape[1])
+        raise ValueError(f"{at}: indices[{t}, {j}] = {int(indices[t, j])} is outside the table's {rows} rows")
+    bad = (offsets[:, 0] != 0) | (offsets[:, 1:] < offsets[:, :-1]).any(axis=1) | (offsets[:, -1] > indices.shape[1])
+    if bool(bad.any()):
+        raise ValueError(f"{at}: offsets[{int(bad.argmax())}] are not CSR bounds (start at 0, never decrease, end "
+                         f"at most at nnz={indices.shape[1]})")
+
+
+def _ebag_fused(group, a, args, batch: int, dtype: str, stream) -> None:
+    import cupy
+
+    n, t_count, _, dim, _, pooling, _, _, _ = args
+    want = batch * pooling
+    compute = []
+    for tables, idx, off in zip(a["tables"], a["indices"], a["offsets"]):
+        if idx.shape[1] != want:
+            # Only bags' positions are read, never the padding.  Allocated on the call's stream, so
+            # the pool reuses the memory only for work queued after this call's launch.
+            padded = cupy.zeros((t_count, want), dtype=cupy.int32)
+            padded[:, :idx.shape[1]] = idx
+            idx = padded
+        compute.append((tables.data.ptr, idx.data.ptr, off.data.ptr))
+    ptrs = [o.data.ptr for o in a["out"]]
+    group.run_ptrs(ptrs, ptrs, batch * t_count * dim, dtype, "sum", stream, compute=compute)
+
+
+def _ebag_sequential(comm, a, dtype: str, mode: str, n: int, b: int, stream) -> None:
+    pooled = [pool(t, i, o, dtype, mode) for t, i, o in zip(a["tables"], a["indices"], a["offsets"])]
+    if isinstance(comm, VirtualComm):
+        for p, out in enumerate(a["out"]):
+            for r in range(n):
+                out[r] = pooled[r][p * b:(p + 1) * b]
+        return
+    from ..nccl.constants import DTYPE_CODES
+
+    comm.allToAll(pooled[0].data.ptr, a["out"][0].data.ptr, pooled[0].size // n, DTYPE_CODES[dtype],
+                  streams.handle(stream))
+
+
+__all__ = ["VirtualComm", "check", "gemv_allreduce", "embedding_bag_alltoall", "fused_program", "matmul", "pool",
+           "to_f32", "from_f32", "value_dtype", "storage"]

@@ -1,0 +1,130 @@
+"""runtime_cuda.fused on the CPU (no GPU needed): the programs the API compiles for the issue's
+shapes, their geometry as the launch path checks it, the compute-TB variants of both algorithms
+(simulated, and WRONG when a compute step is shifted), and the path choice."""
+import os
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gc3.compiler.pipeline import lower
+from gc3.ir.xml_io import from_xml, to_xml
+from gc3.simulator import simulate
+from gc3.verify import verify
+
+mb = pytest.importorskip("runtime_cuda.fused.memory_bound")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def fixed_compute_tbs(monkeypatch):
+    # The default asks the GPU for its SM count; the CPU tests fix it.
+    monkeypatch.setenv("GC3_FUSED_COMPUTE_TBS", "16")
+
+
+def _geometry_agrees(prog):
+    """What LaunchGroup._compute_table checks at a call: compute steps fill whole chunks of the
+    layout the operator's element count makes."""
+    from runtime_cuda import binding, tables
+    t = tables.build(prog)
+    _, _, unit = prog.compute.split()
+    _, shape = binding.call_shape(prog, prog.compute.out_elems, 2, "Simple", t.max_cnt)
+    return t, {u * unit for u in t.chunk_units} == {shape.cs}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("batch,k,n_out", [(1, 2048, 8192), (8, 7168, 8192), (32, 4096, 8192), (3, 71, 264)])
+def test_gemv_programs_of_the_api(n, batch, k, n_out):
+    args = mb._gemv_args(n, batch, k, n_out, 1)
+    prog = mb.fused_program("gemv_allreduce", args, "bfloat16")
+    assert prog.compute.gemv_dims() == (batch, k, n_out)
+    t, ok = _geometry_agrees(prog)
+    assert ok
+    chunks, tbs = args[4], args[6]
+    assert n_out % chunks == 0 and tbs == min(16, chunks)
+    assert mb._compute_blocks(prog) == tbs      # every compute TB holds compute steps
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("b", [2048, 8192, 5])
+def test_embedding_programs_of_the_api(n, b):
+    args = mb._ebag_args(n, 8, 1 << 20, 128, b, 32, 1)
+    prog = mb.fused_program("embedding_bag_alltoall", args, "float32")
+    assert prog.compute.ebag_dims() == (8, 1 << 20, 128, n * b * 32, n * b)
+    _, ok = _geometry_agrees(prog)
+    assert ok and mb._compute_blocks(prog) == min(16, n * args[6])
+
+
+@pytest.mark.parametrize("name,args", [("gemv_allreduce", (2, 3, 40, 96, 8, 2, 3)),
+                                       ("gemv_allreduce", (4, 1, 24, 64, 8, 1, 8)),
+                                       ("embedding_bag_alltoall", (2, 3, 20, 8, 4, 3, 2, 1, 3)),
+                                       ("embedding_bag_alltoall", (4, 2, 20, 8, 4, 2, 2, 0, 5))])
+def test_compute_tb_variants_simulate_and_a_shift_is_wrong(name, args):
+    prog = lower(runpy.run_path(str(ROOT / "algorithms" / "fused" / f"{name}.py"))[name](*args))
+    assert verify(prog).proven
+    res = simulate(from_xml(to_xml(prog)))
+    assert res.ok, res.errors
+    st = next(st for g in prog.gpus for tb in g.threadblocks for st in tb.steps if st.info.compute
+              and st.compute.col1 + 1 <= prog.compute.split()[1])
+    old = f'col0="{st.compute.col0}" col1="{st.compute.col1}"'
+    bad = from_xml(to_xml(prog).replace(old, f'col0="{st.compute.col0 + 1}" col1="{st.compute.col1 + 1}"', 1))
+    res = simulate(bad)
+    assert not res.ok and res.wrong > 0
+
+
+def test_compute_tbs_override_and_path_names(monkeypatch):
+    monkeypatch.setenv("GC3_FUSED_COMPUTE_TBS", "0")
+    assert mb._gemv_args(2, 1, 64, 8192, 1)[-1] == 0
+    monkeypatch.setenv("GC3_FUSED_CHUNKS", "4")
+    assert mb._gemv_args(2, 1, 64, 8192, 1)[4] == 4
+    assert mb._path("sequential") == "sequential"
+    monkeypatch.setenv("GC3_FUSED", "fast")
+    with pytest.raises(ValueError, match="GC3_FUSED"):
+        mb._path(None)
+
+
+def test_value_types():
+    assert mb.value_dtype(np.zeros(1, np.uint16), "x") == "bfloat16"
+    assert mb.value_dtype(np.zeros(1, np.float16), "x") == "float16"
+    with pytest.raises(ValueError, match=r"w: dtype float64; expected one of float16, bfloat16, float32"):
+        mb.value_dtype(np.zeros(1, np.float64), "w")
+
+
+def test_auto_path_refuses_what_one_block_per_compute_tb_cannot_win(monkeypatch):
+    """The auto rule, without a GPU: refusals and the per-block traffic bound are decided before
+    any launch group is built (a VirtualComm here never gets that far)."""
+    logged = []
+    monkeypatch.setattr(mb, "get_logger", lambda: type("L", (), {"info": lambda self, *a: logged.append(a[0] % a[1:])})())
+    comm = mb.VirtualComm(2)
+    args = mb._gemv_args(2, 1, 7168, 8192, 2)
+    assert mb._decide(comm, "auto", "", "gemv_allreduce", args, "bfloat16", 7168 * 8192 * 2, "big") is None
+    assert "GC3_FUSED_MAX_BLOCK_BYTES" in logged[-1]
+    assert mb._decide(comm, "auto", "a single rank", "gemv_allreduce", args, "bfloat16", 0, "one") is None
+    assert logged[-1] == "one: sequential path: a single rank"
+    with pytest.raises(mb.GC3Error, match="fused path cannot serve this call: a single rank"):
+        mb._decide(comm, "fused", "a single rank", "gemv_allreduce", args, "bfloat16", 0, "one")
+    assert os.environ.get("GC3_FUSED_MAX_BLOCK_BYTES") is None
+
+
+def test_benchmark_script_lists_both_operators_and_its_options():
+    import subprocess
+    import sys
+    spec = runpy.run_path(str(ROOT / "scripts" / "bench_fused.py"))
+    assert list(spec["OPERATORS"]) == ["gemv_allreduce", "embedding_bag_alltoall"]
+    assert spec["GEMV_SHAPES"]["full"] == [(b, k, 8192) for b in (1, 8, 32) for k in (2048, 7168, 4096)]
+    assert spec["EBAG_SHAPES"]["full"] == [(8, 1 << 20, 128, 32, 2048), (8, 1 << 20, 128, 32, 8192)]
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_fused.py"), "--help"], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert out.returncode == 0 and "--virtual" in out.stdout and "--compute-only" in out.stdout
+
+
+def test_gc3_run_refuses_a_fused_ir_in_peer_mode(tmp_path):
+    from click.testing import CliRunner
+    from runtime_cuda.commands import cli
+    prog = lower(runpy.run_path(str(ROOT / "algorithms" / "fused" / "gemv_allreduce.py"))["gemv_allreduce"](2, 1, 16,
+                                                                                                         64, 2, 2))
+    xml = tmp_path / "g.xml"
+    xml.write_text(to_xml(prog))
+    res = CliRunner().invoke(cli(), ["run", str(xml), "--mode", "peer"])
+    assert res.exit_code != 0 and "runs in --mode virtual or ipc" in res.output
