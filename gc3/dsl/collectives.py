@@ -31,7 +31,8 @@ from .symbolic import Value, as_computed, input_chunk, reduced_inputs, reduction
 NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 
 __all__ = ["NCCL_COLLECTIVES", "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
-           "AllToNext", "GemvAllReduce", "EmbeddingBagAllToAll", "input_chunk", "reduction", "Value"]
+           "AllToNext", "GemvAllReduce", "EmbeddingBagAllToAll", "GemmReduceScatter", "GemmAllReduce",
+           "GemmAllToAll", "input_chunk", "reduction", "Value"]
 
 
 class Collective:
@@ -320,3 +321,67 @@ class EmbeddingBagAllToAll(_Fused, AllToAll):
         return (f"EmbeddingBagAllToAll(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, tables={t}, "
                 f"rows={rows}, dim={dim}, batch={total // self.num_ranks}, pooling={nnz // total}, "
                 f"dtype={self.compute.dtype!r})")
+
+
+class _Gemm(_Fused):
+    """A fused GEMM + collective (issue 17): rank r holds a_r [M, K] and b_r [K, N] (`dtype`,
+    fp32 accumulation) and its partial product C_r = a_r @ b_r [M, N] is the plain
+    collective's input, row-major and split by rows (`gc3.ir.ComputeSpec` gemm): input
+    chunk k is rows k*M/B .. (k+1)*M/B, B the collective's input chunks.  `gemm(rank, ...)`
+    steps produce them (leaf gemm(rank, k)), and they are sent, reduced and copied like any
+    chunk, so the postcondition is the plain collective's over gemm leaves.
+
+    accum "float32" (the default of the reductions): the compute stores its fp32
+    accumulator and the buffers are float32, so the cross-rank sum is carried in fp32 and
+    rounded to `dtype` once, by the caller, as cuBLAS + NCCL-in-fp32 would; "" rounds every
+    stored value to `dtype` (per hop)."""
+
+    def _declare_gemm(self, m, k, n, dtype, accum: str, where: str) -> None:
+        from ..ir import ComputeSpec
+        from ..ir.program import ACCUMS
+
+        m, k, n = (as_int(v, name, 1, where) for v, name in ((m, "m"), (k, "k"), (n, "n")))
+        if accum not in ("",) + ACCUMS:
+            raise TraceError(f"{where}: accum={accum!r}: expected '' (round per hop) or one of {', '.join(ACCUMS)}")
+        self._declare(ComputeSpec("gemm", _float_dtype(dtype, "a gemm", where), (("a", (m, k)), ("b", (k, n))),
+                                  accum=accum), where)
+
+    def __repr__(self) -> str:
+        m, k, n = self.compute.gemm_dims()
+        return (f"{type(self).__name__}(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, m={m}, "
+                f"k={k}, n={n}, dtype={self.compute.dtype!r}, accum={self.compute.accum!r})")
+
+    def rows(self, index: int, count: int = 1):
+        """Rows [r0, r1) of C that input chunks index..index+count-1 hold."""
+        return self.span(index, count)
+
+
+class GemmReduceScatter(_Gemm, ReduceScatter):
+    """GEMM + ReduceScatter (row-parallel linear, sequence parallel): a_r [M, K/n], b_r
+    [K/n, N]; rank p ends with rows p*M/n .. (p+1)*M/n of sum_r a_r @ b_r ([M/n, N]).
+    Input chunk p*c + i (c = chunk_factor) is row block i of rank p's slice."""
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k_shard=32, n=32, dtype="bfloat16", accum="float32"):
+        super().__init__(num_ranks, chunk_factor, False)
+        self._declare_gemm(m, k_shard, n, dtype, accum, user_location())
+
+
+class GemmAllReduce(_Gemm, AllReduce):
+    """GEMM + AllReduce (row-parallel linear without sequence parallelism): a_r [M, K/n],
+    b_r [K/n, N]; every rank ends with sum_r a_r @ b_r [M, N].  Chunk j is row block j.
+    In place: the compute writes the output buffer directly."""
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k_shard=32, n=32, dtype="bfloat16", accum="float32"):
+        super().__init__(num_ranks, chunk_factor, True)
+        self._declare_gemm(m, k_shard, n, dtype, accum, user_location())
+
+
+class GemmAllToAll(_Gemm, AllToAll):
+    """GEMM + AllToAll (expert-parallel combine): rank r computes a_r @ b_r [M, N]; its
+    row slice p (M/n rows, c chunks) goes to rank p, which holds [n, M/n, N] rank-major
+    (plain AllToAll: output chunk r*c + i of rank p is rank r's input chunk p*c + i).
+    No reduction, so each value is rounded to `dtype` once, by the GEMM (accum "")."""
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16"):
+        super().__init__(num_ranks, chunk_factor, False)
+        self._declare_gemm(m, k, n, dtype, "", user_location())

@@ -283,6 +283,15 @@ def embedding_bag(rank, buffer, index, count: int = 1, *, rows: Optional[int] = 
                     sendtb)
 
 
+def gemm(rank, buffer, index, count: int = 1, *, rows: Optional[int] = None, sendtb=None) -> ChunkRef:
+    """Compute chunks (rank, buffer, index..index+count-1) as row blocks `rows..rows+count-1`
+    of rank's product a_rank @ b_rank (default `rows`: `index`, the input chunk those rows
+    are), under a fused GEMM collective (`gc3.collectives.GemmReduceScatter`,
+    `GemmAllReduce`, `GemmAllToAll`).  Returns a reference to the computed chunks, to send,
+    reduce or copy like any other."""
+    return _compute("gemm", "gemm()", "GemmReduceScatter", rank, buffer, index, count, rows, "rows", sendtb)
+
+
 def _compute(op: str, fn: str, coll_name: str, rank, buffer, index, count, first, first_name: str,
              sendtb) -> ChunkRef:
     """The compute producers' one mechanism: dst chunks <- the operator's split-axis blocks

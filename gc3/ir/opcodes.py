@@ -50,6 +50,9 @@ OPCODES: Dict[str, OpcodeInfo] = {
     # gc3 extension: dst chunks <- pooled rows (samples [col0, col1)) of this rank's embedding
     # tables (embedding-bag sum); CPU only, like gemv.
     "ebag": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="ebag"),
+    # gc3 extension: dst chunks <- rows [col0, col1) of a @ b for this rank's operands (issue 17).  The
+    # device side is host-driven cuBLAS chunks outside the interpreter, so the interpreter refuses it.
+    "gemm": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemm"),
 }
 
 # --- what each opcode computes: the normative meaning of a step -----------------
@@ -70,6 +73,7 @@ STEP_VALUE = {
     "nop": None,
     "gemv": lambda red, read, src, dst, got, computed: computed(),
     "ebag": lambda red, read, src, dst, got, computed: computed(),
+    "gemm": lambda red, read, src, dst, got, computed: computed(),
 }
 
 # --- derived: no opcode is named below this line ----------------------------------

@@ -53,6 +53,9 @@ class ComputeArgs:
     col1: int
 
 
+ACCUMS = ("float32",)       # the types a ComputeSpec's buffers may carry partials in (`accum`)
+
+
 @dataclass(frozen=True)
 class ComputeSpec:
     """The operator of a fused IR (`<compute>`, root `fused="1"`): its kind, the
@@ -73,12 +76,29 @@ class ComputeSpec:
     row-major, so samples [a, b) are one contiguous range (split axis: samples).
     Under AllToAll each rank's input buffer is its own pooled [B, T*dim] (chunk
     p*c + i: samples of rank p's slice); see gc3.collectives.EmbeddingBagAllToAll
-    for where they land."""
+    for where they land.
+
+    gemm: inputs a [M, K] and b [K, N] (rank r's operands); the operator's
+    result is C = a @ b [M, N], row-major, split by rows: rows [r0, r1) are one
+    contiguous range, so a chunk is a whole row block.
+
+    accum: what the collective's buffers carry.  "" (gemv, ebag, and the
+    default): every stored value is rounded to `dtype`, so a reduction rounds
+    at every hop.  "float32" (the GEMM reductions, issue 17): the compute step
+    stores its fp32 accumulator unrounded and the buffers are float32, so the
+    cross-rank sum is carried in fp32 and rounded to `dtype` once, when the
+    caller takes the output (XML: accum="float32" on <compute>)."""
 
     op: str
     dtype: str
     inputs: Tuple[Tuple[str, Tuple[int, ...]], ...]
     dtypes: Tuple[Tuple[str, str], ...] = ()      # inputs whose type is not `dtype`
+    accum: str = ""
+
+    @property
+    def buffer_dtype(self) -> str:
+        """The element type of the collective's buffers (and of the steps' tiles)."""
+        return self.accum or self.dtype
 
     def shape(self, name: str) -> Optional[Tuple[int, ...]]:
         return dict(self.inputs).get(name)
@@ -107,9 +127,16 @@ class ComputeSpec:
                              f"[T, B+1] (both int32); got {dict(self.inputs)} typed {dict(self.dtypes)}")
         return t[0], t[1], t[2], i[1], o[1] - 1
 
+    def gemm_dims(self) -> Tuple[int, int, int]:
+        """(M, K, N) of a gemm operator; ValueError when its inputs do not say."""
+        a, b = self.shape("a"), self.shape("b")
+        if self.op != "gemm" or self.names != ("a", "b") or len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            raise ValueError(f"a gemm operator needs inputs a [M, K] and b [K, N]; got {dict(self.inputs)}")
+        return a[0], a[1], b[1]
+
     def split(self) -> Tuple[str, int, int]:
         """(axis, length, buffer elements per unit) of the operator's split axis, the one compute
-        steps' [col0, col1) index: gemv (column, N, batch); ebag (sample, B, T*dim).  ValueError
+        steps' [col0, col1) index: gemv (column, N, batch); ebag (sample, B, T*dim); gemm (row, M, N).  ValueError
         for an operator this table lacks or inputs it cannot read."""
         if self.op == "gemv":
             batch, _, n = self.gemv_dims()
@@ -117,6 +144,9 @@ class ComputeSpec:
         if self.op == "ebag":
             t, _, dim, _, b = self.ebag_dims()
             return "sample", b, t * dim
+        if self.op == "gemm":
+            m, _, n = self.gemm_dims()
+            return "row", m, n
         raise ValueError(f"unknown compute operator {self.op!r}")
 
     @property

@@ -17,6 +17,7 @@ from ..errors import IRFormatError
 from ..units import strict_int
 from . import BUFFERS, PROTOCOLS, STEP_TYPES, ComputeArgs, ComputeSpec, Gpu, Postcondition, Program, Step, Threadblock
 from .opcodes import COMPUTE
+from .program import ACCUMS
 
 # A custom collective's postcondition is one extra child of <algo>, after the
 # <gpu>s: MSCCL's hand-written reader looks for <gpu> children by name and
@@ -211,7 +212,8 @@ def _read_fused(root, source: str, prog: Program) -> None:
         if i.get("dtype") is not None:
             dtypes.append((inputs[-1][0], _attr(i, "dtype", source)))
     spec = ComputeSpec(op=_attr(el, "op", source, _choice(sorted(COMPUTE))),
-                       dtype=_attr(el, "dtype", source), inputs=tuple(inputs), dtypes=tuple(dtypes))
+                       dtype=_attr(el, "dtype", source), inputs=tuple(inputs), dtypes=tuple(dtypes),
+                       accum=_attr(el, "accum", source, _choice(ACCUMS), default="", required=False))
     try:
         spec.split()
     except ValueError as exc:
@@ -331,6 +333,8 @@ def to_element(prog: Program):
         root.append(_postcondition_element(prog.postcondition))
     if prog.compute is not None:
         ce = etree.SubElement(root, COMPUTE_EL, {"op": prog.compute.op, "dtype": prog.compute.dtype})
+        if prog.compute.accum:          # absent: values rounded to dtype at every hop
+            ce.set("accum", prog.compute.accum)
         typed = dict(prog.compute.dtypes)
         for name, shape in prog.compute.inputs:
             ie = etree.SubElement(ce, _INPUT, {"name": name, "shape": ",".join(map(str, shape))})

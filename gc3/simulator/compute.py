@@ -18,6 +18,12 @@ range of its split axis, and compute the unfused reference; everything else
   batch, [B, T*dim]; rank p then receives every rank's rows of its slice
   p*b .. (p+1)*b, rank-major: its output is [N, b, T*dim]
   (gc3.collectives.EmbeddingBagAllToAll).
+* gemm + ReduceScatter / AllReduce / AllToAll: C_r = a_r @ b_r per rank, split
+  by rows; summed across ranks and scattered by row slices (ReduceScatter) or
+  kept whole (AllReduce), or each rank's row slice p sent to rank p
+  (AllToAll, rank-major like ebag).  With `accum="float32"` (ComputeSpec) the
+  partials are not rounded before the sum: the reference is the exact sum,
+  held to float32's tolerance, which per-hop rounding to bf16 would exceed.
 
 Tolerance: the fused and unfused results differ by rounding only (the order
 of the cross-rank sum, the dtype's rounding of partial sums), which is bounded
@@ -64,7 +70,7 @@ def _gemv_tile(spec: ComputeSpec, args, a: int, b: int, cnt: int) -> np.ndarray:
     return _blocks(x.astype(np.float32) @ w[:, a:b].astype(np.float32), cnt)     # fp32 accumulation
 
 
-def _gemv_reference(spec: ComputeSpec, inputs, chunks: int):
+def _gemv_reference(spec: ComputeSpec, inputs, chunks: int, coll: str):
     dt = dtype_info(spec.dtype).np
     partial = [(d["x"].astype(np.float32) @ d["w"].astype(np.float32)).astype(dt) for d in inputs]
     total = np.sum([p.astype(np.float64) for p in partial], axis=0)
@@ -98,7 +104,7 @@ def _ebag_tile(spec: ComputeSpec, args, a: int, b: int, cnt: int) -> np.ndarray:
     return _pool(*args, a, b).reshape(-1)      # samples are rows: a range is already chunk order
 
 
-def _ebag_reference(spec: ComputeSpec, inputs, chunks: int):
+def _ebag_reference(spec: ComputeSpec, inputs, chunks: int, coll: str):
     """Pool locally (the whole global batch, stored in the dtype), then AllToAll by sample slice."""
     dt = dtype_info(spec.dtype).np
     _, _, _, _, batch = spec.ebag_dims()
@@ -113,18 +119,47 @@ def _ebag_reference(spec: ComputeSpec, inputs, chunks: int):
             for p in range(n)]
 
 
+# --- gemm: C = a @ b, split by rows; ReduceScatter, AllReduce or AllToAll ------------------
+def _gemm_tile(spec: ComputeSpec, args, a: int, b: int, cnt: int) -> np.ndarray:
+    x, w = args
+    return (x[a:b].astype(np.float32) @ w.astype(np.float32)).reshape(-1)     # rows are contiguous
+
+
+def _gemm_reference(spec: ComputeSpec, inputs, chunks: int, coll: str):
+    """Each rank's C_r as one GEMM would store it (fp32 when the buffers carry fp32 partials,
+    else rounded to the dtype), then the collective on those, summed in float64."""
+    store = dtype_info(spec.buffer_dtype).np
+    n = len(inputs)
+    parts = [(d["a"].astype(np.float32) @ d["b"].astype(np.float32)).astype(store).astype(np.float64)
+             for d in inputs]
+    rtol = RTOL.get(spec.buffer_dtype, 2e-2)
+    rows = parts[0].shape[0] // n
+    if coll == "alltoall":
+        return [(np.concatenate([parts[r][p * rows:(p + 1) * rows].reshape(-1) for r in range(n)]),
+                 np.concatenate([rtol * np.abs(parts[r][p * rows:(p + 1) * rows]).reshape(-1) + 1e-6
+                                 for r in range(n)]))
+                for p in range(n)]
+    total = np.sum(parts, axis=0)
+    tol = rtol * np.sum(np.abs(parts), axis=0) + 1e-6
+    if coll == "allreduce":
+        return [(total.reshape(-1), tol.reshape(-1))] * n
+    return [(total[p * rows:(p + 1) * rows].reshape(-1), tol[p * rows:(p + 1) * rows].reshape(-1))
+            for p in range(n)]          # reducescatter: rank p's row slice
+
+
 @dataclass(frozen=True)
 class Operator:
-    coll: str               # the collective it is fused with (whose unfused reference follows it)
+    colls: Tuple[str, ...]  # the collectives it is fused with (whose unfused reference follows it)
     make: Callable          # (spec, rng) -> {input name: array} of one rank
     tile: Callable          # (spec, input arrays in the step's order, col0, col1, cnt) -> fp32 tile
-    reference: Callable     # (spec, every rank's inputs, chunks per block) -> [(expected, tol)] per rank
+    reference: Callable     # (spec, every rank's inputs, chunks per block, collective) -> [(expected, tol)]
 
 
 # Keyed by operator (= opcode) name: tests/test_opcode_coverage.py checks every compute row has one.
 OPERATORS = {
-    "gemv": Operator("allreduce", _gemv_make, _gemv_tile, _gemv_reference),
-    "ebag": Operator("alltoall", _ebag_make, _ebag_tile, _ebag_reference),
+    "gemv": Operator(("allreduce",), _gemv_make, _gemv_tile, _gemv_reference),
+    "ebag": Operator(("alltoall",), _ebag_make, _ebag_tile, _ebag_reference),
+    "gemm": Operator(("reducescatter", "allreduce", "alltoall"), _gemv_make, _gemm_tile, _gemm_reference),
 }
 
 
@@ -145,9 +180,9 @@ def compute_tile(spec: ComputeSpec, inputs: Dict[str, np.ndarray], st: Step, cs:
     if any(name not in inputs for name in st.compute.inputs):
         return None, f"reads inputs {','.join(st.compute.inputs)}; the operator has {','.join(inputs)}"
     tile = OPERATORS[spec.op].tile(spec, [inputs[name] for name in st.compute.inputs], a, b, st.cnt)
-    return tile.astype(dtype_info(spec.dtype).np), ""
+    return tile.astype(dtype_info(spec.buffer_dtype).np), ""
 
 
-def fused_reference(spec: ComputeSpec, inputs: Sequence[Dict[str, np.ndarray]], chunks: int):
+def fused_reference(spec: ComputeSpec, inputs: Sequence[Dict[str, np.ndarray]], chunks: int, coll: str):
     """Per rank, (expected buffer, per-element tolerance) of the unfused operator then its collective."""
-    return OPERATORS[spec.op].reference(spec, inputs, chunks)
+    return OPERATORS[spec.op].reference(spec, inputs, chunks, coll)

@@ -147,7 +147,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
         if asked is not None and asked != want:
             raise SimulationError(f"{prog.name} is a fused {spec.op} whose output holds {want} elements; "
                                   f"a size of {asked} elements was asked for")
-        size, count, dtype = None, want, spec.dtype
+        size, count, dtype = None, want, spec.buffer_dtype
     info = dtype_info("float32" if dtype is None else dtype)
     ufunc = reduce_op(op)
     nranks = prog.ngpus
@@ -322,10 +322,10 @@ def _check_fused(result: Result, prog: Program, compute_inputs, chunks: int) -> 
     the rounding bound of `gc3/simulator/compute.py`."""
     from .compute import OPERATORS, fused_reference
 
-    if prog.coll != OPERATORS[prog.compute.op].coll:
+    if prog.coll not in OPERATORS[prog.compute.op].colls:
         result.errors.append(f"cannot check outputs: no fused reference for {prog.compute.op}+{prog.coll}")
         return
-    pairs = fused_reference(prog.compute, compute_inputs, chunks)
+    pairs = fused_reference(prog.compute, compute_inputs, chunks, prog.coll)
     result.expected = [expected for expected, _ in pairs]
     # NaN (never written) fails `diff <= tol`, so it counts as wrong.
     rows = [(r, np.flatnonzero(~(np.abs(got.astype(np.float64) - expected) <= tol)), expected, got)
