@@ -227,7 +227,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
         result.timing = predict(run.records, proto=prog.proto, coll=prog.coll, nranks=nranks,
                                 chunk_bytes=L.cs * info.np.itemsize,
                                 size_bytes=max(L.in_elems, L.out_elems) * info.np.itemsize, config=cfg,
-                                itemsize=info.np.itemsize, slots=slots, spans=True)
+                                itemsize=info.np.itemsize, slots=slots, spans=True, compute=prog.compute)
         result.predicted_time = result.timing.total_s
     result.ok = not result.errors
     return result
@@ -262,7 +262,8 @@ class TimedProgram:
             self._schedules[key] = Schedule.of(self.records, cfg)
         return predict(self.records, proto=prog.proto, coll=prog.coll, nranks=prog.ngpus,
                        chunk_bytes=L.cs * self.itemsize, size_bytes=max(L.in_elems, L.out_elems) * self.itemsize,
-                       config=cfg, itemsize=self.itemsize, slots=self.slots, schedule=self._schedules[key])
+                       config=cfg, itemsize=self.itemsize, slots=self.slots, schedule=self._schedules[key],
+                       compute=prog.compute)
 
 
 def _changed(now: np.ndarray, before: np.ndarray) -> np.ndarray:
