@@ -224,8 +224,13 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
 def _compute_at_consumer(dag: InstrDAG, shapes: _Shapes, key1: List[int], key2: List[int]) -> None:
     """Give each compute instruction its earliest consumer's keys (it has a smaller id,
     having been made first, so it pops just before that consumer), and its threadblock
-    when the consumer communicates (it has one by now)."""
+    when the consumer communicates (it has one by now).  One with no consumer (it computes a
+    final output: the rank's own block) waits for nothing and nothing waits for it, so it
+    goes after everything else: it must not make a threadblock's first send wait for it."""
+    last = max(key1, default=0) + 1
     for x in dag.instrs:
+        if OPCODES[x.type].compute and not dag.succs[x.id]:
+            key1[x.id] = last
         if not OPCODES[x.type].compute or not dag.succs[x.id]:
             continue
         first = min(dag.succs[x.id], key=lambda v: (key1[v], key2[v], v))
