@@ -58,19 +58,25 @@ def test_sizes_and_rank_counts(name, n, m, k, cols, chunks):
 
 
 def test_reductions_carry_fp32_partials_as_the_ir_states():
-    """accum="float32" in <compute>: float32 buffers and the exact sum within fp32's bound;
-    fp32=0 rounds per hop in bf16, which that bound rejects (so the statement is tested)."""
+    """accum="float32" in <compute>: float32 buffers, and the output is the exact sum (the
+    test data makes fp32 sums exact); fp32=0 rounds per hop in bf16, which differs from the
+    exact sum by more than the fp32 bound, so the fp32 check can tell the two apart."""
+    from gc3.simulator.compute import make_compute_inputs
     for name in ("gemm_reducescatter", "gemm_allreduce"):
         prog = lower(_algo(name)(4, 32, 64, 16, 2, 1))
         assert prog.compute.accum == "float32" and 'accum="float32"' in to_xml(prog)
-        res = simulate(prog)
+        res = simulate(prog, seed=1)
         assert res.ok and res.dtype == "float32", res.errors
+        ins = make_compute_inputs(prog.compute, 4, 1)
+        exact = sum(d["a"].astype(np.float64) @ d["b"].astype(np.float64) for d in ins)
+        rows = 32 // 4 if name == "gemm_reducescatter" else 32
+        np.testing.assert_array_equal(res.outputs[0].astype(np.float64), exact[:rows].reshape(-1))
         per_hop = lower(_algo(name)(4, 32, 64, 16, 2, 0))
         assert per_hop.compute.accum == "" and "accum" not in to_xml(per_hop)
-        assert simulate(per_hop).dtype == "bfloat16"
-        lie = from_xml(to_xml(per_hop).replace('dtype="bfloat16">', 'dtype="bfloat16" accum="float32">'))
-        from gc3.simulator.compute import compute_tile  # noqa: F401  (the tile is stored unrounded)
-        assert lie.compute.accum == "float32"
+        res = simulate(per_hop, seed=1)
+        assert res.ok and res.dtype == "bfloat16", res.errors
+        err = np.abs(res.outputs[0].astype(np.float64) - exact[:rows].reshape(-1))
+        assert err.max() > 1e-5 * np.abs(exact).max()     # per-hop rounding shows
 
 
 def test_simulated_output_is_the_unfused_gemm_then_collective():
