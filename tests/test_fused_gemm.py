@@ -1,4 +1,4 @@
-"""Fused GEMM + ReduceScatter / AllReduce / AllToAll (issue 17, CPU layers): DSL -> IR ->
+"""Fused GEMM + ReduceScatter / AllReduce / AllToAll and AllGather + GEMM (issue 17, CPU layers): DSL -> IR ->
 check -> simulate, the fused (not compute-then-send) dependency structure, the cost
 model's compute term and overlap, the chunk-count chooser, and the runtime's refusal."""
 import runpy
@@ -23,7 +23,8 @@ from gc3.verify import verify
 from fused_deps import happens_before
 
 FUSED = Path(__file__).resolve().parent.parent / "algorithms" / "fused"
-PROGRAMS = ("gemm_reducescatter", "gemm_allreduce", "gemm_alltoall")
+PROGRAMS = ("gemm_reducescatter", "allgather_gemm", "gemm_allreduce", "gemm_alltoall")
+GEMMS = ("gemm", "agemm")
 
 
 def _algo(name):
@@ -37,7 +38,7 @@ def default(request):
 
 def test_default_arguments_compile_check_and_simulate(default):
     name, prog = default
-    assert prog.fused and prog.compute.op == "gemm" and prog.compute.gemm_dims() == (64, 32, 32)
+    assert prog.fused and prog.compute.op in GEMMS and prog.compute.gemm_dims() == (64, 32, 32)
     assert verify(prog).proven > 0
     text = to_xml(prog)
     assert from_xml(text) == prog
@@ -99,7 +100,7 @@ def test_simulated_output_is_the_unfused_gemm_then_collective():
 
 def _mutated(prog, row_shift=0, block_shift=0):
     text = to_xml(prog)
-    st = next(st for g in prog.gpus for tb in g.threadblocks for st in tb.steps if st.type == "gemm")
+    st = next(st for g in prog.gpus for tb in g.threadblocks for st in tb.steps if st.type in GEMMS)
     w = st.compute.col1 - st.compute.col0
     a = st.compute.col0 + row_shift + block_shift * w
     if a + w > prog.compute.gemm_dims()[0]:
@@ -111,16 +112,76 @@ def _mutated(prog, row_shift=0, block_shift=0):
 
 @pytest.mark.parametrize("row_shift,block_shift,match", [(1, 0, "not whole row blocks"), (0, 1, "should hold gemm")])
 def test_shifted_or_wrong_block_is_rejected_by_check_and_simulate(default, row_shift, block_shift, match):
-    _, prog = default
+    name, prog = default
     bad = _mutated(prog, row_shift, block_shift)
-    with pytest.raises(SemanticError, match=match):
+    with pytest.raises(SemanticError, match=match if name != "allgather_gemm" else "says rows"):
+        verify(bad)
+    res = simulate(bad)
+    assert not res.ok
+    if name != "allgather_gemm":
+        assert res.wrong > 0 and "unfused reference" in res.errors[0]
+    else:       # the rows it names are not the output chunk's it writes
+        assert any("writes rows" in e for e in res.errors), res.errors
+
+
+def test_allgather_gemm_of_the_wrong_chunk_is_rejected():
+    """An agemm step that multiplies another block than the rows it names (here the rank's own
+    first block instead of the one that arrived): the proof names the block it holds, and the
+    simulator, computing from the data, finds the output wrong."""
+    prog = lower(_algo("allgather_gemm")(4, 32, 16, 8, 2))
+    text = to_xml(prog)
+    st = next(st for g in prog.gpus for tb in g.threadblocks for st in tb.steps
+              if st.type == "agemm" and st.srcbuf == "s")
+    old = f'type="agemm" srcbuf="s" srcoff="{st.srcoff}" dstbuf="o" dstoff="{st.dstoff}"'
+    assert old in text
+    bad = from_xml(text.replace(old, f'type="agemm" srcbuf="i" srcoff="0" dstbuf="o" dstoff="{st.dstoff}"', 1))
+    with pytest.raises(SemanticError, match="says rows .* holds A block 0"):
         verify(bad)
     res = simulate(bad)
     assert not res.ok and res.wrong > 0 and "unfused reference" in res.errors[0]
 
 
+def test_allgather_gemm_output_and_padding():
+    """C_r = concat(A) @ b_r, bit-exact, in the agemm chunk grid (K != N both ways)."""
+    import ml_dtypes
+    from gc3.simulator.compute import make_compute_inputs
+    for k, cols in ((16, 8), (8, 24)):
+        prog = lower(_algo("allgather_gemm")(2, 8, k, cols, 2))
+        res = simulate(prog, seed=4)
+        assert res.ok, res.errors
+        ins = make_compute_inputs(prog.compute, 2, 4)
+        a = np.concatenate([ins[0]["a"][:4], ins[1]["a"][4:]])
+        lanes = 2 * max(k, cols)                      # R = 8 / (2*2) = 2 rows a chunk
+        for r in range(2):
+            want = (a.astype(np.float32) @ ins[r]["b"].astype(np.float32)).astype(ml_dtypes.bfloat16)
+            got = res.outputs[r].reshape(4, lanes)[:, :2 * cols].reshape(8, cols)
+            np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
-@pytest.mark.parametrize("name", PROGRAMS)
+def test_allgather_gemm_waits_for_its_own_chunk_only(n):
+    """The GEMM of an arrived block waits for that block's receive (and, FIFO, earlier ones of
+    the same connection) only, never for another peer's; no send waits for any GEMM."""
+    prog = lower(_algo("allgather_gemm")(n, 8 * n, 8, 8, 4))
+    steps, before = happens_before(prog)
+    tbs = {(g.id, tb.id): tb for g in prog.gpus for tb in g.threadblocks}
+    checked = 0
+    for key, st in steps.items():
+        if st.type == "s":
+            assert not [p for p in before(key) if steps[p].type == "agemm"]
+        if st.type != "agemm" or st.srcbuf != "s":
+            continue
+        recvs = [p for p in before(key) if steps[p].info.recv and p[0] == key[0]]
+        writer = [p for p in recvs if (steps[p].dstbuf, steps[p].dstoff) == (st.srcbuf, st.srcoff)]
+        assert len(writer) == 1, (key, recvs)
+        peer = tbs[writer[0][:2]].recv
+        assert {tbs[p[:2]].recv for p in recvs} == {peer}, (key, recvs)
+        checked += 1
+    assert checked == n * (n - 1) * 4
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("name", [p for p in PROGRAMS if p != "allgather_gemm"])
 def test_fused_not_compute_then_send(name, n):
     """On every rank, the first send waits for exactly one GEMM chunk, the one it sends;
     and no rank's first send waits for all of the rank's GEMM chunks."""
@@ -141,12 +202,12 @@ def test_fused_not_compute_then_send(name, n):
 def _compute_and_send_spans(res, rank):
     t = res.timing        # a compute step runs on its first tile (the whole chunk): span 0
     ev = [(rec.type, rec.tb, t.start[i], t.end[i]) for i, rec in enumerate(res.records) if rec.rank == rank]
-    gemms = sorted(t.spans[i][0] for i, rec in enumerate(res.records) if rec.rank == rank and rec.type == "gemm")
+    gemms = sorted(t.spans[i][0] for i, rec in enumerate(res.records) if rec.rank == rank and rec.type in GEMMS)
     sends = sorted((s, e) for ty, _, s, e in ev if ty == "s")
     return gemms, sends
 
 
-@pytest.mark.parametrize("name", PROGRAMS)
+@pytest.mark.parametrize("name", [p for p in PROGRAMS if p != "allgather_gemm"])
 def test_timeline_overlaps_compute_with_communication(name):
     """The compute of chunk c+1 overlaps the send of chunk c; and the fused run beats
     the sum of its rank's compute and its communication (serial would be the sum)."""
@@ -192,6 +253,8 @@ def test_chunk_chooser_is_sane():
     assert times[best] == min(times.values())
     _, times = choose_gemm_chunks(build, 4, 24, 64, 64)  # 24 = 4*6: only 1, 2 of the candidates split it
     assert set(times) == {1, 2}
+    best, times = choose_gemm_chunks(_algo("allgather_gemm"), 4, 4096, 8192, 1792)
+    assert times[best] == min(times.values()) and all(t > 0 for t in times.values())
     from gc3.errors import SimulationError
     with pytest.raises(SimulationError, match="splits m"):
         choose_gemm_chunks(build, 4, 6, 64, 64)
@@ -230,15 +293,29 @@ def test_dsl_checks():
 
 
 def test_opcode_row_is_cpu_only_and_the_runtime_refuses_it(default):
-    assert "gemm" in COMPUTE and "gemm" in NOT_ON_DEVICE and "gemm" not in DEVICE_OPCODES
+    for op in GEMMS:
+        assert op in COMPUTE and op in NOT_ON_DEVICE and op not in DEVICE_OPCODES
     tables = pytest.importorskip("runtime_cuda.tables")
-    with pytest.raises(NotOnDeviceError, match="'gemm' step"):
+    with pytest.raises(NotOnDeviceError, match="'a?gemm' step"):
         tables.build(default[1])
 
 
 def test_ir_reader_rejects_a_bad_accum(default):
     from gc3.errors import IRFormatError
-    text = to_xml(default[1]).replace('<compute op="gemm" dtype="bfloat16"', '<compute op="gemm" dtype="bfloat16" accum="float16"')
+    el = f'<compute op="{default[1].compute.op}" dtype="bfloat16"'
+    text = to_xml(default[1]).replace(el, el + ' accum="float16"')
+    assert text != to_xml(default[1])
     with pytest.raises(IRFormatError, match="accum"):
         from_xml(text)
     assert replace(default[1].compute, accum="float32").buffer_dtype == "float32"
+
+
+def test_allgather_gemm_timeline_overlaps_transfers_with_gemms():
+    """The GEMMs of the rank's own blocks run while the first blocks travel, and a later GEMM
+    overlaps a later transfer."""
+    res = simulate(lower(_algo("allgather_gemm")(4, 1024, 1024, 1024, 2)))
+    assert res.ok, res.errors
+    gemms, sends = _compute_and_send_spans(res, 0)
+    assert len(gemms) == 4 * 2
+    assert any(g0 < s1 and s0 < g1 for g0, g1 in gemms[:2] for s0, s1 in sends[:3])
+    assert any(g0 < s1 and s0 < g1 for g0, g1 in gemms[2:] for s0, s1 in sends[3:])

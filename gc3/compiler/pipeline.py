@@ -182,6 +182,7 @@ def ir_postcondition(coll, plan) -> Optional[Postcondition]:
                 continue
             for i in range(plan.instances):
                 for u in range(plan.parallel):
+                    # A compute leaf (rank, index, op) names the operator's block, not an input chunk.
                     post[(r, plan.index(r, "o", j, i, u))] = tuple(
-                        (src, plan.index(src, "i", idx, i, u)) for src, idx in value.terms)
+                        (t[0], t[1] if len(t) > 2 else plan.index(t[0], "i", t[1], i, u)) for t in value.terms)
     return post

@@ -32,7 +32,7 @@ NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broa
 
 __all__ = ["NCCL_COLLECTIVES", "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
            "AllToNext", "GemvAllReduce", "EmbeddingBagAllToAll", "GemmReduceScatter", "GemmAllReduce",
-           "GemmAllToAll", "input_chunk", "reduction", "Value"]
+           "GemmAllToAll", "AllGatherGemm", "input_chunk", "reduction", "Value"]
 
 
 class Collective:
@@ -385,3 +385,41 @@ class GemmAllToAll(_Gemm, AllToAll):
     def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16"):
         super().__init__(num_ranks, chunk_factor, False)
         self._declare_gemm(m, k, n, dtype, "", user_location())
+
+
+class AllGatherGemm(Collective):
+    """AllGather + GEMM (column-parallel linear with a sequence-parallel input): rank r holds
+    A_r [M/n, K] (its input buffer, c row blocks) and b_r [K, N] (N = the rank's N/n
+    columns); it ends with C_r = concat_p(A_p) @ b_r [M, N] in its output, n*c row blocks,
+    block p*c + i computed from rank p's A block i (`gc3.ir.ComputeSpec` agemm: A and C
+    blocks share one chunk grid of R*max(K, N) lanes).  `gemm(rank, "out", j, a=ref)` steps
+    compute them from the chunk `ref` that arrived, so the postcondition is output chunk j
+    of rank r = agemm(r, j): block j of C made on rank r (with its own b) from A block j.
+    A custom collective (name "allgather_gemm"): the IR carries this postcondition."""
+
+    name = "allgather_gemm"
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16"):
+        from ..ir import ComputeSpec
+
+        super().__init__(num_ranks, chunk_factor, False)
+        where = user_location()
+        m, k, n = (as_int(v, name, 1, where) for v, name in ((m, "m"), (k, "k"), (n, "n")))
+        if m % (self.num_ranks * self.chunk_factor):
+            raise TraceError(f"{where}: m={m} rows do not split into {self.num_ranks}*{self.chunk_factor} row "
+                             f"blocks (ranks * chunk_factor): a chunk must hold whole rows")
+        self.compute = ComputeSpec("agemm", _float_dtype(dtype, "a gemm", where), (("a", (m, k)), ("b", (k, n))))
+        self.rows_per_chunk = m // (self.num_ranks * self.chunk_factor)
+
+    def __repr__(self) -> str:
+        m, k, n = self.compute.gemm_dims()
+        return (f"AllGatherGemm(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, m={m}, k={k}, "
+                f"n={n}, dtype={self.compute.dtype!r})")
+
+    def output_size(self, rank):
+        return self.num_ranks * self.chunk_factor
+
+    def postcondition(self, rank, index):
+        from .symbolic import computed_chunk
+
+        return computed_chunk(rank, index, "agemm")

@@ -53,6 +53,10 @@ OPCODES: Dict[str, OpcodeInfo] = {
     # gc3 extension: dst chunks <- rows [col0, col1) of a @ b for this rank's operands (issue 17).  The
     # device side is host-driven cuBLAS chunks outside the interpreter, so the interpreter refuses it.
     "gemm": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemm"),
+    # gc3 extension: dst chunks <- (the A rows its src chunks hold) @ b: the GEMM of a chunk that
+    # arrived (AllGather + GEMM), so unlike the producers above it reads a chunk.  CPU only.
+    "agemm": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, local_in="src", device=False,
+                        compute="agemm"),
 }
 
 # --- what each opcode computes: the normative meaning of a step -----------------
@@ -60,7 +64,8 @@ OPCODES: Dict[str, OpcodeInfo] = {
 # semantic checker to symbols.  value(reduce, read, src, dst, received, computed)
 # -> what the step writes to dst and/or sends; None: the step moves no data.
 # `read(buf, off)` reads the step's `cnt` chunks, `received` is what arrived (None
-# for steps that receive nothing), `computed()` is a compute step's result.
+# for steps that receive nothing), `computed()` is a compute step's result, `computed(operand)`
+# that of one that reads a chunk.
 STEP_VALUE = {
     "s": lambda red, read, src, dst, got, computed: read(*src),
     "r": lambda red, read, src, dst, got, computed: got,
@@ -74,6 +79,7 @@ STEP_VALUE = {
     "gemv": lambda red, read, src, dst, got, computed: computed(),
     "ebag": lambda red, read, src, dst, got, computed: computed(),
     "gemm": lambda red, read, src, dst, got, computed: computed(),
+    "agemm": lambda red, read, src, dst, got, computed: computed(read(*src)),
 }
 
 # --- derived: no opcode is named below this line ----------------------------------

@@ -82,6 +82,14 @@ class ComputeSpec:
     result is C = a @ b [M, N], row-major, split by rows: rows [r0, r1) are one
     contiguous range, so a chunk is a whole row block.
 
+    agemm (AllGather + GEMM): a [M, K] is the *gathered* A, of which rank r's
+    input buffer holds rows r*M/n .. (r+1)*M/n; b [K, N] is rank r's own.  An
+    agemm step reads A row blocks from its src chunks (the ones that arrived)
+    and writes those rows of C = a @ b into its dst chunks.  A and C row blocks
+    share one chunk grid: a chunk of R rows has R*max(K, N) lanes, holding R
+    rows of A (R*K lanes) or of C (R*N lanes) row-major from its start, the
+    rest zero padding; the output buffer is C in M/R such chunks.
+
     accum: what the collective's buffers carry.  "" (gemv, ebag, and the
     default): every stored value is rounded to `dtype`, so a reduction rounds
     at every hop.  "float32" (the GEMM reductions, issue 17): the compute step
@@ -128,9 +136,9 @@ class ComputeSpec:
         return t[0], t[1], t[2], i[1], o[1] - 1
 
     def gemm_dims(self) -> Tuple[int, int, int]:
-        """(M, K, N) of a gemm operator; ValueError when its inputs do not say."""
+        """(M, K, N) of a gemm or agemm operator; ValueError when its inputs do not say."""
         a, b = self.shape("a"), self.shape("b")
-        if self.op != "gemm" or self.names != ("a", "b") or len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+        if self.op not in ("gemm", "agemm") or self.names != ("a", "b") or len(a) != 2 or len(b) != 2 or a[1] != b[0]:
             raise ValueError(f"a gemm operator needs inputs a [M, K] and b [K, N]; got {dict(self.inputs)}")
         return a[0], a[1], b[1]
 
@@ -147,7 +155,22 @@ class ComputeSpec:
         if self.op == "gemm":
             m, _, n = self.gemm_dims()
             return "row", m, n
+        if self.op == "agemm":
+            m, k, n = self.gemm_dims()
+            return "row", m, max(k, n)
         raise ValueError(f"unknown compute operator {self.op!r}")
+
+    @property
+    def step_inputs(self) -> Tuple[str, ...]:
+        """The named inputs a compute step reads (agemm reads its A rows from chunks instead)."""
+        return tuple(name for name in self.names if not (self.op == "agemm" and name == "a"))
+
+    def call_elems(self, nranks: int) -> int:
+        """Elements of each rank's input buffer in the call the IR describes: the buffer the
+        operator fills (gemv, ebag, gemm), or agemm's A rows of the rank, chunk-padded."""
+        if self.op == "agemm":
+            return self.out_elems // nranks
+        return self.out_elems
 
     @property
     def out_elems(self) -> int:

@@ -37,7 +37,7 @@ their own magnitude, far outside that bound.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -147,6 +147,59 @@ def _gemm_reference(spec: ComputeSpec, inputs, chunks: int, coll: str):
             for p in range(n)]          # reducescatter: rank p's row slice
 
 
+# --- agemm: AllGather + GEMM, C_r = concat_p(A_p) @ b_r from the A blocks that arrived -------
+def _agemm_make(spec: ComputeSpec, rng) -> Dict[str, np.ndarray]:
+    return _gemv_make(spec, rng)        # a is [M, K]: rank r's input is its own rows of it
+
+
+def _padded(rows: np.ndarray, lanes: int, nchunks: int) -> np.ndarray:
+    """Row blocks of `rows` [R*nchunks, w] in the agemm chunk grid: each block from its chunk's start."""
+    out = np.zeros((nchunks, lanes), rows.dtype)
+    block = rows.reshape(nchunks, -1)
+    out[:, :block.shape[1]] = block
+    return out.reshape(-1)
+
+
+def _agemm_rows(spec: ComputeSpec, a: np.ndarray, rank: int, nranks: int) -> np.ndarray:
+    m = spec.gemm_dims()[0] // nranks
+    return a[rank * m:(rank + 1) * m]
+
+
+def _agemm_tile(spec: ComputeSpec, args, a: int, b: int, cnt: int, operand: np.ndarray) -> np.ndarray:
+    (w,) = args
+    _, k, n = spec.gemm_dims()
+    lanes = operand.size // cnt
+    rows = (b - a) // cnt
+    blocks = operand.reshape(cnt, lanes)[:, :rows * k].reshape(cnt * rows, k)
+    return _padded(blocks.astype(np.float32) @ w.astype(np.float32), lanes, cnt)
+
+
+def _agemm_reference(spec: ComputeSpec, inputs, chunks: int, coll: str):
+    """Gather every rank's A rows, then each rank's GEMM with its own b, rounded once; padding lanes
+    are not checked (tolerance infinite)."""
+    dt = dtype_info(spec.dtype).np
+    n = len(inputs)
+    m, k, cols = spec.gemm_dims()
+    lanes = (m // (n * chunks)) * max(k, cols)
+    a = np.concatenate([_agemm_rows(spec, d["a"], r, n) for r, d in enumerate(inputs)])
+    out = []
+    for d in inputs:
+        c = (a.astype(np.float32) @ d["b"].astype(np.float32)).astype(dt).astype(np.float64)
+        tol = _padded(np.full(c.shape, 1e-6), lanes, n * chunks)
+        tol[tol == 0] = np.inf
+        out.append((_padded(c, lanes, n * chunks), tol))
+    return out
+
+
+def initial_buffer(spec: ComputeSpec, inputs: Dict[str, np.ndarray], rank: int, nranks: int, elems: int,
+                   cs: int, dt) -> np.ndarray:
+    """Rank `rank`'s input buffer of a fused call (chunks of `cs` lanes): poison (NaN) for the operators
+    that fill it, the rank's A rows in the chunk grid for agemm."""
+    if spec.op != "agemm" or not cs:
+        return np.full(elems, np.nan, dtype=dt)
+    return _padded(_agemm_rows(spec, inputs["a"], rank, nranks), cs, elems // cs).astype(dt)
+
+
 @dataclass(frozen=True)
 class Operator:
     colls: Tuple[str, ...]  # the collectives it is fused with (whose unfused reference follows it)
@@ -160,6 +213,7 @@ OPERATORS = {
     "gemv": Operator(("allreduce",), _gemv_make, _gemv_tile, _gemv_reference),
     "ebag": Operator(("alltoall",), _ebag_make, _ebag_tile, _ebag_reference),
     "gemm": Operator(("reducescatter", "allreduce", "alltoall"), _gemv_make, _gemm_tile, _gemm_reference),
+    "agemm": Operator(("allgather_gemm",), _agemm_make, _agemm_tile, _agemm_reference),
 }
 
 
@@ -168,9 +222,11 @@ def make_compute_inputs(spec: ComputeSpec, nranks: int, seed: int) -> List[Dict[
     return [OPERATORS[spec.op].make(spec, rng) for _ in range(nranks)]
 
 
-def compute_tile(spec: ComputeSpec, inputs: Dict[str, np.ndarray], st: Step, cs: int) -> Tuple[np.ndarray, str]:
+def compute_tile(spec: ComputeSpec, inputs: Dict[str, np.ndarray], st: Step, cs: int,
+                 operand: Optional[np.ndarray] = None) -> Tuple[np.ndarray, str]:
     """The tile a compute step writes (cnt chunks of cs lanes), or (None, why) when its operands cannot be
-    evaluated.  The range is taken as the step says, so a wrong range computes wrong data."""
+    evaluated.  The range is taken as the step says, so a wrong range computes wrong data; `operand`:
+    the chunks an agemm step read (its A rows), whose rows must be the ones it writes into the output."""
     axis, n, unit = spec.split()
     a, b = st.compute.col0, st.compute.col1
     if not 0 <= a < b <= n:
@@ -179,7 +235,14 @@ def compute_tile(spec: ComputeSpec, inputs: Dict[str, np.ndarray], st: Step, cs:
         return None, f"{axis}s [{a}, {b}) x {unit} elements do not fill {st.cnt} chunk(s) of {cs} elements"
     if any(name not in inputs for name in st.compute.inputs):
         return None, f"reads inputs {','.join(st.compute.inputs)}; the operator has {','.join(inputs)}"
-    tile = OPERATORS[spec.op].tile(spec, [inputs[name] for name in st.compute.inputs], a, b, st.cnt)
+    args = [inputs[name] for name in st.compute.inputs]
+    if operand is None:
+        tile = OPERATORS[spec.op].tile(spec, args, a, b, st.cnt)
+    else:
+        rows = (b - a) // st.cnt
+        if st.dstbuf == "o" and a != st.dstoff * rows:
+            return None, f"writes rows [{a}, {b}) into output chunk {st.dstoff}, which holds rows from {st.dstoff * rows}"
+        tile = OPERATORS[spec.op].tile(spec, args, a, b, st.cnt, operand)
     return tile.astype(dtype_info(spec.buffer_dtype).np), ""
 
 

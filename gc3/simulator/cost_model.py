@@ -156,11 +156,12 @@ def compute_seconds(spec, out_elems: int, config: CostConfig) -> float:
     from ..dtypes import dtype_info
 
     isz = dtype_info(spec.dtype).np.itemsize
-    if spec.op == "gemm":
+    if spec.op in ("gemm", "agemm"):
         _, k, n = spec.gemm_dims()
         tr, tc = config.gemm_tile
         wave = 2.0 * tr * tc * k * config.sms / (config.bf16_flops * config.gemm_efficiency)
-        return _gemm_waves(max(out_elems // n, 1), n, config) * wave + config.gemm_chunk_s
+        per_row = spec.split()[2]           # buffer elements per row of C (agemm: chunk-padded)
+        return _gemm_waves(max(out_elems // per_row, 1), n, config) * wave + config.gemm_chunk_s
     if spec.op == "gemv":
         batch, k, _ = spec.gemv_dims()
         read = (out_elems // batch) * k * isz                  # the weight columns; x is small
@@ -175,8 +176,8 @@ def compute_seconds(spec, out_elems: int, config: CostConfig) -> float:
 def gemm_seconds(spec, chunks: int, config: CostConfig) -> float:
     """The GEMM of `spec` cut into `chunks` row blocks, run one after another (what a fused
     program's compute stream does); chunks=1 is one cuBLAS call."""
-    m, _, n = spec.gemm_dims()
-    return chunks * compute_seconds(spec, (m // chunks) * n, config)
+    m = spec.gemm_dims()[0]
+    return chunks * compute_seconds(spec, (m // chunks) * spec.split()[2], config)
 
 
 def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chunk_bytes: int,

@@ -141,7 +141,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
         if op != "sum" or inputs is not None or reference is not None:
             raise SimulationError(f"{prog.name} is a fused {spec.op}: it sums, and makes its own inputs and "
                                   f"reference (op, inputs and reference cannot be given)")
-        want = spec.out_elems
+        want = spec.call_elems(prog.ngpus)
         asked = None if size is None and count is None else \
             _element_count(size, count, dtype_info(spec.dtype).np.itemsize)
         if asked is not None and asked != want:
@@ -173,9 +173,12 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
     compute_inputs = None
     if spec is not None:
         from .compute import make_compute_inputs
+        from .compute import initial_buffer
         compute_inputs = make_compute_inputs(spec, nranks, seed)
-        # The caller gives no chunk data: the buffer starts as poison, so a read before a compute step shows.
-        inputs = [np.full(in_elems, np.nan, dtype=info.np) for _ in range(nranks)]
+        # The caller gives no chunk data (the buffer starts as poison, so a read before a compute step
+        # shows), except to an operator that reads chunks (agemm: the rank's A rows).
+        inputs = [initial_buffer(spec, compute_inputs[r], r, nranks, in_elems, layouts[r].cs, info.np)
+                  for r in range(nranks)]
     elif inputs is None:
         inputs = make_inputs(prog.coll, nranks, in_elems, info.name, seed, op=op)
     else:
