@@ -319,3 +319,59 @@ def test_allgather_gemm_timeline_overlaps_transfers_with_gemms():
     assert len(gemms) == 4 * 2
     assert any(g0 < s1 and s0 < g1 for g0, g1 in gemms[:2] for s0, s1 in sends[:3])
     assert any(g0 < s1 and s0 < g1 for g0, g1 in gemms[2:] for s0, s1 in sends[3:])
+
+
+@pytest.mark.parametrize("n,m,chunks", [(2, 16, 4), (4, 64, 2), (4, 48, 3), (8, 64, 2)])
+def test_skewed_alltoall_compiles_checks_and_simulates(n, m, chunks):
+    prog = lower(_algo("gemm_alltoall")(n, m, 8, 8, chunks, 1))
+    splits = prog.compute.splits
+    assert len(splits) == n and splits[0] > splits[1] and sum(splits) == n * chunks
+    text = to_xml(prog)
+    assert f'splits="{",".join(map(str, splits))}"' in text and "<postcondition>" in text
+    back = from_xml(text)
+    assert back.compute == prog.compute
+    assert verify(back).proven == n * sum(splits)        # padding chunks are not claimed
+    res = simulate(back, seed=n)
+    assert res.ok, res.errors
+
+
+def test_skewed_alltoall_output_is_each_ranks_rows_by_the_split():
+    import ml_dtypes
+    from gc3.simulator.compute import make_compute_inputs
+    prog = lower(_algo("gemm_alltoall")(2, 16, 8, 4, 4, 1))      # splits (6, 2) blocks of 2 rows
+    res = simulate(prog, seed=2)
+    assert res.ok, res.errors
+    ins = make_compute_inputs(prog.compute, 2, 2)
+    c = [(d["a"].astype(np.float32) @ d["b"].astype(np.float32)).astype(ml_dtypes.bfloat16) for d in ins]
+    rows = {0: (0, 12), 1: (12, 16)}
+    for p in range(2):
+        out = res.outputs[p].reshape(2, 12, 4)                   # n slices of max(splits)=6 blocks of 2 rows
+        a, b = rows[p]
+        for r in range(2):
+            np.testing.assert_array_equal(out[r, :b - a], c[r][a:b])
+
+
+def test_skewed_wrong_block_is_rejected_by_check_and_simulate():
+    prog = lower(_algo("gemm_alltoall")(4, 64, 8, 8, 2, 1))
+    bad = _mutated(prog, 0, 1)
+    with pytest.raises(SemanticError, match="should hold gemm"):
+        verify(bad)
+    res = simulate(bad)
+    assert not res.ok and res.wrong > 0
+
+
+def test_skewed_first_send_waits_for_one_gemm():
+    prog = lower(_algo("gemm_alltoall")(4, 64, 8, 8, 2, 1))
+    steps, before = happens_before(prog)
+    for g in prog.gpus:
+        sends = [key for key, st in steps.items() if key[0] == g.id and st.type == "s"]
+        assert min(sum(steps[p].type == "gemm" for p in before(s)) for s in sends) == 1
+
+
+def test_skewed_split_errors():
+    with pytest.raises(TraceError, match="summing to m"):
+        GemmAllToAll(2, 2, m=8, splits=[4, 2])
+    with pytest.raises(TraceError, match="must divide every slice"):
+        GemmAllToAll(2, 2, m=8, splits=[5, 3])
+    with pytest.raises(ValueError, match="chunks >= 2"):
+        _algo("gemm_alltoall")(4, 64, 8, 8, 1, 1)

@@ -163,7 +163,8 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         gc3version=__version__,
         # The root travels in the IR so that its verifier and users need not guess it.
         extra={} if coll.root is None else {"root": str(coll.root)},
-        postcondition=None if coll.name in NCCL_COLLECTIVES else ir_postcondition(coll, sched.dag.plan),
+        postcondition=None if coll.name in NCCL_COLLECTIVES and not getattr(coll, "states_postcondition", False)
+        else ir_postcondition(coll, sched.dag.plan),
         compute=getattr(coll, "compute", None),
     )
 

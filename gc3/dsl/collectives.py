@@ -213,7 +213,7 @@ class _Fused:
 
     def _declare(self, spec, where: str) -> None:
         axis, length, _ = spec.split()
-        self.blocks = self.input_size(0)
+        self.blocks = sum(spec.splits) if spec.splits else self.input_size(0)
         if length % self.blocks:
             raise TraceError(f"{where}: the {spec.op} operator's {length} {axis}s do not split into {self.blocks} "
                              f"chunks (chunk_factor={self.chunk_factor}): a chunk must hold whole {axis}s")
@@ -336,7 +336,7 @@ class _Gemm(_Fused):
     rounded to `dtype` once, by the caller, as cuBLAS + NCCL-in-fp32 would; "" rounds every
     stored value to `dtype` (per hop)."""
 
-    def _declare_gemm(self, m, k, n, dtype, accum: str, where: str) -> None:
+    def _declare_gemm(self, m, k, n, dtype, accum: str, where: str, splits=()) -> None:
         from ..ir import ComputeSpec
         from ..ir.program import ACCUMS
 
@@ -344,7 +344,7 @@ class _Gemm(_Fused):
         if accum not in ("",) + ACCUMS:
             raise TraceError(f"{where}: accum={accum!r}: expected '' (round per hop) or one of {', '.join(ACCUMS)}")
         self._declare(ComputeSpec("gemm", _float_dtype(dtype, "a gemm", where), (("a", (m, k)), ("b", (k, n))),
-                                  accum=accum), where)
+                                  accum=accum, splits=splits), where)
 
     def __repr__(self) -> str:
         m, k, n = self.compute.gemm_dims()
@@ -380,11 +380,37 @@ class GemmAllToAll(_Gemm, AllToAll):
     """GEMM + AllToAll (expert-parallel combine): rank r computes a_r @ b_r [M, N]; its
     row slice p (M/n rows, c chunks) goes to rank p, which holds [n, M/n, N] rank-major
     (plain AllToAll: output chunk r*c + i of rank p is rank r's input chunk p*c + i).
-    No reduction, so each value is rounded to `dtype` once, by the GEMM (accum "")."""
+    No reduction, so each value is rounded to `dtype` once, by the GEMM (accum "").
 
-    def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16"):
+    `splits` (rows for each rank, summing to M): a skewed split.  The largest slice is c
+    chunks of R rows; every buffer keeps the equal grid of n slices of c chunks, slice p
+    holding splits[p]/R of them (ComputeSpec.splits), the rest padding the IR leaves
+    unspecified (its <postcondition> lists the chunks that matter)."""
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16", splits=None):
         super().__init__(num_ranks, chunk_factor, False)
-        self._declare_gemm(m, k, n, dtype, "", user_location())
+        where = user_location()
+        self.states_postcondition = splits is not None    # padding is unspecified: the IR says which
+        blocks = () if splits is None else self._blocks_of(splits, as_int(m, "m", 1, where), where)
+        self._declare_gemm(m, k, n, dtype, "", where, blocks)
+
+    def _blocks_of(self, splits, m: int, where: str):
+        """Row blocks per destination of a skewed split given in rows: the largest slice is
+        chunk_factor chunks of R rows, R dividing every slice."""
+        rows = [as_int(s, "splits[]", 1, where) for s in splits]
+        c = self.chunk_factor
+        if len(rows) != self.num_ranks or sum(rows) != m:
+            raise TraceError(f"{where}: splits={list(splits)} must give the rows for each of the {self.num_ranks} "
+                             f"ranks, summing to m={m}")
+        if max(rows) % c or any(s % (max(rows) // c) for s in rows):
+            raise TraceError(f"{where}: splits={rows}: the largest slice in chunk_factor={c} chunks makes blocks of "
+                             f"{max(rows) / c:g} rows, which must divide every slice")
+        return tuple(s // (max(rows) // c) for s in rows)
+
+    def postcondition(self, rank, index):
+        if self.compute.splits and index % self.chunk_factor >= self.compute.splits[rank]:
+            return None            # padding of a slice shorter than the largest
+        return super().postcondition(rank, index)
 
 
 class AllGatherGemm(Collective):

@@ -204,7 +204,8 @@ class GC3Program:
             kind_applied = "copy"
         elif kind in COMPUTE:   # src repeats dst; the values are the computed blocks of the split axis
             first = compute.col0 // self.collective.per_chunk
-            src_values = [computed_chunk(dst.rank, first + k, kind) for k in range(dst.count)]
+            block = self.collective.compute.block_chunk
+            src_values = [computed_chunk(dst.rank, block(first + k), kind) for k in range(dst.count)]
             kind_applied = "copy"
         else:
             src_values = [self._values[k] for k in self.keys(src)]

@@ -102,6 +102,22 @@ class ComputeSpec:
     inputs: Tuple[Tuple[str, Tuple[int, ...]], ...]
     dtypes: Tuple[Tuple[str, str], ...] = ()      # inputs whose type is not `dtype`
     accum: str = ""
+    # gemm under AllToAll with a skewed split: row blocks of C for each destination rank, in
+    # rank order (XML: splits="5,1,1,1" on <compute>); () is equal slices.  The buffer keeps
+    # AllToAll's grid of n slices of max(splits) chunks, one row block a chunk: block j of C
+    # (destination p, i-th of its blocks) is chunk p*max(splits) + i, the rest is padding.
+    splits: Tuple[int, ...] = ()
+
+    def block_chunk(self, block: int) -> int:
+        """The buffer chunk of row block `block` of C (itself without `splits`)."""
+        if not self.splits:
+            return block
+        c = max(self.splits)
+        for p, s in enumerate(self.splits):
+            if block < s:
+                return p * c + block
+            block -= s
+        raise ValueError(f"row block outside the {sum(self.splits)} blocks of the splits {self.splits}")
 
     @property
     def buffer_dtype(self) -> str:
@@ -174,8 +190,11 @@ class ComputeSpec:
 
     @property
     def out_elems(self) -> int:
-        """Elements of the collective's buffer the operator fills (gemv: batch * N; ebag: B * T * dim)."""
+        """Elements of the collective's buffer the operator fills (gemv: batch * N; ebag: B * T * dim;
+        with `splits`, the padded grid)."""
         _, length, unit = self.split()
+        if self.splits:
+            return len(self.splits) * max(self.splits) * (length // sum(self.splits)) * unit
         return length * unit
 
 

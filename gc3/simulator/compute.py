@@ -134,6 +134,8 @@ def _gemm_reference(spec: ComputeSpec, inputs, chunks: int, coll: str):
              for d in inputs]
     rtol = RTOL.get(spec.buffer_dtype, 2e-2)
     rows = parts[0].shape[0] // n
+    if coll == "alltoall" and spec.splits:
+        return _gemm_alltoallv(spec, parts, rtol)
     if coll == "alltoall":
         return [(np.concatenate([parts[r][p * rows:(p + 1) * rows].reshape(-1) for r in range(n)]),
                  np.concatenate([rtol * np.abs(parts[r][p * rows:(p + 1) * rows]).reshape(-1) + 1e-6
@@ -198,6 +200,25 @@ def initial_buffer(spec: ComputeSpec, inputs: Dict[str, np.ndarray], rank: int, 
     if spec.op != "agemm" or not cs:
         return np.full(elems, np.nan, dtype=dt)
     return _padded(_agemm_rows(spec, inputs["a"], rank, nranks), cs, elems // cs).astype(dt)
+
+
+def _gemm_alltoallv(spec: ComputeSpec, parts, rtol: float):
+    """Skewed split: rank p gets splits[p] row blocks of every rank's C, rank-major, each rank's
+    slice padded to max(splits) blocks (padding unchecked: infinite tolerance)."""
+    n, c = len(parts), max(spec.splits)
+    R = parts[0].shape[0] // sum(spec.splits)
+    cols = parts[0].shape[1]
+    off = np.concatenate([[0], np.cumsum(spec.splits)]) * R
+    out = []
+    for p in range(n):
+        want = np.zeros((n, c * R, cols))
+        tol = np.full((n, c * R, cols), np.inf)
+        for r in range(n):
+            rows = parts[r][off[p]:off[p + 1]]
+            want[r, :len(rows)] = rows
+            tol[r, :len(rows)] = rtol * np.abs(rows) + 1e-6
+        out.append((want.reshape(-1), tol.reshape(-1)))
+    return out
 
 
 @dataclass(frozen=True)

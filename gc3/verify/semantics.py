@@ -368,7 +368,8 @@ class _Run:
         axis, n, _ = self.m.prog.compute.split()
         if operand is not None:
             return self._computed_from(tid, step, rank, st, operand)
-        k = mem.nin
+        spec = self.m.prog.compute
+        k = sum(spec.splits) if spec.splits else mem.nin     # row blocks (skewed: fewer than chunks)
         if not k or n % k:
             raise SemanticError(f"the {op} output has {n} {axis}s, not a multiple of the {k} input chunks: "
                                 f"a chunk would not hold a whole {axis} block")
@@ -379,7 +380,8 @@ class _Run:
                 f"{self.where(tid, step)} on rank {rank} computes {axis}s [{a}, {b}) of {op} into {st.cnt} chunk(s) "
                 f"of {w} {axis}s each: not whole {axis} blocks [{w}*j, {w}*(j+{st.cnt})), so the chunks would not "
                 f"hold the {axis}s the layout puts there")
-        return [leaf(rank, a // w + q, (a // w + q) % mem.c, op) for q in range(st.cnt)]
+        idx = [spec.block_chunk(a // w + q) for q in range(st.cnt)]
+        return [leaf(rank, i, i % mem.c, op) for i in idx]
 
     def _computed_from(self, tid: int, step: int, rank: int, st, operand: List[Sym]) -> List[Sym]:
         """agemm: src chunk q must hold exactly one input chunk in(p, i), an A row block of rank
