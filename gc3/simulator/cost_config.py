@@ -59,8 +59,10 @@ class CostConfig:
     bf16_flops: float = 989e12            # dense bf16 tensor-core peak (no sparsity)
     sms: int = 132                        # SMs: one GEMM output tile each per wave
     gemm_efficiency: float = 0.7          # fraction of the peak a full cuBLAS wave reaches (assumed)
-    gemm_tile: Tuple[int, int] = (128, 256)   # output tile one SM computes per wave (rows, cols; Hopper
-                                              # cuBLAS/CUTLASS bf16 kernels' usual shape; assumed)
+    # Output tiles (rows, cols, efficiency relative to the largest) a GEMM may be run with, one per
+    # SM per wave: the large one of Hopper's cuBLAS/CUTLASS bf16 kernels, and smaller ones its
+    # heuristics take when the large one would leave SMs idle (assumed figures).
+    gemm_tiles: Tuple[Tuple[int, int, float], ...] = ((128, 256, 1.0), (128, 128, 0.9), (64, 128, 0.75))
     gemm_chunk_s: float = 4e-6            # per GEMM chunk: host-driven launch + flag release (assumed)
 
     def link_type(self, a: int, b: int) -> str:

@@ -30,9 +30,10 @@ with these costs per (step, tile) of B payload bytes:
 Compute costs (`compute_seconds`).  gemv and ebag read far more than they
 compute: their time is the bytes they read over HBM bandwidth.  A GEMM chunk
 of R x N outputs (inner dimension K) runs in waves: ceil(R/tr)*ceil(N/tc)
-output tiles (tr x tc = `gemm_tile`) over `sms` SMs, each wave taking
-2*tr*tc*K flops at the per-SM share of `gemm_efficiency` x peak, plus
-`gemm_chunk_s` per chunk (launch and flag release).  Wave quantization is why
+output tiles over `sms` SMs, each wave taking 2*tr*tc*K flops at the per-SM
+share of `gemm_efficiency` x peak (times the tile's efficiency), with the
+fastest tile of `gemm_tiles` (a small chunk takes a smaller tile rather than
+leave SMs idle), plus `gemm_chunk_s` per chunk (launch and flag release).  Wave quantization is why
 chunking costs little at GEMM+RS shapes (M=4096, N=8192 cut into 4 row
 blocks: each chunk still fills whole waves, +1-2% measured) and much at an
 AG+GEMM shape (N/n = 7168 and 1024-row chunks: 224 tiles, 1.7 waves rounded
@@ -145,9 +146,15 @@ def tile_of(chunk_bytes: int, itemsize: int, proto: str, max_cnt: int, config: C
     return tile, -(-chunk_bytes // tile)
 
 
-def _gemm_waves(rows: int, cols: int, config: CostConfig) -> int:
-    tr, tc = config.gemm_tile
-    return -(-(-(-rows // tr) * -(-cols // tc)) // config.sms)
+def _gemm_time(rows: int, cols: int, k: int, config: CostConfig) -> float:
+    """One GEMM of rows x cols outputs: the fastest of the tile shapes, each running whole waves."""
+    per_sm = config.bf16_flops * config.gemm_efficiency / config.sms
+    best = None
+    for tr, tc, eff in config.gemm_tiles:
+        waves = -(-(-(-rows // tr) * -(-cols // tc)) // config.sms)
+        t = waves * 2.0 * tr * tc * k / (per_sm * eff)
+        best = t if best is None else min(best, t)
+    return best
 
 
 def compute_seconds(spec, out_elems: int, config: CostConfig) -> float:
@@ -158,10 +165,8 @@ def compute_seconds(spec, out_elems: int, config: CostConfig) -> float:
     isz = dtype_info(spec.dtype).np.itemsize
     if spec.op in ("gemm", "agemm"):
         _, k, n = spec.gemm_dims()
-        tr, tc = config.gemm_tile
-        wave = 2.0 * tr * tc * k * config.sms / (config.bf16_flops * config.gemm_efficiency)
         per_row = spec.split()[2]           # buffer elements per row of C (agemm: chunk-padded)
-        return _gemm_waves(max(out_elems // per_row, 1), n, config) * wave + config.gemm_chunk_s
+        return _gemm_time(max(out_elems // per_row, 1), n, k, config) + config.gemm_chunk_s
     if spec.op == "gemv":
         batch, k, _ = spec.gemv_dims()
         read = (out_elems // batch) * k * isz                  # the weight columns; x is small
