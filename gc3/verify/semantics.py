@@ -21,6 +21,12 @@ collective's postcondition is read over those leaves in place of input chunks
 of rank p = ebag(r, p*c+i)).  A step computing a range that is not exactly the
 blocks of its destination chunks (shifted, or a different width) is rejected,
 so the proof still says which columns or samples every output chunk holds.
+`gemm(rank, j)` is row block j of rank's a @ b (with a skewed AllToAll split,
+j is the padded grid's chunk, `ComputeSpec.block_chunk`).  An `agemm` step
+(AllGather + GEMM) reads its src chunks, which must each hold one input chunk
+in(p, i) (an A row block as the caller gave it) whose rows are the ones the
+step names; it makes agemm(rank, p*c + i), and the IR's <postcondition> asks
+output chunk j of rank r to hold agemm(r, j).
 
 Cost.  The symbolic run is O(sum of cnt) slot operations; each step also
 joins a vector clock of T entries (T threadblocks in all) with numpy, and a
