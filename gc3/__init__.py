@@ -1,7 +1,7 @@
 """gc3: programmable GPU collective communication.
 
     from gc3 import GC3Program, chunk, parallelize, Check
-    from gc3 import gemv, embedding_bag     # compute producers, under a fused collective
+    from gc3 import gemv, embedding_bag, gemm     # compute producers, under a fused collective
 
 The names are resolved lazily so that `import gc3.ir.xml_io` (used by the
 runtime) does not pay for the DSL, networkx or matplotlib.
@@ -18,6 +18,7 @@ _EXPORTS = {
     "chunk": "gc3.dsl.program",
     "gemv": "gc3.dsl.program",
     "embedding_bag": "gc3.dsl.program",
+    "gemm": "gc3.dsl.program",
     "parallelize": "gc3.dsl.program",
     "Check": "gc3.dsl.program",
     "int_args": "gc3.dsl.program",

@@ -90,6 +90,20 @@ SAMPLES: Tuple[Sample, ...] = (
 )
 
 
+# Fused programs (compute steps, issue 17), compiled with their default arguments: written for
+# reading and for the GPU side, but not indexed, since no NCCL call can be served by them.
+FUSED: Tuple[str, ...] = ("gemm_reducescatter", "allgather_gemm", "gemm_allreduce", "gemm_alltoall")
+
+
+def compile_fused(name: str):
+    from gc3 import lower
+    from gc3.dsl.program import run_script
+
+    prog = lower(run_script(ROOT / "algorithms" / "fused" / f"{name}.py", []))
+    verify(prog)
+    return prog
+
+
 def compile_sample(sample: Sample):
     """(traced GC3Program, verified ir.Program named after the sample's file, with its size range)."""
     traced, prog = compile_program(sample.algorithm, sample.args, sample.instances, sample.protocol)
@@ -122,6 +136,10 @@ def generate(out_dir: Path) -> List[Path]:
         path.write_text(to_xml(prog))
         written.append(path)
         entries.append(index_entry(sample, traced, prog))
+    for name in FUSED:
+        path = out_dir / f"{name}.xml"
+        path.write_text(to_xml(compile_fused(name)))
+        written.append(path)
     index = out_dir / "index.json"
     index.write_text(json.dumps({"version": 1, "algorithms": entries}, indent=2) + "\n")
     written.append(index)

@@ -17,6 +17,8 @@ from gc3.ir.xml_io import from_xml, to_xml
 from gc3.simulator import simulate
 from gc3.verify import verify
 
+from fused_deps import happens_before
+
 ALGO = Path(__file__).resolve().parent.parent / "algorithms" / "fused" / "gemv_allreduce.py"
 
 
@@ -91,34 +93,7 @@ def test_first_send_waits_for_its_own_chunk_only(twoshot, compute_tbs):
     chunk it sends; and no rank's sends all wait for every gemv of the rank.  Also
     with the gemv steps on compute TBs of their own (the send then waits on one by depid)."""
     prog = twoshot if not compute_tbs else lower(_algo()(4, 1, 512, 2048, 8, 2, compute_tbs))
-    steps = {(g.id, tb.id, k): st for g in prog.gpus for tb in g.threadblocks for k, st in enumerate(tb.steps)}
-    tbs = {(g.id, tb.id): tb for g in prog.gpus for tb in g.threadblocks}
-    # k-th send on a connection -> k-th receive
-    sent, recvd = {}, {}
-    for (r, t), tb in tbs.items():
-        for k, st in enumerate(tb.steps):
-            if st.info.send:
-                sent.setdefault((r, tb.send, tb.chan), []).append((r, t, k))
-            if st.info.recv:
-                recvd.setdefault((tb.recv, r, tb.chan), []).append((r, t, k))
-    sender = {rv: sd for c in recvd for sd, rv in zip(sent.get(c, []), recvd[c])}
-    memo = {}
-
-    def before(key):
-        if key not in memo:
-            r, t, k = key
-            st = steps[key]
-            out = set()
-            preds = [(r, t, k - 1)] if k else []
-            if st.depid >= 0:
-                preds.append((r, st.depid, st.deps))
-            if key in sender:
-                preds.append(sender[key])
-            for p in preds:
-                out |= before(p) | {p}
-            memo[key] = frozenset(out)
-        return memo[key]
-
+    steps, before = happens_before(prog)
     firsts = []
     for key, st in steps.items():
         if st.type == "s":

@@ -1,5 +1,5 @@
 """Every layer that gives an opcode a meaning has an entry for every row of
-gc3.ir.opcodes.OPCODES.  Adding a row (try GC3_TEST_EXTRA_OPCODE=gemm) fails
+gc3.ir.opcodes.OPCODES.  Adding a row (try GC3_TEST_EXTRA_OPCODE=conv) fails
 `test_layer_has_every_opcode` once per layer that lacks it, on a CPU.
 
 Layers that only read the row's properties (operand roles, the compiler's
@@ -72,8 +72,8 @@ def test_layer_has_every_opcode(layer, opcode_table):
 
 def test_a_new_row_is_missed_by_every_layer():
     """...every layer but the compute operators' table, which only compute rows need."""
-    table = dict(OPCODES, gemm=OpcodeInfo(recv=False, send=False, reduce=False, writes=True, local_in="src"))
-    assert [layer for layer in LAYERS if missing(layer, table) == ["gemm"]] == \
+    table = dict(OPCODES, conv=OpcodeInfo(recv=False, send=False, reduce=False, writes=True, local_in="src"))
+    assert [layer for layer in LAYERS if missing(layer, table) == ["conv"]] == \
         [layer for layer in LAYERS if not layer.startswith("compute operators")]
 
 
@@ -81,11 +81,11 @@ def test_a_cpu_only_row_is_exempt_from_the_device_layers_only():
     """A compute row the interpreter cannot run yet (device=False, not folded) still
     needs its step meaning, timeline colour and an operator; the device layers skip it, and
     the runtime refuses it instead (tests/test_fused_gemv.py)."""
-    row = OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemm")
-    table = dict(OPCODES, gemm=row)
+    row = OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="conv")
+    table = dict(OPCODES, conv=row)
     device = [layer for layer in LAYERS if layer.startswith(("runtime ABI", "device dispatch"))]
     assert len(device) == 2
-    assert [layer for layer in LAYERS if missing(layer, table) == ["gemm"]] == \
+    assert [layer for layer in LAYERS if missing(layer, table) == ["conv"]] == \
         [layer for layer in LAYERS if layer not in device]
     from gc3.ir.opcodes import NOT_ON_DEVICE
     assert {t for t, i in OPCODES.items() if not i.device} - {"nop"} == NOT_ON_DEVICE

@@ -223,7 +223,10 @@ def msccl_reader_accepts(text):
     return skipped
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "ir_samples").glob("*.xml")), ids=lambda p: p.name)
+# The fused samples (gemm steps, fused="1") are gc3's extension: MSCCL would refuse them anyway.
+@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "ir_samples").glob("*.xml")
+                                        if 'fused="1"' not in p.read_text().split("\n", 1)[0]),
+                         ids=lambda p: p.name)
 def test_communication_only_xml_satisfies_msccls_reader(path):
     assert msccl_reader_accepts(path.read_text()) == 0
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import LoweringError
-from ..ir.opcodes import COMPUTE
+from ..ir.opcodes import COMPUTE, OPCODES
 from ..dsl.chunk_dag import ChunkDAG
 from ..dsl.ops import Op
 from .buffers import BufferPlan
@@ -130,7 +130,9 @@ def build_instr_dag(chunks: ChunkDAG, plan: BufferPlan) -> InstrDAG:
             # (src repeats dst, as a receive's does), so what consumes a chunk depends on
             # the compute of that chunk only.  Ranges and chunks move together, so replication
             # (which would split one chunk into several) is refused in `lower`.
-            instrs.append(Instr(len(instrs), op.dst.rank, op.kind, dst[0], dst[1], dst[0], dst[1], op.dst.count,
+            # One that reads a chunk (agemm: the A rows that arrived) names it as its src.
+            s = src if OPCODES[op.kind].local_in else dst
+            instrs.append(Instr(len(instrs), op.dst.rank, op.kind, s[0], s[1], dst[0], dst[1], op.dst.count,
                                 ch=op.ch, tb=local_tb, parallel=op.parallel, ops=(op,), compute=op.compute))
             send_to.append(-1)
             recv_from.append(-1)
@@ -159,7 +161,7 @@ def _reads_writes(x: Instr):
     t = x.type
     if t == "s":
         return (x.srcbuf, x.srcoff), None
-    if t == "r" or t in COMPUTE:
+    if t == "r" or (t in COMPUTE and not OPCODES[t].local_in):
         return None, (x.dstbuf, x.dstoff)
     if t == "cpy":
         return (x.srcbuf, x.srcoff), (x.dstbuf, x.dstoff)

@@ -163,7 +163,8 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         gc3version=__version__,
         # The root travels in the IR so that its verifier and users need not guess it.
         extra={} if coll.root is None else {"root": str(coll.root)},
-        postcondition=None if coll.name in NCCL_COLLECTIVES else ir_postcondition(coll, sched.dag.plan),
+        postcondition=None if coll.name in NCCL_COLLECTIVES and not getattr(coll, "states_postcondition", False)
+        else ir_postcondition(coll, sched.dag.plan),
         compute=getattr(coll, "compute", None),
     )
     if coll.epilogue is not None:
@@ -198,6 +199,7 @@ def ir_postcondition(coll, plan) -> Optional[Postcondition]:
                 continue
             for i in range(plan.instances):
                 for u in range(plan.parallel):
+                    # A compute leaf (rank, index, op) names the operator's block, not an input chunk.
                     post[(r, plan.index(r, "o", j, i, u))] = tuple(
-                        (src, plan.index(src, "i", idx, i, u)) for src, idx in value.terms)
+                        (t[0], t[1] if len(t) > 2 else plan.index(t[0], "i", t[1], i, u)) for t in value.terms)
     return post

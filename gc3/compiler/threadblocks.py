@@ -224,8 +224,23 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
 def _compute_at_consumer(dag: InstrDAG, shapes: _Shapes, key1: List[int], key2: List[int]) -> None:
     """Give each compute instruction its earliest consumer's keys (it has a smaller id,
     having been made first, so it pops just before that consumer), and its threadblock
-    when the consumer communicates (it has one by now)."""
+    when the consumer communicates (it has one by now).  A producer with no consumer (it
+    computes a final output: the rank's own block) waits for nothing and nothing waits for
+    it, so it goes after everything else: it must not make a threadblock's first send wait
+    for it.  One that reads a chunk (agemm) keeps its own keys: it follows that chunk."""
+    last = max(key1, default=0) + 1
     for x in dag.instrs:
+        if OPCODES[x.type].compute and not OPCODES[x.type].local_in and not dag.succs[x.id]:
+            key1[x.id] = last
+        if OPCODES[x.type].compute and OPCODES[x.type].local_in:
+            # It reads a chunk: it runs right after the receive that brought it, in that receive's
+            # threadblock, so it waits for that arrival (and, FIFO, the earlier ones of that
+            # connection) only, not for other peers' chunks queued before it elsewhere.
+            recvs = [p for p in dag.preds[x.id] if dag.instrs[p].type in RECVS and shapes.tb_of[p] >= 0]
+            if len(recvs) == 1 and x.tb is None:
+                (p,) = recvs
+                key1[x.id], key2[x.id] = key1[p], key2[p]
+                shapes.tb_of[x.id] = shapes.tb_of[p]
         if not OPCODES[x.type].compute or not dag.succs[x.id]:
             continue
         first = min(dag.succs[x.id], key=lambda v: (key1[v], key2[v], v))

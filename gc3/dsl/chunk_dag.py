@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import GC3Error, LoweringError
-from ..ir.opcodes import COMPUTE
+from ..ir.opcodes import COMPUTE, OPCODES
 from .collectives import Collective
 from .ops import Op, Slot
 
@@ -136,7 +136,7 @@ def build_chunk_dag(ops: Sequence[Op], sources: Iterable[Key]):
     for op in ops:
         dag.add_node(op.id, kind="op", op=op)
         # A compute producer reads its operator's inputs (x, w; tables, ...), which no op writes: no chunk.
-        reads = [] if op.kind in COMPUTE else \
+        reads = [] if op.kind in COMPUTE and not OPCODES[op.kind].local_in else \
             list(_keys(op.src)) + (list(_keys(op.dst)) if op.kind == "reduce" else [])
         for key in reads:
             if key in last_writer:     # else: a read of no data, which verification reports

@@ -31,7 +31,8 @@ from .symbolic import Value, as_computed, input_chunk, reduced_inputs, reduction
 NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 
 __all__ = ["NCCL_COLLECTIVES", "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Reduce",
-           "AllToNext", "GemvAllReduce", "EmbeddingBagAllToAll", "input_chunk", "reduction", "Value"]
+           "AllToNext", "GemvAllReduce", "EmbeddingBagAllToAll", "GemmReduceScatter", "GemmAllReduce",
+           "GemmAllToAll", "AllGatherGemm", "input_chunk", "reduction", "Value"]
 
 
 class Collective:
@@ -231,7 +232,7 @@ class _Fused:
 
     def _declare(self, spec, where: str) -> None:
         axis, length, _ = spec.split()
-        self.blocks = self.input_size(0)
+        self.blocks = sum(spec.splits) if spec.splits else self.input_size(0)
         if length % self.blocks:
             raise TraceError(f"{where}: the {spec.op} operator's {length} {axis}s do not split into {self.blocks} "
                              f"chunks (chunk_factor={self.chunk_factor}): a chunk must hold whole {axis}s")
@@ -339,3 +340,131 @@ class EmbeddingBagAllToAll(_Fused, AllToAll):
         return (f"EmbeddingBagAllToAll(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, tables={t}, "
                 f"rows={rows}, dim={dim}, batch={total // self.num_ranks}, pooling={nnz // total}, "
                 f"dtype={self.compute.dtype!r})")
+
+
+class _Gemm(_Fused):
+    """A fused GEMM + collective (issue 17): rank r holds a_r [M, K] and b_r [K, N] (`dtype`,
+    fp32 accumulation) and its partial product C_r = a_r @ b_r [M, N] is the plain
+    collective's input, row-major and split by rows (`gc3.ir.ComputeSpec` gemm): input
+    chunk k is rows k*M/B .. (k+1)*M/B, B the collective's input chunks.  `gemm(rank, ...)`
+    steps produce them (leaf gemm(rank, k)), and they are sent, reduced and copied like any
+    chunk, so the postcondition is the plain collective's over gemm leaves.
+
+    accum "float32" (the default of the reductions): the compute stores its fp32
+    accumulator and the buffers are float32, so the cross-rank sum is carried in fp32 and
+    rounded to `dtype` once, by the caller, as cuBLAS + NCCL-in-fp32 would; "" rounds every
+    stored value to `dtype` (per hop)."""
+
+    def _declare_gemm(self, m, k, n, dtype, accum: str, where: str, splits=()) -> None:
+        from ..ir import ComputeSpec
+        from ..ir.program import ACCUMS
+
+        m, k, n = (as_int(v, name, 1, where) for v, name in ((m, "m"), (k, "k"), (n, "n")))
+        if accum not in ("",) + ACCUMS:
+            raise TraceError(f"{where}: accum={accum!r}: expected '' (round per hop) or one of {', '.join(ACCUMS)}")
+        self._declare(ComputeSpec("gemm", _float_dtype(dtype, "a gemm", where), (("a", (m, k)), ("b", (k, n))),
+                                  accum=accum, splits=splits), where)
+
+    def __repr__(self) -> str:
+        m, k, n = self.compute.gemm_dims()
+        return (f"{type(self).__name__}(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, m={m}, "
+                f"k={k}, n={n}, dtype={self.compute.dtype!r}, accum={self.compute.accum!r})")
+
+    def rows(self, index: int, count: int = 1):
+        """Rows [r0, r1) of C that input chunks index..index+count-1 hold."""
+        return self.span(index, count)
+
+
+class GemmReduceScatter(_Gemm, ReduceScatter):
+    """GEMM + ReduceScatter (row-parallel linear, sequence parallel): a_r [M, K/n], b_r
+    [K/n, N]; rank p ends with rows p*M/n .. (p+1)*M/n of sum_r a_r @ b_r ([M/n, N]).
+    Input chunk p*c + i (c = chunk_factor) is row block i of rank p's slice."""
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k_shard=32, n=32, dtype="bfloat16", accum="float32"):
+        super().__init__(num_ranks, chunk_factor, False)
+        self._declare_gemm(m, k_shard, n, dtype, accum, user_location())
+
+
+class GemmAllReduce(_Gemm, AllReduce):
+    """GEMM + AllReduce (row-parallel linear without sequence parallelism): a_r [M, K/n],
+    b_r [K/n, N]; every rank ends with sum_r a_r @ b_r [M, N].  Chunk j is row block j.
+    In place: the compute writes the output buffer directly."""
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k_shard=32, n=32, dtype="bfloat16", accum="float32"):
+        super().__init__(num_ranks, chunk_factor, True)
+        self._declare_gemm(m, k_shard, n, dtype, accum, user_location())
+
+
+class GemmAllToAll(_Gemm, AllToAll):
+    """GEMM + AllToAll (expert-parallel combine): rank r computes a_r @ b_r [M, N]; its
+    row slice p (M/n rows, c chunks) goes to rank p, which holds [n, M/n, N] rank-major
+    (plain AllToAll: output chunk r*c + i of rank p is rank r's input chunk p*c + i).
+    No reduction, so each value is rounded to `dtype` once, by the GEMM (accum "").
+
+    `splits` (rows for each rank, summing to M): a skewed split.  The largest slice is c
+    chunks of R rows; every buffer keeps the equal grid of n slices of c chunks, slice p
+    holding splits[p]/R of them (ComputeSpec.splits), the rest padding the IR leaves
+    unspecified (its <postcondition> lists the chunks that matter)."""
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16", splits=None):
+        super().__init__(num_ranks, chunk_factor, False)
+        where = user_location()
+        self.states_postcondition = splits is not None    # padding is unspecified: the IR says which
+        blocks = () if splits is None else self._blocks_of(splits, as_int(m, "m", 1, where), where)
+        self._declare_gemm(m, k, n, dtype, "", where, blocks)
+
+    def _blocks_of(self, splits, m: int, where: str):
+        """Row blocks per destination of a skewed split given in rows: the largest slice is
+        chunk_factor chunks of R rows, R dividing every slice."""
+        rows = [as_int(s, "splits[]", 1, where) for s in splits]
+        c = self.chunk_factor
+        if len(rows) != self.num_ranks or sum(rows) != m:
+            raise TraceError(f"{where}: splits={list(splits)} must give the rows for each of the {self.num_ranks} "
+                             f"ranks, summing to m={m}")
+        if max(rows) % c or any(s % (max(rows) // c) for s in rows):
+            raise TraceError(f"{where}: splits={rows}: the largest slice in chunk_factor={c} chunks makes blocks of "
+                             f"{max(rows) / c:g} rows, which must divide every slice")
+        return tuple(s // (max(rows) // c) for s in rows)
+
+    def postcondition(self, rank, index):
+        if self.compute.splits and index % self.chunk_factor >= self.compute.splits[rank]:
+            return None            # padding of a slice shorter than the largest
+        return super().postcondition(rank, index)
+
+
+class AllGatherGemm(Collective):
+    """AllGather + GEMM (column-parallel linear with a sequence-parallel input): rank r holds
+    A_r [M/n, K] (its input buffer, c row blocks) and b_r [K, N] (N = the rank's N/n
+    columns); it ends with C_r = concat_p(A_p) @ b_r [M, N] in its output, n*c row blocks,
+    block p*c + i computed from rank p's A block i (`gc3.ir.ComputeSpec` agemm: A and C
+    blocks share one chunk grid of R*max(K, N) lanes).  `gemm(rank, "out", j, a=ref)` steps
+    compute them from the chunk `ref` that arrived, so the postcondition is output chunk j
+    of rank r = agemm(r, j): block j of C made on rank r (with its own b) from A block j.
+    A custom collective (name "allgather_gemm"): the IR carries this postcondition."""
+
+    name = "allgather_gemm"
+
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16"):
+        from ..ir import ComputeSpec
+
+        super().__init__(num_ranks, chunk_factor, False)
+        where = user_location()
+        m, k, n = (as_int(v, name, 1, where) for v, name in ((m, "m"), (k, "k"), (n, "n")))
+        if m % (self.num_ranks * self.chunk_factor):
+            raise TraceError(f"{where}: m={m} rows do not split into {self.num_ranks}*{self.chunk_factor} row "
+                             f"blocks (ranks * chunk_factor): a chunk must hold whole rows")
+        self.compute = ComputeSpec("agemm", _float_dtype(dtype, "a gemm", where), (("a", (m, k)), ("b", (k, n))))
+        self.rows_per_chunk = m // (self.num_ranks * self.chunk_factor)
+
+    def __repr__(self) -> str:
+        m, k, n = self.compute.gemm_dims()
+        return (f"AllGatherGemm(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, m={m}, k={k}, "
+                f"n={n}, dtype={self.compute.dtype!r})")
+
+    def output_size(self, rank):
+        return self.num_ranks * self.chunk_factor
+
+    def postcondition(self, rank, index):
+        from .symbolic import computed_chunk
+
+        return computed_chunk(rank, index, "agemm")

@@ -38,7 +38,7 @@ from .chunk_ref import ChunkRef
 from .collectives import Collective
 from ..errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
 from ..ir import PROTOCOLS
-from ..ir.opcodes import COMPUTE
+from ..ir.opcodes import COMPUTE, OPCODES
 from .ops import Op, Slot
 from .symbolic import Value, computed_chunk, describe, difference, input_chunk
 from .topology import Topology, fully_connected
@@ -198,9 +198,14 @@ class GC3Program:
     # --- applying operations ------------------------------------------------------
     def record(self, kind: str, src: Slot, dst: Slot, ch, sendtb, recvtb, where: str, compute=None) -> Op:
         parallel, group = self._parallel if self._parallel else (1, None)
-        if kind in COMPUTE:     # src repeats dst; the values are the computed blocks of the split axis
+        if kind in COMPUTE and OPCODES[kind].local_in:    # agemm: block j of C from the A block j read
+            w = self.collective.rows_per_chunk
+            src_values = [computed_chunk(dst.rank, compute.col0 // w + k, kind) for k in range(dst.count)]
+            kind_applied = "copy"
+        elif kind in COMPUTE:   # src repeats dst; the values are the computed blocks of the split axis
             first = compute.col0 // self.collective.per_chunk
-            src_values = [computed_chunk(dst.rank, first + k, kind) for k in range(dst.count)]
+            block = self.collective.compute.block_chunk
+            src_values = [computed_chunk(dst.rank, block(first + k), kind) for k in range(dst.count)]
             kind_applied = "copy"
         else:
             src_values = [self._values[k] for k in self.keys(src)]
@@ -283,6 +288,56 @@ def embedding_bag(rank, buffer, index, count: int = 1, *, rows: Optional[int] = 
                     sendtb)
 
 
+def gemm(rank, buffer, index, count: int = 1, *, rows: Optional[int] = None, a: Optional[ChunkRef] = None,
+         sendtb=None) -> ChunkRef:
+    """Compute chunks (rank, buffer, index..index+count-1) as row blocks `rows..rows+count-1`
+    of rank's product a_rank @ b_rank (default `rows`: `index`, the input chunk those rows
+    are), under a fused GEMM collective (`gc3.collectives.GemmReduceScatter`,
+    `GemmAllReduce`, `GemmAllToAll`).  Returns a reference to the computed chunks, to send,
+    reduce or copy like any other.
+
+    With `a` (under `gc3.collectives.AllGatherGemm`): the A row blocks are the chunks `a`
+    holds on `rank` (the ones that arrived), and the rows are whichever blocks they hold: an
+    `agemm` step, which waits for those chunks only."""
+    if a is not None:
+        return _gemm_of_chunk(rank, buffer, index, count, a, rows, sendtb)
+    return _compute("gemm", "gemm()", "GemmReduceScatter", rank, buffer, index, count, rows, "rows", sendtb)
+
+
+def _gemm_of_chunk(rank, buffer, index, count, a: ChunkRef, rows, sendtb) -> ChunkRef:
+    from .chunk_ref import _schedule_hint
+    from ..ir import ComputeArgs
+
+    where = user_location()
+    prog = _current("gemm()")
+    coll = prog.collective
+    if getattr(coll, "compute", None) is None or coll.compute.op != "agemm":
+        raise TraceError(f"{where}: gemm(a=...) needs gc3.collectives.AllGatherGemm; {coll!r} is not one")
+    if rows is not None:
+        raise TraceError(f"{where}: gemm(a=...) computes the rows its A chunks hold; rows= cannot be given")
+    count = as_int(count, "count", 1, where)
+    r, buf, idx = prog.locate(rank, buffer, index, count, where)
+    if not isinstance(a, ChunkRef) or a.rank != r or a.count != count:
+        raise TraceError(f"{where}: gemm(a=...) needs {count} chunk(s) of A on rank {r}, got {a!r}")
+    a._require_fresh(where)
+    src = Slot(a.rank, a.buffer, a.index, a.count)
+    blocks = []
+    for key in prog.keys(src):
+        v = prog.value(key)
+        if v is None or len(v.terms) != 1 or len(v.terms[0]) != 2:
+            raise TraceError(f"{where}: gemm(a=...) reads chunk {key} holding {describe(v)}; it must hold one A "
+                             f"row block as the caller gave it")
+        p, i = v.terms[0]
+        blocks.append(p * coll.chunk_factor + i)
+    if blocks != list(range(blocks[0], blocks[0] + count)):
+        raise TraceError(f"{where}: gemm(a=...) reads A blocks {blocks}; they must be consecutive")
+    w = coll.rows_per_chunk
+    dst = Slot(r, buf, idx, count)
+    prog.record("agemm", src, dst, None, _schedule_hint("sendtb", sendtb, where), None, where,
+                compute=ComputeArgs(coll.compute.step_inputs, blocks[0] * w, (blocks[0] + count) * w))
+    return prog.ref(dst, where)
+
+
 def _compute(op: str, fn: str, coll_name: str, rank, buffer, index, count, first, first_name: str,
              sendtb) -> ChunkRef:
     """The compute producers' one mechanism: dst chunks <- the operator's split-axis blocks
@@ -305,7 +360,7 @@ def _compute(op: str, fn: str, coll_name: str, rank, buffer, index, count, first
     col0, col1 = coll.span(first, count)
     dst = Slot(r, buf, idx, count)
     prog.record(op, dst, dst, None, _schedule_hint("sendtb", sendtb, where), None, where,
-                compute=ComputeArgs(coll.compute.names, col0, col1))
+                compute=ComputeArgs(coll.compute.step_inputs, col0, col1))
     return prog.ref(dst, where)
 
 

@@ -50,6 +50,13 @@ OPCODES: Dict[str, OpcodeInfo] = {
     # gc3 extension: dst chunks <- pooled rows (samples [col0, col1)) of this rank's embedding
     # tables (embedding-bag sum).
     "ebag": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, compute="ebag"),
+    # gc3 extension: dst chunks <- rows [col0, col1) of a @ b for this rank's operands (issue 17).  The
+    # device side is host-driven cuBLAS chunks outside the interpreter, so the interpreter refuses it.
+    "gemm": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemm"),
+    # gc3 extension: dst chunks <- (the A rows its src chunks hold) @ b: the GEMM of a chunk that
+    # arrived (AllGather + GEMM), so unlike the producers above it reads a chunk.  CPU only.
+    "agemm": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, local_in="src", device=False,
+                        compute="agemm"),
 }
 
 # --- what each opcode computes: the normative meaning of a step -----------------
@@ -57,7 +64,8 @@ OPCODES: Dict[str, OpcodeInfo] = {
 # semantic checker to symbols.  value(reduce, read, src, dst, received, computed)
 # -> what the step writes to dst and/or sends; None: the step moves no data.
 # `read(buf, off)` reads the step's `cnt` chunks, `received` is what arrived (None
-# for steps that receive nothing), `computed()` is a compute step's result.
+# for steps that receive nothing), `computed()` is a compute step's result, `computed(operand)`
+# that of one that reads a chunk.
 STEP_VALUE = {
     "s": lambda red, read, src, dst, got, computed: read(*src),
     "r": lambda red, read, src, dst, got, computed: got,
@@ -70,6 +78,8 @@ STEP_VALUE = {
     "nop": None,
     "gemv": lambda red, read, src, dst, got, computed: computed(),
     "ebag": lambda red, read, src, dst, got, computed: computed(),
+    "gemm": lambda red, read, src, dst, got, computed: computed(),
+    "agemm": lambda red, read, src, dst, got, computed: computed(read(*src)),
 }
 
 # A step's epilogue (gc3.ir.epilogue, the step's `epilogue` attribute) transforms the value

@@ -54,6 +54,9 @@ class ComputeArgs:
     col1: int
 
 
+ACCUMS = ("float32",)       # the types a ComputeSpec's buffers may carry partials in (`accum`)
+
+
 @dataclass(frozen=True)
 class ComputeSpec:
     """The operator of a fused IR (`<compute>`, root `fused="1"`): its kind, the
@@ -74,12 +77,53 @@ class ComputeSpec:
     row-major, so samples [a, b) are one contiguous range (split axis: samples).
     Under AllToAll each rank's input buffer is its own pooled [B, T*dim] (chunk
     p*c + i: samples of rank p's slice); see gc3.collectives.EmbeddingBagAllToAll
-    for where they land."""
+    for where they land.
+
+    gemm: inputs a [M, K] and b [K, N] (rank r's operands); the operator's
+    result is C = a @ b [M, N], row-major, split by rows: rows [r0, r1) are one
+    contiguous range, so a chunk is a whole row block.
+
+    agemm (AllGather + GEMM): a [M, K] is the *gathered* A, of which rank r's
+    input buffer holds rows r*M/n .. (r+1)*M/n; b [K, N] is rank r's own.  An
+    agemm step reads A row blocks from its src chunks (the ones that arrived)
+    and writes those rows of C = a @ b into its dst chunks.  A and C row blocks
+    share one chunk grid: a chunk of R rows has R*max(K, N) lanes, holding R
+    rows of A (R*K lanes) or of C (R*N lanes) row-major from its start, the
+    rest zero padding; the output buffer is C in M/R such chunks.
+
+    accum: what the collective's buffers carry.  "" (gemv, ebag, and the
+    default): every stored value is rounded to `dtype`, so a reduction rounds
+    at every hop.  "float32" (the GEMM reductions, issue 17): the compute step
+    stores its fp32 accumulator unrounded and the buffers are float32, so the
+    cross-rank sum is carried in fp32 and rounded to `dtype` once, when the
+    caller takes the output (XML: accum="float32" on <compute>)."""
 
     op: str
     dtype: str
     inputs: Tuple[Tuple[str, Tuple[int, ...]], ...]
     dtypes: Tuple[Tuple[str, str], ...] = ()      # inputs whose type is not `dtype`
+    accum: str = ""
+    # gemm under AllToAll with a skewed split: row blocks of C for each destination rank, in
+    # rank order (XML: splits="5,1,1,1" on <compute>); () is equal slices.  The buffer keeps
+    # AllToAll's grid of n slices of max(splits) chunks, one row block a chunk: block j of C
+    # (destination p, i-th of its blocks) is chunk p*max(splits) + i, the rest is padding.
+    splits: Tuple[int, ...] = ()
+
+    def block_chunk(self, block: int) -> int:
+        """The buffer chunk of row block `block` of C (itself without `splits`)."""
+        if not self.splits:
+            return block
+        c = max(self.splits)
+        for p, s in enumerate(self.splits):
+            if block < s:
+                return p * c + block
+            block -= s
+        raise ValueError(f"row block outside the {sum(self.splits)} blocks of the splits {self.splits}")
+
+    @property
+    def buffer_dtype(self) -> str:
+        """The element type of the collective's buffers (and of the steps' tiles)."""
+        return self.accum or self.dtype
 
     def shape(self, name: str) -> Optional[Tuple[int, ...]]:
         return dict(self.inputs).get(name)
@@ -108,9 +152,16 @@ class ComputeSpec:
                              f"[T, B+1] (both int32); got {dict(self.inputs)} typed {dict(self.dtypes)}")
         return t[0], t[1], t[2], i[1], o[1] - 1
 
+    def gemm_dims(self) -> Tuple[int, int, int]:
+        """(M, K, N) of a gemm or agemm operator; ValueError when its inputs do not say."""
+        a, b = self.shape("a"), self.shape("b")
+        if self.op not in ("gemm", "agemm") or self.names != ("a", "b") or len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            raise ValueError(f"a gemm operator needs inputs a [M, K] and b [K, N]; got {dict(self.inputs)}")
+        return a[0], a[1], b[1]
+
     def split(self) -> Tuple[str, int, int]:
         """(axis, length, buffer elements per unit) of the operator's split axis, the one compute
-        steps' [col0, col1) index: gemv (column, N, batch); ebag (sample, B, T*dim).  ValueError
+        steps' [col0, col1) index: gemv (column, N, batch); ebag (sample, B, T*dim); gemm (row, M, N).  ValueError
         for an operator this table lacks or inputs it cannot read."""
         if self.op == "gemv":
             batch, _, n = self.gemv_dims()
@@ -118,12 +169,33 @@ class ComputeSpec:
         if self.op == "ebag":
             t, _, dim, _, b = self.ebag_dims()
             return "sample", b, t * dim
+        if self.op == "gemm":
+            m, _, n = self.gemm_dims()
+            return "row", m, n
+        if self.op == "agemm":
+            m, k, n = self.gemm_dims()
+            return "row", m, max(k, n)
         raise ValueError(f"unknown compute operator {self.op!r}")
 
     @property
+    def step_inputs(self) -> Tuple[str, ...]:
+        """The named inputs a compute step reads (agemm reads its A rows from chunks instead)."""
+        return tuple(name for name in self.names if not (self.op == "agemm" and name == "a"))
+
+    def call_elems(self, nranks: int) -> int:
+        """Elements of each rank's input buffer in the call the IR describes: the buffer the
+        operator fills (gemv, ebag, gemm), or agemm's A rows of the rank, chunk-padded."""
+        if self.op == "agemm":
+            return self.out_elems // nranks
+        return self.out_elems
+
+    @property
     def out_elems(self) -> int:
-        """Elements of the collective's buffer the operator fills (gemv: batch * N; ebag: B * T * dim)."""
+        """Elements of the collective's buffer the operator fills (gemv: batch * N; ebag: B * T * dim;
+        with `splits`, the padded grid)."""
         _, length, unit = self.split()
+        if self.splits:
+            return len(self.splits) * max(self.splits) * (length // sum(self.splits)) * unit
         return length * unit
 
 

@@ -17,6 +17,7 @@ from ..errors import IRFormatError
 from ..units import strict_int
 from . import BUFFERS, PROTOCOLS, STEP_TYPES, ComputeArgs, ComputeSpec, Gpu, Postcondition, Program, Step, Threadblock
 from .opcodes import COMPUTE
+from .program import ACCUMS
 
 # A custom collective's postcondition is one extra child of <algo>, after the
 # <gpu>s: MSCCL's hand-written reader looks for <gpu> children by name and
@@ -88,6 +89,10 @@ def _choice(options):
             raise ValueError(f"expected one of {', '.join(options)}")
         return raw
     return conv
+
+
+def _int_list(raw: str):
+    return tuple(strict_int(v, 1, limits.INT32_MAX) for v in raw.split(","))
 
 
 def _children(el, tag: str, source: str, also=()):
@@ -241,9 +246,13 @@ def _read_fused(root, source: str, prog: Program) -> None:
         if i.get("dtype") is not None:
             dtypes.append((inputs[-1][0], _attr(i, "dtype", source)))
     spec = ComputeSpec(op=_attr(el, "op", source, _choice(sorted(COMPUTE))),
-                       dtype=_attr(el, "dtype", source), inputs=tuple(inputs), dtypes=tuple(dtypes))
+                       dtype=_attr(el, "dtype", source), inputs=tuple(inputs), dtypes=tuple(dtypes),
+                       accum=_attr(el, "accum", source, _choice(ACCUMS), default="", required=False),
+                       splits=_attr(el, "splits", source, _int_list, default=(), required=False))
     try:
         spec.split()
+        if spec.splits and (spec.op != "gemm" or spec.split()[1] % sum(spec.splits)):
+            raise ValueError(f"splits={spec.splits} need a gemm whose rows divide into {sum(spec.splits)} blocks")
     except ValueError as exc:
         raise IRFormatError(f"{_where(el, source)} {exc}") from None
     prog.compute = spec
@@ -363,6 +372,10 @@ def to_element(prog: Program):
         root.append(_postcondition_element(prog.postcondition))
     if prog.compute is not None:
         ce = etree.SubElement(root, COMPUTE_EL, {"op": prog.compute.op, "dtype": prog.compute.dtype})
+        if prog.compute.accum:          # absent: values rounded to dtype at every hop
+            ce.set("accum", prog.compute.accum)
+        if prog.compute.splits:         # absent: equal slices
+            ce.set("splits", ",".join(map(str, prog.compute.splits)))
         typed = dict(prog.compute.dtypes)
         for name, shape in prog.compute.inputs:
             ie = etree.SubElement(ce, _INPUT, {"name": name, "shape": ",".join(map(str, shape))})

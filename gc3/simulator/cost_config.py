@@ -53,6 +53,17 @@ class CostConfig:
     calibrated: bool = False
     calibration: str = "spec figures"     # where the numbers come from, printed with each prediction
     measured_ranks: int = 0               # rank count of the calibration runs (0: none)
+    # Compute steps of a fused IR (`compute_seconds` in cost_model.py).  The peak figures are
+    # the vendor's (see _GPU_FACTS); the rest are assumptions until measured on the device.
+    hbm_Bps: float = 4.8e12               # HBM bandwidth: gemv and ebag are bound by it
+    bf16_flops: float = 989e12            # dense bf16 tensor-core peak (no sparsity)
+    sms: int = 132                        # SMs: one GEMM output tile each per wave
+    gemm_efficiency: float = 0.7          # fraction of the peak a full cuBLAS wave reaches (assumed)
+    # Output tiles (rows, cols, efficiency relative to the largest) a GEMM may be run with, one per
+    # SM per wave: the large one of Hopper's cuBLAS/CUTLASS bf16 kernels, and smaller ones its
+    # heuristics take when the large one would leave SMs idle (assumed figures).
+    gemm_tiles: Tuple[Tuple[int, int, float], ...] = ((128, 256, 1.0), (128, 128, 0.9), (64, 128, 0.75))
+    gemm_chunk_s: float = 4e-6            # per GEMM chunk: host-driven launch + flag release (assumed)
 
     def link_type(self, a: int, b: int) -> str:
         same = a // self.gpus_per_node == b // self.gpus_per_node
@@ -65,8 +76,14 @@ _PCIE5 = LinkParams(alpha_s={"LL": 1.5e-6, "LL128": 2.5e-6, "Simple": 4.0e-6},
 _NDR_IB = LinkParams(alpha_s={"LL": 5.0e-6, "LL128": 6.0e-6, "Simple": 8.0e-6},
                      tb_Bps={"LL": 5e9, "LL128": 10e9, "Simple": 10e9}, port_Bps=48e9)
 
+# The GPUs' compute and memory figures, stated once (NVIDIA's H100 and H200 SXM
+# datasheets): HBM3 3.35 TB/s (H100) and HBM3e 4.8 TB/s (H200); dense bf16
+# tensor-core peak 989 TFLOPS on both (the datasheets' 1,979 is with 2:4
+# sparsity); 132 SMs on both.
+_GPU_FACTS = {"h100": dict(hbm_Bps=3.35e12, bf16_flops=989e12, sms=132),
+              "h200": dict(hbm_Bps=4.8e12, bf16_flops=989e12, sms=132)}
 # HBM bandwidth ratio H100 SXM / H200 SXM: scales the local copy and reduce rates.
-H100_MEM_SCALE = 3.35 / 4.8
+H100_MEM_SCALE = _GPU_FACTS["h100"]["hbm_Bps"] / _GPU_FACTS["h200"]["hbm_Bps"]
 
 # CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)
 H200_CALIBRATION = "calibrated on nvidia-h200-x2, 2026-11-22, 148 points, median error 3.0%"
@@ -83,7 +100,8 @@ def _h200() -> CostConfig:
     calibrated = H200_NVLINK.calibrated
     return CostConfig(name="H200 SXM (NVLink4, NDR IB)", links={"nvlink": H200_NVLINK, "pcie": _PCIE5,
                                                                     "network": _NDR_IB},
-                      calibrated=calibrated, calibration=H200_CALIBRATION, measured_ranks=2, **H200_CORE)
+                      calibrated=calibrated, calibration=H200_CALIBRATION, measured_ranks=2, **H200_CORE,
+                      **_GPU_FACTS["h200"])
 
 
 def _h100() -> CostConfig:
@@ -92,7 +110,7 @@ def _h100() -> CostConfig:
     nvlink = replace(H200_NVLINK, calibrated=False)
     return CostConfig(name="H100 SXM (NVLink4, NDR IB)", links={"nvlink": nvlink, "pcie": _PCIE5, "network": _NDR_IB},
                       calibrated=False, calibration="the H200 fit with memory rates scaled by HBM bandwidth; "
-                                                    "not measured on H100", **core)
+                                                    "not measured on H100", **core, **_GPU_FACTS["h100"])
 
 
 PRESETS: Dict[str, CostConfig] = {"h100": _h100(), "h200": _h200()}

@@ -20,7 +20,25 @@ with these costs per (step, tile) of B payload bytes:
   reduces at tb_reduce_Bps (rrc; rrs/rrcs reduce and then forward), cpy
   copies at tb_mem_Bps and re reduces at tb_reduce_Bps;
 * a send needs a free FIFO slot: the receive `slots` messages earlier on the
-  same connection must have finished, and its credit travels back in alpha.
+  same connection must have finished, and its credit travels back in alpha;
+* a compute step of a fused IR (gemv, ebag, gemm) costs `compute_seconds` for
+  its whole output on its first tile (the operator writes the chunk before any
+  tile of it is sent), and a rank's compute steps run one at a time (one
+  compute stream per rank, as cuBLAS calls on one stream), while its
+  threadblocks keep communicating: that is the overlap a fused program buys.
+
+Compute costs (`compute_seconds`).  gemv and ebag read far more than they
+compute: their time is the bytes they read over HBM bandwidth.  A GEMM chunk
+of R x N outputs (inner dimension K) runs in waves: ceil(R/tr)*ceil(N/tc)
+output tiles over `sms` SMs, each wave taking 2*tr*tc*K flops at the per-SM
+share of `gemm_efficiency` x peak (times the tile's efficiency), with the
+fastest tile of `gemm_tiles` (a small chunk takes a smaller tile rather than
+leave SMs idle), plus `gemm_chunk_s` per chunk (launch and flag release).  Wave quantization is why
+chunking costs little at GEMM+RS shapes (M=4096, N=8192 cut into 4 row
+blocks: each chunk still fills whole waves, +1-2% measured) and much at an
+AG+GEMM shape (N/n = 7168 and 1024-row chunks: 224 tiles, 1.7 waves rounded
+up to 2, where the whole GEMM needs 7 waves for 4; +18-28% measured, issue 17);
+`choose_gemm_chunks` uses it to pick a fused program's chunk count.
 """
 from __future__ import annotations
 
@@ -29,7 +47,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import limits
 from ..units import bus_factor
-from ..ir.opcodes import REDUCES, SENDS
+from ..ir.opcodes import COMPUTE, REDUCES, SENDS
 from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
 from .executor import Executed
 
@@ -129,10 +147,50 @@ def tile_of(chunk_bytes: int, itemsize: int, proto: str, max_cnt: int, config: C
     return tile, -(-chunk_bytes // tile)
 
 
+def _gemm_time(rows: int, cols: int, k: int, config: CostConfig) -> float:
+    """One GEMM of rows x cols outputs: the fastest of the tile shapes, each running whole waves."""
+    per_sm = config.bf16_flops * config.gemm_efficiency / config.sms
+    best = None
+    for tr, tc, eff in config.gemm_tiles:
+        waves = -(-(-(-rows // tr) * -(-cols // tc)) // config.sms)
+        t = waves * 2.0 * tr * tc * k / (per_sm * eff)
+        best = t if best is None else min(best, t)
+    return best
+
+
+def compute_seconds(spec, out_elems: int, config: CostConfig) -> float:
+    """Time of one compute step of operator `spec` (gc3.ir.ComputeSpec) that writes `out_elems`
+    elements of the collective's buffer (the model in this module's docstring)."""
+    from ..dtypes import dtype_info
+
+    isz = dtype_info(spec.dtype).np.itemsize
+    if spec.op in ("gemm", "agemm"):
+        _, k, n = spec.gemm_dims()
+        per_row = spec.split()[2]           # buffer elements per row of C (agemm: chunk-padded)
+        return _gemm_time(max(out_elems // per_row, 1), n, k, config) + config.gemm_chunk_s
+    if spec.op == "gemv":
+        batch, k, _ = spec.gemv_dims()
+        read = (out_elems // batch) * k * isz                  # the weight columns; x is small
+    elif spec.op == "ebag":
+        t, _, dim, nnz, total = spec.ebag_dims()
+        read = out_elems * (nnz / total) * isz + out_elems / dim * (nnz / total) * 4   # rows + int32 indices
+    else:
+        raise ValueError(f"no cost for compute operator {spec.op!r}")
+    return read / config.hbm_Bps
+
+
+def gemm_seconds(spec, chunks: int, config: CostConfig) -> float:
+    """The GEMM of `spec` cut into `chunks` row blocks, run one after another (what a fused
+    program's compute stream does); chunks=1 is one cuBLAS call."""
+    m = spec.gemm_dims()[0]
+    return chunks * compute_seconds(spec, (m // chunks) * spec.split()[2], config)
+
+
 def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chunk_bytes: int,
             size_bytes: int, config: CostConfig, itemsize: int = 4, slots: Optional[int] = None,
-            schedule: Optional[Schedule] = None, spans: bool = False) -> Timing:
-    """`spans`: also keep every (step, tile)'s interval, for the timeline."""
+            schedule: Optional[Schedule] = None, spans: bool = False, compute=None) -> Timing:
+    """`spans`: also keep every (step, tile)'s interval, for the timeline.  `compute`: a fused
+    IR's gc3.ir.ComputeSpec, which prices its compute steps (without it they cost a step)."""
     sched = Schedule.of(records, config) if schedule is None else schedule
     slots = limits.FIFO_SLOTS[proto] if slots is None else slots
     tile, ntiles = tile_of(chunk_bytes, itemsize, proto, sched.max_cnt, config)
@@ -142,8 +200,15 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
     end = [launch] * n
     total = launch
     tile_spans = [[] for _ in range(n)] if spans else None
+    comp = [0.0] * n
+    if compute is not None:
+        for i, rec in enumerate(records):
+            if rec.type in COMPUTE:
+                comp[i] = compute_seconds(compute, rec.cnt * chunk_bytes // itemsize, config)
+    ranks = [rec.rank for rec in records]
     if ntiles:
-        total = _replay(sched, config, proto, slots, chunk_bytes, tile, ntiles, start, end, tile_spans)
+        total = _replay(sched, config, proto, slots, chunk_bytes, tile, ntiles, start, end, tile_spans,
+                        comp, ranks)
     algbw = size_bytes / total / 1e9 if total > 0 else 0.0
     factor = bus_factor(coll, nranks)
     used = {lt for _, lt in sched.conn_port}
@@ -158,7 +223,8 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
 
 
 def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: int, tile: int, ntiles: int,
-            start: List[float], end: List[float], spans: Optional[List[list]]) -> float:
+            start: List[float], end: List[float], spans: Optional[List[list]], comp: List[float],
+            ranks: List[int]) -> float:
     eff = PROTOCOL_EFFICIENCY[proto]
     ll = proto in limits.FLAGGED_PROTOCOLS   # read line by line as it lands, no tail word
     n = len(s.types)
@@ -174,6 +240,7 @@ def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: i
     types, cnt, tbi, dep, msg = s.types, s.cnt, s.tb, s.dep, s.msg_from
     send_conn, send_pos, conn_sends, conn_recvs = s.send_conn, s.send_pos, s.conn_sends, s.conn_recvs
     tb_free = [launch] * s.ntbs
+    stream_free: Dict[int, float] = {}    # each rank's compute stream
     # Per tile: when each record's tile ended, and when its send began/ended.
     ends: List[List[float]] = []
     xs = [0.0] * n
@@ -214,6 +281,10 @@ def _replay(s: Schedule, cfg: CostConfig, proto: str, slots: int, chunk_bytes: i
                     now += B * mem
                 elif ty == "re":
                     now += B * red
+                elif comp[i] and t == 0:     # the whole chunk, on the rank's one compute stream
+                    now = max(now, stream_free.get(ranks[i], 0.0)) + comp[i]
+                    stream_free[ranks[i]] = now
+                    t0 = now - comp[i]           # shown from when the stream takes it up
             if c >= 0:
                 p = conn_port[c]
                 pf = max(port_free[p], x0) + B / wire_rate[p]

@@ -360,12 +360,12 @@ class Simulator:
         a.pc = k + 1
         return wake
 
-    def _computed(self, st: Step, mem: RankMemory) -> np.ndarray:
+    def _computed(self, st: Step, mem: RankMemory, operand: Optional[np.ndarray] = None) -> np.ndarray:
         from .compute import compute_tile
 
         if self.prog.compute is None or st.compute is None or mem.compute_inputs is None:
             raise _Fatal(f"rank {mem.rank}: a {st.type} step in an IR without a <compute> operator")
-        tile, why = compute_tile(self.prog.compute, mem.compute_inputs, st, mem.cs)
+        tile, why = compute_tile(self.prog.compute, mem.compute_inputs, st, mem.cs, operand)
         if tile is None:
             raise _Fatal(f"rank {mem.rank}: {st.type} step {st.s}: {why}")
         return tile
@@ -378,7 +378,7 @@ class Simulator:
         src = local_input(st, self.conv)
         dst = local_output(st, self.conv)
         val = value(self.ufunc, lambda buf, off: mem.read(buf, off, st.cnt), src, dst,
-                    msg and msg.tile, lambda: self._computed(st, mem))
+                    msg and msg.tile, lambda *operand: self._computed(st, mem, *operand))
         if dst is not None:
             mem.write(dst[0], dst[1], st.cnt, val if st.epilogue is None else self._epilogue(st, mem, dst, val))
         return val if st.info.send else None

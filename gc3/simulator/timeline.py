@@ -10,7 +10,7 @@ from .executor import Executed
 _COLORS = {
     "s": "tab:blue", "r": "tab:orange", "rcs": "tab:green", "rrc": "tab:red", "rrs": "tab:purple",
     "rrcs": "tab:brown", "cpy": "tab:pink", "re": "tab:olive", "nop": "tab:gray",
-    "gemv": "tab:cyan", "ebag": "tab:cyan",
+    "gemv": "tab:cyan", "ebag": "tab:cyan", "gemm": "tab:cyan", "agemm": "tab:cyan",
 }
 
 

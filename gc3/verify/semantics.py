@@ -21,6 +21,12 @@ collective's postcondition is read over those leaves in place of input chunks
 of rank p = ebag(r, p*c+i)).  A step computing a range that is not exactly the
 blocks of its destination chunks (shifted, or a different width) is rejected,
 so the proof still says which columns or samples every output chunk holds.
+`gemm(rank, j)` is row block j of rank's a @ b (with a skewed AllToAll split,
+j is the padded grid's chunk, `ComputeSpec.block_chunk`).  An `agemm` step
+(AllGather + GEMM) reads its src chunks, which must each hold one input chunk
+in(p, i) (an A row block as the caller gave it) whose rows are the ones the
+step names; it makes agemm(rank, p*c + i), and the IR's <postcondition> asks
+output chunk j of rank r to hold agemm(r, j).
 
 Cost.  The symbolic run is O(sum of cnt) slot operations; each step also
 joins a vector clock of T entries (T threadblocks in all) with numpy, and a
@@ -67,7 +73,7 @@ import numpy as np
 
 from ..errors import (DeadlockError, DuplicateContributionError, PostconditionUnprovableError, RaceError,
                       SemanticError, UnwrittenReadError)
-from ..ir.opcodes import STEP_VALUE
+from ..ir.opcodes import OPCODES, STEP_VALUE
 from ..ir import Postcondition, Program, local_input, local_output
 from ..dsl.collectives import NCCL_COLLECTIVES
 from ..ir.layout import layout_for
@@ -225,7 +231,9 @@ class _Rank:
         for buf in ("i", "o", "s"):
             if self.alias is None or buf != self.alias[0]:
                 self.slots[buf] = [_Slot() for _ in range(size[buf])]
-        for k in range(size["i"] if not prog.fused else 0):   # fused: compute steps make every leaf
+        # fused: compute steps make every leaf, unless the operator reads chunks (agemm: A rows)
+        given = not prog.fused or OPCODES[prog.compute.op].local_in is not None
+        for k in range(size["i"] if given else 0):
             # An input NCCL does not read (a broadcast's, off the root) holds nothing to rely on.
             if coll is None or coll.precondition(rank, k):
                 b, j = self.location("i", k)
@@ -364,7 +372,7 @@ class _Run:
             self._no_partial_overlap(tid, k, r, src, dst, cnt)
         values = value(lambda a, b: self.reduced(tid, k, r, a, b),
                        lambda buf, off: self.read(tid, k, r, buf, off, cnt), src, dst, msg and msg.values,
-                       lambda: self.computed(tid, k, r))
+                       lambda *operand: self.computed(tid, k, r, *operand))
         if self.place is not None and (tid, k) in self.place[0]:
             # A final store applies the epilogue unless its value already carries it (read
             # back from an output chunk that had it and forwarded); never half and half.
@@ -383,7 +391,7 @@ class _Run:
             return _Msg(values, vc.copy(), (tid, k))
         return None
 
-    def computed(self, tid: int, step: int, rank: int) -> List[Sym]:
+    def computed(self, tid: int, step: int, rank: int, operand: Optional[List[Sym]] = None) -> List[Sym]:
         """The leaves a compute step makes: with the operator's split axis (gemv: N columns
         of y; ebag: B samples) cut into K blocks of w = length / K units, K the rank's
         input chunks (the collective's input index space: c for an AllReduce, N*c for an
@@ -394,7 +402,10 @@ class _Run:
         mem = self.ranks[rank]
         op = self.m.prog.compute.op
         axis, n, _ = self.m.prog.compute.split()
-        k = mem.nin
+        if operand is not None:
+            return self._computed_from(tid, step, rank, st, operand)
+        spec = self.m.prog.compute
+        k = sum(spec.splits) if spec.splits else mem.nin     # row blocks (skewed: fewer than chunks)
         if not k or n % k:
             raise SemanticError(f"the {op} output has {n} {axis}s, not a multiple of the {k} input chunks: "
                                 f"a chunk would not hold a whole {axis} block")
@@ -405,7 +416,35 @@ class _Run:
                 f"{self.where(tid, step)} on rank {rank} computes {axis}s [{a}, {b}) of {op} into {st.cnt} chunk(s) "
                 f"of {w} {axis}s each: not whole {axis} blocks [{w}*j, {w}*(j+{st.cnt})), so the chunks would not "
                 f"hold the {axis}s the layout puts there")
-        return [leaf(rank, a // w + q, (a // w + q) % mem.c, op) for q in range(st.cnt)]
+        idx = [spec.block_chunk(a // w + q) for q in range(st.cnt)]
+        return [leaf(rank, i, i % mem.c, op) for i in idx]
+
+    def _computed_from(self, tid: int, step: int, rank: int, st, operand: List[Sym]) -> List[Sym]:
+        """agemm: src chunk q must hold exactly one input chunk in(p, i), an A row block of rank
+        p, and the step's rows must be that block's rows of the gathered A (block p*c + i, c
+        chunks per rank); dst chunk q then holds leaf agemm(rank, p*c + i): block p*c + i of
+        C computed with this rank's b (the rank is part of the leaf, so a block computed
+        elsewhere, with another rank's b, never satisfies the postcondition)."""
+        mem = self.ranks[rank]
+        op = self.m.prog.compute.op
+        _, m, _ = self.m.prog.compute.split()
+        c, nranks = mem.nin, len(self.ranks)
+        w = m // (nranks * c) if c and m % (nranks * c) == 0 else 0
+        a, b = st.compute.col0, st.compute.col1
+        out = []
+        for q, v in enumerate(operand):
+            leaves = list(v.leaves())
+            if v.kind != "in" or len(leaves) != 1:
+                raise SemanticError(f"{self.where(tid, step)} on rank {rank} computes {op} of {v}: its src chunk "
+                                    f"must hold one row block of A as the caller gave it")
+            p, i = leaves[0]
+            block = p * c + i
+            if not w or a + q * w != block * w or b - a != len(operand) * w:
+                raise SemanticError(
+                    f"{self.where(tid, step)} on rank {rank} says rows [{a}, {b}) but its src chunk {q} holds A "
+                    f"block {block} (rows [{block * w}, {(block + 1) * w})) of rank {p}")
+            out.append(leaf(rank, block, block % c, op))
+        return out
 
     def run(self) -> None:
         m = self.m

@@ -43,7 +43,7 @@ def _check_compute(prog: Program, at: str, st: Step) -> None:
     if spec is None or spec.op != st.info.compute:
         raise IRStructureError(f"{at}: a {st.type!r} step in an IR whose <compute> declares "
                                f"{spec.op if spec else 'no operator'} (a fused IR needs fused=\"1\" and <compute>)")
-    names = spec.names
+    names = spec.step_inputs
     if st.compute.inputs != names:
         raise IRStructureError(f"{at}: reads compute inputs {','.join(st.compute.inputs)}; the operator "
                                f"declares {','.join(names)}")
