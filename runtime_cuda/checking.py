@@ -163,7 +163,7 @@ def fused_case(prog: Program, seed: int = 0):
 
     inputs = make_compute_inputs(prog.compute, prog.ngpus, seed)
     lay = layout_for(prog, prog.compute.out_elems, 0)
-    return inputs, fused_reference(prog.compute, inputs, lay.chunks_per_block)
+    return inputs, fused_reference(prog.compute, inputs, lay.chunks_per_block, prog.coll)
 
 
 def fused_buffers(group, inputs):

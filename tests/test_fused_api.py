@@ -128,3 +128,17 @@ def test_gc3_run_refuses_a_fused_ir_in_peer_mode(tmp_path):
     xml.write_text(to_xml(prog))
     res = CliRunner().invoke(cli(), ["run", str(xml), "--mode", "peer"])
     assert res.exit_code != 0 and "runs in --mode virtual or ipc" in res.output
+
+
+@pytest.mark.parametrize("name,args", [("gemv_allreduce", (2, 3, 40, 96, 8, 2, 3)),
+                                       ("embedding_bag_alltoall", (2, 3, 20, 8, 4, 3, 2, 1, 3))])
+def test_the_runtime_check_builds_its_reference_on_the_cpu(name, args):
+    """`gc3 run FUSED.xml` and the GPU tests compare with runtime_cuda.checking.fused_case: its
+    reference must match what the simulator accepts (a changed simulator signature broke it once,
+    unseen by any CPU test)."""
+    from runtime_cuda.checking import fused_case
+
+    prog = mb.fused_program(name, args, "float32")
+    inputs, pairs = fused_case(prog, seed=2)
+    assert len(inputs) == len(pairs) == prog.ngpus
+    assert all(np.all(np.isfinite(exp[np.isfinite(tol)])) for exp, tol in pairs)

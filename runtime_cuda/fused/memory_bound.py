@@ -405,7 +405,7 @@ def _allreduce(comm, parts: List, outs: List, dtype: str, stream) -> None:
 
 # --- embedding-bag + AllToAll -----------------------------------------------------------------
 def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", out=None, stream=None, *,
-                           path: Optional[str] = None, check_inputs: bool = True):
+                           path: Optional[str] = None, check_inputs: bool = True, pooling: Optional[int] = None):
     """Pooled embedding bags of this rank's tables for the global batch, each rank receiving its
     samples' rows from every rank (DLRM table-wise sharding, TorchRec's PooledEmbeddingsAllToAll).
 
@@ -414,7 +414,11 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
     [ranks, b, T*dim]: out[r] holds rank r's pooled vectors of this rank's b samples
     (algorithms/fused/embedding_bag_alltoall.py); TorchRec's [b, ranks*T*dim] is
     out.transpose(1, 0, 2).reshape(b, -1).  mode "sum" or "mean" (mean: sequential path).
-    check_inputs: verify indices and offsets on the device first (synchronizes the stream)."""
+    check_inputs: verify indices and offsets on the device first (synchronizes the stream).
+    Ranks may hold different numbers of indices (nnz); the program's per-table index stride must
+    be one value on every rank, B * pooling: give `pooling` (an upper bound of nnz / B on every
+    rank) to fix it without communication, else ranks agree on the largest nnz (virtual ranks:
+    locally; processes: one host exchange per call)."""
     import cupy
 
     if mode not in ("sum", "mean"):
@@ -434,12 +438,23 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
         if (a["offsets"][k].shape[1] - 1) % n or a["offsets"][k].shape[1] < 2:
             raise ValueError(f"{at}: offsets {shape[2]} hold B+1 bag bounds per table; B must be a positive "
                              f"multiple of the {n} ranks")
-        if first is not None and shape != first:
+        same = (shape[0], shape[2], shape[3])    # nnz (indices' width) may differ between ranks
+        if first is not None and same != (first[0], first[2], first[3]):
             raise ValueError(f"{at}: shapes {shape} differ from rank 0's {first}")
         first = shape
     dtype = value_dtype(a["tables"][0], "embedding_bag_alltoall: tables")
-    (t_count, rows, dim), (_, nnz), (_, bounds) = first[0], first[1], first[2]
+    (t_count, rows, dim), (_, bounds) = first[0], first[2]
     batch = bounds - 1
+    nnz = max(i.shape[1] for i in a["indices"])
+    if pooling is not None:
+        if pooling < 1 or nnz > batch * pooling:
+            raise ValueError(f"embedding_bag_alltoall: pooling={pooling} bounds nnz by {batch * pooling} but a rank "
+                             f"here has {nnz} indices per table")
+        nnz = batch * pooling
+    elif not isinstance(comm, VirtualComm) and n > 1:
+        exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
+        if exchange is not None:
+            nnz = max(int.from_bytes(v, "little") for v in exchange.allgather_bytes(nnz.to_bytes(8, "little")))
     b = batch // n
     with streams.current(streams.wrap(streams.handle(stream))):
         if check_inputs:    # on the call's stream: the caller may still be writing them there
