@@ -1,0 +1,203 @@
+"""The torch.distributed backend's CPU-side parts: the backend-string rewrite
+GC3_TORCH=1 applies, the NCCL-fallback decision, the c10d Store rendezvous,
+registration, and CPU tensors going to gloo inside a gc3 group.  Where torch
+is absent the torch tests skip with that reason; the rest need no torch."""
+import os
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from runtime_cuda.nccl.rendezvous import StoreExchange
+from runtime_cuda.torch_dist import names
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
+
+
+@pytest.mark.parametrize("given, expected", [
+    (None, "cpu:gloo,cuda:gc3"),
+    ("nccl", "cpu:gloo,cuda:gc3"),
+    ("NCCL", "cpu:gloo,cuda:gc3"),
+    ("gloo", "gloo"),
+    ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:gc3"),
+    ("cuda:nccl,cpu:gloo", "cuda:gc3,cpu:gloo"),
+    ("cpu:gloo,cuda:gc3", "cpu:gloo,cuda:gc3"),
+    ("cuda:nccl", "cuda:gc3"),
+])
+def test_gc3_torch_takes_nccls_place_only(given, expected):
+    assert names.swap_nccl(given) == expected
+
+
+@pytest.mark.parametrize("bad", ["cpu:gloo,cuda", "cpu:gloo,:nccl", "cuda:nccl,cuda:gloo"])
+def test_a_bad_backend_string_names_the_entry(bad):
+    with pytest.raises(ValueError, match="backend string"):
+        names.parse(bad)
+
+
+def test_the_environment_switches():
+    assert names.enabled({"GC3_TORCH": "1"}) and not names.enabled({}) and not names.enabled({"GC3_TORCH": "0"})
+    assert names.fallback_disabled({"GC3_TORCH_FALLBACK": "0"}) and not names.fallback_disabled({})
+
+
+def test_nccl_stands_behind_gc3_only_with_one_gpu_per_rank():
+    apart = [("h", "0000:01:00.0"), ("h", "0000:02:00.0"), ("g", "0000:01:00.0")]
+    assert names.no_nccl_reason(apart, {}) == ""
+    shared = apart + [("h", "0000:02:00.0")]
+    assert "ranks 1 and 3 share GPU 0000:02:00.0" in names.no_nccl_reason(shared, {})
+    assert "GC3_TORCH_FALLBACK=0" in names.no_nccl_reason(apart, {"GC3_TORCH_FALLBACK": "0"})
+
+
+class DictStore:
+    """The two Store calls the exchange uses, with a blocking get, as c10d's."""
+
+    def __init__(self):
+        self._data, self._cv = {}, threading.Condition()
+
+    def set(self, key, value):
+        with self._cv:
+            self._data[key] = value.encode() if isinstance(value, str) else bytes(value)
+            self._cv.notify_all()
+
+    def get(self, key):
+        with self._cv:
+            assert self._cv.wait_for(lambda: key in self._data, timeout=30), f"no rank wrote {key}"
+            return self._data[key]
+
+
+def exchange_on_threads(store_for, n):
+    out, errors = [None] * n, []
+
+    def rank(r):
+        try:
+            x = StoreExchange(store_for(r), r, n, prefix="t")
+            got = [x.allgather({"rank": r, "blob": bytes(range(r + 1))}), x.bcast(f"root{r}", root=n - 1),
+                   x.all_agree(r != 1, "rank 1 says no")]
+            x.barrier()
+            got.append(x.allgather(r * 10))
+            out[r] = got
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for r in range(n):
+        gathered, root, agree, last = out[r]
+        assert gathered == [{"rank": q, "blob": bytes(range(q + 1))} for q in range(n)]
+        assert root == f"root{n - 1}"
+        assert agree == ["" if q != 1 else "rank 1 says no" for q in range(n)]
+        assert last == [q * 10 for q in range(n)]
+        assert StoreExchange(None, r, n).Get_size() == n
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_the_store_exchange_gathers_in_rank_order(n):
+    store = DictStore()
+    exchange_on_threads(lambda r: store, n)
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["hash", "file"])
+def test_the_store_exchange_over_torch_stores(kind, tmp_path):
+    if kind == "hash":
+        store = dist.HashStore()
+        store.set_timeout(timedelta(seconds=30))
+        exchange_on_threads(lambda r: store, 3)
+    else:
+        path = str(tmp_path / "store")
+        exchange_on_threads(lambda r: dist.FileStore(path, 3), 3)
+
+
+TORCH_PROGRAM = r"""
+import sys, torch, torch.distributed as dist
+from datetime import timedelta
+rank, n, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if "--hook" not in sys.argv:
+    import runtime_cuda.torch_dist as t
+    t.register()
+    backend = "cpu:gloo,cuda:gc3"
+else:
+    backend = "nccl"         # GC3_TORCH=1 and the startup hook make it gc3
+dist.init_process_group(backend, store=dist.FileStore(path, n), rank=rank, world_size=n,
+                        timeout=timedelta(seconds=60))
+pg = dist.group.WORLD
+assert type(pg).__name__ == "Gc3ProcessGroup", type(pg)
+assert pg._get_backend(torch.device("cpu")).name() == "gloo"
+x = torch.arange(6, dtype=torch.float32) + rank
+dist.all_reduce(x)
+expect = n * torch.arange(6, dtype=torch.float32) + sum(range(n))
+assert torch.equal(x, expect), (x, expect)
+outs = [torch.empty(2) for _ in range(n)]
+dist.all_gather(outs, torch.full((2,), float(rank)))
+assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(n)]
+dist.barrier()
+print("ok", rank, dist.get_backend(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def run_ranks(n, tmp_path, *flags, env=None):
+    prog = tmp_path / "prog.py"
+    prog.write_text(TORCH_PROGRAM)
+    full = dict(os.environ, **(env or {}))
+    full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
+    pre = ["-c", "import runtime_cuda.startup, runpy, sys; sys.argv = sys.argv[1:]; "
+                 "runpy.run_path(sys.argv[0], run_name='__main__')"] if "--hook" in flags else []
+    procs = [subprocess.Popen([sys.executable, *pre, str(prog), str(r), str(n), str(tmp_path / "store"), *flags],
+                              env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(n)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=120)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank hung")
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    return outs
+
+
+@needs_torch
+@pytest.mark.parametrize("n", [1, 2])
+def test_cpu_tensors_of_a_gc3_group_go_to_gloo(n, tmp_path):
+    outs = run_ranks(n, tmp_path)
+    assert all(f"ok {r} cpu:gloo,cuda:gc3" in outs[r] for r in range(n)), outs
+
+
+@needs_torch
+def test_gc3_torch_turns_nccl_into_gc3_without_changing_the_script(tmp_path):
+    outs = run_ranks(2, tmp_path, "--hook", env={"GC3_TORCH": "1"})
+    assert all("cpu:gloo,cuda:gc3" in o for o in outs), outs
+
+
+@needs_torch
+def test_registration_is_idempotent():
+    from runtime_cuda import torch_dist
+    torch_dist.register()
+    torch_dist.register()
+    assert "gc3" in dist.Backend.backend_list
+    assert dist.Backend.default_device_backend_map.get("cuda") in ("gc3", "nccl")
+
+
+def test_the_startup_hook_does_not_import_torch():
+    env = dict(os.environ, GC3_TORCH="1", PYTHONPATH=str(ROOT))
+    code = ("import sys, runtime_cuda.startup; "
+            "from runtime_cuda.torch_dist import hook; "
+            "print('torch' in sys.modules, any(isinstance(f, hook._Finder) for f in sys.meta_path))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"], (out.stdout, out.stderr)
