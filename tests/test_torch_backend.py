@@ -201,3 +201,60 @@ def test_the_startup_hook_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"], (out.stdout, out.stderr)
+
+
+PROGRAM = ROOT / "tests" / "gpu_programs" / "torch_backend.py"
+
+
+def tuned_catalog(n, folder):
+    """A catalog with an algorithm for every collective at n ranks (the cost model's
+    pick, seconds to make), so no call needs the NCCL these ranks cannot have."""
+    code = "import sys; from gc3.cli import main; sys.argv = ['gc3'] + sys.argv[1:]; main()"
+    out = subprocess.run([sys.executable, "-c", code, "tune", "--model-only", "--quick", "--ranks", str(n),
+                          "-o", str(folder / "catalog.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    return folder / "catalog.json"
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_collective_through_torch_on_ranks_sharing_one_gpu(n, tmp_path):
+    """n processes on one GPU, NCCL fallback off: each collective exact, async,
+    graph capture, torch.compile, DDP and FSDP2 (tests/gpu_programs/torch_backend.py)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0",
+               GC3_CONFIG=str(tuned_catalog(n, tmp_path)), GC3_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, str(PROGRAM), str(r), str(n), str(tmp_path / "store")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=240)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"a rank hung (past 240 s); output so far:\n{[p.communicate()[0][-2000:] for p in procs]}")
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"ALL OK rank={r}" in out, f"rank {r} (exit {p.returncode}):\n{out[-5000:]}"
+    for needed in ("all_to_all_single uneven", "cuda graph replay 2", "torch.compile", "DDP step", "FSDP2 step",
+                   "send without NCCL raises"):
+        assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
+    served = outs[0].split("served=")[1]
+    assert "NCCL" not in served, f"a call went to the fallback: {served}"
+
+
+def test_the_gpu_program_checks_its_references_on_gloo(tmp_path):
+    """The GPU program's references, run where there is no GPU: the same checks on
+    the CPU half of a gc3 group (gloo), two ranks."""
+    if torch is None:
+        pytest.skip("torch not installed")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, str(PROGRAM), str(r), "2", str(tmp_path / "store"), "--device", "cpu"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"ALL OK rank={r}" in out, out[-4000:]
+    assert outs[0].count("PASS") >= 30, outs[0]
