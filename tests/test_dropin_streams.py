@@ -63,6 +63,18 @@ def test_a_new_stream_waits_for_the_last_one():
     assert ev.log == [("record", 1, 7), ("wait", 9, 1), ("record", 1, 9), ("wait", 0, 1)]
 
 
+def test_an_adopted_stream_is_entered_without_a_hand_over():
+    """A CUDA graph capture stream cannot wait on an event recorded outside the
+    capture; the torch backend adopts it (torch already ordered it)."""
+    ev = Events()
+    order = StreamOrder(ev)
+    order.enter(7)
+    order.adopt(11)
+    order.enter(11)
+    order.enter(7)
+    assert ev.log == [("record", 1, 11), ("wait", 7, 1)]
+
+
 def test_fault_switch_drops_the_wait():
     ev = Events()
     order = StreamOrder(ev, fault=True)

@@ -258,3 +258,158 @@ def test_the_gpu_program_checks_its_references_on_gloo(tmp_path):
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"ALL OK rank={r}" in out, out[-4000:]
     assert outs[0].count("PASS") >= 30, outs[0]
+
+
+class HostComm:
+    """The communicator's submit() over host memory for ranks on threads: what the
+    process group's CUDA path hands gc3 (pointers, NCCL counts, codes, roots),
+    computed with numpy, so the glue around it (list outputs, AVG/PREMUL_SUM,
+    uneven all-to-all packing) is checked exactly on the CPU."""
+
+    def __init__(self, n, shared):
+        self.n, self.shared = n, shared   # shared: {"slots": [...], "barrier": threading.Barrier}
+
+    @staticmethod
+    def view(ptr, count, code):
+        import ctypes
+
+        import numpy as np
+
+        from runtime_cuda.nccl.constants import DTYPE_NAMES, numpy_dtype
+        dt = numpy_dtype(DTYPE_NAMES[code])
+        return np.frombuffer((ctypes.c_char * (count * dt.itemsize)).from_address(ptr), dtype=dt)
+
+    def submit(self, coll, send, recv, count, code, op, stream, root=0):
+        import numpy as np
+
+        from runtime_cuda.nccl.constants import OP_NAMES
+        n, rank = self.n, self.rank
+        ins = {"allreduce": count, "allgather": count, "reducescatter": count * n, "alltoall": count * n,
+               "broadcast": count, "reduce": count}[coll]
+        slots, barrier = self.shared["slots"], self.shared["barrier"]
+        slots[rank] = self.view(send, ins, code).copy()
+        barrier.wait()
+        parts = list(slots)
+        barrier.wait()
+        red = {"sum": np.add, "max": np.maximum}
+        total = None if op is None else red[OP_NAMES[op]].reduce(np.stack(parts))
+        out = {"allreduce": lambda: total, "allgather": lambda: np.concatenate(parts),
+               "reducescatter": lambda: total[rank * count:(rank + 1) * count],
+               "alltoall": lambda: np.concatenate([p[rank * count:(rank + 1) * count] for p in parts]),
+               "broadcast": lambda: parts[root], "reduce": lambda: total if rank == root else None}[coll]()
+        if out is not None:
+            self.view(recv, out.size, code)[:] = out
+        return "host"
+
+
+def run_threads(n, body):
+    from runtime_cuda.torch_dist.process_group import Gc3ProcessGroup
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=60))
+    shared = {"slots": [None] * n, "barrier": threading.Barrier(n, timeout=60)}
+    results, errors = [None] * n, []
+
+    def rank(r):
+        try:
+            pg = Gc3ProcessGroup(dist.PrefixStore("pg/", store), r, n, timedelta(seconds=60))
+            comm = HostComm(n, shared)
+            comm.rank = r
+            pg._cuda = lambda tensors, what: comm
+            pg._stream = lambda: 0
+            pg._capturing = lambda: False
+            pg._splits = StoreExchange(dist.PrefixStore("splits/", store), r, n)
+            results[r] = body(pg, r)
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+            shared["barrier"].abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return results
+
+
+def AllgatherOptions():
+    from torch._C._distributed_c10d import AllgatherOptions as options
+    return options()
+
+
+def val(r, k):
+    return torch.arange(k, dtype=torch.float32) + 100 * r
+
+
+@needs_torch
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_cuda_path_glue_is_exact_on_host_memory(n):
+    R = range(n)
+
+    def body(pg, r):
+        x = val(r, 6)
+        pg.allreduce([x], dist.AllreduceOptions())
+        assert torch.equal(x, sum(val(q, 6) for q in R))
+        x = val(r, 6)
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.AVG
+        pg.allreduce([x], o)
+        assert torch.allclose(x, sum(val(q, 6) for q in R) / n)
+        x = val(r, 6)
+        o.reduceOp = dist.ReduceOp.MAX
+        pg.allreduce([x], o)
+        assert torch.equal(x, val(n - 1, 6))
+        outs = [torch.empty(2, 2) for _ in R]
+        pg.allgather([outs], [val(r, 4).view(2, 2)], AllgatherOptions())
+        assert all(torch.equal(outs[q].flatten(), val(q, 4)) for q in R)
+        big = torch.empty(4 * n)
+        pg._allgather_base(big, val(r, 4), AllgatherOptions())
+        assert torch.equal(big, torch.cat([val(q, 4) for q in R]))
+        out = torch.empty(3)
+        pg.reduce_scatter([out], [list(val(r, 3 * n).chunk(n))], dist.ReduceScatterOptions())
+        assert torch.equal(out, sum(val(q, 3 * n) for q in R)[3 * r:3 * r + 3])
+        o = dist.ReduceScatterOptions()
+        o.reduceOp = dist.ReduceOp.AVG
+        pg._reduce_scatter_base(out, val(r, 3 * n), o)
+        assert torch.allclose(out, sum(val(q, 3 * n) for q in R)[3 * r:3 * r + 3] / n)
+        out = torch.empty(2 * n)
+        pg.alltoall_base(out, val(r, 2 * n), [], [], dist.AllToAllOptions())
+        assert torch.equal(out, torch.cat([val(q, 2 * n)[2 * r:2 * r + 2] for q in R]))
+        sends = [r + p + 1 for p in R]
+        recvs = [q + r + 1 for q in R]
+        send = torch.cat([torch.full((k, 2), float(10 * r + p)) for p, k in enumerate(sends)])
+        recv = torch.empty(sum(recvs), 2)
+        pg.alltoall_base(recv, send, recvs, sends, dist.AllToAllOptions())
+        assert torch.equal(recv, torch.cat([torch.full((k, 2), float(10 * q + r)) for q, k in enumerate(recvs)]))
+        xs = [val(r, 3), val(r, 2)]
+        pg.allreduce_coalesced(xs, dist.AllreduceCoalescedOptions())
+        assert torch.equal(xs[1], sum(val(q, 2) for q in R))
+        x = val(r, 5)
+        b = dist.BroadcastOptions()
+        b.rootRank = n - 1
+        pg.broadcast([x], b)
+        assert torch.equal(x, val(n - 1, 5))
+        x = val(r, 5)
+        ro = dist.ReduceOptions()
+        ro.rootRank = 0
+        pg.reduce([x], ro)
+        assert r != 0 or torch.equal(x, sum(val(q, 5) for q in R))
+        return "ok"
+
+    assert run_threads(n, body) == ["ok"] * n
+
+
+@needs_torch
+def test_ops_gc3_cannot_serve_are_named():
+    def body(pg, r):
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.BAND
+        with pytest.raises(ValueError, match="reduce op .* is not served"):
+            pg.allreduce([val(r, 2)], o)
+        with pytest.raises(ValueError, match="needs 2 x 4"):
+            pg._allgather_base(torch.empty(7), val(r, 4), AllgatherOptions())
+        with pytest.raises(ValueError, match="do not cover"):
+            pg.alltoall_base(torch.empty(4), val(r, 4), [1, 1], [3, 3], dist.AllToAllOptions())
+        return "ok"
+
+    assert run_threads(2, body) == ["ok"] * 2

@@ -179,6 +179,12 @@ class NcclCommunicator(ArrayCollectives):
         self._backend.abandon()
         self._nccl.abort()
 
+    def adopt_stream(self, stream: int) -> None:
+        """The next call comes on `stream`, already ordered after this communicator's
+        earlier calls by the caller (a CUDA graph capture stream): no event hand-over."""
+        if self._dispatch.order is not None:
+            self._dispatch.order.adopt(int(stream))
+
     # --- collectives, cupy.cuda.nccl's signatures ---------------------------
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
         self._submit("allreduce", sendbuf, recvbuf, count, datatype, op, stream)

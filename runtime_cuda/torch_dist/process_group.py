@@ -24,7 +24,10 @@ from typing import List, Optional
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ProcessGroup, ProcessGroupGloo, _create_work_from_future
+from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions,
+                                        AllToAllOptions, BarrierOptions, BroadcastOptions, PrefixStore,
+                                        ProcessGroup, ProcessGroupGloo, ReduceOptions, ReduceScatterOptions,
+                                        _create_work_from_future)
 
 from gc3.errors import CommunicatorError
 
@@ -110,8 +113,17 @@ class Gc3ProcessGroup(ProcessGroup):
 
     def _submit(self, comm, coll, send, recv, count, dtype, op=None, root=0) -> None:
         from runtime_cuda.nccl.constants import DTYPE_CODES, OP_CODES
+        if count == 0:
+            return   # nothing moves (NCCL's count-0 calls are no-ops too)
         code = DTYPE_CODES[_DTYPES[dtype]]
-        comm.submit(coll, send, recv, count, code, None if op is None else OP_CODES[op], self._stream(), root)
+        stream = self._stream()
+        if self._capturing():
+            comm.adopt_stream(stream)
+        comm.submit(coll, send, recv, count, code, None if op is None else OP_CODES[op], stream, root)
+
+    @staticmethod
+    def _capturing() -> bool:
+        return torch.cuda.is_current_stream_capturing()
 
     def _reduce_op(self, reduce_op, what: str):
         """gc3's op name and the scale torch applies around it: AVG is a sum divided
@@ -133,7 +145,7 @@ class Gc3ProcessGroup(ProcessGroup):
         # A CUDA-aware future records an event on the current stream, so wait()
         # on another stream still orders after the call; under graph capture a
         # plain future (the call is captured on the capturing stream already).
-        if self._device is not None and not torch.cuda.is_current_stream_capturing():
+        if self._device is not None and not self._capturing():
             fut = torch.futures.Future(devices=[self._device])
         else:
             fut = torch.futures.Future()
@@ -142,7 +154,7 @@ class Gc3ProcessGroup(ProcessGroup):
 
     # --- collectives ------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts=None):
-        opts = opts if opts is not None else dist.AllreduceOptions()
+        opts = opts if opts is not None else AllreduceOptions()
         comm = self._cuda(tensors, "allreduce")
         if comm is None:
             return self._gloo.allreduce(tensors, opts)
@@ -157,8 +169,8 @@ class Gc3ProcessGroup(ProcessGroup):
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts=None):
         if self._cuda(tensors, "allreduce_coalesced") is None:
-            return self._gloo.allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
-        one = dist.AllreduceOptions()
+            return self._gloo.allreduce_coalesced(tensors, opts or AllreduceCoalescedOptions())
+        one = AllreduceOptions()
         if opts is not None:
             one.reduceOp = opts.reduceOp
         return self.allreduce(tensors, one)
@@ -166,7 +178,7 @@ class Gc3ProcessGroup(ProcessGroup):
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
         comm = self._cuda([output, input], "all_gather_into_tensor")
         if comm is None:
-            return self._gloo._allgather_base(output, input, opts or dist.AllgatherOptions())
+            return self._gloo._allgather_base(output, input, opts or AllgatherOptions())
         if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
             raise ValueError(f"gc3 all_gather_into_tensor: rank {self._rank}: output needs {self._size} x "
                              f"{input.numel()} {input.dtype} elements, got {output.numel()} {output.dtype}")
@@ -176,7 +188,7 @@ class Gc3ProcessGroup(ProcessGroup):
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts=None):
         flat_outs = [t for group in output_tensors for t in group]
         if self._cuda(input_tensors + flat_outs, "allgather") is None:
-            return self._gloo.allgather(output_tensors, input_tensors, opts or dist.AllgatherOptions())
+            return self._gloo.allgather(output_tensors, input_tensors, opts or AllgatherOptions())
         for outs, inp in zip(output_tensors, input_tensors):
             if len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
                 raise ValueError(f"gc3 allgather: rank {self._rank}: needs {self._size} outputs of "
@@ -190,7 +202,7 @@ class Gc3ProcessGroup(ProcessGroup):
         return self._work(output_tensors)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        opts = opts if opts is not None else ReduceScatterOptions()
         comm = self._cuda([output, input], "reduce_scatter_tensor")
         if comm is None:
             return self._gloo._reduce_scatter_base(output, input, opts)
@@ -208,7 +220,7 @@ class Gc3ProcessGroup(ProcessGroup):
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts=None):
         flat_ins = [t for group in input_tensors for t in group]
         if self._cuda(output_tensors + flat_ins, "reduce_scatter") is None:
-            return self._gloo.reduce_scatter(output_tensors, input_tensors, opts or dist.ReduceScatterOptions())
+            return self._gloo.reduce_scatter(output_tensors, input_tensors, opts or ReduceScatterOptions())
         for out, ins in zip(output_tensors, input_tensors):
             if len(ins) != self._size or any(i.numel() != out.numel() for i in ins):
                 raise ValueError(f"gc3 reduce_scatter: rank {self._rank}: needs {self._size} inputs of "
@@ -221,7 +233,7 @@ class Gc3ProcessGroup(ProcessGroup):
         comm = self._cuda([output, input], "all_to_all_single")
         if comm is None:
             return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes,
-                                            opts or dist.AllToAllOptions())
+                                            opts or AllToAllOptions())
         n = self._size
         if not output_split_sizes and not input_split_sizes:
             if input.numel() % n or output.numel() != input.numel():
@@ -253,7 +265,7 @@ class Gc3ProcessGroup(ProcessGroup):
         return self._work([output])
 
     def broadcast(self, tensors: List[torch.Tensor], opts=None):
-        opts = opts if opts is not None else dist.BroadcastOptions()
+        opts = opts if opts is not None else BroadcastOptions()
         comm = self._cuda(tensors, "broadcast")
         if comm is None:
             return self._gloo.broadcast(tensors, opts)
@@ -262,7 +274,7 @@ class Gc3ProcessGroup(ProcessGroup):
         return self._work(tensors)
 
     def reduce(self, tensors: List[torch.Tensor], opts=None):
-        opts = opts if opts is not None else dist.ReduceOptions()
+        opts = opts if opts is not None else ReduceOptions()
         comm = self._cuda(tensors, "reduce")
         if comm is None:
             return self._gloo.reduce(tensors, opts)
@@ -300,11 +312,17 @@ class Gc3ProcessGroup(ProcessGroup):
         return self._p2p("recv", tensors, srcRank, tag)
 
     def barrier(self, opts=None):
+        opts = opts if opts is not None else BarrierOptions()
+        device = getattr(opts, "device", None)
+        if self._comm is None and device is not None and device.type == "cuda":
+            # Every rank is here: the moment to build the communicator for the
+            # GPU torch chose for the barrier (so point-to-point calls may follow).
+            self._cuda([torch.empty(0, device=device)], "barrier")
         # The GPU work issued so far completes first (NCCL's barrier also waits
         # for the device), then the ranks meet on the host over gloo.
         if self._device is not None:
             torch.cuda.current_stream(self._device).synchronize()
-        return self._gloo.barrier(opts if opts is not None else dist.BarrierOptions())
+        return self._gloo.barrier(opts)
 
 
 def create(store, rank: int, size: int, timeout: datetime.timedelta) -> Gc3ProcessGroup:
