@@ -381,6 +381,13 @@ def test_the_cuda_path_glue_is_exact_on_host_memory(n):
         recv = torch.empty(sum(recvs), 2)
         pg.alltoall_base(recv, send, recvs, sends, dist.AllToAllOptions())
         assert torch.equal(recv, torch.cat([torch.full((k, 2), float(10 * q + r)) for q, k in enumerate(recvs)]))
+        outs = [torch.empty(2 * n), torch.empty(3 * n)]
+        pg.allgather_into_tensor_coalesced(outs, [val(r, 2), val(r, 3)], AllgatherOptions())
+        assert torch.equal(outs[1], torch.cat([val(q, 3) for q in R]))
+        outs = [torch.empty(2), torch.empty(1)]
+        pg.reduce_scatter_tensor_coalesced(outs, [val(r, 2 * n), val(r, n)], dist.ReduceScatterOptions())
+        assert torch.equal(outs[0], sum(val(q, 2 * n) for q in R)[2 * r:2 * r + 2])
+        assert torch.equal(outs[1], sum(val(q, n) for q in R)[r:r + 1])
         xs = [val(r, 3), val(r, 2)]
         pg.allreduce_coalesced(xs, dist.AllreduceCoalescedOptions())
         assert torch.equal(xs[1], sum(val(q, 2) for q in R))

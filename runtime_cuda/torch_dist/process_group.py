@@ -141,11 +141,11 @@ class Gc3ProcessGroup(ProcessGroup):
         raise ValueError(f"gc3 {what}: rank {self._rank}: reduce op {kind} is not served (sum, prod, max, min, "
                          "avg, premul_sum are)")
 
-    def _work(self, result):
+    def _work(self, result, cuda: bool = True):
         # A CUDA-aware future records an event on the current stream, so wait()
         # on another stream still orders after the call; under graph capture a
         # plain future (the call is captured on the capturing stream already).
-        if self._device is not None and not self._capturing():
+        if cuda and self._device is not None and not self._capturing():
             fut = torch.futures.Future(devices=[self._device])
         else:
             fut = torch.futures.Future()
@@ -184,6 +184,25 @@ class Gc3ProcessGroup(ProcessGroup):
                              f"{input.numel()} {input.dtype} elements, got {output.numel()} {output.dtype}")
         self._submit(comm, "allgather", input.data_ptr(), output.data_ptr(), input.numel(), input.dtype)
         return self._work([output])
+
+    def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts=None):
+        # What torch's functional all_gather_tensor (torch.compile) calls, CPU and CUDA alike.
+        return self._each(outputs + inputs, outputs,
+                          [lambda o=o, i=i: self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts=None):
+        # What torch's functional reduce_scatter_tensor (torch.compile) calls.
+        return self._each(outputs + inputs, outputs,
+                          [lambda o=o, i=i: self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    def _each(self, tensors, result, calls):
+        """Several calls as one Work: gloo's (CPU) waited here, gc3's already enqueued."""
+        cuda = self._cuda(tensors, "coalesced call") is not None
+        for call in calls:
+            work = call()
+            if not cuda:
+                work.wait()
+        return self._work(result, cuda)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts=None):
         flat_outs = [t for group in output_tensors for t in group]

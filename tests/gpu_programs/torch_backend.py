@@ -158,6 +158,15 @@ if on == "cuda":
     y = compiled(base(rank, 512))
     check("torch.compile functional all_reduce", y, sum(base(r, 512) for r in R) * 2 + 1)
 
+    @torch.compile(fullgraph=True)
+    def gather_scatter(t):
+        return fc.all_gather_tensor(t, 0, pg), fc.reduce_scatter_tensor(t, "sum", 0, pg)
+
+    g, s = gather_scatter(base(rank, 256 * world))
+    check("torch.compile functional all_gather_tensor", g, torch.cat([base(r, 256 * world) for r in R]))
+    check("torch.compile functional reduce_scatter_tensor", s,
+          sum(base(r, 256 * world) for r in R)[rank * 256:(rank + 1) * 256])
+
 # DDP and FSDP2: one SGD step of a small MLP on integer-valued weights and data
 # whose products and sums are exact in float32; reference: the same step in one
 # process on the concatenated batch (DDP averages gradients over ranks).
