@@ -11,7 +11,9 @@ draws the same batch.  Prints the loss per step and the mean step time.
     # 2 processes sharing ONE GPU (NCCL refuses that; gc3 only):
     torchrun --nproc-per-node 2 examples/train_tp_dp.py --backend gc3 --tp 2 --one-gpu
 
-Compare the two loss curves: they agree within bf16 tolerance.  On gc3, set
+Compare the two loss curves: they agree within bf16 tolerance.  `--cpu` runs
+the same on gloo: `--tp 2` on 2 processes prints the losses of `--tp 1` on one
+(the split computes the same model).  On gc3, set
 GC3_CONFIG to a catalog with an algorithm for each call (`gc3 tune --model-only
 --quick --ranks N -o DIR/catalog.json`); where ranks share a GPU whatever gc3
 has no algorithm for raises instead of going to NCCL.
@@ -35,6 +37,7 @@ def parse():
     p.add_argument("--blocks", type=int, default=2)
     p.add_argument("--one-gpu", action="store_true", help="every rank on GPU 0 (gc3 only)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--cpu", action="store_true", help="CPU tensors on gloo (checks the TP/DP math without a GPU)")
     return p.parse_args()
 
 
@@ -46,14 +49,19 @@ def main():
         raise SystemExit(f"--tp {args.tp} does not divide the world size {world}")
     if args.one_gpu and args.backend == "nccl":
         raise SystemExit("--one-gpu needs --backend gc3: NCCL refuses two ranks on one GPU")
-    device = torch.device("cuda", 0 if args.one_gpu else local)
-    torch.cuda.set_device(device)
-    if args.backend == "gc3":
-        import runtime_cuda.torch_dist as gc3_torch
-        gc3_torch.register()
-        dist.init_process_group("cpu:gloo,cuda:gc3")
+    if args.cpu:
+        device, args.backend = torch.device("cpu"), "gloo"
+        dist.init_process_group("gloo")
     else:
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+        device = torch.device("cuda", 0 if args.one_gpu else local)
+        torch.cuda.set_device(device)
+        if args.backend == "gc3":
+            import runtime_cuda.torch_dist as gc3_torch
+            gc3_torch.register()
+            dist.init_process_group("cpu:gloo,cuda:gc3")
+        else:
+            dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtype = getattr(torch, args.dtype)
 
     tp_rank, dp_rank = rank % args.tp, rank // args.tp
@@ -110,7 +118,7 @@ def main():
         g = torch.Generator().manual_seed(1000 * step + dp_rank)
         x = torch.randn(args.batch, w, generator=g).to(device, dtype)
         target = torch.randn(args.batch, w, generator=g).to(device, dtype)
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = F.mse_loss(forward(x).float(), target.float())
@@ -121,7 +129,7 @@ def main():
                 dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=dp)
             dist.all_reduce(mean, op=dist.ReduceOp.AVG, group=dp)
         opt.step()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
         losses.append(mean.item())
         if rank == 0:

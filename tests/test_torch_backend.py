@@ -420,3 +420,21 @@ def test_ops_gc3_cannot_serve_are_named():
         return "ok"
 
     assert run_threads(2, body) == ["ok"] * 2
+
+
+@needs_torch
+def test_the_tp_dp_example_splits_the_model_without_changing_it(tmp_path):
+    """examples/train_tp_dp.py on gloo: tensor-parallel over 2 processes prints the
+    loss curve of the unsplit model in one process (float32)."""
+    def losses(nproc, tp, port):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+               str(port), str(ROOT / "examples" / "train_tp_dp.py"), "--cpu", "--tp", str(tp), "--steps", "4",
+               "--dtype", "float32", "--width", "64"]
+        out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        line = next(l for l in out.stdout.splitlines() if l.startswith("losses "))
+        return [float(v) for v in line.split()[1:]]
+
+    one, split = losses(1, 1, 29611), losses(2, 2, 29613)
+    assert len(one) == 4 and one == pytest.approx(split, rel=1e-5), (one, split)
