@@ -16,7 +16,9 @@ the same on gloo: `--tp 2` on 2 processes prints the losses of `--tp 1` on one
 (the split computes the same model).  On gc3, set
 GC3_CONFIG to a catalog with an algorithm for each call (`gc3 tune --model-only
 --quick --ranks N -o DIR/catalog.json`); where ranks share a GPU whatever gc3
-has no algorithm for raises instead of going to NCCL.
+has no algorithm for raises instead of going to NCCL.  GC3_TIMEOUT_S (seconds a
+gc3 kernel waits for its peers; 5 by default) wants raising where ranks start
+far apart.
 """
 import argparse
 import os

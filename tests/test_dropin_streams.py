@@ -127,6 +127,22 @@ def test_the_communicator_orders_gc3_and_nccl_calls_across_streams(monkeypatch):
     assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1)]
 
 
+def test_an_adopted_capture_stream_reaches_every_order(monkeypatch):
+    """adopt_stream: no event hand-over in the communicator's order nor in its
+    gc3 backend's launch groups (each has a StreamOrder of its own)."""
+    monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    log, ev = [], Events()
+    backend = RecordingGc3(log)
+    backend.adopt = lambda stream: log.append(("adopt", stream))
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(RecordingNccl(log), 2, 0, lambda *a: backend, order=StreamOrder(ev))
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 11)
+    comm.adopt_stream(33)
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 33)
+    assert log == [("gc3", 11), ("adopt", 33), ("gc3", 33)]
+    assert ev.log == []
+
+
 def test_faults_are_named():
     with pytest.raises(ValueError, match="unknown fault"):
         faults.set_active("no-such-bug")

@@ -223,7 +223,9 @@ def tuned_catalog(n, folder):
 def test_every_collective_through_torch_on_ranks_sharing_one_gpu(n, tmp_path):
     """n processes on one GPU, NCCL fallback off: each collective exact, async,
     graph capture, torch.compile, DDP and FSDP2 (tests/gpu_programs/torch_backend.py)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0",
+    # GC3_TIMEOUT_S: a gc3 kernel waits for its peers on the GPU; here a peer may
+    # still be compiling (torch.compile) or building DDP for several seconds.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0", GC3_TIMEOUT_S="90",
                GC3_CONFIG=str(tuned_catalog(n, tmp_path)), GC3_CACHE_DIR=str(tmp_path / "cache"))
     procs = [subprocess.Popen([sys.executable, str(PROGRAM), str(r), str(n), str(tmp_path / "store")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

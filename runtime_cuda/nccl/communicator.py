@@ -184,6 +184,9 @@ class NcclCommunicator(ArrayCollectives):
         earlier calls by the caller (a CUDA graph capture stream): no event hand-over."""
         if self._dispatch.order is not None:
             self._dispatch.order.adopt(int(stream))
+        adopt = getattr(self._backend, "adopt", None)   # the Unavailable backend has no launch groups
+        if adopt is not None:
+            adopt(int(stream))
 
     # --- collectives, cupy.cuda.nccl's signatures ---------------------------
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):

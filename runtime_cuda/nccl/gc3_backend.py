@@ -90,6 +90,12 @@ class Gc3Backend:
         op = c.op_name if c.coll in REDUCING else "sum"
         group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, c.stream)
 
+    def adopt(self, stream: int) -> None:
+        """Every launch group takes `stream` as its last one with no event hand-over
+        (see StreamOrder.adopt: a CUDA graph capture stream)."""
+        for group in self._groups.values():
+            group.executor.order.adopt(stream)
+
     def check_async_error(self) -> None:
         """Raise RuntimeTimeoutError if a gc3 kernel of this communicator gave up waiting."""
         for group in self._groups.values():
