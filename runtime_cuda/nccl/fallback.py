@@ -94,6 +94,10 @@ class NcclFallback:
             self.group_end()
 
 
+class NoFallback(CommunicatorError):
+    """A call gc3 does not serve, on a communicator with no NCCL behind it."""
+
+
 class Refusing:
     """The fallback where there is no NCCL (ranks sharing one GPU, which NCCL
     refuses, or the fallback switched off): every call gc3 does not serve fails
@@ -110,7 +114,7 @@ class Refusing:
         return self._device
 
     def run(self, call: Call) -> None:
-        raise CommunicatorError(
+        raise NoFallback(
             f"rank {call.rank}: gc3 does not serve {call.describe()} and there is no NCCL to forward it to "
             f"({self.reason}); GC3_DEBUG=INFO lists why each gc3 algorithm was rejected")
 

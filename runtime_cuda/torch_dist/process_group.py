@@ -283,13 +283,35 @@ class Gc3ProcessGroup(ProcessGroup):
             at += rows * row
         return self._work([output])
 
+    def _rooted(self, comm, coll, t, op, root) -> None:
+        """A broadcast or reduce; where gc3 has no algorithm for it (catalogs hold
+        root-0 programs) and no NCCL stands behind, an all_reduce does the same:
+        non-roots contribute zeros to a broadcast (x + 0 is x, but for a zero's sign), and a reduce sums
+        into a copy that only the root keeps.  Every rank gets the same refusal
+        (selection depends on the call alone), so all take the same path."""
+        from runtime_cuda.nccl.fallback import NoFallback
+        try:
+            self._submit(comm, coll, t.data_ptr(), t.data_ptr(), t.numel(), t.dtype, op, root=root)
+            return
+        except NoFallback as exc:
+            _log().info("gc3 torch backend, rank %d: %s root %d as an all_reduce (%s)", self._rank, coll, root, exc)
+        if coll == "broadcast":
+            if self._rank != root:
+                t.zero_()
+            self._submit(comm, "allreduce", t.data_ptr(), t.data_ptr(), t.numel(), t.dtype, "sum")
+        else:
+            acc = t.clone()
+            self._submit(comm, "allreduce", acc.data_ptr(), acc.data_ptr(), acc.numel(), acc.dtype, op)
+            if self._rank == root:
+                t.copy_(acc)
+
     def broadcast(self, tensors: List[torch.Tensor], opts=None):
         opts = opts if opts is not None else BroadcastOptions()
         comm = self._cuda(tensors, "broadcast")
         if comm is None:
             return self._gloo.broadcast(tensors, opts)
         for t in tensors:
-            self._submit(comm, "broadcast", t.data_ptr(), t.data_ptr(), t.numel(), t.dtype, root=opts.rootRank)
+            self._rooted(comm, "broadcast", t, None, opts.rootRank)
         return self._work(tensors)
 
     def reduce(self, tensors: List[torch.Tensor], opts=None):
@@ -301,7 +323,7 @@ class Gc3ProcessGroup(ProcessGroup):
         for t in tensors:
             if pre is not None:
                 t.mul_(pre)
-            self._submit(comm, "reduce", t.data_ptr(), t.data_ptr(), t.numel(), t.dtype, op, root=opts.rootRank)
+            self._rooted(comm, "reduce", t, op, opts.rootRank)
             if post is not None and self._rank == opts.rootRank:
                 t.mul_(post)
         return self._work(tensors)
