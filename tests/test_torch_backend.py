@@ -269,8 +269,9 @@ class HostComm:
     computed with numpy, so the glue around it (list outputs, AVG/PREMUL_SUM,
     uneven all-to-all packing) is checked exactly on the CPU."""
 
-    def __init__(self, n, shared):
+    def __init__(self, n, shared, multiple=1):
         self.n, self.shared = n, shared   # shared: {"slots": [...], "barrier": threading.Barrier}
+        self.multiple, self.counts = multiple, []
 
     @staticmethod
     def view(ptr, count, code):
@@ -287,10 +288,14 @@ class HostComm:
 
         from runtime_cuda.nccl.constants import OP_NAMES
         n, rank = self.n, self.rank
+        from runtime_cuda.nccl.fallback import NoFallback
         if coll in ("broadcast", "reduce") and root != 0:
             # as with a catalog of root-0 programs and no NCCL behind gc3
-            from runtime_cuda.nccl.fallback import NoFallback
             raise NoFallback(f"no {coll} program for root {root}")
+        if count % self.multiple:
+            # as a gc3 layout that needs whole chunks
+            raise NoFallback(f"count {count} is not a multiple of {self.multiple}")
+        self.counts.append((coll, count))
         ins = {"allreduce": count, "allgather": count, "reducescatter": count * n, "alltoall": count * n,
                "broadcast": count, "reduce": count}[coll]
         slots, barrier = self.shared["slots"], self.shared["barrier"]
@@ -309,7 +314,7 @@ class HostComm:
         return "host"
 
 
-def run_threads(n, body):
+def run_threads(n, body, multiple=1):
     from runtime_cuda.torch_dist.process_group import Gc3ProcessGroup
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=60))
@@ -319,13 +324,13 @@ def run_threads(n, body):
     def rank(r):
         try:
             pg = Gc3ProcessGroup(dist.PrefixStore("pg/", store), r, n, timedelta(seconds=60))
-            comm = HostComm(n, shared)
+            comm = HostComm(n, shared, multiple)
             comm.rank = r
             pg._cuda = lambda tensors, what: comm
             pg._stream = lambda: 0
             pg._capturing = lambda: False
             pg._splits = StoreExchange(dist.PrefixStore("splits/", store), r, n)
-            results[r] = body(pg, r)
+            results[r] = body(pg, r), comm.counts
         except Exception as e:  # noqa: BLE001 -- reported below
             errors.append(e)
             shared["barrier"].abort()
@@ -349,8 +354,9 @@ def val(r, k):
 
 
 @needs_torch
-@pytest.mark.parametrize("n", [2, 3])
-def test_the_cuda_path_glue_is_exact_on_host_memory(n):
+@pytest.mark.parametrize("n, multiple", [(2, 1), (3, 1), (2, 4), (3, 4)])
+def test_the_cuda_path_glue_is_exact_on_host_memory(n, multiple):
+    """multiple=4: counts gc3 cannot lay out are padded (to 256) and still exact."""
     R = range(n)
 
     def body(pg, r):
@@ -416,7 +422,10 @@ def test_the_cuda_path_glue_is_exact_on_host_memory(n):
             assert torch.equal(x, val(n - 1, 5) if r == root else val(r, 5)), (root, x)
         return "ok"
 
-    assert run_threads(n, body) == ["ok"] * n
+    results = run_threads(n, body, multiple)
+    assert [r for r, _ in results] == ["ok"] * n
+    counts = [c for _, c in results[0][1]]
+    assert (256 in counts) == (multiple == 4) and all(c % multiple == 0 for c in counts), counts
 
 
 @needs_torch
@@ -432,7 +441,7 @@ def test_ops_gc3_cannot_serve_are_named():
             pg.alltoall_base(torch.empty(4), val(r, 4), [1, 1], [3, 3], dist.AllToAllOptions())
         return "ok"
 
-    assert run_threads(2, body) == ["ok"] * 2
+    assert [r for r, _ in run_threads(2, body)] == ["ok"] * 2
 
 
 @needs_torch

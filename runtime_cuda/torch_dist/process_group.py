@@ -40,6 +40,12 @@ _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.M
         dist.ReduceOp.MIN: "min"}
 
 
+# In- and output blocks of each collective (for padding), as functions of the rank count.
+_BLOCKS = {"allreduce": lambda n: (1, 1), "broadcast": lambda n: (1, 1), "reduce": lambda n: (1, 1),
+           "allgather": lambda n: (1, n), "reducescatter": lambda n: (n, 1), "alltoall": lambda n: (n, n)}
+_PAD = 256
+
+
 def _log():
     from runtime_cuda.nccl.log import get_logger
     return get_logger()
@@ -111,15 +117,40 @@ class Gc3ProcessGroup(ProcessGroup):
     def _stream(self) -> int:
         return torch.cuda.current_stream(self._device).cuda_stream
 
-    def _submit(self, comm, coll, send, recv, count, dtype, op=None, root=0) -> None:
+    def _submit(self, comm, coll, send, recv, count, op=None, root=0, padded=False) -> None:
+        """One call on contiguous tensors (None where the call has no such buffer)."""
         from runtime_cuda.nccl.constants import DTYPE_CODES, OP_CODES
+        from runtime_cuda.nccl.fallback import NoFallback
         if count == 0:
             return   # nothing moves (NCCL's count-0 calls are no-ops too)
-        code = DTYPE_CODES[_DTYPES[dtype]]
+        t = send if send is not None else recv
+        code = DTYPE_CODES[_DTYPES[t.dtype]]
         stream = self._stream()
         if self._capturing():
             comm.adopt_stream(stream)
-        comm.submit(coll, send, recv, count, code, None if op is None else OP_CODES[op], stream, root)
+        try:
+            comm.submit(coll, 0 if send is None else send.data_ptr(), 0 if recv is None else recv.data_ptr(), count,
+                        code, None if op is None else OP_CODES[op], stream, root)
+        except NoFallback as exc:
+            if padded or coll not in _BLOCKS or count % _PAD == 0:
+                raise
+            _log().info("gc3 torch backend, rank %d: %s of %d elements padded to a multiple of %d (%s)",
+                        self._rank, coll, count, _PAD, exc)
+            self._padded(comm, coll, send, recv, count, op, root)
+
+    def _padded(self, comm, coll, send, recv, count, op, root) -> None:
+        """The call on blocks padded to a multiple of _PAD elements: gc3's layouts
+        divide a buffer into chunks, which an odd count cannot fill.  Every rank
+        pads alike (selection depends on the call alone); the padding is zeros,
+        and each block's padding lands only in padding."""
+        nin, nout = _BLOCKS[coll](self._size)
+        width = -(-count // _PAD) * _PAD
+        stage_in = send.new_zeros((nin, width))
+        stage_in[:, :count] = send.reshape(nin, count)
+        stage_out = stage_in if nin == nout == 1 else send.new_empty((nout, width))
+        self._submit(comm, coll, stage_in, stage_out, width, op, root, padded=True)
+        if coll != "reduce" or self._rank == root:
+            recv.reshape(nout, count).copy_(stage_out[:, :count])
 
     @staticmethod
     def _capturing() -> bool:
@@ -162,7 +193,7 @@ class Gc3ProcessGroup(ProcessGroup):
         for t in tensors:
             if pre is not None:
                 t.mul_(pre)
-            self._submit(comm, "allreduce", t.data_ptr(), t.data_ptr(), t.numel(), t.dtype, op)
+            self._submit(comm, "allreduce", t, t, t.numel(), op)
             if post is not None:
                 t.mul_(post)
         return self._work(tensors)
@@ -182,7 +213,7 @@ class Gc3ProcessGroup(ProcessGroup):
         if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
             raise ValueError(f"gc3 all_gather_into_tensor: rank {self._rank}: output needs {self._size} x "
                              f"{input.numel()} {input.dtype} elements, got {output.numel()} {output.dtype}")
-        self._submit(comm, "allgather", input.data_ptr(), output.data_ptr(), input.numel(), input.dtype)
+        self._submit(comm, "allgather", input, output, input.numel())
         return self._work([output])
 
     def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts=None):
@@ -231,7 +262,7 @@ class Gc3ProcessGroup(ProcessGroup):
         op, pre, post = self._reduce_op(opts.reduceOp, "reduce_scatter")
         if pre is not None:
             input = input * pre
-        self._submit(comm, "reducescatter", input.data_ptr(), output.data_ptr(), output.numel(), output.dtype, op)
+        self._submit(comm, "reducescatter", input, output, output.numel(), op)
         if post is not None:
             output.mul_(post)
         return self._work([output])
@@ -258,7 +289,7 @@ class Gc3ProcessGroup(ProcessGroup):
             if input.numel() % n or output.numel() != input.numel():
                 raise ValueError(f"gc3 all_to_all_single: rank {self._rank}: {input.numel()} input and "
                                  f"{output.numel()} output elements do not split evenly over {n} ranks")
-            self._submit(comm, "alltoall", input.data_ptr(), output.data_ptr(), input.numel() // n, input.dtype)
+            self._submit(comm, "alltoall", input, output, input.numel() // n)
             return self._work([output])
         ins = list(input_split_sizes) or [input.shape[0] // n] * n
         outs = list(output_split_sizes) or [output.shape[0] // n] * n
@@ -276,7 +307,7 @@ class Gc3ProcessGroup(ProcessGroup):
         for peer, rows in enumerate(ins):
             send[peer, :rows * row] = flat_in[at:at + rows * row]
             at += rows * row
-        self._submit(comm, "alltoall", send.data_ptr(), recv.data_ptr(), widest * row, input.dtype)
+        self._submit(comm, "alltoall", send, recv, widest * row)
         at = 0
         for peer, rows in enumerate(outs):
             flat_out[at:at + rows * row] = recv[peer, :rows * row]
@@ -291,17 +322,17 @@ class Gc3ProcessGroup(ProcessGroup):
         (selection depends on the call alone), so all take the same path."""
         from runtime_cuda.nccl.fallback import NoFallback
         try:
-            self._submit(comm, coll, t.data_ptr(), t.data_ptr(), t.numel(), t.dtype, op, root=root)
+            self._submit(comm, coll, t, t, t.numel(), op, root=root)
             return
         except NoFallback as exc:
             _log().info("gc3 torch backend, rank %d: %s root %d as an all_reduce (%s)", self._rank, coll, root, exc)
         if coll == "broadcast":
             if self._rank != root:
                 t.zero_()
-            self._submit(comm, "allreduce", t.data_ptr(), t.data_ptr(), t.numel(), t.dtype, "sum")
+            self._submit(comm, "allreduce", t, t, t.numel(), "sum")
         else:
             acc = t.clone()
-            self._submit(comm, "allreduce", acc.data_ptr(), acc.data_ptr(), acc.numel(), acc.dtype, op)
+            self._submit(comm, "allreduce", acc, acc, acc.numel(), op)
             if self._rank == root:
                 t.copy_(acc)
 
@@ -341,8 +372,7 @@ class Gc3ProcessGroup(ProcessGroup):
             raise ValueError(f"gc3 {kind}: rank {self._rank}: receiving from any source is not served")
         # NCCL matches point-to-point calls in issue order and has no tags; so does gc3.
         for t in tensors:
-            ptr = t.data_ptr()
-            self._submit(comm, kind, ptr if kind == "send" else 0, ptr if kind == "recv" else 0, t.numel(), t.dtype,
+            self._submit(comm, kind, t if kind == "send" else None, t if kind == "recv" else None, t.numel(),
                          root=peer)
         return self._work(tensors)
 
