@@ -171,6 +171,43 @@ if on == "cuda":
     check("torch.compile functional reduce_scatter_tensor", s,
           sum(base(r, 256 * world) for r in R)[rank * 256:(rank + 1) * 256])
 
+# The fused-operator call shapes (runtime_cuda/torch_dist/ops.py): bf16 on the GPU
+# against float64 products of the same bf16 inputs (relative 2e-2), float32 on gloo.
+from runtime_cuda.torch_dist import ops  # noqa: E402
+
+dt = torch.bfloat16 if on == "cuda" else torch.float32
+
+
+def mat(seed, *shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dt)
+
+
+def close(name, got, want):
+    err = ((got.double().cpu() - want).abs().max() / want.abs().max()).item()
+    if not err <= 2e-2:
+        raise AssertionError(f"rank {rank}: {name}: relative error {err:.3g} > 2e-2")
+    passed(name)
+
+
+As = [mat(10 + r, 64, 32) for r in R]
+Bs = [mat(20 + r, 32, 48) for r in R]
+A, (C1, C2) = ops.fused_all_gather_matmul(As[rank].to(dev), [Bs[0].to(dev), Bs[1 % world].to(dev)], 0, pg)
+check("fused_all_gather_matmul A", A, torch.cat(As))
+close("fused_all_gather_matmul", C2, torch.cat(As).double() @ Bs[1 % world].double())
+Bt = mat(30, 64 * world, 8)
+A, (C1,) = ops.fused_all_gather_matmul(As[rank].t().to(dev), [Bt.to(dev)], 1, pg.group_name)
+check("fused_all_gather_matmul gather_dim=1", A, torch.cat(As).t())
+close("fused_all_gather_matmul gather_dim=1 product", C1, torch.cat(As).t().double() @ Bt.double())
+partial = sum(As[r].double() @ Bs[r].double() for r in R)          # row-parallel: sum of A_r @ B_r
+out = ops.fused_matmul_reduce_scatter(As[rank].to(dev), Bs[rank].to(dev), "sum", 0, pg)
+close("fused_matmul_reduce_scatter dim 0", out, partial.chunk(world, 0)[rank])
+out = ops.fused_matmul_reduce_scatter(As[rank].to(dev), Bs[rank].to(dev), "avg", 1, pg)
+close("fused_matmul_reduce_scatter avg dim 1", out, partial.chunk(world, 1)[rank] / world)
+close("fused_matmul_all_reduce", ops.fused_matmul_all_reduce(As[rank].to(dev), Bs[rank].to(dev), pg), partial)
+out = ops.fused_matmul_all_to_all(As[rank].to(dev), Bs[0].to(dev), pg)
+close("fused_matmul_all_to_all", out,
+      torch.cat([(As[q].double() @ Bs[0].double()).chunk(world, 0)[rank] for q in R]))
+
 # DDP and FSDP2: one SGD step of a small MLP on integer-valued weights and data
 # whose products and sums are exact in float32; reference: the same step in one
 # process on the concatenated batch (DDP averages gradients over ranks).
