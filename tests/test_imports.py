@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gc3", "runtime_cuda")
 # Modules that run something when imported, not only define it.
 RUNS_ON_IMPORT = {"gc3.__main__", "runtime_cuda.__main__", "runtime_cuda.startup"}
-# The torch.distributed process group is torch's subclass: it imports where torch does.
-NEEDS_TORCH = {"runtime_cuda.torch_dist.process_group"}
+# The torch.distributed process group (a torch subclass) and the torch functions import where torch does.
+NEEDS_TORCH = {"runtime_cuda.torch_dist.process_group", "runtime_cuda.torch_dist.ops"}
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
