@@ -209,8 +209,8 @@ PROGRAM = ROOT / "tests" / "gpu_programs" / "torch_backend.py"
 def tuned_catalog(n, folder):
     """A catalog with an algorithm for every collective at n ranks (the cost model's
     pick, seconds to make), so no call needs the NCCL these ranks cannot have."""
-    code = "import sys; from gc3.cli import main; sys.argv = ['gc3'] + sys.argv[1:]; main()"
-    out = subprocess.run([sys.executable, "-c", code, "tune", "--model-only", "--quick", "--ranks", str(n),
+    # `python -m runtime_cuda`: gc3's CLI with the runtime's commands, installed or not.
+    out = subprocess.run([sys.executable, "-m", "runtime_cuda", "tune", "--model-only", "--quick", "--ranks", str(n),
                           "-o", str(folder / "catalog.json")], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stdout + out.stderr
