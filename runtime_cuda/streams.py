@@ -193,6 +193,13 @@ class StreamOrder:
         if self._graves:
             self.reap()
 
+    def adopt(self, stream: int) -> None:
+        """Take `stream` as the last one with no hand-over: the caller has ordered
+        it after everything issued so far.  For a CUDA graph capture stream, which
+        cannot wait on an event recorded outside the capture (torch.cuda.graph
+        makes it wait on the stream current when capture began instead)."""
+        self._last = stream
+
     def retire(self, obj: Any) -> None:
         """Drop our reference to `obj` once all work issued so far has finished
         (callers keep what captured work uses themselves: see LaunchGroup)."""

@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
 # Create .venv (if absent) and install gc3 with its test extras into it.
 # Sourced by demo.sh and test.sh so both commands work on a fresh machine.
+# On a machine with a GPU (nvidia-smi present) whose system python already has
+# CuPy or torch, the venv sees the system's packages (--system-site-packages):
+# a lent GPU machine has no package registry, and the GPU tests and demo then
+# run instead of skipping.  Elsewhere (CI) nothing changes.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+if [ ! -x .venv/bin/python ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && "$PY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('cupy') or u.find_spec('torch')))"; then
+        echo "setup: GPU found and the system python has CuPy/torch: the venv uses the system's packages"
+        "$PY" -m venv --system-site-packages .venv
+    else
+        "$PY" -m venv .venv
+    fi
+fi
+# Without a registry pip cannot upgrade itself; what is installed already serves.
+.venv/bin/python -m pip install -q --upgrade pip || echo "setup: pip not upgraded (no registry?); continuing"
+.venv/bin/python -m pip install -q -e '.[test]' || .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .

@@ -67,6 +67,18 @@ def test_a_new_stream_waits_for_the_last_one():
     assert ev.log == [("record", 1, 7), ("wait", 9, 1), ("record", 1, 9), ("wait", 0, 1)]
 
 
+def test_an_adopted_stream_is_entered_without_a_hand_over():
+    """A CUDA graph capture stream cannot wait on an event recorded outside the
+    capture; the torch backend adopts it (torch already ordered it)."""
+    ev = Events()
+    order = StreamOrder(ev)
+    order.enter(7)
+    order.adopt(11)
+    order.enter(11)
+    order.enter(7)
+    assert ev.log == [("record", 1, 11), ("wait", 7, 1)]
+
+
 def test_fault_switch_drops_the_wait():
     ev = Events()
     order = StreamOrder(ev, fault=True)
@@ -141,6 +153,22 @@ def test_the_communicator_orders_gc3_and_nccl_calls_across_streams(monkeypatch):
     comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 11)   # gc3 again
     assert [e[0] for e in log] == ["gc3", "allReduce", "gc3"]
     assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1)]
+
+
+def test_an_adopted_capture_stream_reaches_every_order(monkeypatch):
+    """adopt_stream: no event hand-over in the communicator's order nor in its
+    gc3 backend's launch groups (each has a StreamOrder of its own)."""
+    monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    log, ev = [], Events()
+    backend = RecordingGc3(log)
+    backend.adopt = lambda stream: log.append(("adopt", stream))
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(RecordingNccl(log), 2, 0, lambda *a: backend, order=StreamOrder(ev))
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 11)
+    comm.adopt_stream(33)
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 33)
+    assert log == [("gc3", 11), ("adopt", 33), ("gc3", 33)]
+    assert ev.log == []
 
 
 def test_faults_are_named():

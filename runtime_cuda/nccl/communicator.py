@@ -124,8 +124,21 @@ class NcclCommunicator(ArrayCollectives):
             comms.append(comm)
         return comms
 
+    @classmethod
+    def without_nccl(cls, exchange, device: int, reason: str) -> "NcclCommunicator":
+        """A communicator with no NCCL at all: gc3 serves what its catalog covers and
+        every other call raises CommunicatorError saying `reason` (why NCCL is absent:
+        ranks sharing one GPU, or the fallback switched off).  `exchange`: any
+        rendezvous.*Exchange; its rank and size are the communicator's."""
+        from .fallback import Refusing
+
+        refusing = Refusing(device, reason)
+        comm = cls.__new__(cls)
+        comm._setup(refusing, exchange.size, exchange.rank, make_backend, exchange=exchange, fallback=refusing)
+        return comm
+
     def _setup(self, nccl_comm, ndev: int, rank: int, backend_factory, nccl_group=None, exchange=None,
-               order=None) -> None:
+               order=None, fallback=None) -> None:
         env = os.environ
         self._nccl = nccl_comm
         self._rank, self._size = rank, ndev
@@ -136,7 +149,7 @@ class NcclCommunicator(ArrayCollectives):
             exchange = NcclExchange(nccl_comm, rank, ndev, order)
         self._backend = backend_factory(exchange, rank, ndev, self._device)
         self._dispatch = Dispatcher(Selector(load_catalog(env), log, self._backend.check),
-                                    NcclFallback(nccl_comm, nccl_group), self._backend, order)
+                                    fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)
         # How many calls each gc3 algorithm (by name) and NCCL ("NCCL") served.
         self.served: Counter = Counter()
 
@@ -165,6 +178,15 @@ class NcclCommunicator(ArrayCollectives):
     def abort(self) -> None:
         self._backend.abandon()
         self._nccl.abort()
+
+    def adopt_stream(self, stream: int) -> None:
+        """The next call comes on `stream`, already ordered after this communicator's
+        earlier calls by the caller (a CUDA graph capture stream): no event hand-over."""
+        if self._dispatch.order is not None:
+            self._dispatch.order.adopt(int(stream))
+        adopt = getattr(self._backend, "adopt", None)   # the Unavailable backend has no launch groups
+        if adopt is not None:
+            adopt(int(stream))
 
     # --- collectives, cupy.cuda.nccl's signatures ---------------------------
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):

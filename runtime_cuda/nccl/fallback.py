@@ -11,6 +11,8 @@ is always the real NCCL.
 """
 from __future__ import annotations
 
+from gc3.errors import CommunicatorError
+
 from .call import Call
 
 
@@ -90,3 +92,43 @@ class NcclFallback:
                     self.comm.recv(c.recvbuf + peer * block, c.count, c.dtype, peer, c.stream)
         finally:
             self.group_end()
+
+
+class NoFallback(CommunicatorError):
+    """A call gc3 does not serve, on a communicator with no NCCL behind it."""
+
+
+class Refusing:
+    """The fallback where there is no NCCL (ranks sharing one GPU, which NCCL
+    refuses, or the fallback switched off): every call gc3 does not serve fails
+    here, before anything is enqueued, naming the call and why NCCL is absent.
+    It also stands in for the raw NCCL communicator the drop-in holds."""
+
+    comm = 0
+
+    def __init__(self, device: int, reason: str):
+        self._device = device
+        self.reason = reason
+
+    def device_id(self) -> int:
+        return self._device
+
+    def run(self, call: Call) -> None:
+        raise NoFallback(
+            f"rank {call.rank}: gc3 does not serve {call.describe()} and there is no NCCL to forward it to "
+            f"({self.reason}); GC3_DEBUG=INFO lists why each gc3 algorithm was rejected")
+
+    def group_start(self) -> None:
+        pass
+
+    def group_end(self) -> None:
+        pass
+
+    def check_async_error(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass

@@ -100,6 +100,12 @@ class Gc3Backend:
             from runtime_cuda import avg
             avg.divide(c.recvbuf, c.out_elems, c.dtype_name, c.nranks, c.stream)
 
+    def adopt(self, stream: int) -> None:
+        """Every launch group takes `stream` as its last one with no event hand-over
+        (see StreamOrder.adopt: a CUDA graph capture stream)."""
+        for group in self._groups.values():
+            group.executor.order.adopt(stream)
+
     def check_async_error(self) -> None:
         """Raise RuntimeTimeoutError if a gc3 kernel of this communicator gave up waiting."""
         for group in self._groups.values():

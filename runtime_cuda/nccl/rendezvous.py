@@ -1,5 +1,5 @@
 """Exchanging small host objects between the ranks of a communicator, over
-NCCL itself or over MPI.
+NCCL itself, over MPI, or over a torch.distributed c10d Store.
 
 `NcclCommunicator(ndev, commId, rank)` gets no MPI communicator, only NCCL's
 unique id; the NCCL communicator it opens for fallback is therefore also the
@@ -39,7 +39,25 @@ class _Exchange:
         return self.allgather("" if ok else (why or "failed"))
 
 
-class NcclExchange(_Exchange):
+class _BytesExchange(_Exchange):
+    """Objects pickled over a channel that only moves bytes (`allgather_bytes`)."""
+
+    def allgather_bytes(self, data: bytes) -> List[bytes]:
+        raise NotImplementedError
+
+    def allgather(self, obj: Any) -> List[Any]:
+        return [pickle.loads(b) for b in self.allgather_bytes(pickle.dumps(obj))]
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self.allgather(obj if self._rank == root else None)[root]
+
+    def barrier(self) -> None:
+        self.allgather_bytes(b"")
+
+    Barrier = barrier
+
+
+class NcclExchange(_BytesExchange):
     def __init__(self, nccl_comm, rank: int, size: int, order=None):
         self._comm = nccl_comm
         self._rank = rank
@@ -76,17 +94,6 @@ class NcclExchange(_Exchange):
             host = recv.get(stream=stream).tobytes()
         return [host[r * width: r * width + n] for r, n in enumerate(sizes)]
 
-    def allgather(self, obj: Any) -> List[Any]:
-        return [pickle.loads(b) for b in self.allgather_bytes(pickle.dumps(obj))]
-
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        return self.allgather(obj if self._rank == root else None)[root]
-
-    def barrier(self) -> None:
-        self.allgather_bytes(b"")
-
-    Barrier = barrier
-
 
 class MpiExchange(_Exchange):
     """The same exchange over an mpi4py communicator: for ranks that cannot
@@ -108,3 +115,29 @@ class MpiExchange(_Exchange):
         self._comm.Barrier()
 
     Barrier = barrier
+
+
+class StoreExchange(_BytesExchange):
+    """The same exchange over a c10d Store (TCPStore, FileStore, HashStore, a
+    PrefixStore of one): what a torch.distributed backend receives, so ranks
+    started by torchrun rendezvous with no MPI and before any NCCL exists.
+
+    Every exchange is numbered; rank r writes key `<n>/<r>` and reads the
+    others' with the store's blocking `get` (which waits up to the store's
+    timeout, so a missing rank fails instead of hanging).  A last reader
+    deletes nothing: keys are small, and a FileStore or TCPStore outlives the
+    communicator only as long as the job does.
+    """
+
+    def __init__(self, store, rank: int, size: int, prefix: str = "gc3x"):
+        self._store = store
+        self._rank = rank
+        self._size = size
+        self._prefix = prefix
+        self._seq = 0
+
+    def allgather_bytes(self, data: bytes) -> List[bytes]:
+        self._seq += 1
+        base = f"{self._prefix}/{self._seq}/"
+        self._store.set(base + str(self._rank), data)
+        return [data if r == self._rank else bytes(self._store.get(base + str(r))) for r in range(self._size)]

@@ -1,0 +1,401 @@
+"""gc3 as a torch.distributed process group, in Python.
+
+Why a ProcessGroup subclass and not a per-device c10d Backend: torch (2.11 and
+2.13 alike) binds `c10d.Backend` to Python with no constructor (a subclass
+fails with "No constructor defined"), while `ProcessGroup` has a trampoline.
+A creator that returns a ProcessGroup replaces the whole group, so for
+"cpu:gloo,cuda:gc3" this group owns a gloo backend of its own, registered for
+the CPU device: CPU tensors go to it, as they would with the per-device split,
+and C++ callers that ask the group for its CPU backend find gloo.
+
+CUDA tensors go to runtime_cuda.nccl's communicator by raw pointer (a tensor's
+data_ptr is the zero-copy view DLPack would hand over, without DLPack's
+per-call stream handshake), on torch's current stream, so the operation is
+ordered with the caller's work like an NCCL call made on that stream.  Every
+Work is complete once its call returns: the work is already enqueued on the
+current stream.  The communicator is built on the first CUDA call (the device
+is known only then), which must therefore be a collective of the whole group.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions,
+                                        AllToAllOptions, BarrierOptions, BroadcastOptions, PrefixStore,
+                                        ProcessGroup, ProcessGroupGloo, ReduceOptions, ReduceScatterOptions,
+                                        _create_work_from_future)
+
+from gc3.errors import CommunicatorError
+
+from . import names
+
+_DTYPES = {torch.int8: "int8", torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
+           torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
+           torch.bfloat16: "bfloat16"}
+_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MAX: "max",
+        dist.ReduceOp.MIN: "min"}
+
+
+# In- and output blocks of each collective (for padding), as functions of the rank count.
+_BLOCKS = {"allreduce": lambda n: (1, 1), "broadcast": lambda n: (1, 1), "reduce": lambda n: (1, 1),
+           "allgather": lambda n: (1, n), "reducescatter": lambda n: (n, 1), "alltoall": lambda n: (n, n)}
+_PAD = 256
+
+
+def _log():
+    from runtime_cuda.nccl.log import get_logger
+    return get_logger()
+
+
+class Gc3ProcessGroup(ProcessGroup):
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
+        super().__init__(rank, size)
+        self._store = store
+        self._rank, self._size = rank, size
+        self._gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, size, timeout)
+        self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, self._gloo)
+        self._comm = None
+        self._device: Optional[torch.device] = None
+        self._splits = None   # the host exchange uneven all-to-all sizes go through
+
+    def getBackendName(self) -> str:
+        return names.NAME
+
+    @property
+    def served(self):
+        """Calls per gc3 algorithm name and "NCCL" (the communicator's tally)."""
+        return self._comm.served if self._comm is not None else {}
+
+    # --- the CUDA communicator --------------------------------------------------
+    def _cuda(self, tensors, what: str):
+        """The communicator for these tensors' GPU, built on first use; None when
+        they are CPU tensors (gloo's).  Mixed or unsupported tensors raise."""
+        devices = {t.device for t in tensors}
+        if len(devices) != 1:
+            raise ValueError(f"gc3 {what}: rank {self._rank}: tensors on several devices {sorted(map(str, devices))}")
+        device = devices.pop()
+        if device.type == "cpu":
+            return None
+        if device.type != "cuda":
+            raise ValueError(f"gc3 {what}: rank {self._rank}: gc3 serves CUDA tensors, got {device}")
+        for t in tensors:
+            if t.dtype not in _DTYPES:
+                raise ValueError(f"gc3 {what}: rank {self._rank}: dtype {t.dtype} is not one NCCL has")
+            if not t.is_contiguous():
+                raise ValueError(f"gc3 {what}: rank {self._rank}: tensors must be contiguous")
+        if self._comm is None:
+            self._comm = self._connect(device)
+        elif device != self._device:
+            raise ValueError(f"gc3 {what}: rank {self._rank}: this group runs on {self._device}, got a tensor on "
+                             f"{device}")
+        return self._comm
+
+    def _connect(self, device: torch.device):
+        import cupy
+
+        from runtime_cuda.nccl import NcclCommunicator, get_unique_id
+        from runtime_cuda.nccl.rendezvous import StoreExchange
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._device = torch.device("cuda", index)
+        exchange = StoreExchange(self._store, self._rank, self._size, prefix="gc3/rendezvous")
+        self._splits = StoreExchange(self._store, self._rank, self._size, prefix="gc3/splits")
+        with cupy.cuda.Device(index):
+            places = exchange.allgather((socket.gethostname(), cupy.cuda.runtime.deviceGetPCIBusId(index)))
+            reason = names.no_nccl_reason(places)
+            if reason:
+                _log().info("gc3 torch backend, rank %d: no NCCL fallback (%s)", self._rank, reason)
+                return NcclCommunicator.without_nccl(exchange, index, reason)
+            uid = exchange.bcast(get_unique_id() if self._rank == 0 else None)
+            _log().info("gc3 torch backend, rank %d: NCCL serves what gc3 does not", self._rank)
+            return NcclCommunicator(self._size, uid, self._rank)
+
+    def _stream(self) -> int:
+        return torch.cuda.current_stream(self._device).cuda_stream
+
+    def _submit(self, comm, coll, send, recv, count, op=None, root=0, padded=False) -> None:
+        """One call on contiguous tensors (None where the call has no such buffer)."""
+        from runtime_cuda.nccl.constants import DTYPE_CODES, OP_CODES
+        from runtime_cuda.nccl.fallback import NoFallback
+        if count == 0:
+            return   # nothing moves (NCCL's count-0 calls are no-ops too)
+        t = send if send is not None else recv
+        code = DTYPE_CODES[_DTYPES[t.dtype]]
+        stream = self._stream()
+        if self._capturing():
+            comm.adopt_stream(stream)
+        try:
+            comm.submit(coll, 0 if send is None else send.data_ptr(), 0 if recv is None else recv.data_ptr(), count,
+                        code, None if op is None else OP_CODES[op], stream, root)
+        except NoFallback as exc:
+            if padded or coll not in _BLOCKS or count % _PAD == 0:
+                raise
+            _log().info("gc3 torch backend, rank %d: %s of %d elements padded to a multiple of %d (%s)",
+                        self._rank, coll, count, _PAD, exc)
+            self._padded(comm, coll, send, recv, count, op, root)
+
+    def _padded(self, comm, coll, send, recv, count, op, root) -> None:
+        """The call on blocks padded to a multiple of _PAD elements: gc3's layouts
+        divide a buffer into chunks, which an odd count cannot fill.  Every rank
+        pads alike (selection depends on the call alone); the padding is zeros,
+        and each block's padding lands only in padding."""
+        nin, nout = _BLOCKS[coll](self._size)
+        width = -(-count // _PAD) * _PAD
+        stage_in = send.new_zeros((nin, width))
+        stage_in[:, :count] = send.reshape(nin, count)
+        stage_out = stage_in if nin == nout == 1 else send.new_empty((nout, width))
+        self._submit(comm, coll, stage_in, stage_out, width, op, root, padded=True)
+        if coll != "reduce" or self._rank == root:
+            recv.reshape(nout, count).copy_(stage_out[:, :count])
+
+    @staticmethod
+    def _capturing() -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def _reduce_op(self, reduce_op, what: str):
+        """gc3's op name and the scale torch applies around it: AVG is a sum divided
+        after; PREMUL_SUM is the inputs scaled first (into a copy), then a sum."""
+        kind = getattr(reduce_op, "op", reduce_op)
+        if kind in _OPS:
+            return _OPS[kind], None, None
+        if kind == dist.ReduceOp.AVG:
+            return "sum", None, 1.0 / self._size
+        if kind == dist.ReduceOp.PREMUL_SUM:
+            factor = getattr(reduce_op, "factor", None)
+            if not isinstance(factor, (int, float)):
+                raise ValueError(f"gc3 {what}: rank {self._rank}: PREMUL_SUM with a tensor factor is not served")
+            return "sum", float(factor), None
+        raise ValueError(f"gc3 {what}: rank {self._rank}: reduce op {kind} is not served (sum, prod, max, min, "
+                         "avg, premul_sum are)")
+
+    def _work(self, result, cuda: bool = True):
+        # A CUDA-aware future records an event on the current stream, so wait()
+        # on another stream still orders after the call; under graph capture a
+        # plain future (the call is captured on the capturing stream already).
+        if cuda and self._device is not None and not self._capturing():
+            fut = torch.futures.Future(devices=[self._device])
+        else:
+            fut = torch.futures.Future()
+        fut.set_result(result)
+        return _create_work_from_future(fut)
+
+    # --- collectives ------------------------------------------------------------
+    def allreduce(self, tensors: List[torch.Tensor], opts=None):
+        opts = opts if opts is not None else AllreduceOptions()
+        comm = self._cuda(tensors, "allreduce")
+        if comm is None:
+            return self._gloo.allreduce(tensors, opts)
+        op, pre, post = self._reduce_op(opts.reduceOp, "allreduce")
+        for t in tensors:
+            if pre is not None:
+                t.mul_(pre)
+            self._submit(comm, "allreduce", t, t, t.numel(), op)
+            if post is not None:
+                t.mul_(post)
+        return self._work(tensors)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts=None):
+        if self._cuda(tensors, "allreduce_coalesced") is None:
+            return self._gloo.allreduce_coalesced(tensors, opts or AllreduceCoalescedOptions())
+        one = AllreduceOptions()
+        if opts is not None:
+            one.reduceOp = opts.reduceOp
+        return self.allreduce(tensors, one)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
+        comm = self._cuda([output, input], "all_gather_into_tensor")
+        if comm is None:
+            return self._gloo._allgather_base(output, input, opts or AllgatherOptions())
+        if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
+            raise ValueError(f"gc3 all_gather_into_tensor: rank {self._rank}: output needs {self._size} x "
+                             f"{input.numel()} {input.dtype} elements, got {output.numel()} {output.dtype}")
+        self._submit(comm, "allgather", input, output, input.numel())
+        return self._work([output])
+
+    def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts=None):
+        # What torch's functional all_gather_tensor (torch.compile) calls, CPU and CUDA alike.
+        return self._each(outputs + inputs, outputs,
+                          [lambda o=o, i=i: self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts=None):
+        # What torch's functional reduce_scatter_tensor (torch.compile) calls.
+        return self._each(outputs + inputs, outputs,
+                          [lambda o=o, i=i: self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)])
+
+    def _each(self, tensors, result, calls):
+        """Several calls as one Work: gloo's (CPU) waited here, gc3's already enqueued."""
+        cuda = self._cuda(tensors, "coalesced call") is not None
+        for call in calls:
+            work = call()
+            if not cuda:
+                work.wait()
+        return self._work(result, cuda)
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts=None):
+        flat_outs = [t for group in output_tensors for t in group]
+        if self._cuda(input_tensors + flat_outs, "allgather") is None:
+            return self._gloo.allgather(output_tensors, input_tensors, opts or AllgatherOptions())
+        for outs, inp in zip(output_tensors, input_tensors):
+            if len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
+                raise ValueError(f"gc3 allgather: rank {self._rank}: needs {self._size} outputs of "
+                                 f"{inp.numel()} elements each")
+            # Gathered contiguously, then copied out on the same stream (the
+            # staging tensor is freed stream-ordered, after the copies).
+            staged = torch.empty(self._size * inp.numel(), dtype=inp.dtype, device=inp.device)
+            self._allgather_base(staged, inp.reshape(-1))
+            for r, out in enumerate(outs):
+                out.copy_(staged[r * inp.numel():(r + 1) * inp.numel()].view_as(out))
+        return self._work(output_tensors)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts=None):
+        opts = opts if opts is not None else ReduceScatterOptions()
+        comm = self._cuda([output, input], "reduce_scatter_tensor")
+        if comm is None:
+            return self._gloo._reduce_scatter_base(output, input, opts)
+        if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
+            raise ValueError(f"gc3 reduce_scatter_tensor: rank {self._rank}: input needs {self._size} x "
+                             f"{output.numel()} {output.dtype} elements, got {input.numel()} {input.dtype}")
+        op, pre, post = self._reduce_op(opts.reduceOp, "reduce_scatter")
+        if pre is not None:
+            input = input * pre
+        self._submit(comm, "reducescatter", input, output, output.numel(), op)
+        if post is not None:
+            output.mul_(post)
+        return self._work([output])
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts=None):
+        flat_ins = [t for group in input_tensors for t in group]
+        if self._cuda(output_tensors + flat_ins, "reduce_scatter") is None:
+            return self._gloo.reduce_scatter(output_tensors, input_tensors, opts or ReduceScatterOptions())
+        for out, ins in zip(output_tensors, input_tensors):
+            if len(ins) != self._size or any(i.numel() != out.numel() for i in ins):
+                raise ValueError(f"gc3 reduce_scatter: rank {self._rank}: needs {self._size} inputs of "
+                                 f"{out.numel()} elements each")
+            self._reduce_scatter_base(out, torch.cat([i.reshape(-1) for i in ins]), opts)
+        return self._work(output_tensors)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],
+                      input_split_sizes: List[int], opts=None):
+        comm = self._cuda([output, input], "all_to_all_single")
+        if comm is None:
+            return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes,
+                                            opts or AllToAllOptions())
+        n = self._size
+        if not output_split_sizes and not input_split_sizes:
+            if input.numel() % n or output.numel() != input.numel():
+                raise ValueError(f"gc3 all_to_all_single: rank {self._rank}: {input.numel()} input and "
+                                 f"{output.numel()} output elements do not split evenly over {n} ranks")
+            self._submit(comm, "alltoall", input, output, input.numel() // n)
+            return self._work([output])
+        ins = list(input_split_sizes) or [input.shape[0] // n] * n
+        outs = list(output_split_sizes) or [output.shape[0] // n] * n
+        if len(ins) != n or len(outs) != n or sum(ins) != input.shape[0] or sum(outs) != output.shape[0]:
+            raise ValueError(f"gc3 all_to_all_single: rank {self._rank}: splits {ins} / {outs} do not cover "
+                             f"{input.shape[0]} / {output.shape[0]} rows in {n} parts")
+        row = input[0].numel() if input.dim() and input.shape[0] else output[0].numel() if output.shape[0] else 1
+        # Uneven splits: every block padded to the largest block of any rank (a
+        # host exchange, so not under graph capture), one even all-to-all.
+        widest = max(self._splits.allgather(max(ins + outs)))
+        send = input.new_zeros((n, widest * row))
+        recv = output.new_empty((n, widest * row))
+        flat_in, flat_out = input.reshape(-1), output.reshape(-1)
+        at = 0
+        for peer, rows in enumerate(ins):
+            send[peer, :rows * row] = flat_in[at:at + rows * row]
+            at += rows * row
+        self._submit(comm, "alltoall", send, recv, widest * row)
+        at = 0
+        for peer, rows in enumerate(outs):
+            flat_out[at:at + rows * row] = recv[peer, :rows * row]
+            at += rows * row
+        return self._work([output])
+
+    def _rooted(self, comm, coll, t, op, root) -> None:
+        """A broadcast or reduce; where gc3 has no algorithm for it (catalogs hold
+        root-0 programs) and no NCCL stands behind, an all_reduce does the same:
+        non-roots contribute zeros to a broadcast (x + 0 is x, but for a zero's sign), and a reduce sums
+        into a copy that only the root keeps.  Every rank gets the same refusal
+        (selection depends on the call alone), so all take the same path."""
+        from runtime_cuda.nccl.fallback import NoFallback
+        try:
+            self._submit(comm, coll, t, t, t.numel(), op, root=root)
+            return
+        except NoFallback as exc:
+            _log().info("gc3 torch backend, rank %d: %s root %d as an all_reduce (%s)", self._rank, coll, root, exc)
+        if coll == "broadcast":
+            if self._rank != root:
+                t.zero_()
+            self._submit(comm, "allreduce", t, t, t.numel(), "sum")
+        else:
+            acc = t.clone()
+            self._submit(comm, "allreduce", acc, acc, acc.numel(), op)
+            if self._rank == root:
+                t.copy_(acc)
+
+    def broadcast(self, tensors: List[torch.Tensor], opts=None):
+        opts = opts if opts is not None else BroadcastOptions()
+        comm = self._cuda(tensors, "broadcast")
+        if comm is None:
+            return self._gloo.broadcast(tensors, opts)
+        for t in tensors:
+            self._rooted(comm, "broadcast", t, None, opts.rootRank)
+        return self._work(tensors)
+
+    def reduce(self, tensors: List[torch.Tensor], opts=None):
+        opts = opts if opts is not None else ReduceOptions()
+        comm = self._cuda(tensors, "reduce")
+        if comm is None:
+            return self._gloo.reduce(tensors, opts)
+        op, pre, post = self._reduce_op(opts.reduceOp, "reduce")
+        for t in tensors:
+            if pre is not None:
+                t.mul_(pre)
+            self._rooted(comm, "reduce", t, op, opts.rootRank)
+            if post is not None and self._rank == opts.rootRank:
+                t.mul_(post)
+        return self._work(tensors)
+
+    def _p2p(self, kind: str, tensors: List[torch.Tensor], peer: int, tag: int):
+        if self._comm is None and tensors and tensors[0].is_cuda:
+            raise CommunicatorError(
+                f"gc3 {kind}: rank {self._rank}: the first CUDA call of a gc3 group must be a collective of the "
+                "whole group (it builds the communicator); call dist.barrier() or a collective first")
+        comm = self._cuda(tensors, kind)
+        if comm is None:
+            fn = self._gloo.send if kind == "send" else self._gloo.recv
+            return fn(tensors, peer, tag)
+        if peer < 0:
+            raise ValueError(f"gc3 {kind}: rank {self._rank}: receiving from any source is not served")
+        # NCCL matches point-to-point calls in issue order and has no tags; so does gc3.
+        for t in tensors:
+            self._submit(comm, kind, t if kind == "send" else None, t if kind == "recv" else None, t.numel(),
+                         root=peer)
+        return self._work(tensors)
+
+    def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0):
+        return self._p2p("send", tensors, dstRank, tag)
+
+    def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int = 0):
+        return self._p2p("recv", tensors, srcRank, tag)
+
+    def barrier(self, opts=None):
+        opts = opts if opts is not None else BarrierOptions()
+        device = getattr(opts, "device", None)
+        if self._comm is None and device is not None and device.type == "cuda":
+            # Every rank is here: the moment to build the communicator for the
+            # GPU torch chose for the barrier (so point-to-point calls may follow).
+            self._cuda([torch.empty(0, device=device)], "barrier")
+        # The GPU work issued so far completes first (NCCL's barrier also waits
+        # for the device), then the ranks meet on the host over gloo.
+        if self._device is not None:
+            torch.cuda.current_stream(self._device).synchronize()
+        return self._gloo.barrier(opts)
+
+
+def create(store, rank: int, size: int, timeout: datetime.timedelta) -> Gc3ProcessGroup:
+    """The creator torch.distributed calls for backend "gc3"."""
+    return Gc3ProcessGroup(store, rank, size, timeout)
