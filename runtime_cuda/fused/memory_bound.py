@@ -454,7 +454,7 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
     elif not isinstance(comm, VirtualComm) and n > 1:
         exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
         if exchange is not None:
-            nnz = max(int.from_bytes(v, "little") for v in exchange.allgather_bytes(nnz.to_bytes(8, "little")))
+            nnz = max(int(v) for v in exchange.allgather(nnz))
     b = batch // n
     with streams.current(streams.wrap(streams.handle(stream))):
         if check_inputs:    # on the call's stream: the caller may still be writing them there
@@ -499,17 +499,19 @@ def _ebag_fused(group, a, args, batch: int, dtype: str, stream) -> None:
 
     n, t_count, _, dim, _, pooling, _, _, _ = args
     want = batch * pooling
-    compute = []
+    compute, padded = [], []
     for tables, idx, off in zip(a["tables"], a["indices"], a["offsets"]):
         if idx.shape[1] != want:
-            # Only bags' positions are read, never the padding.  Allocated on the call's stream, so
-            # the pool reuses the memory only for work queued after this call's launch.
-            padded = cupy.zeros((t_count, want), dtype=cupy.int32)
-            padded[:, :idx.shape[1]] = idx
-            idx = padded
+            # Only bags' positions are read, never the padding.  Allocated on the call's stream and
+            # held until the launch is queued: freed earlier, the pool would hand the memory to the
+            # next rank's padding before the kernel read it (seen: rank 0 pooling rank 1's indices).
+            padded.append(cupy.zeros((t_count, want), dtype=cupy.int32))
+            padded[-1][:, :idx.shape[1]] = idx
+            idx = padded[-1]
         compute.append((tables.data.ptr, idx.data.ptr, off.data.ptr))
     ptrs = [o.data.ptr for o in a["out"]]
     group.run_ptrs(ptrs, ptrs, batch * t_count * dim, dtype, "sum", stream, compute=compute)
+    del padded    # freed on the call's stream, after the launch in its order
 
 
 def _ebag_sequential(comm, a, dtype: str, mode: str, n: int, b: int, stream) -> None:
