@@ -15,7 +15,11 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 MSCCL = sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml"))
 IR_SAMPLES = sorted((ROOT / "ir_samples").glob("*.xml"))
-ALL_XML = MSCCL + IR_SAMPLES
+# fused="1" samples compute their chunks from operator inputs a plain collective call does not
+# give: tests/test_fused_gpu.py runs those the interpreter has opcodes for; the GEMM ones run
+# outside it (runtime_cuda.fused.gemm) and the runtime must refuse them, below.
+FUSED_XML = [p for p in IR_SAMPLES if 'fused="1"' in p.read_text()[:400]]
+ALL_XML = MSCCL + [p for p in IR_SAMPLES if p not in FUSED_XML]
 RING = ROOT / "tests" / "data" / "msccl" / "allreduce_ring_4r_1i.xml"
 PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
 A2A = ROOT / "tests" / "data" / "msccl" / "alltoall_two_step_2n_4g.xml"
@@ -47,6 +51,20 @@ def check(path, in_elems, dtype="float32", op="sum", inplace=False, proto=None, 
     res = run_checked(ranks(path, proto), in_elems, dtype, op, inplace, repeat=repeat)
     assert res.checked > 0
     assert res.wrong == 0, res.first
+
+
+@pytest.mark.parametrize("path", FUSED_XML, ids=lambda p: p.name)
+def test_a_fused_sample_without_device_opcodes_is_refused_by_name(path):
+    from gc3.errors import NotOnDeviceError
+    from gc3.ir.opcodes import OPCODES
+    from gc3.ir.xml_io import from_xml
+
+    prog = from_xml(path.read_text())
+    if all(OPCODES[st.type].device or OPCODES[st.type].folded
+           for g in prog.gpus for tb in g.threadblocks for st in tb.steps):
+        pytest.skip(f"{path.name}: every step has an interpreter opcode (tests/test_fused_gpu.py runs it)")
+    with pytest.raises(NotOnDeviceError, match="no opcode for yet"):
+        ranks(path, None)
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["outofplace", "inplace"])
