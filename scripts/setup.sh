@@ -12,6 +12,11 @@ if [ ! -x .venv/bin/python ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && "$PY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('cupy') or u.find_spec('torch')))"; then
         echo "setup: GPU found and the system python has CuPy/torch: the venv uses the system's packages"
         "$PY" -m venv --system-site-packages .venv
+        # When $PY is itself a venv (the lent machines' python3 is /opt/torch/.venv's), the
+        # flag above reaches only the base interpreter's packages: a .pth adds $PY's own.
+        site=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        mine=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        if [ "$site" != "$mine" ]; then echo "$site" > "$mine/_gc3_system_gpu_packages.pth"; fi
     else
         "$PY" -m venv .venv
     fi
