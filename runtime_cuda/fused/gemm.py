@@ -308,10 +308,10 @@ def _log(op: str, shape: str, fused: bool, why: str) -> None:
     get_logger().info("%s %s: %s (%s)", op, shape, "fused" if fused else "sequential", why)
 
 
-# --- GEMM + reduce-scatter / all-reduce ------------------------------------------
-def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
+def _operands(op: str, a, b, comm: _Group, stream):
+    """Each local rank's A and B (checked to multiply), the call's streams, and the (M, N, dtype)
+    every rank must share."""
     _prepare(comm, op)
-    n = comm.n
     A, B = _per_rank(comm, a, "a", op), _per_rank(comm, b, "b", op)
     users = _user_streams(comm, stream, op)
     dims = []
@@ -323,7 +323,13 @@ def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
         dims.append((x.shape[0], y.shape[1], t))
     if len(set(dims)) != 1:
         raise GC3Error(f"{op}: the ranks' (M, N, dtype) differ: {dims}")
-    M, N, t = dims[0]
+    return A, B, users, dims[0]
+
+
+# --- GEMM + reduce-scatter / all-reduce ------------------------------------------
+def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
+    A, B, users, (M, N, t) = _operands(op, a, b, comm, stream)
+    n = comm.n
     if not everyone and M % n:
         raise GC3Error(f"{op}: M={M} rows cannot be scattered evenly over {n} ranks (M must be a multiple of n)")
     name, ctype, kind = TYPES[t]
@@ -509,20 +515,8 @@ def gemm_all_to_all(a, b, splits, comm: _Group, *, out=None, stream=None, fused:
     group one vector for every rank or a list of n vectors.  An IpcGemmGroup
     learns the peers' vectors by one host allgather per call."""
     op = "gemm_all_to_all"
-    _prepare(comm, op)
+    A, B, users, (M, N, t) = _operands(op, a, b, comm, stream)
     n = comm.n
-    A, B = _per_rank(comm, a, "a", op), _per_rank(comm, b, "b", op)
-    users = _user_streams(comm, stream, op)
-    dims = []
-    for i, r in enumerate(comm.local):
-        x, t = _matrix(A[i], f"{op}: rank {r}'s A")
-        y, u = _matrix(B[i], f"{op}: rank {r}'s B")
-        if t != u or x.shape[1] != y.shape[0]:
-            raise GC3Error(f"{op}: rank {r}: A {x.shape} {t} @ B {y.shape} {u} do not match")
-        dims.append((x.shape[0], y.shape[1], t))
-    if len(set(dims)) != 1:
-        raise GC3Error(f"{op}: the ranks' (M, N, dtype) differ: {dims}")
-    M, N, t = dims[0]
     if isinstance(comm, VirtualGemmGroup):
         nested = len(splits) == n and all(isinstance(s, (list, tuple)) for s in splits)
         S = [check_splits(splits[s] if nested else splits, n, M, f"{op}: rank {s}'s splits") for s in range(n)]
