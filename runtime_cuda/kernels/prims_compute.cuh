@@ -61,6 +61,22 @@ __device__ __forceinline__ CmpVec<V> cmp_load(const elem_t* p) {
   return r;
 }
 
+// The end of a gemv pass: `sacc` [nb][width] holds y's rows [b0, b0 + nb) x
+// absolute columns [c0, c0 + width) once every thread has added its part; the
+// lanes of this tile among them are stored: dst[l] is chunk lane lane0 + l,
+// chunk column 0 being y's column `colbase`, pc columns per chunk row.
+__device__ __forceinline__ void gemv_store(const float* sacc, int b0, int nb, i64 c0, int width, i64 colbase, int pc,
+                                           elem_t* dst, i64 lane0, int n) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < nb * width; i += blockDim.x) {
+    const int r = i / width;
+    const i64 col = c0 + (i - r * width) - colbase;   // column within the chunk
+    const i64 l = (i64)(b0 + r) * pc + col - lane0;
+    if (col >= 0 && col < pc && l >= 0 && l < n) dst[l] = from_acc(sacc[i]);
+  }
+  __syncthreads();   // sacc is zeroed again by the next pass
+}
+
 // One gemv pass: rows [b0, b0 + nb) of x (nb <= RB) against weight columns
 // [c0, c0 + nv*V) (absolute; c0 a multiple of V).  Threads are nv column
 // vectors x ks slices of K, consecutive threads on consecutive vectors, so a
@@ -102,14 +118,7 @@ __device__ void gemv_pass(const elem_t* __restrict__ x, const elem_t* __restrict
 #pragma unroll
         for (int c = 0; c < V; ++c) atomicAdd(&sacc[r * width + v * V + c], acc[r][c]);
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < nb * width; i += blockDim.x) {
-    const int r = i / width;
-    const i64 col = c0 + (i - r * width) - colbase;   // column within the chunk
-    const i64 l = (i64)(b0 + r) * pc + col - lane0;
-    if (col >= 0 && col < pc && l >= 0 && l < n) dst[l] = from_acc(sacc[i]);
-  }
-  __syncthreads();   // sacc is zeroed again by the next pass
+  gemv_store(sacc, b0, nb, c0, width, colbase, pc, dst, lane0, n);
 }
 
 // Rows [r_lo, r_hi] x absolute columns [lo, hi) in passes of RB rows and as
@@ -125,6 +134,199 @@ __device__ void gemv_rows(const elem_t* x, const elem_t* w, int K, int N, int r_
       gemv_pass<V, RB>(x, w, K, N, b0, nb, v0, (int)min((i64)PV, (c1 - v0) / V), colbase, pc, dst, lane0, n, sacc);
   }
 }
+
+#if __CUDA_ARCH__ >= 800 && GC3_DTYPE != GC3_DT_FLOAT32
+// Batch > 1 of the 16-bit types on tensor cores: the CUDA cores' fp32 FMAs
+// alone would be the limit from about 12 batch rows (one FMA per weight
+// element and row), long before the weight's bandwidth is.  Weight-stationary:
+// each weight element is loaded once per pass of up to 8*NT batch rows and fed
+// to NT mma.m16n8k16 (fp32 accumulation) against x, whose fragments are small
+// loads that L1 serves.  The mma computes D = A B with A = w^T (16 columns x
+// 16 k) and B = x^T (16 k x 8 batch rows).  The columns of an A tile need not
+// be consecutive, which lets every thread load 2*MT consecutive columns of w
+// in one 4*MT-byte load per k row (coalesced along w's contiguous N axis):
+// m-tile q of a warp gives A row g (g = lane / 4) to column 2q and row g + 8
+// to column 2q + 1 of the thread's columns, so one byte permute per register
+// pairs the two k rows an A register holds.
+#define GC3_CMP_MMA 1
+#if GC3_DTYPE == GC3_DT_BFLOAT16
+#define GC3_CMP_MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#else
+#define GC3_CMP_MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#endif
+// Weight bytes one thread loads before it uses them (k steps of 16, each 4 rows
+// of 4*MT bytes): 64 KiB in flight per SM at 512 threads, which covers the
+// memory latency at the bandwidth an SM's share of HBM needs.
+#define GC3_CMP_MMA_INFLIGHT 128
+
+__device__ __forceinline__ void cmp_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(GC3_CMP_MMA_OP " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ unsigned cmp_pack(elem_t lo, elem_t hi) { return (unsigned)lo | ((unsigned)hi << 16); }
+
+// Columns [c, c + 2*MT) of w's row k as MT words of two elements, 0 past w's
+// end.  VEC: one load (the caller guarantees alignment and that the columns
+// are all inside or all outside w).
+template <int MT, bool VEC>
+__device__ __forceinline__ void mma_wload(unsigned (&r)[MT], const elem_t* w, int K, int N, int k, i64 c) {
+  if constexpr (VEC) {
+    if (k < K && c < N) {
+      const elem_t* p = w + (i64)k * N + c;
+      if constexpr (MT == 4) {
+        const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+        r[0] = u.x; r[1] = u.y; r[2] = u.z; r[3] = u.w;
+      } else if constexpr (MT == 2) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+        r[0] = u.x; r[1] = u.y;
+      } else {
+        r[0] = __ldg(reinterpret_cast<const unsigned*>(p));
+      }
+      return;
+    }
+#pragma unroll
+    for (int q = 0; q < MT; ++q) r[q] = 0u;
+  } else {
+    const elem_t* p = w + (i64)k * N;
+#pragma unroll
+    for (int q = 0; q < MT; ++q) {
+      const elem_t lo = k < K && c + 2 * q < N ? p[c + 2 * q] : (elem_t)0;
+      const elem_t hi = k < K && c + 2 * q + 1 < N ? p[c + 2 * q + 1] : (elem_t)0;
+      r[q] = cmp_pack(lo, hi);
+    }
+  }
+}
+
+// x[row][k], x[row][k + 1] as one word, 0 outside x.  VEC: K even and x
+// 4-byte aligned (k is even), so the pair is one load.
+template <bool VEC>
+__device__ __forceinline__ unsigned mma_xload(const elem_t* x, int K, bool row_ok, const elem_t* xr, int k) {
+  if constexpr (VEC) {
+    return row_ok && k < K ? __ldg(reinterpret_cast<const unsigned*>(xr + k)) : 0u;
+  } else {
+    const elem_t lo = row_ok && k < K ? xr[k] : (elem_t)0;
+    const elem_t hi = row_ok && k + 1 < K ? xr[k + 1] : (elem_t)0;
+    return cmp_pack(lo, hi);
+  }
+}
+
+// One pass: rows [b0, b0 + nb) (nb <= 8*NT) x absolute columns [c0, c0 + nt*16*MT)
+// (c0 a multiple of 2*MT).  Warps are nt column tiles of 16*MT columns x ks
+// slices of K (in steps of 16); the slices meet in `sacc` as in gemv_pass.
+template <int MT, int NT, bool VEC>
+__device__ void gemv_pass_mma(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int K, int N, int b0,
+                              int nb, i64 c0, int nt, i64 colbase, int pc, elem_t* dst, i64 lane0, int n,
+                              float* sacc) {
+  constexpr int WT = 16 * MT, U = GC3_CMP_MMA_INFLIGHT / (16 * MT);
+  const int width = nt * WT;
+  for (int i = threadIdx.x; i < nb * width; i += blockDim.x) sacc[i] = 0.f;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int nwarps = blockDim.x >> 5;
+  const int ks = max(1, nwarps / nt);
+  for (int item = threadIdx.x >> 5; item < nt * ks; item += nwarps) {
+    const int ct = item % nt, kg = item / nt;
+    const i64 c = c0 + (i64)ct * WT + 2 * MT * g;   // this thread's first column
+    float d[MT][NT][4];
+#pragma unroll
+    for (int q = 0; q < MT; ++q)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[q][j][e] = 0.f;
+    const elem_t* xr[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      xok[j] = 8 * j + g < nb;
+      xr[j] = x + (i64)(b0 + (xok[j] ? 8 * j + g : 0)) * K;
+    }
+    for (int k0 = 16 * kg; k0 < K; k0 += 16 * ks * U) {
+      // The k rows of A registers 0..3 of step u: k0u + 2t, +1, +8, +9.
+      unsigned wv[U][4][MT];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int k = k0 + 16 * ks * u + 2 * t;
+        mma_wload<MT, VEC>(wv[u][0], w, K, N, k, c);
+        mma_wload<MT, VEC>(wv[u][1], w, K, N, k + 1, c);
+        mma_wload<MT, VEC>(wv[u][2], w, K, N, k + 8, c);
+        mma_wload<MT, VEC>(wv[u][3], w, K, N, k + 9, c);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int k = k0 + 16 * ks * u + 2 * t;
+        if (k0 + 16 * ks * u >= K) break;   // uniform across the warp
+        unsigned b[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          b[j][0] = mma_xload<VEC>(x, K, xok[j], xr[j], k);
+          b[j][1] = mma_xload<VEC>(x, K, xok[j], xr[j], k + 8);
+        }
+#pragma unroll
+        for (int q = 0; q < MT; ++q) {
+          const unsigned a[4] = {__byte_perm(wv[u][0][q], wv[u][1][q], 0x5410),
+                                 __byte_perm(wv[u][0][q], wv[u][1][q], 0x7632),
+                                 __byte_perm(wv[u][2][q], wv[u][3][q], 0x5410),
+                                 __byte_perm(wv[u][2][q], wv[u][3][q], 0x7632)};
+#pragma unroll
+          for (int j = 0; j < NT; ++j) cmp_mma(d[q][j], a, b[j]);
+        }
+      }
+    }
+    // D row g of m-tile q is column 2q, row g + 8 column 2q + 1; D column 2t (+1) is batch row 8j + 2t (+1).
+    const int col = ct * WT + 2 * MT * g;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int r = 8 * j + 2 * t;
+#pragma unroll
+      for (int q = 0; q < MT; ++q) {
+        if (r < nb) {
+          atomicAdd(&sacc[r * width + col + 2 * q], d[q][j][0]);
+          atomicAdd(&sacc[r * width + col + 2 * q + 1], d[q][j][2]);
+        }
+        if (r + 1 < nb) {
+          atomicAdd(&sacc[(r + 1) * width + col + 2 * q], d[q][j][1]);
+          atomicAdd(&sacc[(r + 1) * width + col + 2 * q + 1], d[q][j][3]);
+        }
+      }
+    }
+  }
+  gemv_store(sacc, b0, nb, c0, width, colbase, pc, dst, lane0, n);
+}
+
+// Rows [r_lo, r_lo + nr) x absolute columns [lo, hi) in passes of up to 8*NT
+// rows and as many column tiles as `sacc` holds for them.
+template <int MT, int NT, bool VEC>
+__device__ void gemv_rows_mma(const elem_t* x, const elem_t* w, int K, int N, int r_lo, int nr, i64 lo, i64 hi,
+                              i64 colbase, int pc, elem_t* dst, i64 lane0, int n, float* sacc) {
+  constexpr int WT = 16 * MT, RB = 8 * NT;
+  constexpr int PT = GC3_CMP_SMEM / (RB * WT);   // column tiles per pass
+  static_assert(PT >= 1, "a pass must hold one column tile");
+  const i64 c0 = lo - lo % (2 * MT), c1 = min(hi, (i64)N);
+  for (int b0 = r_lo; b0 < r_lo + nr; b0 += RB) {
+    const int nb = min(RB, r_lo + nr - b0);
+    for (i64 t0 = c0; t0 < c1; t0 += (i64)PT * WT)
+      gemv_pass_mma<MT, NT, VEC>(x, w, K, N, b0, nb, t0, (int)min((i64)PT, (c1 - t0 + WT - 1) / WT), colbase, pc,
+                                 dst, lane0, n, sacc);
+  }
+}
+
+// Up to 8 rows: 4 m-tiles per warp (16-byte weight loads) x 1 n-tile; up to 16: 2 m-tiles x 2
+// n-tiles; more: passes of 32 rows, 2 m-tiles x 4 n-tiles.  A thread's accumulators (MT*NT*4) and
+// loads in flight (32 words) then stay within the 128 registers one block per SM allows.
+template <bool VEC>
+__device__ void gemv_mma(const elem_t* x, const elem_t* w, int K, int N, int r_lo, int nr, i64 lo, i64 hi,
+                         i64 colbase, int pc, elem_t* dst, i64 lane0, int n, float* sacc) {
+  if (nr <= 8)
+    gemv_rows_mma<4, 1, VEC>(x, w, K, N, r_lo, nr, lo, hi, colbase, pc, dst, lane0, n, sacc);
+  else if (nr <= 16)
+    gemv_rows_mma<2, 2, VEC>(x, w, K, N, r_lo, nr, lo, hi, colbase, pc, dst, lane0, n, sacc);
+  else
+    gemv_rows_mma<2, 4, VEC>(x, w, K, N, r_lo, nr, lo, hi, colbase, pc, dst, lane0, n, sacc);
+}
+#endif
 
 template <int V>
 __device__ void gemv_cols(const elem_t* x, const elem_t* w, int K, int N, int r_lo, int r_hi, i64 lo, i64 hi,
@@ -157,6 +359,17 @@ __device__ void gemv_tile(const elem_t* x, const elem_t* w, int batch, int K, in
   // 16-bit types with more rows than a pass of 16-byte vectors holds: 8-byte vectors and twice the
   // rows per pass, so the weight is read half as often.
   constexpr int V8 = 8 / (int)sizeof(elem_t);
+#ifdef GC3_CMP_MMA
+  if (r_hi > r_lo) {
+    // The mma path's widest weight load is 16 bytes at a multiple of 8 columns: all of it inside w
+    // or all outside when N is a multiple of 8.
+    if (N % 8 == 0 && ((u64)w & 15) == 0 && K % 2 == 0 && ((u64)x & 3) == 0)
+      gemv_mma<true>(x, w, K, N, r_lo, r_hi - r_lo + 1, lo, hi, colbase, pc, dst, lane0, n, sacc);
+    else
+      gemv_mma<false>(x, w, K, N, r_lo, r_hi - r_lo + 1, lo, hi, colbase, pc, dst, lane0, n, sacc);
+    return;
+  }
+#endif
   if (sizeof(elem_t) == 2 && r_hi - r_lo + 1 > GC3_CMP_ACC / GC3_CMP_VEC && N % V8 == 0 && ((u64)w & 7) == 0)
     gemv_cols<V8>(x, w, K, N, r_lo, r_hi, lo, hi, colbase, pc, dst, lane0, n, sacc);
   else if (N % GC3_CMP_VEC == 0 && ((u64)w & 15) == 0)
