@@ -22,8 +22,10 @@ that cannot be served then raises); "auto" (the default) takes the fused path
 unless the call is one it cannot serve, or one it cannot win: the interpreter
 computes with one thread block per TB that holds compute steps, so above
 GC3_FUSED_MAX_BLOCK_BYTES (default 1 MiB) of weight/table traffic per such
-block the sequential path's full-GPU kernels are faster.  Each fall-back is
-logged with its reason at INFO (GC3_DEBUG=INFO).
+block the sequential path's full-GPU kernels are faster.  A GEMV's traffic is
+its weight times the number of reads of it that its batch takes
+(gemv_weight_reads).  Each fall-back is logged with its reason at INFO
+(GC3_DEBUG=INFO).
 
 Compiled programs and their launch groups are cached per (operator shape,
 dtype, ranks).
@@ -45,6 +47,9 @@ from ..tables import COMPUTE_DTYPES
 
 PATHS = ("auto", "fused", "sequential")
 DEFAULT_MAX_BLOCK_BYTES = 1 << 20
+# Batch rows the gemv opcode applies one read of the weight to (kernels/prims_compute.cuh): the
+# 16-bit types' tensor-core passes of 32 rows (sm_80 and later), fp32's CUDA-core passes of 8.
+GEMV_ROWS_PER_WEIGHT_READ = {"bfloat16": 32, "float16": 32, "float32": 8}
 
 
 class VirtualComm:
@@ -115,6 +120,11 @@ def _gemv_args(n: int, batch: int, k: int, n_out: int, ranks_here: int) -> Tuple
     variant = 1 if batch * n_out * 2 <= 1 << 16 else 2
     variant = _env_int("GC3_FUSED_GEMV_VARIANT", variant)
     return (n, batch, k, n_out, chunks, variant, _compute_tbs(chunks, ranks_here))
+
+
+def gemv_weight_reads(batch: int, dtype: str) -> int:
+    """How many times the gemv opcode reads the weight for `batch` rows of x."""
+    return -(-batch // GEMV_ROWS_PER_WEIGHT_READ[dtype])
 
 
 def _ebag_args(n: int, t: int, rows: int, dim: int, b: int, pooling: int, ranks_here: int) -> Tuple[int, ...]:
@@ -358,7 +368,7 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
                                  f"expected {(batch, n_out)}")
         args = _gemv_args(n, batch, k_shard, n_out, len(a["x"]))
         refusal = "a single rank: nothing to reduce" if n < 2 else ""
-        traffic = k_shard * n_out * storage(dtype).itemsize
+        traffic = k_shard * n_out * storage(dtype).itemsize * gemv_weight_reads(batch, dtype)
         group = _decide(comm, path, refusal, "gemv_allreduce", args, dtype, traffic,
                         f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks")
         if group is None:
