@@ -107,6 +107,21 @@ def test_auto_path_refuses_what_one_block_per_compute_tb_cannot_win(monkeypatch)
     assert os.environ.get("GC3_FUSED_MAX_BLOCK_BYTES") is None
 
 
+def test_auto_path_counts_the_weight_reads_of_the_batch(monkeypatch):
+    """A GEMV's traffic per compute block is its weight times the reads its batch takes: 16-bit
+    types read it once per 32 rows (tensor-core passes), fp32 once per 8."""
+    mib = 1 << 20
+    assert [mb.gemv_traffic(b, 512, 1024, "bfloat16") for b in (1, 8, 32, 33)] == [mib, mib, mib, 2 * mib]
+    assert [mb.gemv_traffic(b, 512, 512, "float32") for b in (1, 8, 9, 17)] == [mib, mib, 2 * mib, 3 * mib]
+    monkeypatch.setattr(mb, "_group", lambda *a: "fused group")
+    comm = mb.VirtualComm(2)
+    k, n_out = 1024, 2048      # 8 MiB of fp32 weight over 16 compute TBs: 512 KiB per block and read
+    for batch, want in ((8, "fused group"), (9, "fused group"), (17, None)):
+        args = mb._gemv_args(2, batch, k, n_out, 2)
+        traffic = mb.gemv_traffic(batch, k, n_out, "float32")
+        assert mb._decide(comm, "auto", "", "gemv_allreduce", args, "float32", traffic, f"b{batch}") == want, batch
+
+
 def test_benchmark_script_lists_both_operators_and_its_options():
     import subprocess
     import sys

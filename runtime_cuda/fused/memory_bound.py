@@ -24,7 +24,7 @@ computes with one thread block per TB that holds compute steps, so above
 GC3_FUSED_MAX_BLOCK_BYTES (default 1 MiB) of weight/table traffic per such
 block the sequential path's full-GPU kernels are faster.  A GEMV's traffic is
 its weight times the number of reads of it that its batch takes
-(gemv_weight_reads).  Each fall-back is logged with its reason at INFO
+(gemv_traffic).  Each fall-back is logged with its reason at INFO
 (GC3_DEBUG=INFO).
 
 Compiled programs and their launch groups are cached per (operator shape,
@@ -122,9 +122,13 @@ def _gemv_args(n: int, batch: int, k: int, n_out: int, ranks_here: int) -> Tuple
     return (n, batch, k, n_out, chunks, variant, _compute_tbs(chunks, ranks_here))
 
 
-def gemv_weight_reads(batch: int, dtype: str) -> int:
-    """How many times the gemv opcode reads the weight for `batch` rows of x."""
-    return -(-batch // GEMV_ROWS_PER_WEIGHT_READ[dtype])
+def gemv_traffic(batch: int, k: int, n_out: int, dtype: str) -> int:
+    """Weight bytes the gemv opcode reads for x [batch, k] @ w [k, n_out]: w once per
+    GEMV_ROWS_PER_WEIGHT_READ rows of x."""
+    import numpy
+
+    itemsize = numpy.dtype("uint16" if dtype == "bfloat16" else dtype).itemsize   # no CuPy needed: the CPU tests
+    return k * n_out * itemsize * -(-batch // GEMV_ROWS_PER_WEIGHT_READ[dtype])
 
 
 def _ebag_args(n: int, t: int, rows: int, dim: int, b: int, pooling: int, ranks_here: int) -> Tuple[int, ...]:
@@ -368,7 +372,7 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
                                  f"expected {(batch, n_out)}")
         args = _gemv_args(n, batch, k_shard, n_out, len(a["x"]))
         refusal = "a single rank: nothing to reduce" if n < 2 else ""
-        traffic = k_shard * n_out * storage(dtype).itemsize * gemv_weight_reads(batch, dtype)
+        traffic = gemv_traffic(batch, k_shard, n_out, dtype)
         group = _decide(comm, path, refusal, "gemv_allreduce", args, dtype, traffic,
                         f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks")
         if group is None:
