@@ -202,7 +202,7 @@ __device__ __forceinline__ void mma_wload(unsigned (&r)[MT], const elem_t* w, in
 // x[row][k], x[row][k + 1] as one word, 0 outside x.  VEC: K even and x
 // 4-byte aligned (k is even), so the pair is one load.
 template <bool VEC>
-__device__ __forceinline__ unsigned mma_xload(const elem_t* x, int K, bool row_ok, const elem_t* xr, int k) {
+__device__ __forceinline__ unsigned mma_xload(int K, bool row_ok, const elem_t* xr, int k) {
   if constexpr (VEC) {
     return row_ok && k < K ? __ldg(reinterpret_cast<const unsigned*>(xr + k)) : 0u;
   } else {
@@ -261,8 +261,8 @@ __device__ void gemv_pass_mma(const elem_t* __restrict__ x, const elem_t* __rest
         unsigned b[NT][2];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          b[j][0] = mma_xload<VEC>(x, K, xok[j], xr[j], k);
-          b[j][1] = mma_xload<VEC>(x, K, xok[j], xr[j], k + 8);
+          b[j][0] = mma_xload<VEC>(K, xok[j], xr[j], k);
+          b[j][1] = mma_xload<VEC>(K, xok[j], xr[j], k + 8);
         }
 #pragma unroll
         for (int q = 0; q < MT; ++q) {
