@@ -105,8 +105,6 @@ def test_runtime_flags_exactly_the_steps_that_carry_it(argv, fusion):
     prog = compiled(*argv, fusion=fusion)
     t = tables.build(prog)
     flag = abi.C["GC3_F_EPILOGUE"]
-    if not fusion:     # the one-shot's three `re` into one chunk: one device row, flagged
-        assert any(len(ds.origs) == 3 and ds.epilogue for steps in t.device_steps for ds in steps)
     for b, (r, tbid) in enumerate(t.blocks):
         tb = next(x for x in prog.gpu(r).threadblocks if x.id == tbid)
         start = int(t.tbs[b][abi.field("TB", "STEP_START")])
@@ -116,6 +114,19 @@ def test_runtime_flags_exactly_the_steps_that_carry_it(argv, fusion):
             assert bool(row[abi.field("ST", "FLAGS")] & flag) == want, (r, tbid, ds.origs)
             assert not any(tb.steps[k].epilogue for k in ds.origs[:-1])
     assert sum(bool(row[abi.field("ST", "FLAGS")] & flag) for row in t.steps) == len(marked(prog))
+
+
+def test_a_fused_re_run_takes_the_epilogue_of_its_last_step_and_ends_there():
+    from gc3.ir.epilogue import make
+    from runtime_cuda.tables import DeviceStep, _fuse_reduces
+    epi = make([("scale", 2)])
+
+    def re(k, e=None):
+        return DeviceStep("re", 1, ("s", k), ("o", 0), [], {}, [k], epilogue=e)
+    rows = _fuse_reduces([re(0), re(1), re(2, epi)], 0, set())
+    assert [(r.origs, r.epilogue) for r in rows] == [([0, 1, 2], epi)]
+    rows = _fuse_reduces([re(0, epi), re(1)], 0, set())
+    assert [(r.origs, r.epilogue) for r in rows] == [([0], epi), ([1], None)]
 
 
 def test_runtime_epilogue_words():
