@@ -112,10 +112,13 @@ __device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st
       if (s.n) s.b = o; else s.a = o;
       ++s.n;
     }
-    if (out_buf != GC3_BUF_NONE) { d0 = chunk_operand<B>(c.base, out_buf, out_off + k, c.sh, c.lane0, c.n); nd = 1; }
-    // Output element of d0's first lane: its distance from o, as the simulator's
-    // RankMemory.output_index measures it (i may alias o in an in-place call).
-    epi.at = d0.p - c.base[GC3_BUF_O];
+    if (out_buf != GC3_BUF_NONE) {
+      d0 = chunk_operand<B>(c.base, out_buf, out_off + k, c.sh, c.lane0, c.n);
+      nd = 1;
+      // Output element of d0's first lane: its distance from o, as the simulator's
+      // RankMemory.output_index measures it (i may alias o in an in-place call).
+      epi.at = d0.p - c.base[GC3_BUF_O];
+    }
 #if GC3_PROTO == GC3_PROTO_SIMPLE
     if (send) {
       const Operand o = make_operand<B>((elem_t*)c.sslot + (i64)k * T, c.n, c.n);
