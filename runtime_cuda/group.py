@@ -14,7 +14,7 @@ from . import abi, faults, streams
 from .binding import Binding, Copy, Shape, bind, call_shape
 from .connections import tile_split
 from .launcher import Executor, Launch
-from .tables import Tables
+from .tables import Tables, epilogue_words
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
 
@@ -121,8 +121,38 @@ class LaunchGroup:
             table += [int(p) for p in ptrs] + [0] * (width - len(ptrs))
         return table
 
+    def _epilogue_table(self, epilogue, dtype: str, op: str) -> List[int]:
+        """An epilogue IR's part of the buffer table, in the compute inputs' place (the two never
+        meet: tables.check_epilogue): zeros up to GC3_MAX_BUFS, then per rank of the group the
+        epilogue's words (tables.epilogue_words) with that rank's bias and residual addresses.
+        The caller vouches for their sizes: the bias holds cols elements, the residual the
+        output's, both of the call's dtype."""
+        epi = self.prog.epilogue
+        where = f"{self.prog.name} ({self.prog.coll} + {epi})"
+        names = epi.names
+        if epilogue is None and not names:
+            epilogue = [()] * len(self.ranks)
+        if epilogue is None or len(epilogue) != len(self.ranks):
+            raise GC3Error(f"{where}: the call needs the epilogue's inputs ({', '.join(names) or 'none'}) of each "
+                           f"of its {len(self.ranks)} rank(s) here")
+        if op != "sum":
+            raise GC3Error(f"{where}: an epilogue program runs as a sum (its epilogue says the rest); the call "
+                           f"asks for {op}")
+        floats_only = [k for k, _ in epi.items if k in ("scale", "bias", "residual")]
+        if floats_only and not dtype_info(dtype).is_float:
+            raise GC3Error(f"{where}: {', '.join(floats_only)} on integer data ({dtype}); only avg is defined "
+                           f"for integers")
+        table = [0] * abi.C["GC3_MAX_BUFS"]
+        for k, ptrs in enumerate(epilogue):
+            if len(ptrs) != len(names) or not all(int(p) for p in ptrs):
+                raise GC3Error(f"{where}: rank {self.ranks[k]} gives the addresses {list(ptrs)}; the epilogue "
+                               f"reads {', '.join(names) or 'none'}, each a non-null device address")
+            named = dict(zip(names, (int(p) for p in ptrs)))
+            table += epilogue_words(self.prog, named.get(epi.arg("bias"), 0), named.get(epi.arg("residual"), 0))
+        return table
+
     def _prepare(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                 stream: int, captured: bool = False, compute=None) -> "PreparedCall":
+                 stream: int, captured: bool = False, compute=None, epilogue=None) -> "PreparedCall":
         info = dtype_info(dtype)
         itemsize = info.np.itemsize
         lay, shape = self._shape(in_elems, itemsize)
@@ -130,6 +160,10 @@ class LaunchGroup:
             cmp_table = self._compute_table(compute, in_elems, info.name, lay.cs)
         elif compute is not None:
             raise GC3Error(f"{self.prog.name}: compute inputs given to a program without compute steps")
+        if self.prog.epilogue is not None:
+            cmp_table = self._epilogue_table(epilogue, info.name, op)
+        elif epilogue is not None:
+            raise GC3Error(f"{self.prog.name}: epilogue inputs given to a program without an epilogue")
         ptrs: List[int] = []
         pre: List[Copy] = []
         post: List[Copy] = []
@@ -145,31 +179,34 @@ class LaunchGroup:
             post += [b.post] if b.post else []
             scratch = self._grown(self._scratch, r, self.prog.gpu(r).s_chunks * shape.cs * itemsize, stream, captured)
             ptrs.extend((b.i, b.o, scratch))
-        if self.prog.fused:
+        if self.prog.fused or self.prog.epilogue is not None:
             ptrs += cmp_table[len(ptrs):]
         keep = (self._scratch.copy(), self._temp.copy())
         bufs = self.executor.buffer_table(tuple(ptrs), stream, captured)
         return PreparedCall(self.executor.prepare(info.name, op, bufs, shape), pre, post, shape, keep)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                 stream=None, compute: Optional[Sequence[Sequence[int]]] = None) -> None:
+                 stream=None, compute: Optional[Sequence[Sequence[int]]] = None,
+                 epilogue: Optional[Sequence[Sequence[int]]] = None) -> None:
         """Enqueue one call on raw device addresses (one per rank of the group),
         on `stream` (a CuPy stream, a raw handle, or None for CuPy's current one).
         A fused program's call also takes, per rank, the addresses of its compute
-        inputs in the operator's order (`gc3.ir.ComputeSpec.names`).
+        inputs in the operator's order (`gc3.ir.ComputeSpec.names`); an epilogue program's call,
+        per rank, the addresses of its epilogue's named inputs (`gc3.ir.epilogue.Epilogue.names`).
         Everything but the launch itself is cached per (addresses, size, dtype, op).
         A call on a stream capturing a CUDA graph is captured (streams.py, point 6)."""
         ptr = streams.handle(stream)
         captured = streams.is_capturing(ptr)
         self.executor.order.enter(ptr, captured)
         cmp = None if compute is None else tuple(tuple(int(p) for p in ptrs) for ptrs in compute)
-        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, cmp)
+        epi = None if epilogue is None else tuple(tuple(int(p) for p in ptrs) for ptrs in epilogue)
+        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, cmp, epi)
         call = self._prepared.get(key)
         if call is None:
             if len(self._prepared) > 1024:
                 self.executor.order.retire(self._prepared)
                 self._prepared = {}
-            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr, captured, cmp)
+            call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr, captured, cmp, epi)
             self._prepared[key] = call
         if captured:
             self._captured[id(call)] = call

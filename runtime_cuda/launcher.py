@@ -146,7 +146,9 @@ class Executor:
         key = (dtype, op)
         if key not in self._kernels:
             coop = module.cooperative_default()
-            k = module.kernel(dtype, op, self.proto, self.device.id, coop, self.trace_on, self.tables.prog.fused)
+            prog = self.tables.prog
+            k = module.kernel(dtype, op, self.proto, self.device.id, coop, self.trace_on, prog.fused,
+                              prog.epilogue is not None)
             self._kernels[key] = (k, self._threads(k), coop)
         return self._kernels[key]
 

@@ -36,11 +36,15 @@ def trace_enabled() -> bool:
     return os.environ.get("GC3_TRACE", "0") not in ("", "0")
 
 
-def options(dtype: str, op: str, proto: str, trace: bool = False, compute: bool = False) -> Tuple[str, ...]:
-    """`compute`: with the compute opcodes (a fused IR's group; prims_compute.cuh says why not always)."""
+def options(dtype: str, op: str, proto: str, trace: bool = False, compute: bool = False,
+            epilogue: bool = False) -> Tuple[str, ...]:
+    """`compute`: with the compute opcodes (a fused IR's group; prims_compute.cuh says why not always);
+    `epilogue`: with the epilogue on flagged stores (an epilogue IR's group; plain collectives keep
+    the store path without its branch and registers)."""
     debug = ("-lineinfo",) if os.environ.get("GC3_NVRTC_LINEINFO") else ()
     debug += ("-DGC3_TRACE",) if trace else ()
     debug += ("-DGC3_COMPUTE",) if compute else ()
+    debug += ("-DGC3_EPILOGUE",) if epilogue else ()
     return debug + ("-std=c++17",
             f"-DGC3_DTYPE={abi.DTYPE[dtype]}", f"-DGC3_REDOP={abi.REDOP[op]}", f"-DGC3_PROTO={abi.PROTO[proto]}",
             f"-DGC3_MAX_FANIN={limits.MAX_REDUCE_FANIN}", f"-DGC3_MAX_THREADS={MAX_THREADS}",
@@ -54,11 +58,11 @@ def cooperative_default() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def kernel(dtype: str, op: str, proto: str, device: int, cooperative: bool = True, trace: bool = False,
-           compute: bool = False):
+           compute: bool = False, epilogue: bool = False):
     """The compiled interpreter for the current device (`device` is part of the cache key)."""
     import cupy
 
-    mod = cupy.RawModule(code=source(), options=options(dtype, op, proto, trace, compute),
+    mod = cupy.RawModule(code=source(), options=options(dtype, op, proto, trace, compute, epilogue),
                          enable_cooperative_groups=cooperative)
     return mod.get_function(KERNEL_NAME)
 

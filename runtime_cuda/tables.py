@@ -11,7 +11,11 @@ Three things happen on the way:
   to gc3.limits.MAX_REDUCE_FANIN sources, where nothing waits in between;
 * a compute step (fused IR) gets its operands in the extras table: its range
   of the operator's split axis and the operator's dimensions
-  (GC3_CMP_EXTRA_PAIRS in kernels/common.cuh).
+  (GC3_CMP_EXTRA_PAIRS in kernels/common.cuh);
+* a step that carries the epilogue (an epilogue IR) gets GC3_F_EPILOGUE: the
+  kernel applies the call's epilogue to what it stores into dst, the IR's own
+  rule (gc3.ir.epilogue), so that the steps the compiler chose, and the
+  semantic checker proved, are the ones that apply it.
 
 Connections are (sender rank, receiver rank, channel); a launch group (all
 ranks for virtual ranks, one rank per process) gets the send- and
@@ -27,6 +31,7 @@ import numpy as np
 from gc3 import limits
 from gc3.errors import FifoOrderError, IRStructureError, LimitError, NotOnDeviceError
 from gc3.ir import OPCODES, ComputeArgs, Program, Step, local_input, local_output
+from gc3.ir.epilogue import Epilogue
 from gc3.ir.opcodes import NOT_ON_DEVICE
 from gc3.verify import runtime_limits, structure
 
@@ -48,6 +53,7 @@ class DeviceStep:
     origs: List[int]                    # xml step indices folded into this row
     signal: bool = False
     compute: Optional[ComputeArgs] = None   # a compute step's operands
+    epilogue: Optional[Epilogue] = None     # applied to what the row stores into dst
 
 
 @dataclass
@@ -207,7 +213,8 @@ def device_steps(prog: Program, rank: int) -> Dict[int, List[DeviceStep]]:
             if st.type == "nop":
                 continue
             out.append(DeviceStep(op=st.type, cnt=st.cnt, inp=local_input(st, conv), out=local_output(st, conv),
-                                  extras=[], waits=_latest(pending, tb.id), origs=[k], compute=st.compute))
+                                  extras=[], waits=_latest(pending, tb.id), origs=[k], compute=st.compute,
+                                  epilogue=st.epilogue))
             pending = set()
         rows[tb.id] = out
     waited = {(t, k) for steps in rows.values() for ds in steps for t, k in ds.waits.items()}
@@ -226,13 +233,15 @@ def _fuse_reduces(steps: List[DeviceStep], tbid: int, waited: set) -> List[Devic
     out: List[DeviceStep] = []
     for ds in steps:
         prev = out[-1] if out else None
+        # A row that applies the epilogue stores a final value: nothing may reduce into it after.
         if (prev is not None and ds.op == "re" and prev.op == "re" and ds.out == prev.out and ds.cnt == prev.cnt
-                and not ds.waits and (tbid, prev.origs[-1]) not in waited
+                and not ds.waits and (tbid, prev.origs[-1]) not in waited and prev.epilogue is None
                 and 2 + len(prev.extras) <= limits.MAX_REDUCE_FANIN
                 and not _may_alias(ds.inp, ds.out, ds.cnt)
                 and not any(_may_alias(s, ds.out, ds.cnt) for s in [prev.inp] + prev.extras)):
             prev.extras.append(ds.inp)
             prev.origs.append(ds.origs[0])
+            prev.epilogue = ds.epilogue
             continue
         out.append(ds)
     return out
@@ -245,14 +254,76 @@ def refuse_not_on_device(prog: Program) -> None:
     for g in prog.gpus:
         for tb in g.threadblocks:
             for st in tb.steps:
-                if st.epilogue is not None:
-                    raise NotOnDeviceError(
-                        f"{prog.name}: rank {g.id} tb {tb.id} step {st.s} carries the epilogue {st.epilogue}, which "
-                        f"the CUDA interpreter does not apply yet (`gc3 simulate` runs it on the CPU)")
                 if st.type in NOT_ON_DEVICE:
                     raise NotOnDeviceError(
                         f"{prog.name}: rank {g.id} tb {tb.id} step {st.s} is a {st.type!r} step, which the CUDA "
                         f"runtime has no opcode for yet (a fused IR: `gc3 simulate` runs it on the CPU)")
+
+
+# The epilogue items the interpreter applies (kernels/epilogue.cuh), each at most once, in any order.
+EPILOGUE_ITEMS = {"scale": "GC3_EPI_SCALE", "avg": "GC3_EPI_AVG", "bias": "GC3_EPI_BIAS",
+                  "residual": "GC3_EPI_RESIDUAL"}
+
+
+def check_epilogue(prog: Program) -> None:
+    """What the interpreter needs of an epilogue IR, refused naming the program or step: the
+    items of EPILOGUE_ITEMS, once each (no cast: every buffer of a call is of its one dtype);
+    every carrying step carries the program's epilogue (the call passes one) and stores it into
+    output memory (the kernel indexes bias and residual by the output element)."""
+    epi = prog.epilogue
+    carriers = [(g.id, tb.id, st) for g in prog.gpus for tb in g.threadblocks for st in tb.steps
+                if st.epilogue is not None]
+    if epi is None:
+        if carriers:
+            r, tb, st = carriers[0]
+            raise IRStructureError(f"{prog.name}: rank {r} tb {tb} step {st.s} carries the epilogue {st.epilogue} "
+                                   f"but the program promises none (no <epilogue>)")
+        return
+    where = f"{prog.name}: the epilogue {epi}"
+    if prog.compute is not None:
+        raise NotOnDeviceError(f"{where} on a compute-fused program ({prog.compute.op}): the interpreter applies "
+                               f"epilogues to plain collectives only")
+    keys = [k for k, _ in epi.items]
+    if "cast" in keys:
+        raise NotOnDeviceError(f"{where}: the CUDA interpreter does not apply cast({epi.cast}): it keeps every "
+                               f"buffer of a call in the call's one dtype (one kernel build per dtype); run the "
+                               f"epilogue without the cast and convert the output after the call")
+    for k in keys:
+        if keys.count(k) > 1:
+            raise NotOnDeviceError(f"{where}: {k} appears {keys.count(k)} times; the interpreter applies each of "
+                                   f"{', '.join(EPILOGUE_ITEMS)} at most once")
+    if epi.cols is not None and epi.cols > limits.INT32_MAX:
+        raise LimitError(f"{where}: cols={epi.cols} does not fit the kernel's int32 field")
+    if prog.ngpus >= 1 << 16:
+        raise LimitError(f"{where}: {prog.ngpus} ranks; the kernel's avg field holds fewer than {1 << 16}")
+    conv = prog.convention
+    for r, tb, st in carriers:
+        at = f"{prog.name}: rank {r} tb {tb} step {st.s} ({st.type})"
+        if st.epilogue != epi:
+            raise NotOnDeviceError(f"{at} carries the epilogue {st.epilogue}, not the program's {epi}: the "
+                                   f"interpreter applies the call's one epilogue")
+        out = local_output(st, conv)
+        if out is None or out[0] == "s" or (out[0] == "i" and not prog.inplace):
+            what = "nothing" if out is None else f"{out[0]}[{out[1]}]"
+            raise IRStructureError(f"{at} applies the epilogue to what it stores into {what}, which is not memory "
+                                   f"of the output buffer")
+
+
+def epilogue_words(prog: Program, bias: int, residual: int) -> List[int]:
+    """One rank's GC3_EPW_* words (kernels/common.cuh) of `prog`'s epilogue, with the addresses
+    of that rank's bias and residual (0 where the epilogue has none)."""
+    epi = prog.epilogue
+    items = 0
+    for n, (k, _) in enumerate(epi.items):
+        items |= abi.C[EPILOGUE_ITEMS[k]] << (4 * n)
+    scale = epi.scale if epi.scale is not None else 1.0
+    shape = (epi.cols or 0) | prog.ngpus << 32 | items << 48
+    words = [0] * abi.C["GC3_CMP_PTRS"]
+    words[abi.C["GC3_EPW_BIAS"]] = int(bias)
+    words[abi.C["GC3_EPW_RESIDUAL"]] = int(residual)
+    words[abi.C["GC3_EPW_SCALE"]] = int(np.float64(scale).view(np.uint64))
+    words[abi.C["GC3_EPW_SHAPE"]] = shape
+    return words
 
 
 # The storage types the compute opcodes are built for (prims_compute.cuh).
@@ -284,6 +355,7 @@ def compute_pairs(prog: Program, rank: int, tbid: int, ds: DeviceStep) -> List[L
 def build(prog: Program, ranks: Optional[Sequence[int]] = None) -> Tables:
     """Tables for the blocks of `ranks` (default: every rank, for virtual ranks)."""
     refuse_not_on_device(prog)
+    check_epilogue(prog)
     structure.check(prog)
     # Longer `re` runs are split into passes here, so only the table limits apply.
     runtime_limits.check(prog, runtime_limits.Limits(max_fanin=1 << 30))
@@ -315,7 +387,8 @@ def build(prog: Program, ranks: Optional[Sequence[int]] = None) -> Tables:
         for ds in steps:
             info = OPCODES[ds.op]
             flags = ((abi.C["GC3_F_RECV"] if info.recv else 0) | (abi.C["GC3_F_SEND"] if info.send else 0)
-                     | (abi.C["GC3_F_REDUCE"] if info.reduce else 0) | (abi.C["GC3_F_SIGNAL"] if ds.signal else 0))
+                     | (abi.C["GC3_F_REDUCE"] if info.reduce else 0) | (abi.C["GC3_F_SIGNAL"] if ds.signal else 0)
+                     | (abi.C["GC3_F_EPILOGUE"] if ds.epilogue is not None else 0))
             dep_start = len(dep_rows)
             for t, k in sorted(ds.waits.items()):
                 target = block_of[(r, t)]

@@ -97,10 +97,73 @@ def test_reader_wants_fused_with_an_epilogue():
         from_xml(xml[:xml.index("  <epilogue")] + "</algo>\n")
 
 
-def test_runtime_and_catalog_refuse_an_epilogue_ir():
-    from runtime_cuda.tables import refuse_not_on_device
-    with pytest.raises(GC3Error, match="epilogue"):
-        refuse_not_on_device(compiled(2, 1, 8, 0))
+@pytest.mark.parametrize("argv,fusion", [((2, 1, 8, 0), True), ((4, 1, 8, 0), False), ((4, 2, 16, 0), True)])
+def test_runtime_flags_exactly_the_steps_that_carry_it(argv, fusion):
+    """The interpreter applies the epilogue on the device rows of the IR's carrying steps and no
+    others: a fused `re` run takes it from its last (final) step; nothing reduces into a row after."""
+    from runtime_cuda import abi, tables
+    prog = compiled(*argv, fusion=fusion)
+    t = tables.build(prog)
+    flag = abi.C["GC3_F_EPILOGUE"]
+    for b, (r, tbid) in enumerate(t.blocks):
+        tb = next(x for x in prog.gpu(r).threadblocks if x.id == tbid)
+        start = int(t.tbs[b][abi.field("TB", "STEP_START")])
+        for j, ds in enumerate(t.device_steps[b]):
+            row = t.steps[start + j]
+            want = tb.steps[ds.origs[-1]].epilogue is not None
+            assert bool(row[abi.field("ST", "FLAGS")] & flag) == want, (r, tbid, ds.origs)
+            assert not any(tb.steps[k].epilogue for k in ds.origs[:-1])
+    assert sum(bool(row[abi.field("ST", "FLAGS")] & flag) for row in t.steps) == len(marked(prog))
+
+
+def test_a_fused_re_run_takes_the_epilogue_of_its_last_step_and_ends_there():
+    from gc3.ir.epilogue import make
+    from runtime_cuda.tables import DeviceStep, _fuse_reduces
+    epi = make([("scale", 2)])
+
+    def re(k, e=None):
+        return DeviceStep("re", 1, ("s", k), ("o", 0), [], {}, [k], epilogue=e)
+    rows = _fuse_reduces([re(0), re(1), re(2, epi)], 0, set())
+    assert [(r.origs, r.epilogue) for r in rows] == [([0, 1, 2], epi)]
+    rows = _fuse_reduces([re(0, epi), re(1)], 0, set())
+    assert [(r.origs, r.epilogue) for r in rows] == [([0], epi), ([1], None)]
+
+
+def test_runtime_epilogue_words():
+    from runtime_cuda import abi, tables
+    prog = compiled(4, 2, 16, 0)          # scale(0.25),bias(bias),residual(residual)
+    w = tables.epilogue_words(prog, 0x1000, 0x2008)
+    C = abi.C
+    assert w[C["GC3_EPW_BIAS"]] == 0x1000 and w[C["GC3_EPW_RESIDUAL"]] == 0x2008
+    assert np.uint64(w[C["GC3_EPW_SCALE"]]).view(np.float64) == 0.25
+    shape = w[C["GC3_EPW_SHAPE"]]
+    assert shape & 0xFFFFFFFF == 16 and (shape >> 32) & 0xFFFF == 4
+    assert shape >> 48 == C["GC3_EPI_SCALE"] | C["GC3_EPI_BIAS"] << 4 | C["GC3_EPI_RESIDUAL"] << 8
+
+
+def test_runtime_refuses_what_the_interpreter_cannot_apply():
+    from gc3.errors import IRStructureError, NotOnDeviceError
+    from gc3.ir.epilogue import make
+    from runtime_cuda import tables
+    with pytest.raises(NotOnDeviceError, match=r"does not apply cast\(bfloat16\)"):
+        tables.build(compiled(2, 1, 8, 1))
+    prog = compiled(2, 2, 8, 0)
+    odd = copy.deepcopy(prog)
+    _, _, st = marked(odd)[0]
+    st.epilogue = make([("scale", 0.5)])
+    with pytest.raises(NotOnDeviceError, match=r"carries the epilogue scale\(0.5\), not the program's"):
+        tables.build(odd)
+    twice = copy.deepcopy(prog)
+    twice.epilogue = make([("scale", 0.5), ("scale", 2)])
+    for _, _, st in marked(twice):
+        st.epilogue = twice.epilogue
+    with pytest.raises(NotOnDeviceError, match="scale appears 2 times"):
+        tables.build(twice)
+    scratch = copy.deepcopy(compiled(2, 1, 8, 0, fusion=False))
+    st = next(st for g in scratch.gpus for tb in g.threadblocks for st in tb.steps if st.dstbuf == "s")
+    st.epilogue = scratch.epilogue
+    with pytest.raises(IRStructureError, match=r"stores into s\[\d+\], which is not memory of the output"):
+        tables.build(scratch)
 
 
 # --- avg ---------------------------------------------------------------------------

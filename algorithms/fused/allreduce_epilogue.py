@@ -6,6 +6,10 @@ Parameters (positional ints, defaults in brackets): ranks N [4], variant [2]
 (1: one-shot, 2: ring), cols [64] (the row length of y: the bias is a vector of
 cols elements broadcast over rows), cast [1] (1: deliver bfloat16, for fp32
 calls: fp32 accumulation, bf16 out; 0: the call's dtype).  The scale is 1/N.
+From Python, `epilogue` (items as gc3.ir.epilogue.make takes them, e.g.
+[("scale", 0.5), ("bias", "bias")]) replaces that default and `cast`; `cols`
+then counts only with a bias.  runtime_cuda.fused.allreduce_epilogue runs it on
+the GPU (without cast, which the interpreter does not apply).
 
 The epilogue (gc3.ir.epilogue) is a collective option; the compiler puts it on the
 step that stores each output chunk's final value (in the ring, the last
@@ -20,13 +24,19 @@ from gc3.collectives import AllReduce
 from gc3.topology import fully_connected
 
 
-def allreduce_epilogue(num_ranks: int = 4, variant: int = 2, cols: int = 64, cast: int = 1) -> GC3Program:
+def allreduce_epilogue(num_ranks: int = 4, variant: int = 2, cols: int = 64, cast: int = 1,
+                       epilogue=None) -> GC3Program:
     n = num_ranks
     if variant not in (1, 2):
         raise ValueError(f"variant must be 1 (one-shot) or 2 (ring), got {variant}")
-    items = [("scale", 1.0 / n), ("bias", "bias"), ("residual", "residual")] + ([("cast", "bfloat16")] if cast else [])
+    if epilogue is None:
+        items = [("scale", 1.0 / n), ("bias", "bias"), ("residual", "residual")]
+        items += [("cast", "bfloat16")] if cast else []
+    else:
+        items = list(epilogue)
+    has_bias = any((it if isinstance(it, str) else it[0]) == "bias" for it in items)
     c = n if variant == 2 else 1
-    coll = AllReduce(num_ranks=n, chunk_factor=c, inplace=True, epilogue=items, cols=cols)
+    coll = AllReduce(num_ranks=n, chunk_factor=c, inplace=True, epilogue=items, cols=cols if has_bias else None)
     name = "allreduce_epilogue_" + ("ring" if variant == 2 else "oneshot")
     with GC3Program(name, coll, topology=fully_connected(n), protocol="Simple") as prog:
         if variant == 2:

@@ -25,6 +25,7 @@ typedef long long i64;
 #define GC3_F_SEND 2
 #define GC3_F_REDUCE 4
 #define GC3_F_SIGNAL 8     // another TB waits on this step: publish the TB's progress flag
+#define GC3_F_EPILOGUE 16  // apply the call's epilogue to what the step stores into its dst (not what it sends)
 
 // Buffer codes of operands.
 #define GC3_BUF_NONE (-1)
@@ -129,6 +130,19 @@ typedef long long i64;
 // operator's input order, from entry GC3_MAX_BUFS of the same table on (read
 // from global memory by compute steps only, so the shared copy stays small).
 #define GC3_CMP_PTRS 4
+// An epilogue IR's call (gc3.ir.epilogue; never also a compute IR) passes in the same place, per
+// rank slot, the epilogue's GC3_CMP_PTRS words: the bias and residual addresses (0: none), the
+// scale (a double's bits), and cols | nranks << 32 | items << 48, items being up to
+// GC3_EPI_MAX_ITEMS item codes of 4 bits, the first in the lowest bits (0 ends the list).
+#define GC3_EPW_BIAS 0
+#define GC3_EPW_RESIDUAL 1
+#define GC3_EPW_SCALE 2
+#define GC3_EPW_SHAPE 3
+#define GC3_EPI_SCALE 1
+#define GC3_EPI_AVG 2
+#define GC3_EPI_BIAS 3
+#define GC3_EPI_RESIDUAL 4
+#define GC3_EPI_MAX_ITEMS 4
 // A compute step's operands, in the extras table from its GC3_ST_EXTRA_START
 // (its GC3_ST_NEXTRA stays 0): pair 0 = [col0, col1) of the operator's split
 // axis, pairs 1..3 = the operator's dimensions (gemv: batch, K, N; ebag: T,

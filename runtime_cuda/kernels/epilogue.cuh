@@ -3,14 +3,72 @@
 #pragma once
 #include "reduce_ops.cuh"
 
+#if GC3_DTYPE == GC3_DT_FLOAT16 || GC3_DTYPE == GC3_DT_BFLOAT16 || GC3_DTYPE == GC3_DT_FLOAT32 || \
+    GC3_DTYPE == GC3_DT_FLOAT64
+#define GC3_IS_FLOAT 1
+#endif
+
 // NCCL's ncclAvg on a finished, wrapped sum: floats multiply by 1/n in the
 // accumulation type, integers divide truncating toward zero (C division, as
 // NCCL's FuncSumPostDiv: |x| / n with the sign restored).
 __device__ __forceinline__ elem_t avg_divide(elem_t x, int n) {
-#if GC3_DTYPE == GC3_DT_FLOAT16 || GC3_DTYPE == GC3_DT_BFLOAT16 || GC3_DTYPE == GC3_DT_FLOAT32 || \
-    GC3_DTYPE == GC3_DT_FLOAT64
+#ifdef GC3_IS_FLOAT
   return from_acc(to_acc(x) * ((acc_t)1 / (acc_t)n));
 #else
   return (elem_t)(x / (elem_t)n);
 #endif
+}
+
+// The call's epilogue as one store of a step applies it (the GC3_EPW_* words,
+// kernels/common.cuh), or none (`on` false); `at` is the output element index
+// of the stored operand's first lane, set per chunk.  Passed by value, not by
+// pointer, so that it stays in registers.
+struct Epi {
+  bool on;
+  const elem_t* bias;
+  const elem_t* residual;
+  double scale;
+  i64 at;
+  int cols;
+  int nranks;
+  unsigned items;
+};
+
+__device__ __forceinline__ Epi no_epi() {
+  Epi e = {};
+  return e;
+}
+
+__device__ __forceinline__ Epi load_epi(const u64* w) {
+  Epi e;
+  e.on = true;
+  e.bias = (const elem_t*)w[GC3_EPW_BIAS];
+  e.residual = (const elem_t*)w[GC3_EPW_RESIDUAL];
+  e.scale = __longlong_as_double((long long)w[GC3_EPW_SCALE]);
+  const u64 shape = w[GC3_EPW_SHAPE];
+  e.cols = (int)(shape & 0xffffffffu);
+  e.nranks = (int)((shape >> 32) & 0xffffu);
+  e.items = (unsigned)(shape >> 48);
+  e.at = 0;
+  return e;
+}
+
+// One element: x the stored (raw) value, e its output index, col = e % cols
+// (kept by the caller: a 64-bit modulo per element is a long subroutine).
+// Arithmetic in acc_t, one rounding to elem_t at the end; avg rounds as
+// gc3.ir.epilogue.apply does (to the dtype, then NCCL's division).  The host
+// refuses scale, bias and residual on integer data, as the CPU side does.
+__device__ __forceinline__ elem_t epi_apply(const Epi& E, elem_t x, i64 e, int col) {
+  acc_t y = to_acc(x);
+  for (int i = 0; i < GC3_EPI_MAX_ITEMS; ++i) {
+    const unsigned item = (E.items >> (4 * i)) & 15u;
+    if (item == 0) break;
+    if (item == GC3_EPI_AVG) y = to_acc(avg_divide(from_acc(y), E.nranks));
+#ifdef GC3_IS_FLOAT
+    else if (item == GC3_EPI_SCALE) y = y * (acc_t)E.scale;
+    else if (item == GC3_EPI_BIAS) y = y + to_acc(E.bias[col]);
+    else if (item == GC3_EPI_RESIDUAL) y = y + to_acc(E.residual[e]);
+#endif
+  }
+  return from_acc(y);
 }

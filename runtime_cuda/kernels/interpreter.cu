@@ -1,7 +1,8 @@
 // The gc3 interpreter: one persistent block per (rank, threadblock) of the IR.
 // Each block walks tiles of every chunk and, per tile, its own steps in order:
 // wait for dependencies and FIFO space, move/reduce one tile, publish.
-// Compiled per dtype x op x protocol (-DGC3_DTYPE, -DGC3_REDOP, -DGC3_PROTO).
+// Compiled per dtype x op x protocol (-DGC3_DTYPE, -DGC3_REDOP, -DGC3_PROTO); -DGC3_EPILOGUE
+// for an epilogue IR's group (its stores apply the call's epilogue, epilogue.cuh).
 #include "common.cuh"
 #include "sync.cuh"
 #include "reduce_ops.cuh"
@@ -66,8 +67,10 @@ struct StepCtx {
 // The copy/reduce family: every opcode of gc3 IR is "read a received tile
 // and/or local operands, combine, write to the send slot and/or a local
 // operand".  Returns false if a wait inside the data path gave up (LL).
-// `extra` is shared memory for the additional sources of a fused `re`.
-__device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st, Operand* extra) {
+// `extra` is shared memory for the additional sources of a fused `re`; `ext`
+// the rank's words past GC3_MAX_BUFS in the call's table (an epilogue IR: the
+// GC3_EPW_* words, read only by steps flagged GC3_F_EPILOGUE).
+__device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st, Operand* extra, const u64* ext) {
   constexpr int B = (GC3_PROTO == GC3_PROTO_SIMPLE) ? 16 : 8;
   const int op = st[GC3_ST_OP], flags = st[GC3_ST_FLAGS], cnt = st[GC3_ST_CNT];
   const int in_buf = st[GC3_ST_IN_BUF], in_off = st[GC3_ST_IN_OFF];
@@ -76,6 +79,13 @@ __device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st
   const int nextra = st[GC3_ST_NEXTRA];
   const int T = c.sh.T;
   const bool recv = flags & GC3_F_RECV, send = flags & GC3_F_SEND;
+#ifdef GC3_EPILOGUE
+  // The host flags only steps with a local dst (tables.check_epilogue).
+  Epi epi = (flags & GC3_F_EPILOGUE) ? load_epi(ext) : no_epi();
+#else
+  (void)ext;
+  Epi epi = no_epi();
+#endif
   for (int k = 0; k < cnt; ++k) {
     if (nextra) {
       __syncthreads();  // the previous chunk is done with `extra`
@@ -102,27 +112,34 @@ __device__ __forceinline__ bool copy_reduce_step(const StepCtx& c, const int* st
       if (s.n) s.b = o; else s.a = o;
       ++s.n;
     }
-    if (out_buf != GC3_BUF_NONE) { d0 = chunk_operand<B>(c.base, out_buf, out_off + k, c.sh, c.lane0, c.n); nd = 1; }
+    if (out_buf != GC3_BUF_NONE) {
+      d0 = chunk_operand<B>(c.base, out_buf, out_off + k, c.sh, c.lane0, c.n);
+      nd = 1;
+      // Output element of d0's first lane: its distance from o, as the simulator's
+      // RankMemory.output_index measures it (i may alias o in an in-place call).
+      epi.at = d0.p - c.base[GC3_BUF_O];
+    }
 #if GC3_PROTO == GC3_PROTO_SIMPLE
     if (send) {
       const Operand o = make_operand<B>((elem_t*)c.sslot + (i64)k * T, c.n, c.n);
       if (nd) d1 = o; else d0 = o;
       ++nd;
     }
-    if (nd) reduce_copy<B, 4>(c.n, s, d0, d1, nd);
+    if (nd) reduce_copy<B, 4>(c.n, s, d0, d1, nd, epi);
 #elif GC3_PROTO == GC3_PROTO_LL
     (void)d1;
     const i64 lines = (i64)T * sizeof(elem_t) / 8;   // lines per chunk-tile
     const uint4* rl = recv ? (const uint4*)c.rslot + k * lines : nullptr;
     uint4* sl = send ? (uint4*)c.sslot + k * lines : nullptr;
-    if (!reduce_copy_ll(*c.P, c.w, c.rpeer, c.rchan, c.n, rl, (unsigned)c.rflag, s, sl, (unsigned)c.sflag, d0, nd))
+    if (!reduce_copy_ll(*c.P, c.w, c.rpeer, c.rchan, c.n, rl, (unsigned)c.rflag, s, sl, (unsigned)c.sflag, d0, nd, epi))
       return false;
 #else
     (void)d1;
     const i64 words = (i64)T * sizeof(elem_t) / GC3_LL128_LINE_DATA_BYTES * GC3_LL128_LINE_WORDS;  // per chunk-tile
     const u64* rl = recv ? (const u64*)c.rslot + k * words : nullptr;
     u64* sl = send ? (u64*)c.sslot + k * words : nullptr;
-    if (!reduce_copy_ll128(*c.P, c.w, c.rpeer, c.rchan, c.n, rl, c.rflag, s, sl, c.sflag, d0, nd)) return false;
+    if (!reduce_copy_ll128(*c.P, c.w, c.rpeer, c.rchan, c.n, rl, c.rflag, s, sl, c.sflag, d0, nd, epi))
+      return false;
 #endif
   }
   return true;
@@ -241,7 +258,7 @@ __device__ void run_tb(const Plan& P, const int* row, const u64* bufs, const u64
       switch (c.w.op) {
         case GC3_OP_S: case GC3_OP_R: case GC3_OP_RCS: case GC3_OP_RRC:
         case GC3_OP_RRS: case GC3_OP_RRCS: case GC3_OP_CPY: case GC3_OP_RE:
-          ok = copy_reduce_step(c, st, extra);
+          ok = copy_reduce_step(c, st, extra, gbufs + GC3_MAX_BUFS + GC3_CMP_PTRS * rank_slot);
           break;
         case GC3_OP_GEMV: case GC3_OP_EBAG:
 #ifdef GC3_HAS_COMPUTE

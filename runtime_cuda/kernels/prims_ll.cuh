@@ -30,11 +30,12 @@ __device__ __forceinline__ bool ll_read(const Plan& P, const Where& w, int peer,
 }
 
 // One chunk-tile of n lanes: acc = received (if any) op sources (if any);
-// then to the send lines (if any) and the local sink (if nd).
-// Returns false if this thread gave up waiting.
+// then to the send lines (if any) and the local sink (if nd), through `epi`
+// (if on) for the sink only.  Returns false if this thread gave up waiting.
 __device__ __forceinline__ bool reduce_copy_ll(const Plan& P, const Where& w, int peer, int chan, int n,
                                                const uint4* rlines, unsigned rflag, const Sources& s,
-                                               uint4* slines, unsigned sflag, const Operand& d, int nd) {
+                                               uint4* slines, unsigned sflag, const Operand& d, int nd,
+                                               const Epi& epi) {
   constexpr int N = Pack<8>::N;
   const int ngran = (n + N - 1) / N;
   for (int g = threadIdx.x; g < ngran; g += blockDim.x) {
@@ -50,7 +51,7 @@ __device__ __forceinline__ bool reduce_copy_ll(const Plan& P, const Where& w, in
       load_reduce<8>(acc, s, g * N);
     }
     if (slines) st_volatile_v4(slines + g, make_uint4(acc.raw.x, sflag, acc.raw.y, sflag));
-    if (nd) store_gran<8>(d, g * N, acc);
+    if (nd) store_gran_epi<8>(d, g * N, acc, epi);
   }
   return true;
 }

@@ -81,10 +81,12 @@ __device__ __forceinline__ u64 word_of(const Pack<8>& v) { return ((u64)v.raw.y 
 
 // One chunk-tile of n lanes, as reduce_copy_ll: acc = received line words (if
 // any) op sources (if any); then to the send lines (if any) and the local
-// sink (if nd).  Returns false if this thread's group gave up waiting.
+// sink (if nd), through `epi` (if on) for the sink only.  Returns false if
+// this thread's group gave up waiting.
 __device__ __forceinline__ bool reduce_copy_ll128(const Plan& P, const Where& w, int peer, int chan, int n,
                                                   const u64* rlines, u64 rflag, const Sources& s,
-                                                  u64* slines, u64 sflag, const Operand& d, int nd) {
+                                                  u64* slines, u64 sflag, const Operand& d, int nd,
+                                                  const Epi& epi) {
   constexpr int N = Pack<8>::N;   // elements per 8-byte word
   const int nwords = (n + N - 1) / N;
   const int nlines = (nwords + GC3_LL128_DATA_WORDS - 1) / GC3_LL128_DATA_WORDS;
@@ -119,7 +121,7 @@ __device__ __forceinline__ bool reduce_copy_ll128(const Plan& P, const Where& w,
       st_volatile_v2u64(slines + at, word_of(v[0]), flag_thread ? sflag : word_of(v[1]));
     }
     if (nd)
-      for (int u = 0; u < nmine; ++u) store_gran<8>(d, (w0 + u) * N, v[u]);
+      for (int u = 0; u < nmine; ++u) store_gran_epi<8>(d, (w0 + u) * N, v[u], epi);
   }
   return true;
 }

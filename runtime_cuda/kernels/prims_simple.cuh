@@ -3,6 +3,7 @@
 // thread 0 advancing the connection's tail after a block-wide barrier.
 #pragma once
 #include "reduce_ops.cuh"
+#include "epilogue.cuh"
 
 #ifndef GC3_MAX_FANIN
 #define GC3_MAX_FANIN 8
@@ -48,6 +49,24 @@ __device__ __forceinline__ void store_gran(const Operand& o, int l, const Pack<B
   }
 }
 
+// store_gran of v through the call's epilogue (when `epi.on`: a step's
+// store into its dst; what it sends stays raw), lane by lane in registers, the
+// lanes past `valid` untouched (they are not stored, and their output index
+// may be past the residual's end).
+template <int B>
+__device__ __forceinline__ void store_gran_epi(const Operand& o, int l, Pack<B> v, const Epi& epi) {
+  if (epi.on) {
+    const i64 e0 = epi.at + l;
+    int col = epi.bias ? (int)(e0 % epi.cols) : 0;
+#pragma unroll
+    for (int k = 0; k < Pack<B>::N; ++k) {
+      if (l + k < o.valid) v.e[k] = epi_apply(epi, v.e[k], e0 + k, col);
+      col = col + 1 == epi.cols ? 0 : col + 1;
+    }
+  }
+  store_gran<B>(o, l, v);
+}
+
 // Sources of one chunk-tile: up to two named operands (kept in registers)
 // plus, for a fused `re`, up to GC3_MAX_FANIN-1 more in shared memory.
 struct Sources {
@@ -64,10 +83,12 @@ __device__ __forceinline__ void load_reduce(Pack<B>& acc, const Sources& s, int 
   for (int e = 0; e < s.nextra; ++e) reduce_into<B>(acc, load_gran<B>(s.extra[e], l));
 }
 
-// d0 (and d1 if nd == 2)[0:n] = a op b op extras..., n lanes.  Each thread
-// keeps U granules in flight per source to hide memory latency.
+// d0 (and d1 if nd == 2)[0:n] = a op b op extras..., n lanes; `epi` (if on)
+// applies to d0 only.  Each thread keeps U granules in flight per source to
+// hide memory latency.
 template <int B, int U>
-__device__ __forceinline__ void reduce_copy(int n, const Sources& s, const Operand& d0, const Operand& d1, int nd) {
+__device__ __forceinline__ void reduce_copy(int n, const Sources& s, const Operand& d0, const Operand& d1, int nd,
+                                            const Epi& epi) {
   constexpr int N = Pack<B>::N;
   const int ngran = (n + N - 1) / N;
   const int nt = blockDim.x;
@@ -94,8 +115,8 @@ __device__ __forceinline__ void reduce_copy(int n, const Sources& s, const Opera
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (g0 + u * nt < ngran) {
-        store_gran<B>(d0, (g0 + u * nt) * N, acc[u]);
         if (nd > 1) store_gran<B>(d1, (g0 + u * nt) * N, acc[u]);
+        store_gran_epi<B>(d0, (g0 + u * nt) * N, acc[u], epi);
       }
     }
   }
