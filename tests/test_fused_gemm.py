@@ -112,6 +112,7 @@ class FakeCupy(types.ModuleType):
             get_elapsed_time=lambda a, b: 1.0)
         rt.getDeviceProperties = lambda dev: {"name": b"numpy stand-in"}
         self.RawModule = lambda code, options=(): types.SimpleNamespace(get_function=self._function)
+        self.ElementwiseKernel = lambda params, out, body, name: {"gc3_f32_to_bf16": self._to_bf16}[name]
         # How issued work executes: "immediate" (at issue; a wait whose flag is
         # not set yet is an error), "streams" (each stream in order, streams
         # interleaved at random: races between streams show), "one_connection"
@@ -237,6 +238,14 @@ class FakeCupy(types.ModuleType):
         b = to_f32(colmajor(B, k, n, ldb, _CUDA_TYPES[bt]), bt).astype(np.float64)
         colmajor(C, m, n, ldc, _CUDA_TYPES[ct])[...] = from_f32((a @ b).astype(np.float32), ct)
 
+    @staticmethod
+    def _to_bf16(f, out=None):
+        h = np.asarray(f, dtype=np.float32).astype(BF16).view(np.uint16).view(DevArray)
+        if out is None:
+            return h
+        out[...] = h
+        return out
+
     def _function(self, name):
         def release(grid, block, args, stream=None):
             self.releases += 1
@@ -274,9 +283,12 @@ def cp(monkeypatch):
     monkeypatch.setattr(gemm_signal, "_kernels", lambda device: {n: fake._function(n) for n in
                                                                   ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns")})
     monkeypatch.setattr(gemm, "_sum_kernels", {})
+    from runtime_cuda.fused import memory_bound
+    memory_bound._bf16_round.cache_clear()   # built by the stand-in from here on; never kept for a real CuPy
     from runtime_cuda import streams
     monkeypatch.setattr(streams, "_setup_streams", {})
-    return fake
+    yield fake
+    memory_bound._bf16_round.cache_clear()
 
 
 def group(n):
