@@ -204,8 +204,14 @@ class _Rank:
     def buf(self, name: str, rank: int) -> int:
         return self.st.buf(name, rank, self.p)
 
-    def gemm(self, stream, a: int, b: int, c: int, m: int, k: int, n: int, in_type: int, out_type: int) -> None:
+    def stamp(self, stream, what: str, chunk: str, peer: Optional[int] = None) -> None:
+        if self.g.trace is not None:
+            self.g.trace.stamp(stream.ptr, self.r, what, chunk, self.r if peer is None else peer)
+
+    def gemm(self, stream, a: int, b: int, c: int, m: int, k: int, n: int, in_type: int, out_type: int,
+             chunk: str) -> None:
         gemm_rows(self.lr.cublas, stream, a, b, c, m, k, n, in_type, out_type)
+        self.stamp(stream, "gemm end", chunk)
 
     def hand_over(self) -> None:
         """What the compute stream has queued so far comes before the next transfer."""
@@ -218,8 +224,10 @@ class _Rank:
             self.w.wait(stream.ptr, self.st.flag(self.r, lane, DONE, d), self.e - 2,
                         f"{self.op} call {self.e}: rank {self.r} waits for rank {d} to consume {chunk} of call "
                         f"{self.e - 2} (flag 'consumed', lane {lane})")
+        self.stamp(stream, "transfer start", chunk, d)
         if nbytes:
             _rt().memcpyAsync(dst, src, nbytes, _MEMCPY_DEFAULT, stream.ptr)
+        self.stamp(stream, "transfer end", chunk, d)
         self.w.release(stream.ptr, self.st.flag(d, lane, ARRIVE, self.r), self.e)
 
     def arrived_self(self, stream, lane: int) -> None:
@@ -291,6 +299,12 @@ def _prepare(group: _Group, op: str):
         raise GC3Error(f"{op}: comm must be a runtime_cuda.fused VirtualGemmGroup or IpcGemmGroup, "
                        f"got {type(group).__name__}")
     group.check()
+    if group.trace is not None:
+        # The previous call's stamps are all in by its end events; waiting for
+        # those, not the whole device, leaves work the caller queued since
+        # (a delay before this call, say) running.
+        group.watchdog.synchronize(group.last_events)
+        group.trace.clear()
     group.last_events = []
 
 
@@ -362,15 +376,15 @@ def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
                     rows = bounds[d + 1] - bounds[d]
                     a_rows = a_ptr + bounds[d] * K * isz
                     if d == r:   # its own chunk: straight into its receive slot
-                        rk.gemm(rk.comp, a_rows, b_ptr, recv_slot(r), rows, K, N, ctype, _R_32F)
+                        rk.gemm(rk.comp, a_rows, b_ptr, recv_slot(r), rows, K, N, ctype, _R_32F, f"partial chunk {d}")
                         rk.arrived_self(rk.comp, 0)
                         continue
                     mine = send + bounds[d] * N * 4
-                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, _R_32F)
+                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, _R_32F, f"partial chunk {d}")
                     rk.hand_over()
                     rk.push(rk.xfer, 0, d, mine, recv_slot(d), rows * N * 4, f"partial chunk {d}")
             else:
-                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, _R_32F)
+                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, _R_32F, "all partial chunks")
                 rk.hand_over()
                 for d in peers_first(r, n):
                     rk.push(rk.xfer, 0, d, send + bounds[d] * N * 4, recv_slot(d),
@@ -483,12 +497,13 @@ def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, str
                         src = g + s * block
                     for y, o in zip(bs, os_):
                         Nj = y.shape[1]
-                        rk.gemm(rk.comp, src, y.data.ptr, o.data.ptr + s * m * Nj * isz, m, K, Nj, ctype, ctype)
+                        rk.gemm(rk.comp, src, y.data.ptr, o.data.ptr + s * m * Nj * isz, m, K, Nj, ctype, ctype,
+                                f"A chunk {s}")
             else:
                 for s in order:
                     rk.wait_arrival(rk.comp, 0, s, f"A chunk {s}")
                 for y, o in zip(bs, os_):
-                    rk.gemm(rk.comp, g, y.data.ptr, o.data.ptr, n * m, K, y.shape[1], ctype, ctype)
+                    rk.gemm(rk.comp, g, y.data.ptr, o.data.ptr, n * m, K, y.shape[1], ctype, ctype, "all A chunks")
             if ga is not None:
                 rt = _rt()
                 rt.memcpyAsync(ga.data.ptr, g, n * block, _MEMCPY_DEFAULT, rk.comp.ptr)
@@ -550,15 +565,16 @@ def gemm_all_to_all(a, b, splits, comm: _Group, *, out=None, stream=None, fused:
                     rows = S[r][d]
                     a_rows = a_ptr + soff[d] * K * isz
                     if d == r:
-                        rk.gemm(rk.comp, a_rows, b_ptr, rk.buf("recv", r) + roff(r, r) * row, rows, K, N, ctype, ctype)
+                        rk.gemm(rk.comp, a_rows, b_ptr, rk.buf("recv", r) + roff(r, r) * row, rows, K, N, ctype, ctype,
+                                f"block {r}->{d}")
                         rk.arrived_self(rk.comp, 0)
                         continue
                     mine = send + soff[d] * row
-                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, ctype)
+                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, ctype, f"block {r}->{d}")
                     rk.hand_over()
                     rk.push(rk.xfer, 0, d, mine, rk.buf("recv", d) + roff(r, d) * row, rows * row, f"block {r}->{d}")
             else:
-                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, ctype)
+                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, ctype, "all blocks")
                 rk.hand_over()
                 for d in peers_first(r, n):
                     rk.push(rk.xfer, 0, d, send + soff[d] * row, rk.buf("recv", d) + roff(r, d) * row,
