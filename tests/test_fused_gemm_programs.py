@@ -389,7 +389,7 @@ def test_chunk_counts_follow_the_measured_gemm_figures(tmp_path):
     assert len(points) >= 8 and {p.op for p in points} >= {"gemm_reduce_scatter", "all_gather_gemm"}
     cfg = gemm_measured.measured(preset(DEFAULT))
     assert cfg.gemm_efficiency != preset(DEFAULT).gemm_efficiency and 0.4 < cfg.gemm_efficiency < 1.0
-    assert 0 < cfg.gemm_chunk_s < 50e-6 and "fused_gemm_compute_1xH100.txt" in cfg.calibration
+    assert 0 < cfg.gemm_chunk_s < 50e-6 and "measured_gemm_1xh100.txt" in cfg.calibration
     for p in points:
         if p.split == "equal" and p.one_s > 0.5e-3:     # the large shapes: within 15% of each measurement
             assert abs(_gemm_time(p.m, p.n, p.k, cfg) / p.one_s - 1) < 0.15, p

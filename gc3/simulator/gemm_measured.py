@@ -1,7 +1,7 @@
 """The cost model's GEMM figures, fitted to the chunked-GEMM measurement.
 
-runtime_cuda/measured/fused_gemm_compute_1xH100.txt (scripts/bench_fused_gemm.py,
-compute side only) times, per operator shape, one cuBLAS call (T_gemm) and the
+measured_gemm_1xh100.txt (next to this file: the one-H100 compute-side file
+that scripts/bench_fused_gemm.py writes) times, per operator shape, one cuBLAS call (T_gemm) and the
 fused operator's chunked, flag-releasing GEMMs (T_gemm_chunked).  Two figures
 of `CostConfig` come from it, replacing the assumed ones:
 
@@ -29,7 +29,9 @@ from ..errors import GC3Error
 from .cost_config import CostConfig
 from .cost_model import _gemm_time
 
-MEASURED_GEMM = Path(__file__).resolve().parents[2] / "runtime_cuda" / "measured" / "fused_gemm_compute_1xH100.txt"
+# A link to the benchmark's file (the compiler never names the runtime's folders), so the
+# measurement has one copy.
+MEASURED_GEMM = Path(__file__).with_name("measured_gemm_1xh100.txt")
 
 _ROW = re.compile(r"(?P<op>\w+)\s+M=(?P<m>\d+)\s+K=(?P<k>\d+)\s+N=(?P<n>\d+)\s+(?P<split>\w+)\s+n=(?P<ranks>\d+)\s+"
                   r"T_gemm=(?P<one>[\d.]+)\s+T_gemm_chunked=(?P<chunked>[\d.]+)\s+\(x[\d.]+,\s*"
