@@ -95,6 +95,7 @@ class FakeCupy(types.ModuleType):
         self.uint8, self.uint32 = np.uint8, np.uint32
         self.keep = []
         self.waits = self.releases = self.copies = self.gemms = 0
+        self.clock = itertools.count(1)   # what a trace stamp reads: the order in which work executes
         rt = types.SimpleNamespace(
             getDevice=lambda: 0, eventDisableTiming=2, eventCreateWithFlags=lambda f: next(Stream.count),
             eventRecord=self._record, streamWaitEvent=self._wait_event, eventQuery=lambda ev: 0,
@@ -112,6 +113,7 @@ class FakeCupy(types.ModuleType):
             get_elapsed_time=lambda a, b: 1.0)
         rt.getDeviceProperties = lambda dev: {"name": b"numpy stand-in"}
         self.RawModule = lambda code, options=(): types.SimpleNamespace(get_function=self._function)
+        self.ElementwiseKernel = lambda params, out, body, name: {"gc3_f32_to_bf16": self._to_bf16}[name]
         # How issued work executes: "immediate" (at issue; a wait whose flag is
         # not set yet is an error), "streams" (each stream in order, streams
         # interleaved at random: races between streams show), "one_connection"
@@ -237,6 +239,14 @@ class FakeCupy(types.ModuleType):
         b = to_f32(colmajor(B, k, n, ldb, _CUDA_TYPES[bt]), bt).astype(np.float64)
         colmajor(C, m, n, ldc, _CUDA_TYPES[ct])[...] = from_f32((a @ b).astype(np.float32), ct)
 
+    @staticmethod
+    def _to_bf16(f, out=None):
+        h = np.asarray(f, dtype=np.float32).astype(BF16).view(np.uint16).view(DevArray)
+        if out is None:
+            return h
+        out[...] = h
+        return out
+
     def _function(self, name):
         def release(grid, block, args, stream=None):
             self.releases += 1
@@ -260,8 +270,12 @@ class FakeCupy(types.ModuleType):
             ctype = {0: 0, 1: 14, 2: 2}[kind]
             view(out, count, _CUDA_TYPES[ctype])[...] = from_f32(total, ctype)
 
+        def stamp(grid, block, args, stream=None):
+            slot = int(args[0])
+            self._issue(stream.ptr, lambda: view(slot, 1, np.uint64).__setitem__(0, next(self.clock)))
+
         return {"gc3_flag_release": release, "gc3_flag_wait": wait, "gc3_sum_round": sum_round,
-                "gc3_spin_ns": lambda *a, **k: None}[name]
+                "gc3_spin_ns": lambda *a, **k: None, "gc3_stamp": stamp}[name]
 
 
 @pytest.fixture
@@ -271,17 +285,20 @@ def cp(monkeypatch):
     monkeypatch.setenv("GC3_FUSED_RELEASE", "kernel")
     monkeypatch.delenv("GC3_FUSED_WAIT", raising=False)
     monkeypatch.delenv("GC3_FUSED", raising=False)
-    monkeypatch.setattr(gemm_signal, "_kernels", lambda device: {n: fake._function(n) for n in
-                                                                  ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns")})
+    monkeypatch.delenv("GC3_FUSED_TRACE", raising=False)
+    monkeypatch.setattr(gemm_signal, "_kernels", lambda device: {n: fake._function(n) for n in gemm_signal.KERNELS})
     monkeypatch.setattr(gemm, "_sum_kernels", {})
+    from runtime_cuda.fused import memory_bound
+    memory_bound._bf16_round.cache_clear()   # built by the stand-in from here on; never kept for a real CuPy
     from runtime_cuda import streams
     monkeypatch.setattr(streams, "_setup_streams", {})
-    return fake
+    yield fake
+    memory_bound._bf16_round.cache_clear()
 
 
-def group(n):
+def group(n, trace=None):
     from runtime_cuda.fused import VirtualGemmGroup
-    return VirtualGemmGroup(n)
+    return VirtualGemmGroup(n, trace=trace)
 
 
 def matrices(cp, rng, shapes, dtype):
@@ -455,6 +472,51 @@ def test_fused_sends_each_chunk_as_soon_as_it_is_computed(cp):
     log.clear()
     gemm_reduce_scatter(A, B, g, fused=False)
     assert log[:5] == ["gemm", "copy", "copy", "copy", "copy"], log
+
+
+@pytest.mark.parametrize("mode", ["immediate", "one_connection"])
+def test_the_trace_stamps_every_chunk_and_tells_fused_from_sequential(cp, mode):
+    """GC3_FUSED_TRACE: a GEMM-end stamp per chunk, a start and an end per
+    transfer, read back per call; on the fused path each rank's first transfer
+    starts before its last GEMM chunk ends, on the sequential path it does not
+    (the criterion the GPU test applies to %globaltimer)."""
+    cp.mode = mode
+    n = 4
+    rng = np.random.default_rng(1)
+    A, _ = matrices(cp, rng, [(8, 4)] * n, "bfloat16")
+    B, _ = matrices(cp, rng, [(4, 4)] * n, "bfloat16")
+    g = group(n, trace=True)
+    for fused in (True, False, True):
+        gemm_reduce_scatter(A, B, g, fused=fused)
+        cp.drain()
+        t = g.trace
+        for r in range(n):
+            assert len(t.times("gemm end", r)) == (n if fused else 1)
+            # the fused path computes its own chunk in place; the sequential one copies it too
+            dests = sorted(set(range(n)) - ({r} if fused else set()))
+            assert sorted(s.peer for s in t.stamps() if s.rank == r and s.what == "transfer start") == dests
+            assert len(t.times("transfer end", r)) == len(dests)
+        overlaps = [min(t.times("transfer start", r)) < max(t.times("gemm end", r)) for r in range(n)]
+        assert overlaps == [fused] * n, t.format()
+    assert "rank 0 gemm end" in t.format()
+
+
+def test_the_trace_is_off_unless_asked_and_refuses_an_unsynchronized_read(cp, monkeypatch):
+    assert group(2).trace is None
+    monkeypatch.setenv("GC3_FUSED_TRACE", "1")
+    g = group(2)
+    assert g.trace is not None
+    monkeypatch.setenv("GC3_FUSED_TRACE", "yes")
+    with pytest.raises(InputError, match="GC3_FUSED_TRACE='yes'"):
+        group(2)
+    cp.mode = "streams"   # queued, not executed: the stamps are still 0
+    rng = np.random.default_rng(2)
+    A, _ = matrices(cp, rng, [(4, 4)] * 2, "float32")
+    gemm_reduce_scatter(A, A, g, fused=True)
+    with pytest.raises(GC3Error, match="never reached"):
+        g.trace.times("gemm end")
+    cp.drain(np.random.default_rng(0))
+    assert len(g.trace.times("gemm end")) == 4
 
 
 def test_bad_inputs_are_named(cp):

@@ -95,3 +95,58 @@ def test_driver_stream_waits():
         pytest.skip("cuda.bindings does not import here: the driver's stream memory operations are unavailable")
     rc, out = run(["--virtual", 2, "--rounds", 2], {"GC3_FUSED_WAIT": "driver", "GC3_FUSED_RELEASE": "driver"})
     assert rc == 0 and OK in out and "release=driver, wait=driver" in out, out[-6000:]
+
+
+def _traced(op: str, n: int, fused: bool, late_rank=None):
+    """One traced call of `op` on n virtual ranks at a shape where each GEMM chunk takes
+    ~100 us (M = K = N = 4096, bf16), after a warm-up call; rank `late_rank`'s stream is
+    held 2 ms before it.  Returns (trace, what is wrong with the result or None)."""
+    import cupy
+    from runtime_cuda.fused import VirtualGemmGroup, all_gather_gemm, gemm_reduce_scatter, gemm_signal
+    from runtime_cuda.fused import gemm_reference as ref
+    M = K = N = 4096
+    rows = M if op == "rs" else M // n
+    A = [ref.matrix(n, r, "a", (rows, K), "bfloat16") for r in range(n)]
+    B = [ref.matrix(n, r, "b", (K, N), "bfloat16") for r in range(n)]
+    users = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
+    g = VirtualGemmGroup(n, trace=True)
+    try:
+        cupy.cuda.Device().synchronize()
+        run = gemm_reduce_scatter if op == "rs" else all_gather_gemm
+        run(A, B, g, stream=users, fused=fused)
+        g.synchronize()
+        if late_rank is not None:
+            gemm_signal.spin(users[late_rank].ptr, 0.002)
+        out = run(A, B, g, stream=users, fused=fused)
+        g.synchronize()
+        if op == "rs":
+            full, bad = ref.reduce_scatter_ref(A, B), []
+            for r in range(n):
+                bad.append(ref.mismatch(out[r], full[r * M // n:(r + 1) * M // n], "bfloat16", f"rank {r}"))
+        else:
+            bad = [ref.mismatch(out[r], ref.all_gather_ref(A, B[r]), "bfloat16", f"rank {r}") for r in range(n)]
+        return g.trace, next((b for b in bad if b), None)
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_device_timestamps_show_gemm_rs_overlap(n):
+    """%globaltimer stamps: on every rank the first transfer starts before the last GEMM
+    chunk ends (fused); the sequential path fails the same assertion (it can fail)."""
+    for fused in (True, False):
+        trace, bad = _traced("rs", n, fused)
+        assert bad is None, bad
+        starts_early = [min(trace.times("transfer start", r)) < max(trace.times("gemm end", r)) for r in range(n)]
+        assert starts_early == [fused] * n, f"fused={fused}:\n{trace.format()}"
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_device_timestamps_show_ag_gemm_overlap(n):
+    """AG+GEMM with rank 1 late by 2 ms: fused, rank 0 finishes GEMM chunks of the blocks it
+    has before rank 1's block arrives; sequential, its one GEMM ends after every arrival."""
+    for fused in (True, False):
+        trace, bad = _traced("ag", n, fused, late_rank=1)
+        assert bad is None, bad
+        computes_early = min(trace.times("gemm end", 0)) < max(trace.times("transfer end", peer=0))
+        assert computes_early == fused, f"fused={fused}:\n{trace.format()}"

@@ -375,3 +375,39 @@ def test_skewed_split_errors():
         GemmAllToAll(2, 2, m=8, splits=[5, 3])
     with pytest.raises(ValueError, match="chunks >= 2"):
         _algo("gemm_alltoall")(4, 64, 8, 8, 1, 1)
+
+
+def test_chunk_counts_follow_the_measured_gemm_figures(tmp_path):
+    """The chooser's GEMM rate and per-chunk cost come from the measured chunked-GEMM file:
+    the fit prices each measured one-call GEMM closely, and a measurement where chunking
+    costs more makes it choose fewer chunks."""
+    from gc3.errors import GC3Error
+    from gc3.simulator import gemm_measured
+    from gc3.simulator.cost_config import DEFAULT
+    from gc3.simulator.cost_model import _gemm_time
+    points = gemm_measured.read_points()
+    assert len(points) >= 8 and {p.op for p in points} >= {"gemm_reduce_scatter", "all_gather_gemm"}
+    cfg = gemm_measured.measured(preset(DEFAULT))
+    assert cfg.gemm_efficiency != preset(DEFAULT).gemm_efficiency and 0.4 < cfg.gemm_efficiency < 1.0
+    assert 0 < cfg.gemm_chunk_s < 50e-6 and "measured_gemm_1xh100.txt" in cfg.calibration
+    for p in points:
+        if p.split == "equal" and p.one_s > 0.5e-3:     # the large shapes: within 15% of each measurement
+            assert abs(_gemm_time(p.m, p.n, p.k, cfg) / p.one_s - 1) < 0.15, p
+    build = _algo("gemm_allreduce")
+    shape = (4, 4096, 7168, 8192)
+    assert choose_gemm_chunks(build, *shape) == choose_gemm_chunks(build, *shape, cost=cfg)
+    real, _ = choose_gemm_chunks(build, *shape)
+    text = gemm_measured.MEASURED_GEMM.read_text()
+    costly = tmp_path / "costly.txt"     # every chunked GEMM twice the one call
+    costly.write_text("".join(line.split("T_gemm_chunked=")[0] + "T_gemm_chunked=" +
+                              f"{2 * float(line.split('T_gemm=')[1].split()[0]):.3f} (x2.000," +
+                              line.split("(x")[1].split(",", 1)[1] + "\n"
+                              for line in text.splitlines() if line and not line.startswith("#")))
+    dear = gemm_measured.measured(preset(DEFAULT), costly)
+    assert dear.gemm_chunk_s > 10 * cfg.gemm_chunk_s
+    fewer, _ = choose_gemm_chunks(build, *shape, cost=dear)
+    assert fewer < real, (fewer, real)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("# header\ngemm_reduce_scatter M=4096 T_gemm=oops\n")
+    with pytest.raises(GC3Error, match=r"bad.txt:2: not a measured GEMM row"):
+        gemm_measured.read_points(bad)

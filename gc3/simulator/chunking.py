@@ -2,7 +2,8 @@
 
 More chunks start the communication earlier (the first send waits for one
 chunk's GEMM) but cost GEMM time: each chunk pays a launch and its last wave
-runs partly empty (`cost_model.compute_seconds`).  `choose_gemm_chunks`
+runs partly empty (`cost_model.compute_seconds`); the GEMM rate and the
+per-chunk cost are fitted to the chunked-GEMM measurement (gemm_measured.py).  `choose_gemm_chunks`
 predicts the whole fused program at each candidate count and takes the
 fastest.  The schedule (which steps, in which order, on which threadblocks)
 does not depend on the matrix sizes, only on ranks and chunks, so each
@@ -17,8 +18,15 @@ from ..dtypes import dtype_info
 from ..errors import SimulationError
 from .cost_config import DEFAULT as DEFAULT_COST, CostConfig, preset
 from .cost_model import predict
+from .gemm_measured import measured
 
 CANDIDATES = (1, 2, 4, 8, 16)
+
+
+def gemm_cost(cost: Union[str, CostConfig] = DEFAULT_COST) -> CostConfig:
+    """A preset by name gets its GEMM rate and per-chunk cost from the chunked-GEMM measurement
+    (gemm_measured.py); a CostConfig given as such is used as it is."""
+    return measured(preset(cost)) if isinstance(cost, str) else cost
 
 
 def predict_gemm_program(build: Callable, num_ranks: int, m: int, k: int, n: int, chunks: int,
@@ -34,7 +42,7 @@ def predict_gemm_program(build: Callable, num_ranks: int, m: int, k: int, n: int
         raise SimulationError(f"the {chunks}-chunk program is wrong at a tiny shape: {small.errors[:1]}")
     spec = small.program.compute
     real = replace(spec, inputs=(("a", (m, k)), ("b", (k, n))))
-    cfg = preset(cost) if isinstance(cost, str) else cost
+    cfg = gemm_cost(cost)
     itemsize = dtype_info(spec.buffer_dtype).np.itemsize
     scale = real.out_elems // spec.out_elems             # elements of the real chunk per tiny one
     L = small.layout

@@ -104,6 +104,14 @@ def arrival_order(r: int, n: int) -> List[int]:
     return [(r - i) % n for i in range(n)]
 
 
+def chunk_schedule(op: str, r: int, n: int) -> List[Tuple[int, Optional[int]]]:
+    """Rank r's fused GEMM chunks in issue order: (row block, the rank its result goes to, or for
+    all_gather_gemm the rank its A block comes from; None where it stays on r).  schedule.py
+    checks it against the compiled program."""
+    order = arrival_order(r, n) if op == "all_gather_gemm" else peers_first(r, n)
+    return [(b, None if b == r else b) for b in order]
+
+
 def row_bounds(m: int, n: int) -> List[int]:
     """Row blocks of the n ranks (the first ones one row shorter when n does not divide m)."""
     return [m * d // n for d in range(n + 1)]
@@ -204,8 +212,14 @@ class _Rank:
     def buf(self, name: str, rank: int) -> int:
         return self.st.buf(name, rank, self.p)
 
-    def gemm(self, stream, a: int, b: int, c: int, m: int, k: int, n: int, in_type: int, out_type: int) -> None:
+    def stamp(self, stream, what: str, chunk: str, peer: Optional[int] = None) -> None:
+        if self.g.trace is not None:
+            self.g.trace.stamp(stream.ptr, self.r, what, chunk, self.r if peer is None else peer)
+
+    def gemm(self, stream, a: int, b: int, c: int, m: int, k: int, n: int, in_type: int, out_type: int,
+             chunk: str) -> None:
         gemm_rows(self.lr.cublas, stream, a, b, c, m, k, n, in_type, out_type)
+        self.stamp(stream, "gemm end", chunk)
 
     def hand_over(self) -> None:
         """What the compute stream has queued so far comes before the next transfer."""
@@ -218,8 +232,10 @@ class _Rank:
             self.w.wait(stream.ptr, self.st.flag(self.r, lane, DONE, d), self.e - 2,
                         f"{self.op} call {self.e}: rank {self.r} waits for rank {d} to consume {chunk} of call "
                         f"{self.e - 2} (flag 'consumed', lane {lane})")
+        self.stamp(stream, "transfer start", chunk, d)
         if nbytes:
             _rt().memcpyAsync(dst, src, nbytes, _MEMCPY_DEFAULT, stream.ptr)
+        self.stamp(stream, "transfer end", chunk, d)
         self.w.release(stream.ptr, self.st.flag(d, lane, ARRIVE, self.r), self.e)
 
     def arrived_self(self, stream, lane: int) -> None:
@@ -291,6 +307,12 @@ def _prepare(group: _Group, op: str):
         raise GC3Error(f"{op}: comm must be a runtime_cuda.fused VirtualGemmGroup or IpcGemmGroup, "
                        f"got {type(group).__name__}")
     group.check()
+    if group.trace is not None:
+        # The previous call's stamps are all in by its end events; waiting for
+        # those, not the whole device, leaves work the caller queued since
+        # (a delay before this call, say) running.
+        group.watchdog.synchronize(group.last_events)
+        group.trace.clear()
     group.last_events = []
 
 
@@ -304,8 +326,13 @@ def _run(phases: Dict[int, List[Callable[[], None]]]) -> None:
                 steps[i]()
 
 
-def _log(op: str, shape: str, fused: bool, why: str) -> None:
+def _decided(op: str, n: int, shape: str, fused: bool, why: str) -> None:
+    """Log the choice; a fused run first checks its chunk schedule against the compiled program."""
     get_logger().info("%s %s: %s (%s)", op, shape, "fused" if fused else "sequential", why)
+    if fused:
+        from .schedule import require   # schedule.py imports this module: import it once this one is loaded
+
+        require(op, n)
 
 
 def _operands(op: str, a, b, comm: _Group, stream):
@@ -342,7 +369,7 @@ def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
     st = comm.shape((op, M, N, t), sizes)
     st.epoch += 1
     fuse, why = fuse_decision(op, M // n, fused)
-    _log(op, f"M={M} N={N} {name} n={n}", fuse, why)
+    _decided(op, n, f"M={M} N={N} {name} n={n}", fuse, why)
     outs = [_output(None if out is None else _per_rank(comm, out, "out", op)[i],
                     (M, N) if everyone else (bounds[r + 1] - bounds[r], N), t, f"{op}: rank {r}'s out", users[r])
             for i, r in enumerate(comm.local)]
@@ -358,19 +385,19 @@ def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
             rk.begin()
             r, send = rk.r, rk.buf("send", rk.r)
             if fuse:
-                for d in peers_first(r, n):
+                for d, to in chunk_schedule(op, r, n):
                     rows = bounds[d + 1] - bounds[d]
                     a_rows = a_ptr + bounds[d] * K * isz
-                    if d == r:   # its own chunk: straight into its receive slot
-                        rk.gemm(rk.comp, a_rows, b_ptr, recv_slot(r), rows, K, N, ctype, _R_32F)
+                    if to is None:   # its own chunk: straight into its receive slot
+                        rk.gemm(rk.comp, a_rows, b_ptr, recv_slot(r), rows, K, N, ctype, _R_32F, f"partial chunk {d}")
                         rk.arrived_self(rk.comp, 0)
                         continue
                     mine = send + bounds[d] * N * 4
-                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, _R_32F)
+                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, _R_32F, f"partial chunk {d}")
                     rk.hand_over()
-                    rk.push(rk.xfer, 0, d, mine, recv_slot(d), rows * N * 4, f"partial chunk {d}")
+                    rk.push(rk.xfer, 0, to, mine, recv_slot(to), rows * N * 4, f"partial chunk {d}")
             else:
-                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, _R_32F)
+                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, _R_32F, "all partial chunks")
                 rk.hand_over()
                 for d in peers_first(r, n):
                     rk.push(rk.xfer, 0, d, send + bounds[d] * N * 4, recv_slot(d),
@@ -449,7 +476,7 @@ def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, str
     st = comm.shape((op, m, K, t), {"gather": n * m * K * isz})
     st.epoch += 1
     fuse, why = fuse_decision(op, m, fused)
-    _log(op, f"m={m} K={K} {name} n={n}", fuse, why)
+    _decided(op, n, f"m={m} K={K} {name} n={n}", fuse, why)
     outs_given = None if out is None else _per_rank(comm, out, "out", op)
     outs, gathered = [], []
     for i, r in enumerate(comm.local):
@@ -473,22 +500,22 @@ def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, str
 
         def compute(rk=rk, a_ptr=a_ptr, bs=Bs[i], os_=outs[i], ga=gathered[i]):
             r, g = rk.r, rk.buf("gather", rk.r)
-            order = arrival_order(r, n)
             if fuse:
-                for s in order:
-                    if s == r:
+                for s, sender in chunk_schedule(op, r, n):
+                    if sender is None:
                         src = a_ptr
                     else:
-                        rk.wait_arrival(rk.comp, 0, s, f"A chunk {s}")
+                        rk.wait_arrival(rk.comp, 0, sender, f"A chunk {s}")
                         src = g + s * block
                     for y, o in zip(bs, os_):
                         Nj = y.shape[1]
-                        rk.gemm(rk.comp, src, y.data.ptr, o.data.ptr + s * m * Nj * isz, m, K, Nj, ctype, ctype)
+                        rk.gemm(rk.comp, src, y.data.ptr, o.data.ptr + s * m * Nj * isz, m, K, Nj, ctype, ctype,
+                                f"A chunk {s}")
             else:
-                for s in order:
+                for s in arrival_order(r, n):
                     rk.wait_arrival(rk.comp, 0, s, f"A chunk {s}")
                 for y, o in zip(bs, os_):
-                    rk.gemm(rk.comp, g, y.data.ptr, o.data.ptr, n * m, K, y.shape[1], ctype, ctype)
+                    rk.gemm(rk.comp, g, y.data.ptr, o.data.ptr, n * m, K, y.shape[1], ctype, ctype, "all A chunks")
             if ga is not None:
                 rt = _rt()
                 rt.memcpyAsync(ga.data.ptr, g, n * block, _MEMCPY_DEFAULT, rk.comp.ptr)
@@ -529,7 +556,7 @@ def gemm_all_to_all(a, b, splits, comm: _Group, *, out=None, stream=None, fused:
     st = comm.shape((op, M, N, t), {"send": M * row, "recv": n * M * row})
     st.epoch += 1
     fuse, why = fuse_decision(op, M // n, fused)
-    _log(op, f"M={M} N={N} {name} n={n}", fuse, why)
+    _decided(op, n, f"M={M} N={N} {name} n={n}", fuse, why)
 
     def roff(s, d):   # row of rank d's output where source s's block starts
         return sum(S[q][d] for q in range(s))
@@ -546,19 +573,20 @@ def gemm_all_to_all(a, b, splits, comm: _Group, *, out=None, stream=None, fused:
             rk.begin()
             r, send = rk.r, rk.buf("send", rk.r)
             if fuse:
-                for d in peers_first(r, n):
+                for d, to in chunk_schedule(op, r, n):
                     rows = S[r][d]
                     a_rows = a_ptr + soff[d] * K * isz
-                    if d == r:
-                        rk.gemm(rk.comp, a_rows, b_ptr, rk.buf("recv", r) + roff(r, r) * row, rows, K, N, ctype, ctype)
+                    if to is None:
+                        rk.gemm(rk.comp, a_rows, b_ptr, rk.buf("recv", r) + roff(r, r) * row, rows, K, N, ctype, ctype,
+                                f"block {r}->{d}")
                         rk.arrived_self(rk.comp, 0)
                         continue
                     mine = send + soff[d] * row
-                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, ctype)
+                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, ctype, f"block {r}->{d}")
                     rk.hand_over()
-                    rk.push(rk.xfer, 0, d, mine, rk.buf("recv", d) + roff(r, d) * row, rows * row, f"block {r}->{d}")
+                    rk.push(rk.xfer, 0, to, mine, rk.buf("recv", to) + roff(r, to) * row, rows * row, f"block {r}->{d}")
             else:
-                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, ctype)
+                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, ctype, "all blocks")
                 rk.hand_over()
                 for d in peers_first(r, n):
                     rk.push(rk.xfer, 0, d, send + soff[d] * row, rk.buf("recv", d) + roff(r, d) * row,

@@ -12,37 +12,22 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .gemm import TYPES
+from .memory_bound import from_f32, storage, to_f32, value_dtype
 
 RTOL = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 1e-5}
 FLOOR = 1e-3
 
 
-def storage(dtype: str) -> str:
-    for store, (name, _, _) in TYPES.items():
-        if name == dtype:
-            return store
-    raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(n for n, _, _ in TYPES.values())}")
-
-
 def to_float(x):
-    """float32 values of a device matrix (bf16 bits widened exactly)."""
-    import cupy
-
-    if x.dtype == cupy.uint16:
-        return (x.astype(cupy.uint32) << 16).view(cupy.float32)
-    return x.astype(cupy.float32)
+    """float32 values of a device matrix (a uint16 one holds bf16 bits, widened exactly)."""
+    return to_f32(x, value_dtype(x, "to_float"))
 
 
 def from_float(x, dtype: str):
-    """Round float32 `x` to `dtype`'s storage (bf16: nearest even, NaN kept NaN)."""
+    """Round `x` to `dtype`'s storage (bf16: nearest even, NaN kept NaN)."""
     import cupy
 
-    if dtype != "bfloat16":
-        return x.astype(storage(dtype))
-    u = x.astype(cupy.float32).view(cupy.uint32)
-    rounded = ((u + cupy.uint32(0x7FFF) + ((u >> 16) & cupy.uint32(1))) >> 16).astype(cupy.uint16)
-    return cupy.where(cupy.isnan(x), cupy.uint16(0x7FC0), rounded)
+    return from_f32(x.astype(cupy.float32), dtype)
 
 
 def matrix(seed: int, rank: int, name: str, shape, dtype: str, stream=None):

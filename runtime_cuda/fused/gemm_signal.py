@@ -23,6 +23,10 @@ e" with a wrap-around compare.
 
 The watchdog names flag, chunk and rank of the wait that failed; an
 operator checks it at every call and `Watchdog.synchronize` raises it.
+
+`Trace` (opt-in: GC3_FUSED_TRACE=1 or trace=True on the group) stamps
+%globaltimer on the streams at the points that show whether a call overlaps:
+each GEMM chunk's end, each transfer's start and end.
 """
 from __future__ import annotations
 
@@ -32,13 +36,14 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Deque, List, Optional, Tuple
+from typing import Deque, List, NamedTuple, Optional, Tuple
 
-from gc3.errors import InputError, RuntimeTimeoutError
+from gc3.errors import GC3Error, InputError, RuntimeTimeoutError
 from gc3.units import env_number
 from runtime_cuda import streams
 
 DEFAULT_TIMEOUT_S = 60.0
+KERNELS = ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns", "gc3_stamp")
 EXIT_STUCK = 3
 _GEQ = 0   # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0
 
@@ -70,6 +75,10 @@ extern "C" __global__ void gc3_flag_wait(const unsigned* flag, unsigned value, u
     __threadfence_system();   // later reads of the chunk come after the flag
 }
 
+extern "C" __global__ void gc3_stamp(unsigned long long* slot) {
+    *(volatile unsigned long long*)slot = gc3_now_ns();
+}
+
 extern "C" __global__ void gc3_spin_ns(unsigned long long ns) {
     const unsigned long long start = gc3_now_ns();
     while (gc3_now_ns() - start < ns) __nanosleep(1000);
@@ -82,7 +91,7 @@ def _kernels(device: int):
     import cupy
 
     mod = cupy.RawModule(code=_SOURCE, options=("-std=c++17",))
-    return {name: mod.get_function(name) for name in ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns")}
+    return {name: mod.get_function(name) for name in KERNELS}
 
 
 def _kernel(name: str):
@@ -121,6 +130,14 @@ def wait_backend(env=None) -> str:
     """How streams wait for flags: 'kernel' (self-timing spin) unless GC3_FUSED_WAIT=driver."""
     env = os.environ if env is None else env
     return _choice("GC3_FUSED_WAIT", env) or "kernel"
+
+
+def trace_enabled(env=None) -> bool:
+    env = os.environ if env is None else env
+    raw = env.get("GC3_FUSED_TRACE", "").strip()
+    if raw not in ("", "0", "1"):
+        raise InputError(f"environment variable GC3_FUSED_TRACE={raw!r}: expected 0 or 1")
+    return raw == "1"
 
 
 def timeout_s(env=None) -> float:
@@ -285,3 +302,66 @@ class Watchdog:
                 msg = self._describe(ident, "stuck (cuStreamWaitValue32)")
                 print(f"gc3 fused watchdog: {msg}; ending the process", file=sys.stderr, flush=True)
                 os._exit(EXIT_STUCK)
+
+
+class Stamp(NamedTuple):
+    rank: int     # the rank whose stream took the stamp
+    what: str     # "gemm end", "transfer start", "transfer end"
+    chunk: str    # which chunk, in the words of the watchdog's messages
+    peer: int     # a transfer's destination; for a GEMM, the rank itself
+    ns: int       # %globaltimer when the stream reached the stamp (0: never reached)
+
+
+class Trace:
+    """Device timestamps of the last call of a group: a one-thread kernel per
+    stamp writes %globaltimer into pinned host memory, so reading them takes
+    no copy once the call is synchronized."""
+
+    SLOTS = 1 << 14
+
+    def __init__(self):
+        import cupy
+        import numpy as np
+
+        self._pinned = cupy.cuda.alloc_pinned_memory(8 * self.SLOTS)
+        self._ns = np.frombuffer(self._pinned, dtype=np.uint64, count=self.SLOTS)
+        self._ns[:] = 0
+        self._labels: List[Tuple[int, str, str, int]] = []
+
+    def clear(self) -> None:
+        """Start a new call's record; the caller has waited for the previous
+        call's end, so none of its stamps can land in a slot handed out again."""
+        self._ns[:len(self._labels)] = 0
+        self._labels = []
+
+    def stamp(self, stream: int, rank: int, what: str, chunk: str, peer: int) -> None:
+        import numpy as np
+
+        i = len(self._labels)
+        if i >= self.SLOTS:
+            raise GC3Error(f"GC3_FUSED_TRACE: one call took more than {self.SLOTS} stamps")
+        self._labels.append((rank, what, chunk, peer))
+        _kernel("gc3_stamp")((1,), (1,), (np.uint64(self._pinned.ptr + 8 * i),), stream=streams.wrap(stream))
+
+    def stamps(self) -> List[Stamp]:
+        """The last call's stamps in issue order; synchronize the group first."""
+        return [Stamp(*label, int(self._ns[i])) for i, label in enumerate(self._labels)]
+
+    def times(self, what: str, rank: Optional[int] = None, peer: Optional[int] = None) -> List[int]:
+        """The ns of the last call's `what` stamps (of `rank`'s streams, about `peer`, where given)."""
+        got = [s for s in self.stamps() if s.what == what and rank in (None, s.rank) and peer in (None, s.peer)]
+        missed = [s for s in got if not s.ns]
+        if missed:
+            raise GC3Error(f"GC3_FUSED_TRACE: {len(missed)} '{what}' stamps never reached, first rank "
+                           f"{missed[0].rank} {missed[0].chunk}: synchronize the group before reading the trace")
+        if not got:
+            raise GC3Error(f"GC3_FUSED_TRACE: the last call took no '{what}' stamp"
+                           + (f" on rank {rank}" if rank is not None else "")
+                           + (f" about peer {peer}" if peer is not None else ""))
+        return [s.ns for s in got]
+
+    def format(self) -> str:
+        got = self.stamps()
+        t0 = min((s.ns for s in got if s.ns), default=0)
+        return "\n".join(f"rank {s.rank} {s.what:<14} {s.chunk:<22} peer {s.peer}  "
+                         + (f"{(s.ns - t0) / 1e3:10.1f} us" if s.ns else "never reached") for s in got)

@@ -21,7 +21,7 @@ from gc3.errors import GC3Error
 from runtime_cuda import streams
 from runtime_cuda.ipc import _LAZY_PEER_ACCESS, _RawBuffer
 
-from .gemm_signal import Watchdog
+from .gemm_signal import Trace, Watchdog, trace_enabled
 
 LANES = 2           # independent exchanges in one call (GEMM+AR uses 2: reduce-scatter, then all-gather)
 ARRIVE, DONE = 0, 1  # flag kinds: "source s's data for this epoch has landed", "dest d has consumed it"
@@ -92,9 +92,11 @@ class _Group:
     n: int
     local: List[int]
 
-    def _start(self, where: str) -> None:
+    def _start(self, where: str, trace: Optional[bool]) -> None:
         self.where = where
         self.watchdog = Watchdog(where)
+        # Device timestamps of each call (gemm_signal.Trace), when asked for.
+        self.trace: Optional[Trace] = Trace() if (trace_enabled() if trace is None else trace) else None
         self.ranks: Dict[int, _LocalRank] = {r: _LocalRank(r) for r in self.local}
         self._shapes: Dict[Hashable, ShapeState] = {}
         self.last_events: List[int] = []
@@ -120,15 +122,16 @@ class _Group:
 
 
 class VirtualGemmGroup(_Group):
-    """n ranks in this process on the current GPU."""
+    """n ranks in this process on the current GPU.  trace: record device
+    timestamps of each call in .trace (default: GC3_FUSED_TRACE=1)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, trace: Optional[bool] = None):
         if not isinstance(n, int) or n < 1:
             raise GC3Error(f"VirtualGemmGroup: the number of ranks must be an int >= 1, got {n!r}")
         self.n = n
         self.local = list(range(n))
         self._keep: List[Any] = []
-        self._start(f"virtual group of {n} ranks")
+        self._start(f"virtual group of {n} ranks", trace)
 
     def _register(self, key, sizes) -> ShapeState:
         import cupy
@@ -164,7 +167,7 @@ class VirtualGemmGroup(_Group):
 class IpcGemmGroup(_Group):
     """This process's rank of `comm` (mpi4py-like: rank, size, allgather, Barrier)."""
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, trace: Optional[bool] = None):
         if comm is None:
             from mpi4py import MPI   # importing it starts MPI: only when no communicator is given
 
@@ -175,7 +178,7 @@ class IpcGemmGroup(_Group):
         self.local = [self.rank]
         self._own: List[_RawBuffer] = []
         self._opened: List[int] = []
-        self._start(f"rank {self.rank} of {self.n}")
+        self._start(f"rank {self.rank} of {self.n}", trace)
 
     def exchange(self, obj) -> list:
         return self.comm.allgather(obj)

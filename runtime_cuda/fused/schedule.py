@@ -1,0 +1,113 @@
+"""Which GEMM chunk feeds which transfer, read from the compiled program.
+
+The executor (gemm.py) issues each rank's GEMM chunks in `gemm.chunk_schedule`
+order; the IR of the matching algorithms/fused program says the same thing
+as a partial order: a rank's GEMM steps sit on threadblocks, each chain of
+steps on one threadblock ordered, and each GEMM chunk is carried by the send
+that follows it on its threadblock (GEMM+RS/AR/A2A) or computed from the
+block a receive delivered (AG+GEMM).  `check_executor(op, n)` holds the two
+against each other: the same (row block, peer) pairs on every rank, and the
+executor's order a linearization of every threadblock's chain; the executor
+calls `require` before its first fused call of an (operator, ranks) pair.  The IR does
+not order chunks across threadblocks (peers), so the rank-swizzled order
+across peers stays the executor's choice within what the IR allows.
+"""
+from __future__ import annotations
+
+import functools
+import runpy
+from typing import Dict, List, Optional, Tuple
+
+from gc3.errors import GC3Error
+
+from ..nccl.library import ALGORITHMS_DIR
+from .gemm import chunk_schedule
+
+# operator -> its DSL program in algorithms/fused
+PROGRAMS = {"gemm_reduce_scatter": "gemm_reducescatter", "gemm_all_reduce": "gemm_allreduce",
+            "gemm_all_to_all": "gemm_alltoall", "all_gather_gemm": "allgather_gemm"}
+
+Chunk = Tuple[int, Optional[int]]   # (row block, peer it goes to / comes from; None: stays on the rank)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(op: str, n: int):
+    """The lowered IR of `op`'s program for n ranks, one chunk per rank block, at a tiny shape
+    (the schedule does not depend on the matrix sizes)."""
+    from gc3.compiler.pipeline import lower
+
+    if op not in PROGRAMS:
+        raise GC3Error(f"{op}: no fused GEMM program (expected one of {', '.join(PROGRAMS)})")
+    name = PROGRAMS[op]
+    build = runpy.run_path(str(ALGORITHMS_DIR / "fused" / f"{name}.py"))[name]
+    return lower(build(n, 2 * n, 1, 1, 1))
+
+
+def ir_chunks(prog) -> Dict[int, List[List[Chunk]]]:
+    """Per rank, per threadblock, its GEMM chunks in step order as (row block, peer)."""
+    rows = prog.compute.gemm_dims()[0] // prog.ngpus   # rows of one rank block
+    out: Dict[int, List[List[Chunk]]] = {}
+    for g in prog.gpus:
+        recv_from = {(st.dstbuf, st.dstoff): tb.recv for tb in g.threadblocks for st in tb.steps if st.info.recv}
+        chains = []
+        for tb in g.threadblocks:
+            chain = []
+            for i, st in enumerate(tb.steps):
+                if st.type not in ("gemm", "agemm"):
+                    continue
+                block = st.compute.col0 // rows
+                if st.type == "agemm":
+                    peer = None if st.srcbuf == "i" else recv_from.get((st.srcbuf, st.srcoff), -1)
+                else:
+                    peer = _carried_to(g, tb, i)
+                chain.append((block, peer))
+            if chain:
+                chains.append(chain)
+        out[g.id] = chains
+    return out
+
+
+def _carried_to(g, tb, i: int) -> Optional[int]:
+    """The rank the send after GEMM step i takes its result to, or None when the
+    chunk is never sent as it is: a step of this threadblock, or one of another
+    that the send waits for, writes it first (reduces into it, say)."""
+    st = tb.steps[i]
+    where = (st.dstbuf, st.dstoff)
+    for later in tb.steps[i + 1:]:
+        if later.type == "s" and (later.srcbuf, later.srcoff) == where:
+            if later.depid >= 0:
+                dep = next(x for x in g.threadblocks[later.depid].steps if x.s == later.deps)
+                if (dep.dstbuf, dep.dstoff) == where and dep.info.writes:
+                    return None
+            return tb.send
+        if (later.dstbuf, later.dstoff) == where:
+            return None
+    return None
+
+
+def check_executor(op: str, n: int, prog=None) -> None:
+    """GC3Error unless the executor's chunk schedule for n ranks is the one `prog`
+    (default: the compiled program of `op`) states."""
+    prog = compiled(op, n) if prog is None else prog
+    if prog.ngpus != n:
+        raise GC3Error(f"{op}: the program has {prog.ngpus} ranks, the executor {n}")
+    chains = ir_chunks(prog)
+    for r in range(n):
+        mine = chunk_schedule(op, r, n)
+        theirs = sorted(c for chain in chains[r] for c in set(chain))
+        if sorted(mine) != theirs:
+            raise GC3Error(f"{op}, {n} ranks, rank {r}: the executor's GEMM chunks (row block, peer) {sorted(mine)} "
+                           f"are not the IR's {theirs}")
+        pos = {c: i for i, c in enumerate(mine)}
+        for chain in chains[r]:
+            seen = [pos[c] for c in chain]
+            if any(b < a for a, b in zip(seen, seen[1:])):
+                raise GC3Error(f"{op}, {n} ranks, rank {r}: a threadblock of the IR orders its GEMM chunks {chain}, "
+                               f"the executor issues them in the order {mine}")
+
+
+@functools.lru_cache(maxsize=None)
+def require(op: str, n: int) -> None:
+    """check_executor once per (operator, ranks) a process runs fused: the executor refuses to
+    run a schedule its compiled program does not state."""
+    check_executor(op, n)
