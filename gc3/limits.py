@@ -88,3 +88,4 @@ INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, s
 # many bytes; each rank's scratch is sized for it once per communicator.
 SMALL_ALLREDUCE_KERNELS = ("oneshot", "twoshot")
 SMALL_ALLREDUCE_MAX_BYTES = 256 << 10
+SMALL_ALLREDUCE_BLOCKS = 16   # threadblocks per rank (fewer where the GPU cannot hold them all)

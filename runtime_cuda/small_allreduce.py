@@ -32,7 +32,7 @@ KERNEL_NAME = "gc3_small_allreduce"
 KINDS = {"oneshot": abi.C["GC3_SA_ONESHOT"], "twoshot": abi.C["GC3_SA_TWOSHOT"]}
 assert tuple(KINDS) == limits.SMALL_ALLREDUCE_KERNELS
 THREADS = 512
-BLOCKS = 16               # per rank; fewer where the GPU cannot hold every rank's blocks at once
+BLOCKS = limits.SMALL_ALLREDUCE_BLOCKS   # per rank; fewer where the GPU cannot hold every rank's blocks at once
 LINE_BYTES, LINE_DATA = 16, 8
 HEADER_BYTES = abi.C["GC3_SA_HEADER_BYTES"]
 _SA = {name: abi.C[f"GC3_SA_{name}"] for name in ("ABORT", "ERR", "COUNTERS", "MAX_BLOCKS")}
@@ -48,6 +48,20 @@ def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_MAX_BYTES
     seg = -(-max_lines // nranks)
     region = max(nranks * max_lines, 2 * nranks * seg)
     return max_lines, region, HEADER_BYTES + 2 * region * LINE_BYTES
+
+
+def refusal(dtype: str, op: str, in_elems: int) -> Optional[str]:
+    """None when the kernels serve an allreduce of `in_elems` elements of `dtype` with `op`, else why not."""
+    info = dtype_info(dtype)
+    if info.name not in abi.DTYPE:
+        return f"no build for {info.name} (have {', '.join(abi.DTYPE)})"
+    if op not in abi.REDOP:
+        return f"no {op!r} reduction (have {', '.join(abi.REDOP)}; avg is sum followed by runtime_cuda.avg.divide)"
+    nbytes = in_elems * info.np.itemsize
+    if in_elems < 1 or nbytes > limits.SMALL_ALLREDUCE_MAX_BYTES:
+        return (f"{in_elems} elements of {info.name} ({nbytes} B); the kernels serve 1 element to "
+                f"{limits.SMALL_ALLREDUCE_MAX_BYTES} B")
+    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -245,16 +259,10 @@ class SmallAllreduce:
         if len(in_ptrs) != n or len(out_ptrs) != n:
             raise GC3Error(f"small allreduce: need {n} input and {n} output addresses (one per rank here), "
                            f"got {len(in_ptrs)} and {len(out_ptrs)}")
+        why = refusal(dtype, op, in_elems)
+        if why:
+            raise GC3Error(f"small allreduce: {why}")
         info = dtype_info(dtype)
-        if info.name not in abi.DTYPE:
-            raise GC3Error(f"small allreduce: no build for {info.name} (have {', '.join(abi.DTYPE)})")
-        if op not in abi.REDOP:
-            raise GC3Error(f"small allreduce: no {op!r} reduction (have {', '.join(abi.REDOP)}; avg is sum "
-                           f"followed by runtime_cuda.avg.divide)")
-        nbytes = in_elems * info.np.itemsize
-        if in_elems < 1 or nbytes > self.max_bytes:
-            raise GC3Error(f"small allreduce: {in_elems} elements of {info.name} ({nbytes} B); the kernels serve "
-                           f"1 element to {self.max_bytes} B")
         fn = kernel(info.name, op, self.executor.device.id)
         io = self.executor.buffer_table(tuple(p for pair in zip(in_ptrs, out_ptrs) for p in pair), stream, captured)
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
