@@ -52,9 +52,10 @@ def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_MAX_BYTES
 
 def refusal(dtype: str, op: str, in_elems: int) -> Optional[str]:
     """None when the kernels serve an allreduce of `in_elems` elements of `dtype` with `op`, else why not."""
-    info = dtype_info(dtype)
-    if info.name not in abi.DTYPE:
-        return f"no build for {info.name} (have {', '.join(abi.DTYPE)})"
+    name = dtype if isinstance(dtype, str) else dtype_info(dtype).name
+    if name not in abi.DTYPE:
+        return f"no build for {name} (have {', '.join(abi.DTYPE)})"
+    info = dtype_info(name)
     if op not in abi.REDOP:
         return f"no {op!r} reduction (have {', '.join(abi.REDOP)}; avg is sum followed by runtime_cuda.avg.divide)"
     nbytes = in_elems * info.np.itemsize

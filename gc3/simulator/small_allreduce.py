@@ -13,7 +13,7 @@ sends at once, each over its own links); red: blocks * tb_reduce_Bps, the local
 reduction of the n contributions (one-shot: all of them on every rank; two-shot:
 each rank its 1/n segment).  With the calibrated h200 preset (launch 4.01 us,
 LL hop 1.31 us, 4.38 GB/s LL and 38.9 GB/s reduction per block, 16 blocks):
-2 ranks, 1 KiB: one-shot 5.3 us, two-shot 6.7 us; 256 KiB: 9.9 and 10.8 us;
+2 ranks, 1 KiB: one-shot 5.3 us, two-shot 6.6 us; 256 KiB: 9.9 and 10.8 us;
 8 ranks, 256 KiB: one-shot 34.9 us, two-shot 13.6 us.
 """
 from __future__ import annotations
