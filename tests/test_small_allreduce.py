@@ -196,6 +196,7 @@ class Bufs:
         self.itemsize = st.itemsize
         self.ins = [cupy.zeros(count + 1, dtype=st) for _ in range(n)]
         self.outs = [cupy.zeros(count + 1, dtype=st) for _ in range(n)]
+        cupy.cuda.Device().synchronize()    # zeroed on the legacy stream; the tests' streams do not wait for it
 
     def ptrs(self, inplace, off):
         ins = [a.data.ptr + off * self.itemsize for a in self.ins]
@@ -203,6 +204,8 @@ class Bufs:
 
 
 def _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, stream):
+    import cupy
+
     from runtime_cuda import avg
 
     n = group.nranks
@@ -210,8 +213,8 @@ def _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, stream):
     for a, x in zip(bufs.ins, ins):
         a[off:off + count].set(cases.storage(x), stream=stream)
     if not inplace:
-        for a in bufs.outs:
-            a.fill(0x55 if a.dtype.itemsize == 1 else 7)      # poisoned: a missed element shows
+        for a in bufs.outs:      # poisoned, on the call's stream: a missed element shows
+            cupy.cuda.runtime.memsetAsync(a.data.ptr, 0x55, a.nbytes, stream.ptr)
     in_ptrs, out_ptrs = bufs.ptrs(inplace, off)
     group.run_ptrs(in_ptrs, out_ptrs, count, dtype, "sum" if op == "avg" else op, stream, kind=kind)
     if op == "avg":
