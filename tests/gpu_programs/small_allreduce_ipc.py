@@ -160,9 +160,9 @@ def timed(fn, reps):
     return (time.perf_counter() - t0) / reps
 
 
-eager_us = timed(call, 200) * 1e6
-g100_us = timed(lambda: g100.launch(stream=s), 3) * 1e6 / 100
-g1_us = timed(lambda: g1.launch(stream=s), 100) * 1e6
+eager_us = timed(call, 50) * 1e6
+g100_us = timed(lambda: g100.launch(stream=s), 2) * 1e6 / 100
+g1_us = timed(lambda: g1.launch(stream=s), 50) * 1e6
 ins = cases.inputs(999, n, N, "float32", "sum")
 xs[:N].set(ins[rank], stream=s)
 g1.launch(stream=s)
