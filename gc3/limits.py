@@ -82,3 +82,10 @@ MAX_INSTANCES = 64             # instances= / --instances
 MAX_BYTES = 1 << 40            # bytes of one call's buffer (sizes, minBytes/maxBytes, --size)
 MAX_SIMULATED_BYTES = 8 << 30  # all ranks' buffers `gc3 simulate` may allocate
 INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, step numbers)
+
+# --- Small-message allreduce kernels (runtime_cuda/small_allreduce.py) -----------
+# The dedicated one-shot/two-shot LL kernels serve allreduce calls up to this
+# many bytes; each rank's scratch is sized for it once per communicator.
+SMALL_ALLREDUCE_KERNELS = ("oneshot", "twoshot")
+SMALL_ALLREDUCE_MAX_BYTES = 256 << 10
+SMALL_ALLREDUCE_BLOCKS = 16   # threadblocks per rank (fewer where the GPU cannot hold them all)

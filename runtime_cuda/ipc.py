@@ -4,7 +4,7 @@ receiver's/sender's memory as in `connections`, and peers map them through
 CUDA IPC, so the kernel signals with plain peer stores."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from gc3.errors import GC3Error
 from gc3.ir import Program
@@ -44,6 +44,35 @@ class _RawBuffer:
             self.ptr = 0
 
 
+def agree(gathered, name: str, phase: str, release: Callable[[], None]) -> List:
+    """`gathered`: every rank's (failure or None, payload), from one allgather that
+    every rank reaches whether its phase failed or not.  Raise on every rank
+    (after `release`) if any failed; else return what each rank sent."""
+    failures = [f for f, _ in gathered if f is not None]
+    if failures:
+        release()
+        raise GC3Error(f"{name}: set-up failed while {phase}: " + "; ".join(failures))
+    return [payload for _, payload in gathered]
+
+
+def open_peers(handles: Sequence[Sequence], rank: int, own: Sequence[_RawBuffer],
+               opened: List[int]) -> Dict[int, Tuple[int, ...]]:
+    """Per rank, the addresses of its buffers in this process: our own, and the
+    peers' opened from their IPC handles (appended to `opened`, which the
+    caller closes)."""
+    import cupy
+
+    bases: Dict[int, Tuple[int, ...]] = {}
+    for r, hs in enumerate(handles):
+        if r == rank:
+            bases[r] = tuple(b.ptr for b in own)
+        else:
+            ptrs = tuple(cupy.cuda.runtime.ipcOpenMemHandle(h, _LAZY_PEER_ACCESS) for h in hs)
+            opened.extend(ptrs)
+            bases[r] = ptrs
+    return bases
+
+
 class IpcRanks(LaunchGroup):
     def __init__(self, prog: Program, comm=None, *, proto: Optional[str] = None, timeout: Optional[float] = None,
                  device: Optional[int] = None):
@@ -79,14 +108,7 @@ class IpcRanks(LaunchGroup):
         handles = self._agree(comm.allgather((failure, handles)), "allocating its buffers")
         failure = None
         try:
-            bases: Dict[int, Tuple[int, int, int]] = {}
-            for r, hs in enumerate(handles):
-                if r == rank:
-                    bases[r] = tuple(b.ptr for b in self._own)
-                else:
-                    ptrs = tuple(cupy.cuda.runtime.ipcOpenMemHandle(h, _LAZY_PEER_ACCESS) for h in hs)
-                    self._opened.extend(ptrs)
-                    bases[r] = ptrs
+            bases = open_peers(handles, rank, self._own, self._opened)
             sends, recvs = records(self.tables, layouts, lambda r: bases[r][0], lambda r: bases[r][1])
             aborts = [bases[r][2] + 8 * CONTROL_ABORT for r in range(prog.ngpus) if r != rank]
             control = self._own[2].array(cupy.uint64, control_words(self.tables.nblocks))
@@ -100,12 +122,7 @@ class IpcRanks(LaunchGroup):
         self._agree(comm.allgather((failure, None)), "mapping its peers' memory")
 
     def _agree(self, gathered, phase: str):
-        """Raise on every rank if any rank failed `phase`; else return what each rank sent."""
-        failures = [f for f, _ in gathered if f is not None]
-        if failures:
-            self._release()
-            raise GC3Error(f"{self.prog.name}: set-up failed while {phase}: " + "; ".join(failures))
-        return [payload for _, payload in gathered]
+        return agree(gathered, self.prog.name, phase, self._release)
 
     def _release(self, between=lambda: None) -> None:
         import cupy

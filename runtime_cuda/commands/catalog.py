@@ -31,7 +31,7 @@ def check(file: str) -> None:
     except GC3Error as exc:      # the file itself: missing, not JSON/XML, wrong schema
         fail(file, exc)
     for c in good:
-        click.echo(f"ok       {c.name}: {c.collective}, {c.ranks} ranks, {c.program.proto}, "
+        click.echo(f"ok       {c.name}: {c.collective}, {c.ranks} ranks, {c.proto}, "
                    f"{c.min_bytes}..{'inf' if c.max_bytes is None else c.max_bytes} bytes")
     for p in problems:
         click.echo(f"skipped  {p}", err=True)

@@ -123,7 +123,7 @@ def _write(results, out: Path, ranks: int, prov: dict, ir_dir, output: str) -> N
     for line in tune.summary(results):
         click.echo(line)
     click.echo(f"wrote {output}: {len(catalog['algorithms'])} entries, "
-               f"{len({e['file'] for e in catalog['algorithms']})} IR files ({prov['nccl']})")
+               f"{len({e['file'] for e in catalog['algorithms'] if 'file' in e})} IR files ({prov['nccl']})")
     if prov.get("shippable") is False:
         click.echo(f"NOT SHIPPABLE: {prov['not_shippable']}")
     for label, why in sorted(prov.get("rejected", {}).items()):

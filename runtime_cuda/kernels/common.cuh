@@ -195,3 +195,14 @@ struct Plan {
   u64* trace;                // null, or [nblocks][GC3_TRACE_WORDS] timestamps (GC3_TRACE builds)
 };
 #define GC3_PLAN_WORDS 12
+
+// Small-message allreduce kernels (small_allreduce.cu): each rank's scratch
+// starts with a header of u64 words (abort word, error record, one call counter
+// per block), then two parity regions of 16-byte LL lines.
+#define GC3_SA_ABORT 0             // int32 abort word, as CONTROL_ABORT of the interpreter
+#define GC3_SA_ERR 2               // GC3_ERR_NFIELDS int32s (8 u64 words)
+#define GC3_SA_COUNTERS 16         // [GC3_SA_MAX_BLOCKS] calls each block has run
+#define GC3_SA_MAX_BLOCKS 240
+#define GC3_SA_HEADER_BYTES 4096
+#define GC3_SA_ONESHOT 1
+#define GC3_SA_TWOSHOT 2

@@ -31,7 +31,13 @@ JSON schema (``GC3_CONFIG`` *.json and ``ir_samples/index.json``)::
         "ops": ["sum"],                        #   and reduction ops (absent = any)
         "count_multiple": 8,                   # the element count must divide by it (default 1)
         "root": 0,                             # broadcast/reduce root the IR was built for
-        "name": "label for logs"}],
+        "name": "label for logs"},
+       {"kernel": "oneshot",                   # instead of "file": a dedicated small-message
+        "collective": "allreduce",             #   allreduce kernel (runtime_cuda/small_allreduce.py):
+        "ranks": 2,                            #   "oneshot" or "twoshot"; ranks required; it serves
+        "max_bytes": "256KiB"}],               #   in and out of place, max_bytes at most (and by
+                                               #   default) gc3.limits.SMALL_ALLREDUCE_MAX_BYTES;
+                                               #   protocol, if given, must be LL
      "provenance": {...}}                      # optional, any object: where the catalog came
                                                #   from (`gc3 tune` writes it); selection
                                                #   ignores it
@@ -95,7 +101,7 @@ def default_index() -> Path:
 
 DEFAULT_INDEX = default_index()
 
-_ENTRY_KEYS = {"file", "collective", "ranks", "inplace", "outofplace", "protocol", "min_bytes", "max_bytes",
+_ENTRY_KEYS = {"file", "kernel", "collective", "ranks", "inplace", "outofplace", "protocol", "min_bytes", "max_bytes",
                "minBytes", "maxBytes", "dtypes", "ops", "count_multiple", "root", "name"}
 _LOAD_ATTRS = {"path", "collective", "ranks", "inplace", "outofplace", "proto", "minBytes", "maxBytes", "minbytes",
                "maxbytes", "dtypes", "ops", "count_multiple", "root", "name"}
@@ -107,11 +113,13 @@ class CatalogEntryError(InputError):
 
 @dataclass(frozen=True)
 class Candidate:
-    """One algorithm that calls may select, with the conditions it serves."""
+    """One algorithm that calls may select, with the conditions it serves: an IR
+    (`program`) or a dedicated kernel (`kernel`, a name of
+    gc3.limits.SMALL_ALLREDUCE_KERNELS; then `program` is None)."""
     name: str
     origin: str                  # which variable or file listed it
-    path: Path
-    program: Program             # protocol already set to the one it runs with
+    path: Path                   # the IR file; for a kernel, the catalog file naming it
+    program: Optional[Program]   # protocol already set to the one it runs with
     serves_inplace: bool
     serves_outofplace: bool
     min_bytes: int
@@ -120,14 +128,21 @@ class Candidate:
     ops: Optional[frozenset]     # None: any op (narrowed by the XML's redop)
     root: Optional[int]          # None: not a rooted collective, or unknown
     count_multiple: int = 1      # input element count must be a multiple of it
+    kernel: Optional[str] = None
+    kernel_ranks: int = 0        # a kernel's communicator size (an IR has its own)
 
     @property
     def collective(self) -> str:
-        return self.program.coll
+        return "allreduce" if self.kernel else self.program.coll
 
     @property
     def ranks(self) -> int:
-        return self.program.ngpus
+        return self.kernel_ranks if self.kernel else self.program.ngpus
+
+    @property
+    def proto(self) -> str:
+        """The protocol it runs with (the small kernels move LL lines)."""
+        return "LL" if self.kernel else self.program.proto
 
 
 @dataclass(frozen=True)
@@ -155,6 +170,7 @@ class _Settings:
     root: Optional[int] = None
     count_multiple: int = 1
     name: Optional[str] = None
+    kernel: Optional[str] = None
 
 
 def _names(value, known: Mapping[str, int], what: str) -> frozenset:
@@ -215,6 +231,10 @@ def _settings(raw: Mapping[str, object]) -> _Settings:
                 s.count_multiple = _as_int(value, 1)
             elif key == "name":
                 s.name = str(value)
+            elif key == "kernel":
+                if value not in limits.SMALL_ALLREDUCE_KERNELS:
+                    raise ValueError(f"expected one of {', '.join(limits.SMALL_ALLREDUCE_KERNELS)}")
+                s.kernel = str(value)
         except ValueError as exc:
             raise CatalogEntryError(f"{key}={value!r}: {exc}") from None
     return s
@@ -328,6 +348,35 @@ def _candidate(path: Path, origin: str, s: _Settings, cache: Optional[Path] = No
                      dtypes=s.dtypes, ops=ops, root=root, count_multiple=s.count_multiple)
 
 
+def _kernel_candidate(path: Path, origin: str, s: _Settings) -> Candidate:
+    """A catalog entry naming a dedicated small-message allreduce kernel."""
+    what = f"{path}: kernel {s.kernel!r}"
+    if s.collective not in (None, "allreduce"):
+        raise CatalogEntryError(f"{what} is an allreduce, the entry says collective={s.collective!r}")
+    if s.ranks is None:
+        raise CatalogEntryError(f"{what} needs 'ranks' (the communicator size it serves)")
+    if s.protocol not in (None, "LL"):
+        raise CatalogEntryError(f"{what} moves LL lines; the entry asks for protocol {s.protocol}")
+    if s.root is not None:
+        raise CatalogEntryError(f"{what}: an allreduce has no root")
+    top = limits.SMALL_ALLREDUCE_MAX_BYTES
+    if s.max_unbounded or (s.max_bytes is not None and s.max_bytes > top):
+        raise CatalogEntryError(f"{what} serves at most {top} bytes (its scratch is sized for that); "
+                                f"max_bytes={'unbounded' if s.max_unbounded else s.max_bytes}")
+    max_bytes = top if s.max_bytes is None else s.max_bytes
+    min_bytes = s.min_bytes or 0
+    if min_bytes > max_bytes:
+        raise CatalogEntryError(f"{what}: min_bytes={min_bytes} > max_bytes={max_bytes}: the entry serves no size")
+    inplace = True if s.inplace is None else s.inplace
+    outofplace = True if s.outofplace is None else s.outofplace
+    if not (inplace or outofplace):
+        raise CatalogEntryError(f"{what}: inplace and outofplace both false: the entry serves no call")
+    return Candidate(name=s.name or f"{s.kernel}_allreduce_{s.ranks}r", origin=origin, path=path, program=None,
+                     serves_inplace=inplace, serves_outofplace=outofplace, min_bytes=min_bytes,
+                     max_bytes=max_bytes, dtypes=s.dtypes, ops=s.ops, root=None,
+                     count_multiple=s.count_multiple, kernel=s.kernel, kernel_ranks=s.ranks)
+
+
 # ---------------------------------------------------------------------------
 # Readers: each yields (path, settings, where) and reports its own bad entries
 
@@ -360,12 +409,15 @@ def _json_entries(path: Path, data) -> Iterable[Tuple[Path, Dict, str]]:
         raise CatalogEntryError(f"{path}: 'algorithms' must be a list of entries")
     for i, entry in enumerate(data):
         where = f"{path}: algorithms[{i}]"
-        if not isinstance(entry, dict) or "file" not in entry:
-            yield None, {}, f"{where}: an entry must be an object with a 'file' key"
+        if not isinstance(entry, dict) or ("file" in entry) == ("kernel" in entry):
+            yield None, {}, f"{where}: an entry must be an object with a 'file' key (an IR) or a 'kernel' key"
             continue
         unknown = sorted(set(entry) - _ENTRY_KEYS)
         if unknown:
             yield None, {}, f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_ENTRY_KEYS))})"
+            continue
+        if "kernel" in entry:     # no IR file: the entry itself is the whole description
+            yield path, dict(entry), where
             continue
         raw = {k: v for k, v in entry.items() if k != "file"}
         yield path.parent / str(entry["file"]), raw, where
@@ -411,7 +463,8 @@ def _add(out: List[Candidate], path: Path, raw: Dict, origin: str, log: logging.
          cache: Optional[Path]) -> Optional[str]:
     """Append the entry's candidate; or log why it is skipped and return that."""
     try:
-        out.append(_candidate(path, origin, _settings(raw), cache))
+        s = _settings(raw)
+        out.append(_kernel_candidate(path, origin, s) if s.kernel else _candidate(path, origin, s, cache))
     except GC3Error as exc:
         log.warning("%s: skipped: %s", origin, exc)
         return f"{origin}: {exc}"
@@ -472,6 +525,6 @@ def load_catalog(env: Optional[Mapping[str, str]] = None) -> Catalog:
         except CatalogEntryError as exc:
             log.warning("%s: skipped: %s", origin, exc)
     log.info("catalog: %d algorithm(s) from %s%s", len(out), "; ".join(sources),
-             "".join(f"\n  {i}: {c.name} ({c.collective}, {c.ranks} ranks, {c.program.proto})"
+             "".join(f"\n  {i}: {c.name} ({c.collective}, {c.ranks} ranks, {c.proto})"
                      for i, c in enumerate(out)))
     return Catalog(tuple(out), tuple(sources))

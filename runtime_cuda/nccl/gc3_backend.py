@@ -27,18 +27,20 @@ def _kernel_op(call: Call) -> str:
 
 
 def _key(cand: Candidate) -> Tuple:
-    return (str(cand.path), cand.name, cand.program.proto)
+    # Both small-message kernels share one group: one scratch per communicator.
+    return ("kernel",) if cand.kernel else (str(cand.path), cand.name, cand.program.proto)
 
 
 class Gc3Backend:
     def __init__(self, exchange, rank: int, size: int, device: int):
         # Imported here so that a machine without the runtime's dependencies
         # gets an `Unavailable` backend from make_backend instead of an error.
-        from runtime_cuda import abi, binding, launcher, tables
+        from runtime_cuda import abi, binding, launcher, small_allreduce, tables
         from runtime_cuda.ipc import IpcRanks
 
         self._abi, self._binding, self._launcher, self._tables_mod = abi, binding, launcher, tables
         self._IpcRanks = IpcRanks
+        self._small = small_allreduce
         self.exchange = exchange
         self.rank, self.size, self.device = rank, size, device
         self._groups: Dict[Tuple, object] = {}
@@ -50,6 +52,8 @@ class Gc3Backend:
         key = _key(cand)
         if key in self._failed:
             return self._failed[key]
+        if cand.kernel:
+            return self._small.refusal(call.dtype_name, _kernel_op(call), call.in_elems)
         if call.dtype_name not in self._abi.DTYPE:
             return f"the interpreter is not built for {call.dtype_name} (it has {', '.join(self._abi.DTYPE)})"
         if call.coll in REDUCING and _kernel_op(call) not in self._abi.REDOP:
@@ -74,7 +78,10 @@ class Gc3Backend:
             return self._failed[key]
         why = ""
         try:
-            group = self._IpcRanks(cand.program, self.exchange, device=self.device)
+            if cand.kernel:
+                group = self._small.SmallAllreduce.ipc(self.exchange, device=self.device)
+            else:
+                group = self._IpcRanks(cand.program, self.exchange, device=self.device)
         except Exception as exc:  # reported to every rank below, then NCCL serves the call
             group, why = None, f"{type(exc).__name__}: {exc}"
         reasons = self.exchange.all_agree(group is not None, why)
@@ -93,7 +100,11 @@ class Gc3Backend:
         group = self._groups[_key(decision.candidate)]
         # Non-reducing collectives never reduce: share the sum build of the kernel.
         op = _kernel_op(c) if c.coll in REDUCING else "sum"
-        group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, c.stream)
+        if decision.candidate.kernel:
+            group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, c.stream,
+                           kind=decision.candidate.kernel)
+        else:
+            group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, c.stream)
         if c.coll in REDUCING and c.op_name == "avg" and (c.coll != "reduce" or c.rank == c.root):
             # A catalog program is a plain sum program: avg is its sum, then NCCL's division
             # in a second pass on the same stream (only where the call defines the output).

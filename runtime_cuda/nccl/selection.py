@@ -65,7 +65,8 @@ class Decision:
 
 
 def check(cand: Candidate, call: Call, runtime: Optional[RuntimeCheck] = None):
-    """A Layout when `cand` serves `call`, else the Rejection naming the first failed field."""
+    """A Layout (None for a dedicated kernel) when `cand` serves `call`, else the Rejection
+    naming the first failed field."""
     def no(field_name: str, detail: str) -> Rejection:
         return Rejection(cand.name, field_name, detail)
 
@@ -86,7 +87,8 @@ def check(cand: Candidate, call: Call, runtime: Optional[RuntimeCheck] = None):
     if call.in_elems % cand.count_multiple:
         return no("count", f"{call.in_elems} input elements, not a multiple of {cand.count_multiple}")
     try:
-        layout = layout_for(cand.program, call.in_elems, call.rank)
+        # A dedicated kernel takes any count: it has no IR chunk layout.
+        layout = None if cand.kernel else layout_for(cand.program, call.in_elems, call.rank)
     except (KeyError, GC3Error) as exc:
         return no("count", str(exc))
     if cand.dtypes is not None and call.dtype_name not in cand.dtypes:
@@ -171,7 +173,7 @@ class Selector:
         where = f"size bucket {bucket_label(bucket)}"
         if d.uses_gc3:
             self.log.info("rank %d: %s (%s) -> gc3 algorithm %s (%s, proto %s, from %s)", call.rank,
-                          call.describe(), where, d.candidate.name, d.candidate.path, d.candidate.program.proto,
+                          call.describe(), where, d.candidate.name, d.candidate.path, d.candidate.proto,
                           d.candidate.origin)
         elif not self.catalog.candidates:
             self.log.info("rank %d: %s (%s) -> NCCL: no gc3 algorithm loaded%s", call.rank, call.describe(),

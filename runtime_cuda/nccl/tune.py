@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
+from gc3 import limits
 from gc3.errors import GC3Error, InputError
 from gc3.ir import PROTOCOLS, Program
 
@@ -59,22 +60,38 @@ SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
 
 @dataclass(frozen=True)
 class Candidate:
-    """One compiled program that may serve a collective."""
+    """One compiled program that may serve a collective, or one of the dedicated
+    small-message allreduce kernels (`kernel`; `program` None): those serve in-place
+    and out-of-place calls alike, up to gc3.limits.SMALL_ALLREDUCE_MAX_BYTES."""
     label: str                 # its name in the catalog and its file name (label.xml)
     algorithm: str
     argv: Tuple[int, ...]
     instances: int
     protocol: str
-    program: Program           # verified by the simulator's run in ModelTimer, proven before writing
+    program: Optional[Program]  # verified by the simulator's run in ModelTimer, proven before writing
     root: Optional[int]
+    kernel: Optional[str] = None
 
     @property
     def collective(self) -> str:
-        return self.program.coll
+        return "allreduce" if self.kernel else self.program.coll
 
     @property
     def inplace(self) -> bool:
-        return self.program.inplace
+        return True if self.kernel else self.program.inplace
+
+    def serves(self, inplace: bool) -> bool:
+        """Whether it serves calls of this placement as it is (no copy of the input first)."""
+        return bool(self.kernel) or self.inplace == inplace
+
+
+def kernel_candidates(coll: str, ranks: int, nodes: int) -> List[Candidate]:
+    """The small-message kernels, for allreduce inside one node (they address every
+    peer's memory directly)."""
+    if coll != "allreduce" or nodes != 1:
+        return []
+    return [Candidate(f"{k}_allreduce_{ranks}r", k, (), 1, "LL", None, None, kernel=k)
+            for k in limits.SMALL_ALLREDUCE_KERNELS]
 
 
 def label(alg: library.Algorithm, values: Dict[str, int], instances: int, protocol: str) -> str:
@@ -176,6 +193,9 @@ class ModelTimer:
 
     def time(self, cand: Candidate, nbytes: int, inplace: bool) -> Optional[float]:
         key = (cand.label, nbytes)
+        if cand.kernel and key not in self._times:
+            from gc3.simulator.small_allreduce import small_allreduce_seconds
+            self._times[key] = small_allreduce_seconds(cand.kernel, nbytes, self.ranks, self.config)
         if key not in self._times:
             elems = call_elems(cand.collective, nbytes, self.ranks)
             try:
@@ -257,6 +277,20 @@ def ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], Optional
     return out
 
 
+def served_ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], Optional[Candidate]]]:
+    """`ranges`, with a small-message kernel's range ending at the largest size it
+    serves and the next range taking over from there."""
+    out = []
+    resume = None
+    for lo, hi, cand in ranges(choices):
+        lo, resume = (lo if resume is None else resume), None
+        if cand is not None and cand.kernel:
+            hi = limits.SMALL_ALLREDUCE_MAX_BYTES if hi is None else min(hi, limits.SMALL_ALLREDUCE_MAX_BYTES)
+            resume = hi + 1
+        out.append((lo, hi, cand))
+    return out
+
+
 @dataclass
 class Tuned:
     """What `tune` found for one collective: per placement ("inplace"/"outofplace"), the choices."""
@@ -289,11 +323,12 @@ def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int
     for coll in collectives:
         start = time.monotonic()
         cands, skipped = candidates(coll, ranks, nodes, grid)
+        cands += kernel_candidates(coll, ranks, nodes)
         tuned = Tuned(coll, cands, skipped)
         for place, inplace in PLACEMENTS:
-            own = [c for c in cands if c.inplace == inplace]
-            if not inplace and (timer.prices_inplace_copy or not own):
-                own = own + [c for c in cands if c.inplace]     # the runtime copies the input first
+            own = [c for c in cands if c.serves(inplace)]
+            if not inplace and (timer.prices_inplace_copy or not [c for c in own if not c.kernel]):
+                own = own + [c for c in cands if not c.serves(False)]     # the runtime copies the input first
             if own:
                 tuned.choices[place] = choose(own, sizes, timer, inplace, coll,
                                               lambda c, coll=coll, place=place: decided(coll, place, c))
@@ -319,9 +354,14 @@ def entries(results: Sequence[Tuned], ranks: int, file_of: Callable[[Candidate],
         per_place = {}
         for place, inplace in PLACEMENTS:
             per_place[place] = []
-            for lo, hi, cand in ranges(t.choices.get(place, [])):
+            for lo, hi, cand in served_ranges(t.choices.get(place, [])):
                 if cand is None:
                     continue       # NCCL serves these sizes
+                if cand.kernel:
+                    per_place[place].append({"kernel": cand.kernel, "collective": t.collective, "ranks": ranks,
+                                             "inplace": inplace, "outofplace": not inplace, "min_bytes": lo,
+                                             "max_bytes": hi, "name": cand.label})
+                    continue
                 entry = {"file": file_of(cand), "collective": t.collective, "ranks": ranks,
                          "inplace": cand.inplace, "outofplace": not inplace, "protocol": cand.protocol,
                          "min_bytes": lo, "max_bytes": hi, "name": cand.label}
@@ -329,9 +369,12 @@ def entries(results: Sequence[Tuned], ranks: int, file_of: Callable[[Candidate],
                     entry["root"] = cand.root if cand.root is not None else ROOT
                 per_place[place].append(entry)
         # An in-place range that the out-of-place table gives to the same IR serves both: one entry.
-        both = [e for e in per_place["inplace"] if dict(e, outofplace=True) in per_place["outofplace"]]
+        # (A kernel's entries name the placement they serve in "inplace" too.)
+        def twin(e: dict) -> dict:
+            return dict(e, outofplace=True, **({"inplace": False} if "kernel" in e else {}))
+        both = [e for e in per_place["inplace"] if twin(e) in per_place["outofplace"]]
         for e in both:
-            per_place["outofplace"].remove(dict(e, outofplace=True))
+            per_place["outofplace"].remove(twin(e))
             e["outofplace"] = True
         out += per_place["inplace"] + per_place["outofplace"]
     return out
@@ -388,7 +431,7 @@ def summary(results: Sequence[Tuned]) -> List[str]:
             if not chosen:
                 lines.append(f"{t.collective:13} {place:10}  no candidate: NCCL")
                 continue
-            for lo, hi, cand in ranges(chosen):
+            for lo, hi, cand in served_ranges(chosen):
                 inside = [c for c in chosen if c.nbytes >= lo and (hi is None or c.nbytes <= hi)]
                 times = ", ".join(f"{format_size(c.nbytes)} {c.time_s * 1e6:.1f} us" for c in inside
                                   if c.time_s is not None)

@@ -1,7 +1,8 @@
 """The measuring `Timer` of `gc3 tune` (runtime_cuda.nccl.tune.Timer): under
 mpirun, one process per rank; processes may share a GPU.
 
-Each candidate runs on a launch group of its own (runtime_cuda.ipc.IpcRanks),
+Each candidate runs on a launch group of its own (runtime_cuda.ipc.IpcRanks, or
+runtime_cuda.small_allreduce.SmallAllreduce for the small-message kernels),
 set up collectively when it is first timed and closed when the tune moves on
 to the next collective.  Every (candidate, size, placement) is checked on data
 first and then timed, by the method of `gc3 bench` (perf_gpu.run_case:
@@ -80,7 +81,8 @@ class MeasuredTimer:
             call = Call(coll, send, recv, count, dtype, op, stream, self.host.size, self.host.rank, root)
             try:
                 group.run_ptrs([send], [recv], call.in_elems, call.dtype_name,
-                               call.op_name if coll in REDUCING else "sum", stream)
+                               call.op_name if coll in REDUCING else "sum", stream,
+                               **({"kind": cand.kernel} if cand.kernel else {}))
             except Exception as exc:   # agreed on below, after the case's collectives
                 err.append(f"rank {self.host.rank}: {type(exc).__name__}: {exc}")
             return cand.label
@@ -133,6 +135,9 @@ class MeasuredTimer:
         elems = call_elems(cand.collective, nbytes, self.host.size)
         if not elems:
             return False
+        if cand.kernel:
+            from runtime_cuda.small_allreduce import refusal
+            return refusal(DTYPE, "sum", elems) is None
         try:
             call_shape(cand.program, elems, ITEMSIZE[DTYPE_CODES[DTYPE]], group.proto, group.tables.max_cnt)
         except GC3Error:
@@ -142,6 +147,7 @@ class MeasuredTimer:
     # -- launch groups -------------------------------------------------------------
     def _group(self, cand: Candidate):
         from runtime_cuda.ipc import IpcRanks
+        from runtime_cuda.small_allreduce import SmallAllreduce
 
         if cand.collective != self._coll:       # the tune moved on: free the last collective's groups
             self.close()
@@ -149,7 +155,8 @@ class MeasuredTimer:
         group = self._groups.get(cand.label)
         if group is None:
             try:    # set-up agrees across ranks: it raises on every rank or on none
-                group = IpcRanks(cand.program, self.host.comm, timeout=TIMEOUT_S, device=self.device)
+                group = (SmallAllreduce.ipc(self.host.comm, device=self.device, timeout=TIMEOUT_S) if cand.kernel
+                         else IpcRanks(cand.program, self.host.comm, timeout=TIMEOUT_S, device=self.device))
             except GC3Error as exc:
                 self.rejected[cand.label] = f"set-up failed: {exc}"
                 return None

@@ -1,0 +1,47 @@
+"""The cost model's estimate for the dedicated small-message allreduce kernels
+(runtime_cuda/small_allreduce.py; kernels/small_allreduce.cu says what they do).
+
+They run no IR, so the tile-level model does not apply; the estimate is built
+from the same preset's figures:
+
+    one-shot  launch_s + alpha_LL + (n-1) * B / bw + n * B / red
+    two-shot  launch_s + 2 * alpha_LL + 2 * (n-1)/n * B / bw + B / red
+
+B: the call's bytes; bw: what one rank's blocks move over the slowest link to a
+peer, min(blocks * tb_Bps[LL], port_Bps * LL's payload fraction) (every rank
+sends at once, each over its own links); red: blocks * tb_reduce_Bps, the local
+reduction of the n contributions (one-shot: all of them on every rank; two-shot:
+each rank its 1/n segment).  With the calibrated h200 preset (launch 4.01 us,
+LL hop 1.31 us, 4.38 GB/s LL and 38.9 GB/s reduction per block, 16 blocks):
+2 ranks, 1 KiB: one-shot 5.3 us, two-shot 6.6 us; 256 KiB: 9.9 and 10.8 us;
+8 ranks, 256 KiB: one-shot 34.9 us, two-shot 13.6 us.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .. import limits
+from ..errors import GC3Error
+from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
+
+
+def small_allreduce_seconds(kind: str, nbytes: int, ranks: int, cfg: CostConfig,
+                            blocks: int = limits.SMALL_ALLREDUCE_BLOCKS) -> Optional[float]:
+    """Seconds per call; None where the kernels do not serve the size (0 or above
+    gc3.limits.SMALL_ALLREDUCE_MAX_BYTES)."""
+    if kind not in limits.SMALL_ALLREDUCE_KERNELS:
+        raise GC3Error(f"unknown small allreduce kernel {kind!r} (have {', '.join(limits.SMALL_ALLREDUCE_KERNELS)})")
+    if ranks < 1:
+        raise GC3Error(f"small allreduce model: {ranks} ranks")
+    if nbytes <= 0 or nbytes > limits.SMALL_ALLREDUCE_MAX_BYTES:
+        return None
+    links = [cfg.links[cfg.link_type(0, r)] for r in range(1, ranks)]
+    if not links:
+        return cfg.launch_s + nbytes / (blocks * cfg.tb_mem_Bps)
+    alpha = max(link.alpha_s["LL"] for link in links)
+    bw = min(min(blocks * link.tb_Bps["LL"], link.port_Bps * PROTOCOL_EFFICIENCY["LL"]) for link in links)
+    red = blocks * cfg.tb_reduce_Bps
+    n = ranks
+    if kind == "oneshot":
+        return cfg.launch_s + alpha + (n - 1) * nbytes / bw + n * nbytes / red
+    return cfg.launch_s + 2 * alpha + 2 * (n - 1) / n * nbytes / bw + nbytes / red

@@ -1,0 +1,188 @@
+// One-shot and two-shot allreduce for small messages on epoch-tagged LL lines
+// (runtime_cuda/small_allreduce.py is the host side).
+//
+// Every rank's scratch (one allocation, mapped by its peers once) holds a
+// header (common.cuh, GC3_SA_*) and two parity regions of 16-byte lines
+// {data.lo, flag, data.hi, flag}, written with one 16-byte store each as in
+// prims_ll.cuh.  A reader waits until both flags of a line equal the call's
+// flag: the data travels with its own ready signal, so nothing is cleared and
+// no value is reserved (-0.0 and every NaN payload pass through unchanged).
+//
+// Which call this is comes from the device, never from the arguments: block b
+// of every rank keeps its own count of the calls it has run (header word
+// GC3_SA_COUNTERS + b, read at entry, stored +1 at exit by that block alone),
+// so a launch captured in a CUDA graph advances the count on every replay.
+// Every rank launches the same grid for every call, so block b's count is the
+// same on every rank and every block of one call derives the same k.
+// Per-block counters need no agreement between blocks (a single counter bumped
+// by block 0 could be bumped before another block of the same launch has read it).
+//
+// Call k uses parity region k & 1 with flag 1 + k mod (2^32 - 1): never 0 (the
+// zeroed scratch), and different from the flag of call k - 2, the last one
+// that wrote that region (2^32 - 1 is odd, so k and k - 2 never share it; an
+// equal flag needs 2^32 - 1 calls with no write to one line in between).
+//
+// Why a rank can never write region k & 1 while a peer still reads it for
+// call k - 2: rank r starts call k only after its call k - 1 finished (stream
+// order; the communicator orders its calls across streams).  Call k - 1 on r
+// read a line that every other rank wrote in call k - 1 (one-shot: every
+// rank's contribution; two-shot: a reduced segment from an owner that itself
+// read every rank's phase-1 lines; at least one segment is non-empty), so
+// every rank had started call k - 1, hence finished call k - 2 and all of its
+// reads.  Two calls ahead would need call k - 1 to finish without them.
+//
+// Elements are reduced in rank order 0..n-1 by one rank (the owner, two-shot)
+// or identically by all (one-shot), so every rank gets the same bits.
+// A thread handles the same line indices in every phase (same start and
+// stride), so it has read a line of the input before it writes that line of
+// the output: in-place calls need no extra copy.
+#include "prims_ll.cuh"
+
+namespace sa {
+
+constexpr int N = Pack<8>::N;   // elements per line
+
+// Line g of a buffer of `count` elements: a vector load where the line is
+// whole and 8-byte aligned, else element by element (tail lines, offset
+// buffers); missing elements read as zero and are never stored.
+__device__ __forceinline__ uint2 load_line(const elem_t* p, long long g, long long count) {
+  Pack<8> v;
+  const long long e0 = g * N;
+  if (e0 + N <= count && ((u64)(p + e0) & 7) == 0) {
+    v.raw = *(const uint2*)(p + e0);
+  } else {
+    v.raw = make_uint2(0, 0);
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (e0 + k < count) v.e[k] = p[e0 + k];
+  }
+  return v.raw;
+}
+
+__device__ __forceinline__ void store_line(elem_t* p, long long g, long long count, uint2 raw) {
+  Pack<8> v;
+  v.raw = raw;
+  const long long e0 = g * N;
+  if (e0 + N <= count && ((u64)(p + e0) & 7) == 0) {
+    *(uint2*)(p + e0) = v.raw;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (e0 + k < count) p[e0 + k] = v.e[k];
+  }
+}
+
+__device__ __forceinline__ void put(uint4* line, uint2 d, unsigned flag) {
+  st_volatile_v4(line, make_uint4(d.x, flag, d.y, flag));
+}
+
+__device__ __forceinline__ void reduce_raw(uint2& acc, uint2 x) {
+  Pack<8> a, b;
+  a.raw = acc;
+  b.raw = x;
+  reduce_into<8>(a, b);
+  acc = a.raw;
+}
+
+// The first line index >= lo that this thread handles (start t, stride s).
+__device__ __forceinline__ long long first_at(long long t, long long s, long long lo) {
+  return lo <= t ? t : t + (lo - t + s - 1) / s * s;
+}
+
+}  // namespace sa
+
+// grid (blocks per rank, local ranks); blockIdx.y = local slot, rank rank0 + slot.
+// peers: [nlocal][nranks] scratch bases as this process addresses them.
+// io: [nlocal][2] input and output addresses of this call.
+// max_lines: lines of the largest call the scratch holds (per rank's input);
+// region_lines: lines of one parity region.
+extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
+gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
+                    int kind, long long max_lines, long long region_lines) {
+  const Plan P = *plan;
+  const int slot = blockIdx.y;
+  const int me = rank0 + slot;
+  const u64* base = peers + (u64)slot * nranks;
+  u64* header = (u64*)base[me];
+  const elem_t* in = (const elem_t*)io[2 * slot];
+  elem_t* out = (elem_t*)io[2 * slot + 1];
+
+  __shared__ u64 s_calls;
+  if (threadIdx.x == 0) s_calls = header[GC3_SA_COUNTERS + blockIdx.x];
+  __syncthreads();
+  const u64 k = s_calls + 1;
+  const unsigned flag = (unsigned)(k % 0xffffffffull) + 1u;
+  const u64 region = GC3_SA_HEADER_BYTES + (k & 1) * (u64)region_lines * 16;
+  auto lines_of = [&](int r) { return (uint4*)(base[r] + region); };
+
+  const long long L = (count + sa::N - 1) / sa::N;
+  const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  bool ok = true;
+
+  if (kind == GC3_SA_ONESHOT) {
+    // Slot r of every rank's region holds rank r's whole input.
+    for (long long g = t; g < L; g += stride) {
+      const uint2 d = sa::load_line(in, g, count);
+      for (int p = 0; p < nranks; ++p)
+        if (p != me) sa::put(lines_of(p) + (u64)me * max_lines + g, d, flag);
+    }
+    const uint4* mine = lines_of(me);
+    for (long long g = t; ok && g < L; g += stride) {
+      uint2 acc = make_uint2(0, 0);
+      for (int p = 0; p < nranks; ++p) {
+        uint2 x;
+        if (p == me) {
+          x = sa::load_line(in, g, count);
+        } else {
+          Where w{me, (int)blockIdx.x, 0, (int)g, 0};
+          if (!ll_read(P, w, p, 0, mine + (u64)p * max_lines + g, flag, x)) { ok = false; break; }
+        }
+        if (p == 0) acc = x; else sa::reduce_raw(acc, x);
+      }
+      if (ok) sa::store_line(out, g, count, acc);
+    }
+  } else {
+    // Segment s (lines [s*Ls, min((s+1)*Ls, L))) belongs to rank s.  Phase 1:
+    // slot r of the owner's first half holds rank r's lines of the segment;
+    // phase 2: slot s of every rank's second half holds segment s reduced.
+    const long long Ls = (L + nranks - 1) / nranks;
+    const long long S = (max_lines + nranks - 1) / nranks;
+    const long long half = (long long)nranks * S;
+    for (long long g = t; g < L; g += stride) {
+      const int s = (int)(g / Ls);
+      if (s != me) sa::put(lines_of(s) + (u64)me * S + (g - s * Ls), sa::load_line(in, g, count), flag);
+    }
+    const long long lo = (long long)me * Ls, hi = lo + Ls < L ? lo + Ls : L;
+    const uint4* mine = lines_of(me);
+    for (long long g = sa::first_at(t, stride, lo); ok && g < hi; g += stride) {
+      uint2 acc = make_uint2(0, 0);
+      for (int p = 0; p < nranks; ++p) {
+        uint2 x;
+        if (p == me) {
+          x = sa::load_line(in, g, count);
+        } else {
+          Where w{me, (int)blockIdx.x, 1, (int)g, 0};
+          if (!ll_read(P, w, p, 1, mine + (u64)p * S + (g - lo), flag, x)) { ok = false; break; }
+        }
+        if (p == 0) acc = x; else sa::reduce_raw(acc, x);
+      }
+      if (!ok) break;
+      for (int p = 0; p < nranks; ++p)
+        if (p != me) sa::put(lines_of(p) + half + (u64)me * S + (g - lo), acc, flag);
+      sa::store_line(out, g, count, acc);
+    }
+    for (long long g = t; ok && g < L; g += stride) {
+      const int s = (int)(g / Ls);
+      if (s == me) continue;
+      uint2 x;
+      Where w{me, (int)blockIdx.x, 2, (int)g, 0};
+      if (!ll_read(P, w, s, 2, mine + half + (u64)s * S + (g - s * Ls), flag, x)) { ok = false; break; }
+      sa::store_line(out, g, count, x);
+    }
+  }
+  // Every thread ends here, a failed one too: the block's count advances once
+  // per launch whatever happened (after a failure the host refuses further calls).
+  __syncthreads();
+  if (threadIdx.x == 0) header[GC3_SA_COUNTERS + blockIdx.x] = k;
+}

@@ -1,0 +1,309 @@
+"""The one-shot and two-shot allreduce kernels for small messages
+(kernels/small_allreduce.cu, which says how the epoch-tagged LL lines work),
+as a launch group with the interface the drop-in uses (run_ptrs,
+executor.order, executor.check, close).
+
+One group per communicator serves both kernels from one scratch allocation
+per rank, sized once for gc3.limits.SMALL_ALLREDUCE_MAX_BYTES and mapped by
+the peers once (`ipc`, one process per rank) or plain device memory (`virtual`,
+every rank in one launch on one GPU).  The call number lives on the device
+(per-block counters in the scratch header), so the kernels' arguments never
+change between calls and a captured launch replays as a new call.
+
+avg is the sum kernel then runtime_cuda.avg's division pass (the caller's).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from gc3 import limits
+from gc3.dtypes import dtype_info
+from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
+
+from . import abi, module, streams
+from .launcher import CommunicatorBroken, Executor, _blocks_per_sm, timeout_s
+from .streams import StreamOrder
+
+KERNEL_NAME = "gc3_small_allreduce"
+KINDS = {"oneshot": abi.C["GC3_SA_ONESHOT"], "twoshot": abi.C["GC3_SA_TWOSHOT"]}
+assert tuple(KINDS) == limits.SMALL_ALLREDUCE_KERNELS
+THREADS = 512
+BLOCKS = limits.SMALL_ALLREDUCE_BLOCKS   # per rank; fewer where the GPU cannot hold every rank's blocks at once
+LINE_BYTES, LINE_DATA = 16, 8
+HEADER_BYTES = abi.C["GC3_SA_HEADER_BYTES"]
+_SA = {name: abi.C[f"GC3_SA_{name}"] for name in ("ABORT", "ERR", "COUNTERS", "MAX_BLOCKS")}
+_PHASES = {0: "one-shot gather", 1: "two-shot phase 1 (segment to its owner)",
+           2: "two-shot phase 2 (reduced segment from its owner)"}
+
+
+def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_MAX_BYTES) -> Tuple[int, int, int]:
+    """(lines of the largest input, lines of one parity region, bytes of a rank's scratch).
+    A region holds the larger of one-shot's n whole inputs and two-shot's two
+    halves of n segment slots."""
+    max_lines = -(-max_bytes // LINE_DATA)
+    seg = -(-max_lines // nranks)
+    region = max(nranks * max_lines, 2 * nranks * seg)
+    return max_lines, region, HEADER_BYTES + 2 * region * LINE_BYTES
+
+
+def refusal(dtype: str, op: str, in_elems: int) -> Optional[str]:
+    """None when the kernels serve an allreduce of `in_elems` elements of `dtype` with `op`, else why not."""
+    name = dtype if isinstance(dtype, str) else dtype_info(dtype).name
+    if name not in abi.DTYPE:
+        return f"no build for {name} (have {', '.join(abi.DTYPE)})"
+    info = dtype_info(name)
+    if op not in abi.REDOP:
+        return f"no {op!r} reduction (have {', '.join(abi.REDOP)}; avg is sum followed by runtime_cuda.avg.divide)"
+    nbytes = in_elems * info.np.itemsize
+    if in_elems < 1 or nbytes > limits.SMALL_ALLREDUCE_MAX_BYTES:
+        return (f"{in_elems} elements of {info.name} ({nbytes} B); the kernels serve 1 element to "
+                f"{limits.SMALL_ALLREDUCE_MAX_BYTES} B")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(dtype: str, op: str, device: int):
+    """The compiled kernel for the current device (`device` is part of the cache key)."""
+    import cupy
+
+    mod = cupy.RawModule(code=module.source("small_allreduce.cu"), options=module.options(dtype, op, "LL"))
+    return mod.get_function(KERNEL_NAME)
+
+
+class _Args(ctypes.Structure):
+    """gc3_small_allreduce's parameters, in its order."""
+    _fields_ = [("plan", ctypes.c_uint64), ("peers", ctypes.c_uint64), ("io", ctypes.c_uint64),
+                ("nranks", ctypes.c_int32), ("rank0", ctypes.c_int32), ("count", ctypes.c_int64),
+                ("kind", ctypes.c_int32), ("max_lines", ctypes.c_int64), ("region_lines", ctypes.c_int64)]
+
+
+class _Launch:
+    """One call, packed once: each call is one driver launch."""
+    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "_driver")
+
+    def __init__(self, ex: "SmallExecutor", fn, grid: int, nlocal: int, args: _Args, keep):
+        from cupy_backends.cuda.api import driver
+
+        self._driver = driver
+        self.ex, self.fn, self.grid, self.nlocal, self.args, self.keep = ex, fn, grid, nlocal, args, keep
+        base = ctypes.addressof(args)
+        self.params = (ctypes.c_void_p * len(_Args._fields_))(
+            *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
+        self.params_ptr = ctypes.addressof(self.params)
+
+    def __call__(self, stream_ptr: int) -> None:
+        if self.ex.broken:
+            raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
+        self._driver.launchKernel(self.fn, self.grid, self.nlocal, 1, THREADS, 1, 1, 0, stream_ptr,
+                                  self.params_ptr, 0)
+
+
+class SmallExecutor:
+    """What the drop-in reaches through `group.executor`: the stream order, the
+    per-call address tables, and the error record in the scratch header."""
+    buffer_table = Executor.buffer_table   # the same cached, stream-ordered upload
+
+    def __init__(self, header, ranks: Sequence[int], timeout: float):
+        import cupy
+
+        self.cupy = cupy
+        self.device = cupy.cuda.Device()
+        self.header = header            # uint64 words [0, GC3_SA_COUNTERS) of the first local rank
+        self.ranks = list(ranks)
+        self.timeout = timeout
+        self.order = StreamOrder()
+        self.broken: Optional[str] = None
+        self._bufs: Dict[Tuple[int, ...], object] = {}
+
+    def check(self, synchronize: bool = True) -> None:
+        """Raise RuntimeTimeoutError if a wait of any launch so far gave up."""
+        if synchronize:
+            self.device.synchronize()
+        words = self.header.get()
+        err = words[_SA["ERR"]:_SA["ERR"] + abi.ERR_NFIELDS // 2].view(np.int32)
+        abort = int(words[_SA["ABORT"]:_SA["ABORT"] + 1].view(np.int32)[0])
+        if err[abi.field("ERR", "SET")] == 0 and not abort:
+            return
+        msg = self.describe_error(err) if err[abi.field("ERR", "SET")] else "a peer process gave up waiting"
+        self.broken = msg
+        raise RuntimeTimeoutError(msg)
+
+    def describe_error(self, err: np.ndarray) -> str:
+        f = lambda name: int(err[abi.field("ERR", name)])  # noqa: E731
+        seen, want = f("SEEN_LO") & 0xFFFFFFFF, f("WANT_LO") & 0xFFFFFFFF
+        return (f"GPU wait timed out after {self.timeout:g} s (GC3_TIMEOUT_S) in the small-message allreduce: "
+                f"rank {f('RANK')} block {f('TB')}, {_PHASES.get(f('STEP'), 'phase ' + str(f('STEP')))}: "
+                f"waiting for line {f('TILE')} from rank {f('A')} (its flag {seen}, expected {want}; "
+                f"did every rank make the same call?)")
+
+
+class SmallAllreduce:
+    """Both small-message kernels for the ranks this process runs (`ranks`),
+    over scratch already allocated, zeroed and mapped (use `ipc` or `virtual`)."""
+
+    def __init__(self, nranks: int, ranks: Sequence[int], bases: Sequence[Sequence[int]], header,
+                 abort_peers: Sequence[int], timeout: Optional[float], keep=()):
+        import cupy
+
+        if not 1 <= nranks <= limits.MAX_RANKS:
+            raise GC3Error(f"small allreduce: {nranks} ranks (1..{limits.MAX_RANKS} supported)")
+        if list(ranks) != list(range(ranks[0], ranks[0] + len(ranks))):
+            raise GC3Error(f"small allreduce: the ranks of one launch must be consecutive, got {list(ranks)}")
+        self.cupy = cupy
+        self.nranks = nranks
+        self._ranks = list(ranks)
+        self.max_bytes = limits.SMALL_ALLREDUCE_MAX_BYTES
+        self.max_lines, self.region_lines, _ = scratch_shape(nranks, self.max_bytes)
+        self._keep = keep
+        self.executor = ex = SmallExecutor(header, ranks, timeout_s(timeout))
+        setup = streams.setup_stream()
+        with streams.current(setup):
+            self._peers = cupy.asarray(np.asarray(bases, dtype=np.uint64).reshape(-1))
+            self._abort_peers = cupy.asarray(np.asarray(list(abort_peers) or [0], dtype=np.uint64))
+            hdr = header.data.ptr
+            plan = dict.fromkeys(abi.PLAN_FIELDS, 0)
+            plan.update(err=hdr + 8 * _SA["ERR"], abort_local=hdr + 8 * _SA["ABORT"],
+                        abort_peers=self._abort_peers.data.ptr, n_abort_peers=len(abort_peers),
+                        timeout_ns=int(ex.timeout * 1e9))
+            self._plan = cupy.asarray(np.array([plan[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
+        setup.synchronize()
+        self._blocks: Optional[int] = None
+        self._prepared: Dict[tuple, _Launch] = {}
+        # Calls captured into a CUDA graph: a graph may be replayed at any
+        # time, so what its launches address lives as long as the group.
+        self._captured: Dict[int, _Launch] = {}
+
+    @property
+    def ranks(self) -> List[int]:
+        return self._ranks
+
+    # -- set-up ----------------------------------------------------------------------
+    @classmethod
+    def virtual(cls, nranks: int, timeout: Optional[float] = None) -> "SmallAllreduce":
+        """Every rank in this process, on the current GPU, each with its own scratch."""
+        import cupy
+
+        _, _, nbytes = scratch_shape(nranks)
+        setup = streams.setup_stream()
+        with streams.current(setup):
+            scratch = [cupy.zeros(nbytes // 8, dtype=cupy.uint64) for _ in range(nranks)]
+        setup.synchronize()
+        row = [s.data.ptr for s in scratch]
+        return cls(nranks, range(nranks), [row] * nranks, scratch[0][:_SA["COUNTERS"]], (), timeout, keep=scratch)
+
+    @classmethod
+    def ipc(cls, comm, device: Optional[int] = None, timeout: Optional[float] = None) -> "SmallAllreduce":
+        """This process's rank of `comm` (mpi4py-like: rank, size, allgather,
+        Barrier); the peers' scratch mapped once through CUDA IPC.  Collective."""
+        import cupy
+
+        from .ipc import _RawBuffer, agree, open_peers
+
+        rank, nranks = comm.rank, comm.size
+        own: List[_RawBuffer] = []
+        opened: List[int] = []
+
+        def release(between=lambda: None) -> None:
+            for p in opened:
+                cupy.cuda.runtime.ipcCloseMemHandle(p)
+            opened.clear()
+            between()
+            for b in own:
+                b.free()
+
+        failure, handle = None, None
+        try:
+            ndev = cupy.cuda.runtime.getDeviceCount()
+            cupy.cuda.Device(device if device is not None else rank % ndev).use()
+            own.append(_RawBuffer(scratch_shape(nranks)[2]))
+            handle = [cupy.cuda.runtime.ipcGetMemHandle(own[0].ptr)]
+            streams.setup_stream().synchronize()    # zeroed before any peer can write into it
+        except Exception as exc:  # reported to every rank below, then raised everywhere
+            failure = f"rank {rank}: {type(exc).__name__}: {exc}"
+        handles = agree(comm.allgather((failure, handle)), "small allreduce", "allocating its scratch", release)
+        failure, group = None, None
+        try:
+            bases = open_peers(handles, rank, own, opened)
+            row = [bases[r][0] for r in range(nranks)]
+            aborts = [row[r] + 8 * _SA["ABORT"] for r in range(nranks) if r != rank]
+            group = cls(nranks, [rank], [row], own[0].array(cupy.uint64, _SA["COUNTERS"]), aborts, timeout,
+                        keep=own)
+            group._comm, group._release = comm, release
+        except Exception as exc:
+            failure = f"rank {rank}: {type(exc).__name__}: {exc}"
+        agree(comm.allgather((failure, None)), "small allreduce", "mapping its peers' scratch", release)
+        return group
+
+    def _grid(self, fn) -> int:
+        """Blocks per rank: every block of every rank in the launch must be resident
+        at once (each spins on lines that other blocks write)."""
+        if self._blocks is None:
+            dev = self.executor.device
+            cap = _blocks_per_sm(fn, THREADS, dev) * dev.attributes["MultiProcessorCount"]
+            blocks = min(BLOCKS, _SA["MAX_BLOCKS"], cap // len(self._ranks))
+            if blocks < 1:
+                raise LimitError(f"small allreduce: {len(self._ranks)} ranks' blocks of {THREADS} threads cannot "
+                                 f"all be resident on device {dev.id} ({cap} at most)")
+            self._blocks = blocks   # fixed for the group's life: each block counts its own calls
+        return self._blocks
+
+    # -- calls -----------------------------------------------------------------------
+    def _prepare(self, in_ptrs, out_ptrs, in_elems: int, dtype: str, op: str, kind: str, stream: int,
+                 captured: bool) -> _Launch:
+        n = len(self._ranks)
+        if kind not in KINDS:
+            raise GC3Error(f"small allreduce: unknown kernel {kind!r} (have {', '.join(KINDS)})")
+        if len(in_ptrs) != n or len(out_ptrs) != n:
+            raise GC3Error(f"small allreduce: need {n} input and {n} output addresses (one per rank here), "
+                           f"got {len(in_ptrs)} and {len(out_ptrs)}")
+        why = refusal(dtype, op, in_elems)
+        if why:
+            raise GC3Error(f"small allreduce: {why}")
+        info = dtype_info(dtype)
+        fn = kernel(info.name, op, self.executor.device.id)
+        io = self.executor.buffer_table(tuple(p for pair in zip(in_ptrs, out_ptrs) for p in pair), stream, captured)
+        args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
+                     in_elems, KINDS[kind], self.max_lines, self.region_lines)
+        return _Launch(self.executor, fn.kernel.ptr, self._grid(fn), n, args, io)
+
+    def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
+                 stream=None, kind: str = "oneshot") -> None:
+        """Enqueue one allreduce of `in_elems` elements per rank on raw device
+        addresses (one per rank of the group), on `stream`; a capturing stream
+        captures it.  Everything but the launch is cached per call."""
+        ptr = streams.handle(stream)
+        captured = streams.is_capturing(ptr)
+        self.executor.order.enter(ptr, captured)
+        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind)
+        call = self._prepared.get(key)
+        if call is None:
+            if len(self._prepared) > 1024:
+                self.executor.order.retire(self._prepared)
+                self._prepared = {}
+            call = self._prepared[key] = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, kind, ptr, captured)
+        if captured:
+            self._captured[id(call)] = call
+        call(ptr)
+
+    def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
+                 stream=None, kind: str = "oneshot") -> List:
+        """Enqueue one allreduce on cupy arrays, one per rank here (bfloat16 travels as uint16: name it)."""
+        self.run_ptrs([a.data.ptr for a in inputs], [a.data.ptr for a in outputs], inputs[0].size,
+                      dtype_info(dtype or inputs[0].dtype).name, op, stream, kind)
+        return list(outputs)
+
+    def check(self) -> None:
+        self.executor.check()
+
+    def close(self) -> None:
+        release = getattr(self, "_release", None)
+        if release is None:
+            return
+        self.cupy.cuda.Device().synchronize()
+        self._comm.Barrier()
+        release(between=self._comm.Barrier)   # no peer still maps our scratch when we free it
+        self._release = None

@@ -1,0 +1,73 @@
+"""Inputs and exact references for the small-message allreduce kernels, shared by
+tests/test_small_allreduce.py (virtual ranks) and small_allreduce_ipc.py (mpirun).
+
+Data are integer-valued and small enough that every partial sum is exact in the
+dtype, so the reference (numpy, rank order 0..n-1) must match bit for bit."""
+import numpy as np
+
+from gc3 import limits
+from gc3.dtypes import dtype_info
+
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8")
+OPS = ("sum", "max", "avg")
+
+
+def counts(dtype: str):
+    """Odd element counts from 1 up to the largest the kernels take for `dtype` (tails of every width)."""
+    top = limits.SMALL_ALLREDUCE_MAX_BYTES // dtype_info(dtype).np.itemsize
+    out = [1, 3, 7, 255, 4099] + ([65537] if 65537 <= top else [])
+    return out + [top - 1 if top % 2 == 0 else top]
+
+
+def _low_high(dtype: str, op: str, n: int):
+    info = dtype_info(dtype)
+    if op == "avg":      # each value n*k: the sum divides by n exactly (any rounding rule agrees)
+        return (0, 3) if dtype == "uint8" else (-8, 8)
+    if dtype == "uint8":
+        return 0, 255 if op == "max" else 31
+    if info.is_float:
+        return -16, 16
+    return -1_000_000, 1_000_000
+
+
+def inputs(seed: int, n: int, count: int, dtype: str, op: str):
+    """One array per rank, of dtype's numpy type."""
+    info = dtype_info(dtype)
+    lo, hi = _low_high(dtype, op, n)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        k = rng.integers(lo, hi + 1, count)
+        out.append((k * n if op == "avg" else k).astype(info.np))
+    return out
+
+
+def expected(ins, op: str, dtype: str):
+    info = dtype_info(dtype)
+    wide = [a.astype(np.float64) if info.is_float else a.astype(np.int64) for a in ins]
+    acc = wide[0].copy()
+    for a in wide[1:]:
+        acc = np.maximum(acc, a) if op == "max" else acc + a
+    if op == "avg":
+        acc = acc / len(ins) if info.is_float else acc // len(ins)
+    if dtype == "uint8":
+        acc = np.mod(acc, 256)
+    return acc.astype(info.np)
+
+
+def storage(a):
+    """The array as the device holds it (CuPy has no bfloat16)."""
+    return a.view(np.uint16) if a.dtype.itemsize == 2 else a
+
+
+def bits(a):
+    """Raw bits, for bit-exact comparison (-0.0 differs from 0.0)."""
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def first_wrong(got, want) -> str:
+    bad = np.flatnonzero(bits(got) != bits(want))
+    if bad.size == 0:
+        return ""
+    i = bad[0]
+    return f"{bad.size} wrong of {want.size}, first [{i}] {got[i]!r} != {want[i]!r}"

@@ -1,0 +1,404 @@
+"""The one-shot and two-shot small-message allreduce kernels
+(runtime_cuda/small_allreduce.py): catalog entries, selection, the drop-in's
+runtime check and the cost model on the CPU; on a GPU, virtual ranks (2, 4, 8)
+and 2 and 4 processes sharing the GPU (tests/gpu_programs/small_allreduce_ipc.py),
+every result compared bit for bit with an exact reference."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gc3 import limits
+from gc3.simulator.cost_config import preset
+from gc3.simulator.small_allreduce import small_allreduce_seconds
+from runtime_cuda.nccl.catalog import check_config, load_catalog
+from runtime_cuda.nccl.constants import NCCL_AVG, NCCL_FLOAT32, NCCL_INT64, NCCL_MAX, NCCL_SUM
+
+from test_nccl_selection import PAIRS, make_call
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "gpu_programs"))
+import small_cases as cases  # noqa: E402
+
+MAX = limits.SMALL_ALLREDUCE_MAX_BYTES
+
+
+def write_catalog(tmp_path, entries, name="c.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"version": 1, "algorithms": entries}))
+    return path
+
+
+# --- catalog entries ------------------------------------------------------------------
+
+def test_kernel_entry_loads_with_its_defaults(tmp_path):
+    good, problems = check_config(write_catalog(tmp_path, [{"kernel": "oneshot", "ranks": 4},
+                                                           {"kernel": "twoshot", "collective": "allreduce",
+                                                            "ranks": 4, "max_bytes": "64KiB", "inplace": False}]))
+    assert problems == []
+    one, two = good
+    assert (one.kernel, one.collective, one.ranks, one.proto, one.program) == ("oneshot", "allreduce", 4, "LL", None)
+    assert (one.min_bytes, one.max_bytes, one.serves_inplace, one.serves_outofplace) == (0, MAX, True, True)
+    assert one.name == "oneshot_allreduce_4r"
+    assert (two.kernel, two.max_bytes, two.serves_inplace, two.serves_outofplace) == ("twoshot", 64 << 10, False, True)
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"kernel": "threeshot", "ranks": 2}, "expected one of oneshot, twoshot"),
+    ({"kernel": "oneshot"}, "needs 'ranks'"),
+    ({"kernel": "oneshot", "ranks": 2, "max_bytes": "1MiB"}, "serves at most 262144 bytes"),
+    ({"kernel": "oneshot", "ranks": 2, "max_bytes": None}, "max_bytes=unbounded"),
+    ({"kernel": "oneshot", "ranks": 2, "protocol": "Simple"}, "moves LL lines"),
+    ({"kernel": "oneshot", "ranks": 2, "collective": "allgather"}, "is an allreduce"),
+    ({"kernel": "oneshot", "ranks": 2, "root": 0}, "has no root"),
+    ({"kernel": "oneshot", "ranks": 2, "min_bytes": 4096, "max_bytes": 1024}, "serves no size"),
+    ({"kernel": "oneshot", "ranks": 2, "inplace": False, "outofplace": False}, "serves no call"),
+    ({"kernel": "oneshot", "file": "x.xml", "ranks": 2}, "'file' key (an IR) or a 'kernel' key"),
+    ({"kernel": "oneshot", "ranks": 2, "speed": 3}, "unknown key(s) speed"),
+])
+def test_bad_kernel_entries_are_named_and_skipped(tmp_path, entry, words):
+    good, problems = check_config(write_catalog(tmp_path, [entry, {"kernel": "twoshot", "ranks": 2}]))
+    assert [c.kernel for c in good] == ["twoshot"]
+    assert len(problems) == 1 and words in problems[0] and "algorithms[0]" in problems[0], problems
+
+
+def test_catalog_check_command_lists_kernel_entries(tmp_path):
+    from click.testing import CliRunner
+
+    from runtime_cuda.commands import cli
+
+    path = write_catalog(tmp_path, [{"kernel": "twoshot", "ranks": 8, "max_bytes": "128KiB"}])
+    res = CliRunner().invoke(cli(), ["catalog", "check", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "ok       twoshot_allreduce_8r: allreduce, 8 ranks, LL, 0..131072 bytes" in res.output
+
+
+# --- selection ------------------------------------------------------------------------
+
+@pytest.fixture
+def kernel_catalog(tmp_path, monkeypatch):
+    """oneshot up to 8 KiB, twoshot up to 256 KiB, then the all-pairs IR (in place, 2 ranks)."""
+    monkeypatch.setenv("GC3_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_catalog(tmp_path, [{"kernel": "oneshot", "ranks": 2, "max_bytes": 8192},
+                                    {"kernel": "twoshot", "ranks": 2},
+                                    {"file": str(PAIRS), "ranks": 2}])
+    return load_catalog({"GC3_CONFIG": str(path), "GC3_CACHE_DIR": str(tmp_path / "cache")})
+
+
+@pytest.mark.parametrize("count, inplace, want", [
+    (1, True, "oneshot_allreduce_2r"), (2047, False, "oneshot_allreduce_2r"), (2048, True, "oneshot_allreduce_2r"),
+    (2049, True, "twoshot_allreduce_2r"), (65535, False, "twoshot_allreduce_2r"),
+    (65536, True, "twoshot_allreduce_2r"), (65538, True, "allreduce_allpairs_2r_1i.xml")])
+def test_selection_picks_the_kernel_its_catalog_names(kernel_catalog, count, inplace, want):
+    from runtime_cuda.nccl.selection import select
+
+    d = select(kernel_catalog, make_call(count=count, inplace=inplace))
+    assert d.uses_gc3 and d.candidate.name == want, d.rejections
+
+
+def test_kernels_serve_only_allreduce_on_their_rank_count(kernel_catalog):
+    from runtime_cuda.nccl.selection import select
+
+    d = select(kernel_catalog, make_call(count=16, nranks=4))
+    assert not d.uses_gc3 and [r.field for r in d.rejections] == ["ranks"] * 3
+    d = select(kernel_catalog, make_call(coll="allgather", count=16))
+    assert not d.uses_gc3 and d.rejections[0].field == "collective"
+
+
+def test_the_drop_in_runtime_check_of_a_kernel_candidate(kernel_catalog):
+    from runtime_cuda.nccl.gc3_backend import Gc3Backend
+
+    backend = Gc3Backend(None, 0, 2, 0)
+    one = kernel_catalog.candidates[0]
+    assert backend.check(one, make_call(count=7, dtype=NCCL_INT64, op=NCCL_MAX)) is None
+    assert backend.check(one, make_call(count=7, op=NCCL_AVG)) is None        # the sum build, then the divide pass
+    why = backend.check(one, make_call(count=MAX // 4 + 1, op=NCCL_SUM, dtype=NCCL_FLOAT32))
+    assert why and "the kernels serve 1 element to 262144 B" in why
+    why = backend.check(one, make_call(count=8, dtype=3))    # NCCL_UINT32: no build
+    assert why and "no build for uint32" in why
+
+
+# --- cost model and tune ------------------------------------------------------------------
+
+def test_cost_model_numbers_of_the_docstring():
+    cfg = preset("h200")
+    t = lambda kind, nbytes, n: round(small_allreduce_seconds(kind, nbytes, n, cfg) * 1e6, 1)  # noqa: E731
+    assert (t("oneshot", 1024, 2), t("twoshot", 1024, 2)) == (5.3, 6.6)
+    assert (t("oneshot", MAX, 2), t("twoshot", MAX, 2)) == (9.9, 10.8)
+    assert (t("oneshot", MAX, 8), t("twoshot", MAX, 8)) == (34.9, 13.6)
+    assert small_allreduce_seconds("oneshot", MAX + 1, 2, cfg) is None
+    # a second node makes every hop a network hop: slower
+    two_nodes = preset("h200", gpus_per_node=4)
+    assert small_allreduce_seconds("oneshot", 1024, 8, two_nodes) > small_allreduce_seconds("oneshot", 1024, 8, cfg)
+
+
+def test_model_timer_times_kernel_candidates_only_where_they_serve():
+    from runtime_cuda.nccl import tune
+
+    timer = tune.ModelTimer("h200", 4)
+    one, two = tune.kernel_candidates("allreduce", 4, 1)
+    assert tune.kernel_candidates("allgather", 4, 1) == [] and tune.kernel_candidates("allreduce", 8, 2) == []
+    assert timer.time(one, 1024, True) == small_allreduce_seconds("oneshot", 1024, 4, timer.config)
+    assert timer.time(two, MAX * 4, False) is None
+    ranges = tune.served_ranges(tune.choose([one, two], [1 << 10, 1 << 16, 1 << 22], timer, True, "allreduce"))
+    assert [(lo, hi, c and c.kernel) for lo, hi, c in ranges] == [(0, 8192, "oneshot"), (8193, MAX, "twoshot"),
+                                                                 (MAX + 1, None, None)]
+
+
+# --- kernel source ------------------------------------------------------------------------
+
+def test_scratch_holds_both_kernels_largest_calls():
+    from runtime_cuda import abi
+    from runtime_cuda.small_allreduce import BLOCKS, HEADER_BYTES, scratch_shape
+
+    C = abi.C
+    assert 8 * (C["GC3_SA_COUNTERS"] + C["GC3_SA_MAX_BLOCKS"]) <= HEADER_BYTES
+    assert C["GC3_SA_ERR"] + abi.ERR_NFIELDS // 2 <= C["GC3_SA_COUNTERS"] and BLOCKS <= C["GC3_SA_MAX_BLOCKS"]
+    for n in range(1, 9):
+        max_lines, region, nbytes = scratch_shape(n)
+        assert nbytes == HEADER_BYTES + 2 * region * 16
+        for itemsize in (1, 2, 4, 8):
+            count = MAX // itemsize
+            lines = -(-count // (8 // itemsize))
+            seg = -(-lines // n)
+            S = -(-max_lines // n)
+            assert lines <= max_lines and seg <= S
+            assert n * max_lines <= region and 2 * n * S <= region   # one-shot slots; two-shot's two halves
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("dtype, op", [("bfloat16", "sum"), ("uint8", "max"), ("float64", "min")])
+def test_kernel_compiles(dtype, op, tmp_path):
+    from runtime_cuda import module
+
+    src = tmp_path / "k.cu"
+    src.write_text(module.source("small_allreduce.cu"))
+    opts = [o for o in module.options(dtype, op, "LL") if o.startswith("-D")]
+    proc = subprocess.run(["nvcc", "-std=c++17", "--ptx", "-arch=sm_90", str(src), *opts, "-o", os.devnull],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# --- GPU: virtual ranks ---------------------------------------------------------------------
+
+class Bufs:
+    """Per rank an input and an output allocation with room for an offset of one element."""
+
+    def __init__(self, n, dtype, count):
+        import cupy
+
+        st = cases.storage(np.zeros(1, dtype=cases.dtype_info(dtype).np)).dtype
+        self.itemsize = st.itemsize
+        self.ins = [cupy.zeros(count + 1, dtype=st) for _ in range(n)]
+        self.outs = [cupy.zeros(count + 1, dtype=st) for _ in range(n)]
+        cupy.cuda.Device().synchronize()    # zeroed on the legacy stream; the tests' streams do not wait for it
+
+    def ptrs(self, inplace, off):
+        ins = [a.data.ptr + off * self.itemsize for a in self.ins]
+        return ins, (ins if inplace else [a.data.ptr + off * self.itemsize for a in self.outs])
+
+
+def _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, stream):
+    import cupy
+
+    from runtime_cuda import avg
+
+    n = group.nranks
+    ins = cases.inputs(seed, n, count, dtype, op)
+    for a, x in zip(bufs.ins, ins):
+        a[off:off + count].set(cases.storage(x), stream=stream)
+    if not inplace:
+        for a in bufs.outs:      # poisoned, on the call's stream: a missed element shows
+            cupy.cuda.runtime.memsetAsync(a.data.ptr, 0x55, a.nbytes, stream.ptr)
+    in_ptrs, out_ptrs = bufs.ptrs(inplace, off)
+    group.run_ptrs(in_ptrs, out_ptrs, count, dtype, "sum" if op == "avg" else op, stream, kind=kind)
+    if op == "avg":
+        for p in out_ptrs:
+            avg.divide(p, count, dtype, n, stream.ptr)
+    stream.synchronize()
+    group.check()
+    want = cases.expected(ins, op, dtype)
+    for r in range(n):
+        src = bufs.ins[r] if inplace else bufs.outs[r]
+        got = src[off:off + count].get().view(want.dtype)
+        bad = cases.first_wrong(got, want)
+        if bad:
+            return f"{n} ranks {kind} {dtype} {op} count={count} {'in' if inplace else 'out-of'}-place " \
+                   f"offset={off} rank {r}: {bad}"
+    return ""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_virtual_every_dtype_op_count_and_placement(n):
+    import cupy
+
+    from runtime_cuda.small_allreduce import SmallAllreduce
+
+    group = SmallAllreduce.virtual(n, timeout=10)
+    s = cupy.cuda.Stream(non_blocking=True)
+    wrong = []
+    for dtype in cases.DTYPES:
+        bufs = Bufs(n, dtype, max(cases.counts(dtype)))
+        for op in cases.OPS:
+            for kind in ("oneshot", "twoshot"):
+                for i, count in enumerate(cases.counts(dtype)):
+                    inplace, off = bool(i & 1), (i >> 1) & 1     # each count in one of the four placements
+                    seed = ((n * 10 + cases.DTYPES.index(dtype)) * 10 + cases.OPS.index(op)) * 100 + i
+                    why = _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, s)
+                    if why:
+                        wrong.append(why)
+    assert not wrong, "\n".join(wrong[:10])
+
+
+@pytest.mark.gpu
+def test_negative_zero_survives():
+    import cupy
+
+    from runtime_cuda.small_allreduce import SmallAllreduce
+
+    group = SmallAllreduce.virtual(4, timeout=10)
+    s = cupy.cuda.Stream(non_blocking=True)
+    for dtype in ("float16", "bfloat16", "float32", "float64"):
+        info = cases.dtype_info(dtype)
+        count = 1001
+        bufs = Bufs(4, dtype, count)
+        neg = np.full(count, -0.0, dtype=info.np)
+        for kind in ("oneshot", "twoshot"):
+            for a in bufs.ins:
+                a[:count].set(cases.storage(neg), stream=s)
+            in_ptrs, out_ptrs = bufs.ptrs(False, 0)
+            group.run_ptrs(in_ptrs, out_ptrs, count, dtype, "sum", s, kind=kind)
+            s.synchronize()
+            group.check()
+            for o in bufs.outs:
+                got = o[:count].get().view(info.np)
+                assert not cases.first_wrong(got, neg), (dtype, kind, cases.first_wrong(got, neg))
+
+
+@pytest.mark.gpu
+def test_200_calls_back_to_back_with_changing_inputs_sizes_and_kernels():
+    import cupy
+
+    from runtime_cuda.small_allreduce import SmallAllreduce
+
+    n, calls, dtype = 4, 200, "float32"
+    sizes = (2999, 17, 1201)
+    group = SmallAllreduce.virtual(n, timeout=10)
+    s = cupy.cuda.Stream(non_blocking=True)
+    srcs = [[cupy.asarray(x) for x in cases.inputs(1000 + i, n, sizes[i % 3], dtype, "sum")] for i in range(calls)]
+    ins = [cupy.zeros(max(sizes), cupy.float32) for _ in range(n)]
+    outs = [cupy.zeros(max(sizes), cupy.float32) for _ in range(n)]
+    results = [[cupy.zeros(sizes[i % 3], cupy.float32) for _ in range(n)] for i in range(calls)]
+    cupy.cuda.Device().synchronize()
+    d2d = 3   # cudaMemcpyDeviceToDevice
+    for i in range(calls):          # nothing waits for the host between calls
+        count = sizes[i % 3]
+        for r in range(n):
+            cupy.cuda.runtime.memcpyAsync(ins[r].data.ptr, srcs[i][r].data.ptr, 4 * count, d2d, s.ptr)
+        group.run_ptrs([a.data.ptr for a in ins], [a.data.ptr for a in outs], count, dtype, "sum", s,
+                       kind=("oneshot", "twoshot")[(i // 2) % 2])
+        for r in range(n):
+            cupy.cuda.runtime.memcpyAsync(results[i][r].data.ptr, outs[r].data.ptr, 4 * count, d2d, s.ptr)
+    s.synchronize()
+    group.check()
+    for i in range(calls):
+        want = cases.expected([x.get() for x in srcs[i]], "sum", dtype)
+        for r in range(n):
+            bad = cases.first_wrong(results[i][r].get(), want)
+            assert not bad, f"call {i} rank {r}: {bad}"
+
+
+def _counters(group, rank):
+    from runtime_cuda import abi
+
+    words = group._keep[rank][abi.C["GC3_SA_COUNTERS"]:abi.C["GC3_SA_COUNTERS"] + group._blocks].get()
+    assert np.all(words == words[0]), "the blocks of one rank disagree on the call count"
+    return int(words[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["oneshot", "twoshot"])
+def test_graph_replays_are_new_calls(kind):
+    import cupy
+
+    from runtime_cuda.small_allreduce import SmallAllreduce
+
+    n, count, dtype = 4, 5003, "int32"
+    group = SmallAllreduce.virtual(n, timeout=10)
+    s = cupy.cuda.Stream(non_blocking=True)
+    bufs = Bufs(n, dtype, count)
+    in_ptrs, out_ptrs = bufs.ptrs(False, 1)
+    cupy.cuda.Device().synchronize()
+    s.begin_capture()               # before any eager call: the call's set-up happens during capture
+    group.run_ptrs(in_ptrs, out_ptrs, count, dtype, "sum", s, kind=kind)
+    graph = s.end_capture()
+    for it in range(20):
+        ins = cases.inputs(it, n, count, dtype, "sum")
+        for a, x in zip(bufs.ins, ins):
+            a[1:1 + count].set(x, stream=s)
+        s.synchronize()
+        before = _counters(group, 0)
+        if it % 5 == 4:
+            group.run_ptrs(in_ptrs, out_ptrs, count, dtype, "sum", s, kind=kind)
+        else:
+            graph.launch(stream=s)
+        s.synchronize()
+        group.check()
+        assert all(_counters(group, r) == before + 1 for r in range(n)), "a call did not advance the epoch"
+        want = cases.expected(ins, "sum", dtype)
+        for r in range(n):
+            bad = cases.first_wrong(bufs.outs[r][1:1 + count].get(), want)
+            assert not bad, f"{'eager' if it % 5 == 4 else 'replay'} {it} rank {r}: {bad}"
+
+
+@pytest.mark.gpu
+def test_a_rank_out_of_step_times_out_with_a_message_and_stops_the_group():
+    import cupy
+
+    from gc3.errors import RuntimeTimeoutError
+    from runtime_cuda.launcher import CommunicatorBroken
+    from runtime_cuda.small_allreduce import SmallAllreduce
+    from runtime_cuda import abi
+
+    group = SmallAllreduce.virtual(2, timeout=0.5)
+    s = cupy.cuda.Stream(non_blocking=True)
+    bufs = Bufs(2, "float32", 100)
+    in_ptrs, out_ptrs = bufs.ptrs(False, 0)
+    group.run_ptrs(in_ptrs, out_ptrs, 100, "float32", "sum", s)
+    s.synchronize()
+    group.check()
+    # rank 1 believes it is one call further: its lines carry another flag, and neither rank's arrive
+    c0 = abi.C["GC3_SA_COUNTERS"]
+    group._keep[1][c0:c0 + abi.C["GC3_SA_MAX_BLOCKS"]] += 1
+    cupy.cuda.Device().synchronize()
+    group.run_ptrs(in_ptrs, out_ptrs, 100, "float32", "sum", s)
+    s.synchronize()
+    with pytest.raises(RuntimeTimeoutError, match=r"timed out after 0.5 s .* small-message allreduce: rank [01] "
+                                                  r"block 0, one-shot gather: waiting for line \d+ from rank [01]"):
+        group.check()
+    with pytest.raises(CommunicatorBroken):
+        group.run_ptrs(in_ptrs, out_ptrs, 100, "float32", "sum", s)
+
+
+# --- GPU: processes sharing the GPU -----------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_processes_sharing_one_gpu_direct_and_through_the_drop_in(nprocs):
+    pytest.importorskip("mpi4py")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    program = ROOT / "tests" / "gpu_programs" / "small_allreduce_ipc.py"
+    proc = subprocess.run(["mpirun", "-np", str(nprocs), sys.executable, str(program)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=170)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    lines = [line for line in out.splitlines() if line.startswith("SMALL rank")]
+    assert len(lines) == nprocs and all("wrong: none" in line for line in lines), out[-4000:]
