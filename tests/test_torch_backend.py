@@ -314,7 +314,7 @@ class HostComm:
         return "host"
 
 
-def run_threads(n, body, multiple=1):
+def run_threads(n, body, multiple=1, host=None):
     from runtime_cuda.torch_dist.process_group import Gc3ProcessGroup
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=60))
@@ -324,7 +324,7 @@ def run_threads(n, body, multiple=1):
     def rank(r):
         try:
             pg = Gc3ProcessGroup(dist.PrefixStore("pg/", store), r, n, timedelta(seconds=60))
-            comm = HostComm(n, shared, multiple)
+            comm = (host or HostComm)(n, shared, multiple)
             comm.rank = r
             pg._cuda = lambda tensors, what: comm
             pg._stream = lambda: 0
@@ -460,3 +460,75 @@ def test_the_tp_dp_example_splits_the_model_without_changing_it(tmp_path):
 
     one, split = losses(1, 1, 29611), losses(2, 2, 29613)
     assert len(one) == 4 and one == pytest.approx(split, rel=1e-5), (one, split)
+
+
+@needs_torch
+@pytest.mark.parametrize("n, multiple", [(2, 1), (3, 4)])
+def test_list_all_to_all_gather_scatter_and_bool_glue_is_exact(n, multiple):
+    """dist.all_to_all (lists, sizes per peer), gather, scatter (through the
+    collectives gc3 has) and bool reductions (uint8: sum is or, product is and)."""
+    R = range(n)
+
+    def body(pg, r):
+        ins = [val(r, p + 1) + 10 * p for p in R]           # rank r sends p + 1 elements to rank p
+        outs = [torch.empty(r + 1) for _ in R]              # and gets r + 1 from each
+        pg.alltoall(outs, ins, dist.AllToAllOptions())
+        for q in R:
+            assert torch.equal(outs[q], val(q, r + 1) + 10 * r), (q, outs[q])
+        for root in (0, n - 1):
+            o = dist.GatherOptions()
+            o.rootRank = root
+            outs = [torch.empty(2, 2) for _ in R] if r == root else []
+            pg.gather([outs] if r == root else [], [val(r, 4).view(2, 2)], o)
+            if r == root:
+                assert all(torch.equal(outs[q].flatten(), val(q, 4)) for q in R)
+            o = dist.ScatterOptions()
+            o.rootRank = root
+            got = torch.empty(3)
+            pg.scatter([got], [[val(root, 3) + p for p in R]] if r == root else [], o)
+            assert torch.equal(got, val(root, 3) + r), (root, got)
+        flags = torch.tensor([r == 0, True, False, r % 2 == 1])
+        x = flags.clone()
+        pg.allreduce([x], dist.AllreduceOptions())
+        assert x.tolist() == [True, True, False, n > 1]
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.PRODUCT
+        x = flags.clone()
+        pg.allreduce([x], o)
+        assert x.tolist() == [n == 1, True, False, False]
+        return "ok"
+
+    class BoolHost(HostComm):
+        # numpy's max over uint8 is what a gc3 max does; its "prod" must not be reached for bools
+        def submit(self, coll, send, recv, count, code, op, stream, root=0):
+            from runtime_cuda.nccl.constants import OP_NAMES
+            assert op is None or OP_NAMES[op] in ("sum", "max", "min"), OP_NAMES[op]
+            if op is not None and OP_NAMES[op] == "min":
+                import numpy as np
+
+                from runtime_cuda.nccl.constants import OP_CODES
+                x = self.view(send, count, code)
+                x[:] = np.int64(1) - x        # min(a, b) = 1 - max(1 - a, 1 - b) on {0, 1}
+                super().submit(coll, send, recv, count, code, OP_CODES["max"], stream, root)
+                y = self.view(recv, count, code)
+                y[:] = np.int64(1) - y
+                return "host"
+            return super().submit(coll, send, recv, count, code, op, stream, root)
+
+    assert [r for r, _ in run_threads(n, body, multiple, BoolHost)] == ["ok"] * n
+
+
+@needs_torch
+def test_the_cuda_backend_a_gc3_group_reports():
+    """init_process_group(device_id=...) and DeviceMesh ask the group for its CUDA
+    backend: they get gc3's stand-in (no splitting, so subgroups come from
+    new_group), and the CPU one is still gloo."""
+    from runtime_cuda.torch_dist.process_group import Gc3ProcessGroup
+    store = dist.HashStore()
+    pg = Gc3ProcessGroup(store, 0, 1, timedelta(seconds=10))
+    cuda = pg._get_backend(torch.device("cuda", 0))
+    assert cuda.name() == "gc3" and not cuda.supports_splitting and not cuda.supports_tensor_alloc("cuda")
+    assert cuda.size() == 1 and cuda.rank() == 0
+    cuda.eager_connect_single_device(torch.device("cuda", 0))
+    assert pg._comm is None
+    assert pg._get_backend(torch.device("cpu")).name() == "gloo"
