@@ -206,15 +206,25 @@ def test_the_startup_hook_does_not_import_torch():
 PROGRAM = ROOT / "tests" / "gpu_programs" / "torch_backend.py"
 
 
-def tuned_catalog(n, folder):
-    """A catalog with an algorithm for every collective at n ranks (the cost model's
-    pick, seconds to make), so no call needs the NCCL these ranks cannot have."""
-    # `python -m runtime_cuda`: gc3's CLI with the runtime's commands, installed or not.
-    out = subprocess.run([sys.executable, "-m", "runtime_cuda", "tune", "--model-only", "--quick", "--ranks", str(n),
-                          "-o", str(folder / "catalog.json")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert out.returncode == 0, out.stdout + out.stderr
-    return folder / "catalog.json"
+def tuned_catalog(n, folder, *more):
+    """A catalog with an algorithm for every collective at n ranks (and at each rank
+    count in `more`, for subgroups) -- the cost model's pick, seconds to make -- so
+    no call needs the NCCL these ranks cannot have."""
+    import json
+    entries = []
+    for k in (n,) + more:
+        path = folder / f"catalog{k}" / "catalog.json"
+        path.parent.mkdir(exist_ok=True)
+        # `python -m runtime_cuda`: gc3's CLI with the runtime's commands, installed or not.
+        out = subprocess.run([sys.executable, "-m", "runtime_cuda", "tune", "--model-only", "--quick", "--ranks",
+                              str(k), "-o", str(path)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert out.returncode == 0, out.stdout + out.stderr
+        for entry in json.loads(path.read_text())["algorithms"]:
+            entries.append(dict(entry, file=str(path.parent / entry["file"])))
+    merged = folder / "catalog.json"
+    merged.write_text(json.dumps({"version": 1, "algorithms": entries}))
+    return merged
 
 
 @pytest.mark.gpu
@@ -532,3 +542,55 @@ def test_the_cuda_backend_a_gc3_group_reports():
     cuda.eager_connect_single_device(torch.device("cuda", 0))
     assert pg._comm is None
     assert pg._get_backend(torch.device("cpu")).name() == "gloo"
+
+
+USER_PROGRAM = ROOT / "tests" / "gpu_programs" / "torch_user_programs.py"
+HOOKED = ["-c", "import runtime_cuda.startup, runpy, sys; sys.argv = sys.argv[1:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')"]
+
+
+def run_user_program(n, tmp_path, env, *flags, timeout=240):
+    pre = HOOKED if "--hook" in flags else []
+    procs = [subprocess.Popen([sys.executable, *pre, str(USER_PROGRAM), str(r), str(n), str(tmp_path / "store"),
+                               *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"a rank hung (past {timeout} s); output so far:\n{[p.communicate()[0][-3000:] for p in procs]}")
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"ALL OK rank={r}" in out, f"rank {r} (exit {p.returncode}):\n{out[-6000:]}"
+    return outs
+
+
+@needs_torch
+@pytest.mark.parametrize("n, hook", [(4, False), (2, True)])
+def test_torch_user_programs_on_gloo(n, hook, tmp_path):
+    """The user-style program's references (tests/gpu_programs/torch_user_programs.py)
+    on the CPU half of a gc3 group; with --hook through backend="nccl" and GC3_TORCH=1."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH="1" if hook else "0")
+    outs = run_user_program(n, tmp_path, env, "--device", "cpu", *(["--hook"] if hook else []), timeout=180)
+    assert outs[0].count("PASS") >= 15, outs[0]
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize("n, hook", [(4, False), (2, True)])
+def test_torch_user_programs_on_ranks_sharing_one_gpu(n, hook, tmp_path):
+    """The same program on CUDA tensors, n processes on one GPU, NCCL fallback off:
+    device_id=, DeviceMesh 1-D and 2-D, subgroups, list and object collectives,
+    every reduce op and dtype, odd tensors, side streams, async reuse and futures."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0", GC3_TIMEOUT_S="60",
+               GC3_TORCH="1" if hook else "0", GC3_CONFIG=str(tuned_catalog(n, tmp_path, *([2] if n > 2 else []))),
+               GC3_CACHE_DIR=str(tmp_path / "cache"))
+    outs = run_user_program(n, tmp_path, env, *(["--hook"] if hook else []))
+    for needed in ("reduce ops torch.int8", "list collectives", "object collectives", "device meshes", "subgroups",
+                   "odd tensors", "streams and async"):
+        assert f"PASS {needed} rank=0" in outs[0], f"{needed!r} did not pass on rank 0:\n{outs[0][-3000:]}"
+    import ast
+    served = ast.literal_eval(outs[0].split("served=")[1].splitlines()[0])
+    assert "NCCL" not in served and sum(served.values()) >= 30, f"gc3 served too little: {served}"

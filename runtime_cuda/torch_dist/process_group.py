@@ -151,6 +151,12 @@ class Gc3ProcessGroup(ProcessGroup):
         from runtime_cuda.nccl.fallback import NoFallback
         if count == 0:
             return   # nothing moves (NCCL's count-0 calls are no-ops too)
+        if self._size == 1 and coll in _BLOCKS:
+            # A one-rank group (a DeviceMesh dimension of size 1): every collective
+            # is its input, which catalogs hold no program for.
+            if send is not None and recv is not None and send.data_ptr() != recv.data_ptr():
+                recv.view(-1).copy_(send.view(-1))
+            return
         t = send if send is not None else recv
         code = DTYPE_CODES[_DTYPES[t.dtype]]
         if t.dtype == torch.bool and op is not None:
