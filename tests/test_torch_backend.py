@@ -594,3 +594,26 @@ def test_torch_user_programs_on_ranks_sharing_one_gpu(n, hook, tmp_path):
     import ast
     served = ast.literal_eval(outs[0].split("served=")[1].splitlines()[0])
     assert "NCCL" not in served and sum(served.values()) >= 30, f"gc3 served too little: {served}"
+
+
+@needs_torch
+def test_a_one_rank_group_copies_without_the_communicator():
+    """A DeviceMesh dimension of size 1 is a one-rank group: no catalog has programs
+    for it, and every collective is its input."""
+    def body(pg, r):
+        x = val(r, 5)
+        pg.allreduce([x], dist.AllreduceOptions())
+        assert torch.equal(x, val(0, 5))
+        out = torch.empty(3)
+        pg._allgather_base(out, val(0, 3), AllgatherOptions())
+        assert torch.equal(out, val(0, 3))
+        outs = [torch.empty(2)]
+        pg.alltoall(outs, [val(0, 2)], dist.AllToAllOptions())
+        assert torch.equal(outs[0], val(0, 2))
+        out = torch.empty(4)
+        pg._reduce_scatter_base(out, val(0, 4), dist.ReduceScatterOptions())
+        assert torch.equal(out, val(0, 4))
+        return "ok"
+
+    (result, counts), = run_threads(1, body)
+    assert result == "ok" and counts == [], counts

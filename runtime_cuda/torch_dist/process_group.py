@@ -72,7 +72,7 @@ class Gc3ProcessGroup(ProcessGroup):
     @property
     def served(self):
         """Calls per gc3 algorithm name and "NCCL" (the communicator's tally)."""
-        return self._comm.served if self._comm is not None else {}
+        return getattr(self._comm, "served", {})
 
     # --- the CUDA communicator --------------------------------------------------
     def _cuda(self, tensors, what: str):
@@ -108,6 +108,8 @@ class Gc3ProcessGroup(ProcessGroup):
         self._device = torch.device("cuda", index)
         exchange = StoreExchange(self._store, self._rank, self._size, prefix="gc3/rendezvous")
         self._splits = StoreExchange(self._store, self._rank, self._size, prefix="gc3/splits")
+        if self._size == 1:
+            return _Solo()     # _submit copies; there is no peer to set anything up with
         with cupy.cuda.Device(index):
             places = exchange.allgather((socket.gethostname(), cupy.cuda.runtime.deviceGetPCIBusId(index)))
             reason = names.no_nccl_reason(places)
@@ -494,6 +496,11 @@ class Gc3ProcessGroup(ProcessGroup):
         if self._device is not None:
             torch.cuda.current_stream(self._device).synchronize()
         return self._gloo.barrier(opts)
+
+
+class _Solo:
+    """The communicator of a one-rank group: never called (see _submit)."""
+    served: dict = {}
 
 
 class _CudaBackend:

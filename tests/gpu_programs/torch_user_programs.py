@@ -232,7 +232,11 @@ def odd_tensors():
     same("all_reduce of a slice", whole, want)
     out = torch.zeros(world * 20 + 9, device=dev)
     dist.all_gather_into_tensor(out[9:], whole[50:70].clone())
-    same("all_gather into a slice", out[:9], torch.zeros(9))
+    same("all_gather into a slice: the part before it", out[:9], torch.zeros(9))
+    reduced = [b.clone() for b in big]
+    for b in reduced:
+        b[37:71] = sum(c[37:71] for c in big)
+    same("all_gather into a slice", out[9:], torch.cat([b[50:70] for b in reduced]))
 
 
 run("odd tensors", odd_tensors)
