@@ -302,12 +302,16 @@ def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, 
         why = "empty tables"
     if not why:
         from runtime_cuda.fused import embedding_bag_alltoall
+        from runtime_cuda.nccl.fallback import NoFallback
         tab = tables.contiguous()
         idx, off = indices.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
         out = tab.new_empty((n, B // n, T * dim))
-        with _fused_call(pg, [tab, out], what) as stream:
-            embedding_bag_alltoall(_cupy(tab), _cupy(idx), _cupy(off), pg._comm, out=_cupy(out), stream=stream)
-        return out
+        try:
+            with _fused_call(pg, [tab, out], what) as stream:
+                embedding_bag_alltoall(_cupy(tab), _cupy(idx), _cupy(off), pg._comm, out=_cupy(out), stream=stream)
+            return out
+        except NoFallback as exc:   # as in fused_gemv_all_reduce
+            why = f"embedding_bag_alltoall's all-to-all was refused: {exc}"
     _sequential(what, why)
     pooled = torch.cat([torch.nn.functional.embedding_bag(
         indices[t, :int(offsets[t, -1])].long(), tables[t], offsets[t, :-1].long(), mode=mode)
