@@ -206,15 +206,25 @@ def test_the_startup_hook_does_not_import_torch():
 PROGRAM = ROOT / "tests" / "gpu_programs" / "torch_backend.py"
 
 
-def tuned_catalog(n, folder):
-    """A catalog with an algorithm for every collective at n ranks (the cost model's
-    pick, seconds to make), so no call needs the NCCL these ranks cannot have."""
-    # `python -m runtime_cuda`: gc3's CLI with the runtime's commands, installed or not.
-    out = subprocess.run([sys.executable, "-m", "runtime_cuda", "tune", "--model-only", "--quick", "--ranks", str(n),
-                          "-o", str(folder / "catalog.json")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert out.returncode == 0, out.stdout + out.stderr
-    return folder / "catalog.json"
+def tuned_catalog(n, folder, *more):
+    """A catalog with an algorithm for every collective at n ranks (and at each rank
+    count in `more`, for subgroups) -- the cost model's pick, seconds to make -- so
+    no call needs the NCCL these ranks cannot have."""
+    import json
+    entries = []
+    for k in (n,) + more:
+        path = folder / f"catalog{k}" / "catalog.json"
+        path.parent.mkdir(exist_ok=True)
+        # `python -m runtime_cuda`: gc3's CLI with the runtime's commands, installed or not.
+        out = subprocess.run([sys.executable, "-m", "runtime_cuda", "tune", "--model-only", "--quick", "--ranks",
+                              str(k), "-o", str(path)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert out.returncode == 0, out.stdout + out.stderr
+        for entry in json.loads(path.read_text())["algorithms"]:
+            entries.append(dict(entry, file=str(path.parent / entry["file"])))
+    merged = folder / "catalog.json"
+    merged.write_text(json.dumps({"version": 1, "algorithms": entries}))
+    return merged
 
 
 @pytest.mark.gpu
@@ -314,7 +324,7 @@ class HostComm:
         return "host"
 
 
-def run_threads(n, body, multiple=1):
+def run_threads(n, body, multiple=1, host=None):
     from runtime_cuda.torch_dist.process_group import Gc3ProcessGroup
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=60))
@@ -324,7 +334,7 @@ def run_threads(n, body, multiple=1):
     def rank(r):
         try:
             pg = Gc3ProcessGroup(dist.PrefixStore("pg/", store), r, n, timedelta(seconds=60))
-            comm = HostComm(n, shared, multiple)
+            comm = (host or HostComm)(n, shared, multiple)
             comm.rank = r
             pg._cuda = lambda tensors, what: comm
             pg._stream = lambda: 0
@@ -460,3 +470,150 @@ def test_the_tp_dp_example_splits_the_model_without_changing_it(tmp_path):
 
     one, split = losses(1, 1, 29611), losses(2, 2, 29613)
     assert len(one) == 4 and one == pytest.approx(split, rel=1e-5), (one, split)
+
+
+@needs_torch
+@pytest.mark.parametrize("n, multiple", [(2, 1), (3, 4)])
+def test_list_all_to_all_gather_scatter_and_bool_glue_is_exact(n, multiple):
+    """dist.all_to_all (lists, sizes per peer), gather, scatter (through the
+    collectives gc3 has) and bool reductions (uint8: sum is or, product is and)."""
+    R = range(n)
+
+    def body(pg, r):
+        ins = [val(r, p + 1) + 10 * p for p in R]           # rank r sends p + 1 elements to rank p
+        outs = [torch.empty(r + 1) for _ in R]              # and gets r + 1 from each
+        pg.alltoall(outs, ins, dist.AllToAllOptions())
+        for q in R:
+            assert torch.equal(outs[q], val(q, r + 1) + 10 * r), (q, outs[q])
+        for root in (0, n - 1):
+            o = dist.GatherOptions()
+            o.rootRank = root
+            outs = [torch.empty(2, 2) for _ in R] if r == root else []
+            pg.gather([outs] if r == root else [], [val(r, 4).view(2, 2)], o)
+            if r == root:
+                assert all(torch.equal(outs[q].flatten(), val(q, 4)) for q in R)
+            o = dist.ScatterOptions()
+            o.rootRank = root
+            got = torch.empty(3)
+            pg.scatter([got], [[val(root, 3) + p for p in R]] if r == root else [], o)
+            assert torch.equal(got, val(root, 3) + r), (root, got)
+        flags = torch.tensor([r == 0, True, False, r % 2 == 1])
+        x = flags.clone()
+        pg.allreduce([x], dist.AllreduceOptions())
+        assert x.tolist() == [True, True, False, n > 1]
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.PRODUCT
+        x = flags.clone()
+        pg.allreduce([x], o)
+        assert x.tolist() == [n == 1, True, False, False]
+        return "ok"
+
+    class BoolHost(HostComm):
+        # numpy's max over uint8 is what a gc3 max does; its "prod" must not be reached for bools
+        def submit(self, coll, send, recv, count, code, op, stream, root=0):
+            from runtime_cuda.nccl.constants import OP_NAMES
+            assert op is None or OP_NAMES[op] in ("sum", "max", "min"), OP_NAMES[op]
+            if op is not None and OP_NAMES[op] == "min":
+                import numpy as np
+
+                from runtime_cuda.nccl.constants import OP_CODES
+                x = self.view(send, count, code)
+                x[:] = np.int64(1) - x        # min(a, b) = 1 - max(1 - a, 1 - b) on {0, 1}
+                super().submit(coll, send, recv, count, code, OP_CODES["max"], stream, root)
+                y = self.view(recv, count, code)
+                y[:] = np.int64(1) - y
+                return "host"
+            return super().submit(coll, send, recv, count, code, op, stream, root)
+
+    assert [r for r, _ in run_threads(n, body, multiple, BoolHost)] == ["ok"] * n
+
+
+@needs_torch
+def test_the_cuda_backend_a_gc3_group_reports():
+    """init_process_group(device_id=...) and DeviceMesh ask the group for its CUDA
+    backend: they get gc3's stand-in (no splitting, so subgroups come from
+    new_group), and the CPU one is still gloo."""
+    from runtime_cuda.torch_dist.process_group import Gc3ProcessGroup
+    store = dist.HashStore()
+    pg = Gc3ProcessGroup(store, 0, 1, timedelta(seconds=10))
+    cuda = pg._get_backend(torch.device("cuda", 0))
+    assert cuda.name() == "gc3" and not cuda.supports_splitting and not cuda.supports_tensor_alloc("cuda")
+    assert cuda.size() == 1 and cuda.rank() == 0
+    cuda.eager_connect_single_device(torch.device("cuda", 0))
+    assert pg._comm is None
+    assert pg._get_backend(torch.device("cpu")).name() == "gloo"
+
+
+USER_PROGRAM = ROOT / "tests" / "gpu_programs" / "torch_user_programs.py"
+HOOKED = ["-c", "import runtime_cuda.startup, runpy, sys; sys.argv = sys.argv[1:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')"]
+
+
+def run_user_program(n, tmp_path, env, *flags, timeout=240):
+    pre = HOOKED if "--hook" in flags else []
+    procs = [subprocess.Popen([sys.executable, *pre, str(USER_PROGRAM), str(r), str(n), str(tmp_path / "store"),
+                               *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"a rank hung (past {timeout} s); output so far:\n{[p.communicate()[0][-3000:] for p in procs]}")
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"ALL OK rank={r}" in out, f"rank {r} (exit {p.returncode}):\n{out[-6000:]}"
+    return outs
+
+
+@needs_torch
+@pytest.mark.parametrize("n, hook", [(4, False), (2, True)])
+def test_torch_user_programs_on_gloo(n, hook, tmp_path):
+    """The user-style program's references (tests/gpu_programs/torch_user_programs.py)
+    on the CPU half of a gc3 group; with --hook through backend="nccl" and GC3_TORCH=1."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH="1" if hook else "0")
+    outs = run_user_program(n, tmp_path, env, "--device", "cpu", *(["--hook"] if hook else []), timeout=180)
+    assert outs[0].count("PASS") >= 15, outs[0]
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize("n, hook", [(4, False), (2, True)])
+def test_torch_user_programs_on_ranks_sharing_one_gpu(n, hook, tmp_path):
+    """The same program on CUDA tensors, n processes on one GPU, NCCL fallback off:
+    device_id=, DeviceMesh 1-D and 2-D, subgroups, list and object collectives,
+    every reduce op and dtype, odd tensors, side streams, async reuse and futures."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0", GC3_TIMEOUT_S="60",
+               GC3_TORCH="1" if hook else "0", GC3_CONFIG=str(tuned_catalog(n, tmp_path, *([2] if n > 2 else []))),
+               GC3_CACHE_DIR=str(tmp_path / "cache"))
+    outs = run_user_program(n, tmp_path, env, *(["--hook"] if hook else []))
+    for needed in ("reduce ops torch.int8", "list collectives", "object collectives", "device meshes", "subgroups",
+                   "odd tensors", "streams and async"):
+        assert f"PASS {needed} rank=0" in outs[0], f"{needed!r} did not pass on rank 0:\n{outs[0][-3000:]}"
+    import ast
+    served = ast.literal_eval(outs[0].split("served=")[1].splitlines()[0])
+    assert "NCCL" not in served and sum(served.values()) >= 30, f"gc3 served too little: {served}"
+
+
+@needs_torch
+def test_a_one_rank_group_copies_without_the_communicator():
+    """A DeviceMesh dimension of size 1 is a one-rank group: no catalog has programs
+    for it, and every collective is its input."""
+    def body(pg, r):
+        x = val(r, 5)
+        pg.allreduce([x], dist.AllreduceOptions())
+        assert torch.equal(x, val(0, 5))
+        out = torch.empty(3)
+        pg._allgather_base(out, val(0, 3), AllgatherOptions())
+        assert torch.equal(out, val(0, 3))
+        outs = [torch.empty(2)]
+        pg.alltoall(outs, [val(0, 2)], dist.AllToAllOptions())
+        assert torch.equal(outs[0], val(0, 2))
+        out = torch.empty(4)
+        pg._reduce_scatter_base(out, val(0, 4), dist.ReduceScatterOptions())
+        assert torch.equal(out, val(0, 4))
+        return "ok"
+
+    (result, counts), = run_threads(1, body)
+    assert result == "ok" and counts == [], counts

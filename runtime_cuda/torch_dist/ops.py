@@ -1,14 +1,21 @@
 """Torch functions with the call shapes of PyTorch's fused operators
 (torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter), plus
-GEMM + all_reduce and GEMM + all_to_all, taking a process group or its name.
+GEMM + all_reduce, GEMM + all_to_all, GEMV + all_reduce and embedding-bag +
+all_to_all, taking a process group or its name.
 
-Thin wrappers: today each is the matmul and the collective one after the other
-(through whatever backend the group has, gc3's included), which is also the
-reference a fused kernel must equal; gc3's fused kernels (runtime_cuda/fused)
-can replace a body without changing a caller.
+On a gc3 group (Gc3ProcessGroup: backend "gc3", or "nccl" under GC3_TORCH=1)
+with operands the fused kernels take, the call runs runtime_cuda.fused on
+zero-copy DLPack views of the tensors, on torch's current stream.  Anything
+else (another backend, a single rank, a dtype or layout the kernels refuse,
+CUDA-graph capture, which the kernels' host-side set-up cannot join) runs the
+matmul and then the collective through the group's backend, which is also the
+reference a fused call must equal; GC3_DEBUG=INFO names the path and why.
+Every rank of a correct program passes the same shapes and dtypes, so every
+rank takes the same path.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -17,6 +24,8 @@ import torch.distributed as dist
 Group = Union[dist.ProcessGroup, str, None]
 
 _REDUCE = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
+# What the fused kernels compute in (runtime_cuda/fused: gemm.TYPES, tables.COMPUTE_DTYPES).
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _group(group: Group) -> dist.ProcessGroup:
@@ -29,9 +38,13 @@ def _group(group: Group) -> dist.ProcessGroup:
 
 
 def _dim(t: torch.Tensor, dim: int, what: str) -> int:
-    if not -t.dim() <= dim < t.dim():
-        raise ValueError(f"{what}: dim {dim} is out of range for a {t.dim()}-d tensor")
-    return dim % t.dim()
+    return _dim_of(t.dim(), dim, what)
+
+
+def _dim_of(ndim: int, dim: int, what: str) -> int:
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"{what}: dim {dim} is out of range for a {ndim}-d tensor")
+    return dim % ndim
 
 
 def _reduce_op(reduce_op: str, what: str):
@@ -40,11 +53,98 @@ def _reduce_op(reduce_op: str, what: str):
     return _REDUCE[reduce_op]
 
 
+def _log():
+    from runtime_cuda.nccl.log import get_logger
+    return get_logger()
+
+
+# --- the fused path's gate and glue ----------------------------------------------
+def _refusal(pg, tensors: Sequence[torch.Tensor], dtypes=_FUSED_DTYPES) -> str:
+    """Why the fused kernels cannot serve this call on `pg` ('' when they can)."""
+    from .process_group import Gc3ProcessGroup
+
+    if not isinstance(pg, Gc3ProcessGroup):
+        name = pg.name() if hasattr(pg, "name") else type(pg).__name__
+        return f"the group's backend is {name}, not gc3"
+    if pg.size() < 2:
+        return "a single rank"
+    if not all(t.is_cuda for t in tensors):
+        return "CPU tensors"
+    if len({t.dtype for t in tensors}) != 1 or tensors[0].dtype not in dtypes:
+        return f"dtypes {sorted({str(t.dtype) for t in tensors})}; the fused kernels take one of " \
+               f"{[str(d) for d in dtypes]}"
+    if torch.cuda.is_current_stream_capturing():
+        return "CUDA graph capture (the fused kernels set up buffers on the host)"
+    return ""
+
+
+def _sequential(what: str, why: str) -> None:
+    _log().info("gc3 torch %s: sequential matmul + collective: %s", what, why)
+
+
+def _cupy(t: torch.Tensor):
+    """A zero-copy CuPy view of a contiguous CUDA tensor (bfloat16 as uint16 bits,
+    which is how runtime_cuda.fused reads bfloat16)."""
+    import cupy
+
+    if t.dtype == torch.bfloat16:
+        return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
+    return cupy.from_dlpack(t)
+
+
+def _torch(a, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-copy torch view of a CuPy array the fused kernels returned."""
+    if dtype == torch.bfloat16:
+        return torch.from_dlpack(a.view("int16")).view(torch.bfloat16)
+    return torch.from_dlpack(a)
+
+
+@contextlib.contextmanager
+def _fused_call(pg, tensors: Sequence[torch.Tensor], what: str):
+    """Builds the group's communicator if this is its first CUDA call (every rank
+    is here), selects the tensors' GPU, and makes torch's current stream CuPy's
+    too (DLPack's hand-over then orders nothing extra); yields that stream's handle
+    (named so as not to read as `with stream:`, which tests/test_dropin_streams.py bans)."""
+    import cupy
+
+    from runtime_cuda import streams
+
+    pg._cuda(list(tensors), what)
+    ptr = torch.cuda.current_stream(pg._device).cuda_stream
+    with cupy.cuda.Device(pg._device.index), streams.current(streams.wrap(ptr)):
+        yield ptr
+
+
+# --- the operators -----------------------------------------------------------------
 def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_dim: int, group_name: Group,
                             *, return_A: bool = True) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
     """A = all_gather(A_shard) along gather_dim, then [A @ B for B in Bs]."""
+    what = "fused_all_gather_matmul"
     pg = _group(group_name)
-    d = _dim(A_shard, gather_dim, "fused_all_gather_matmul")
+    d = _dim(A_shard, gather_dim, what)
+    Bs = list(Bs)
+    if not Bs:
+        raise ValueError(f"{what}: Bs is empty")
+    why = _refusal(pg, [A_shard] + Bs)
+    if not why and d != 0:
+        why = f"gather_dim {gather_dim} (the fused kernel gathers along dim 0)"
+    if not why and (A_shard.dim() < 2 or any(B.dim() != 2 or B.shape[0] != A_shard.shape[-1] for B in Bs)):
+        why = f"A_shard {tuple(A_shard.shape)} with Bs {[tuple(B.shape) for B in Bs]} (fused: A [.., K], B [K, N])"
+    if not why and A_shard.numel() == 0:
+        why = "an empty A_shard"
+    if not why:
+        from runtime_cuda.fused import all_gather_gemm
+        n, K = pg.size(), A_shard.shape[-1]
+        a = A_shard.reshape(-1, K).contiguous()     # gathering dim 0 = gathering its rows
+        bs = [B.contiguous() for B in Bs]
+        outs = [a.new_empty((n * a.shape[0], B.shape[1])) for B in bs]
+        with _fused_call(pg, [a] + bs + outs, what) as torch_queue:
+            got = all_gather_gemm(_cupy(a), [_cupy(B) for B in bs], pg.gemm_group(), return_a=return_A,
+                                  out=[_cupy(o) for o in outs], stream=torch_queue)
+            A = _torch(got[0], a.dtype) if return_A else None
+        lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
+        return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
+    _sequential(what, why)
     shard = A_shard.movedim(d, 0).contiguous()
     gathered = shard.new_empty((shard.shape[0] * pg.size(),) + tuple(shard.shape[1:]))
     dist.all_gather_into_tensor(gathered, shard, group=pg)
@@ -52,15 +152,38 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
     return (A if return_A else None), [A @ B for B in Bs]
 
 
+def _gemm_refusal(pg, A, B, rows_divide: bool) -> str:
+    why = _refusal(pg, [A, B])
+    if not why and (A.dim() != 2 or B.dim() != 2):
+        why = f"A {tuple(A.shape)} @ B {tuple(B.shape)} (fused: two matrices)"
+    if not why and A.numel() * B.numel() == 0:
+        why = "an empty operand"
+    if not why and rows_divide and A.shape[0] % pg.size():
+        why = f"{A.shape[0]} rows do not split evenly over {pg.size()} ranks"
+    return why
+
+
 def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
                                 group_name: Group) -> torch.Tensor:
     """reduce_scatter(A @ B) along scatter_dim (reduce_op "sum" or "avg")."""
+    what = "fused_matmul_reduce_scatter"
     pg = _group(group_name)
-    op = _reduce_op(reduce_op, "fused_matmul_reduce_scatter")
+    op = _reduce_op(reduce_op, what)
+    why = _gemm_refusal(pg, A, B, rows_divide=True)
+    if not why and _dim_of(2, scatter_dim, what) != 0:
+        why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
+    if not why:
+        from runtime_cuda.fused import gemm_reduce_scatter
+        a, b = A.contiguous(), B.contiguous()
+        out = a.new_empty((a.shape[0] // pg.size(), b.shape[1]))
+        with _fused_call(pg, [a, b, out], what) as torch_queue:
+            gemm_reduce_scatter(_cupy(a), _cupy(b), pg.gemm_group(), out=_cupy(out), stream=torch_queue)
+        return out.div_(pg.size()) if reduce_op == "avg" else out
+    _sequential(what, why)
     C = A @ B
-    d = _dim(C, scatter_dim, "fused_matmul_reduce_scatter")
+    d = _dim(C, scatter_dim, what)
     if C.shape[d] % pg.size():
-        raise ValueError(f"fused_matmul_reduce_scatter: dim {scatter_dim} of A @ B has {C.shape[d]} rows, "
+        raise ValueError(f"{what}: dim {scatter_dim} of A @ B has {C.shape[d]} rows, "
                          f"not divisible by the group's {pg.size()} ranks")
     full = C.movedim(d, 0).contiguous()
     out = full.new_empty((full.shape[0] // pg.size(),) + tuple(full.shape[1:]))
@@ -70,21 +193,131 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
 
 def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
                             reduce_op: str = "sum") -> torch.Tensor:
-    """all_reduce(A @ B): a row-parallel linear layer (GEMM + AR; B a vector: GEMV + AR)."""
+    """all_reduce(A @ B): a row-parallel linear layer (GEMM + AR)."""
+    what = "fused_matmul_all_reduce"
     pg = _group(group_name)
+    op = _reduce_op(reduce_op, what)
+    why = _gemm_refusal(pg, A, B, rows_divide=False)
+    if not why:
+        from runtime_cuda.fused import gemm_all_reduce
+        a, b = A.contiguous(), B.contiguous()
+        out = a.new_empty((a.shape[0], b.shape[1]))
+        with _fused_call(pg, [a, b, out], what) as torch_queue:
+            gemm_all_reduce(_cupy(a), _cupy(b), pg.gemm_group(), out=_cupy(out), stream=torch_queue)
+        return out.div_(pg.size()) if reduce_op == "avg" else out
+    _sequential(what, why)
     C = (A @ B).contiguous()
-    dist.all_reduce(C, op=_reduce_op(reduce_op, "fused_matmul_all_reduce"), group=pg)
+    dist.all_reduce(C, op=op, group=pg)
     return C
 
 
 def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group) -> torch.Tensor:
     """all_to_all_single(A @ B): row block p of the product goes to rank p, and
     the result's block q came from rank q (GEMM + A2A, an expert layer's exchange)."""
+    what = "fused_matmul_all_to_all"
     pg = _group(group_name)
+    why = _gemm_refusal(pg, A, B, rows_divide=True)
+    if not why:
+        from runtime_cuda.fused import gemm_all_to_all
+        a, b = A.contiguous(), B.contiguous()
+        n = pg.size()
+        out = a.new_empty((a.shape[0], b.shape[1]))
+        with _fused_call(pg, [a, b, out], what) as torch_queue:
+            gemm_all_to_all(_cupy(a), _cupy(b), [a.shape[0] // n] * n, pg.gemm_group(), out=_cupy(out),
+                            stream=torch_queue)
+        return out
+    _sequential(what, why)
     C = (A @ B).contiguous()
     if C.shape[0] % pg.size():
-        raise ValueError(f"fused_matmul_all_to_all: A @ B has {C.shape[0]} rows, not divisible by the group's "
+        raise ValueError(f"{what}: A @ B has {C.shape[0]} rows, not divisible by the group's "
                          f"{pg.size()} ranks")
     out = torch.empty_like(C)
     dist.all_to_all_single(out, C, group=pg)
+    return out
+
+
+def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group) -> torch.Tensor:
+    """all_reduce(x @ w), x [K] or [batch, K] (this rank's K shard), w [K, N]: a
+    row-parallel linear layer at decode (runtime_cuda.fused.gemv_allreduce)."""
+    what = "fused_gemv_all_reduce"
+    pg = _group(group_name)
+    if x.dim() not in (1, 2) or w.dim() != 2 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"{what}: x {tuple(x.shape)} @ w {tuple(w.shape)}: expected x [K] or [batch, K] and "
+                         f"w [K, N]")
+    why = _refusal(pg, [x, w])
+    if not why and x.numel() * w.numel() == 0:
+        why = "an empty operand"
+    if not why:
+        from runtime_cuda.fused import gemv_allreduce
+        from runtime_cuda.nccl.fallback import NoFallback
+        xs, ws = x.reshape(1, -1).contiguous() if x.dim() == 1 else x.contiguous(), w.contiguous()
+        out = xs.new_empty((xs.shape[0], ws.shape[1]))
+        try:
+            with _fused_call(pg, [xs, ws, out], what) as torch_queue:
+                gemv_allreduce(_cupy(xs), _cupy(ws), pg._comm, out=_cupy(out), stream=torch_queue)
+            return out.reshape(-1) if x.dim() == 1 else out
+        except NoFallback as exc:
+            # gemv_allreduce's own sequential path (taken where the fused program
+            # would be slower) calls the communicator directly, without the
+            # process group's padding; every rank is refused alike, before any
+            # transfer, so all of them go on here.
+            why = f"gemv_allreduce's all-reduce was refused: {exc}"
+    _sequential(what, why)
+    y = (x @ w).contiguous()
+    dist.all_reduce(y, group=pg)
+    return y
+
+
+def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                                   group_name: Group, mode: str = "sum") -> torch.Tensor:
+    """Pooled embedding bags of this rank's tables for the global batch, each rank
+    receiving its samples' vectors from every rank (table-wise sharding;
+    runtime_cuda.fused.embedding_bag_alltoall).
+
+    tables [T, rows, dim]; indices [T, nnz] and offsets [T, B+1] integer CSR bags
+    (bag s of table t: indices[t, offsets[t, s]:offsets[t, s+1]]), B a multiple of
+    the group's size n.  Returns [n, B/n, T*dim]: [q] holds rank q's pooled vectors
+    (its tables, concatenated) of this rank's B/n samples."""
+    what = "fused_embedding_bag_all_to_all"
+    pg = _group(group_name)
+    if mode not in ("sum", "mean"):
+        raise ValueError(f"{what}: mode must be 'sum' or 'mean', got {mode!r}")
+    if tables.dim() != 3 or indices.dim() != 2 or offsets.dim() != 2 or \
+            not indices.shape[0] == offsets.shape[0] == tables.shape[0]:
+        raise ValueError(f"{what}: tables {tuple(tables.shape)}, indices {tuple(indices.shape)}, offsets "
+                         f"{tuple(offsets.shape)}: expected [T, rows, dim], [T, nnz], [T, B+1]")
+    if indices.dtype.is_floating_point or offsets.dtype.is_floating_point:
+        raise ValueError(f"{what}: indices and offsets must be integers, got {indices.dtype}, {offsets.dtype}")
+    n = pg.size()
+    T, _, dim = tables.shape
+    B = offsets.shape[1] - 1
+    if B < 1 or B % n:
+        raise ValueError(f"{what}: offsets hold B+1 = {B + 1} bounds per table; B must be a positive multiple "
+                         f"of the group's {n} ranks")
+    why = _refusal(pg, [tables])
+    if not why and not indices.is_cuda:
+        why = "CPU indices"
+    if not why and mode != "sum":
+        why = "mode 'mean' (the fused program pools by sum)"
+    if not why and tables.numel() == 0:
+        why = "empty tables"
+    if not why:
+        from runtime_cuda.fused import embedding_bag_alltoall
+        from runtime_cuda.nccl.fallback import NoFallback
+        tab = tables.contiguous()
+        idx, off = indices.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
+        out = tab.new_empty((n, B // n, T * dim))
+        try:
+            with _fused_call(pg, [tab, out], what) as torch_queue:
+                embedding_bag_alltoall(_cupy(tab), _cupy(idx), _cupy(off), pg._comm, out=_cupy(out),
+                                       stream=torch_queue)
+            return out
+        except NoFallback as exc:   # as in fused_gemv_all_reduce
+            why = f"embedding_bag_alltoall's all-to-all was refused: {exc}"
+    _sequential(what, why)
+    pooled = torch.cat([torch.nn.functional.embedding_bag(
+        indices[t, :int(offsets[t, -1])].long(), tables[t], offsets[t, :-1].long(), mode=mode)
+        for t in range(T)], dim=1)     # [B, T*dim]: sample-major, table by table
+    out = pooled.new_empty((n, B // n, T * dim))
+    dist.all_to_all_single(out.view(B, T * dim), pooled.contiguous(), group=pg)
     return out

@@ -25,9 +25,9 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions,
-                                        AllToAllOptions, BarrierOptions, BroadcastOptions, PrefixStore,
-                                        ProcessGroup, ProcessGroupGloo, ReduceOptions, ReduceScatterOptions,
-                                        _create_work_from_future)
+                                        AllToAllOptions, BarrierOptions, BroadcastOptions, GatherOptions,
+                                        PrefixStore, ProcessGroup, ProcessGroupGloo, ReduceOptions,
+                                        ReduceScatterOptions, ScatterOptions, _create_work_from_future)
 
 from gc3.errors import CommunicatorError
 
@@ -35,9 +35,12 @@ from . import names
 
 _DTYPES = {torch.int8: "int8", torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
            torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
-           torch.bfloat16: "bfloat16"}
+           torch.bfloat16: "bfloat16", torch.bool: "uint8"}
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MAX: "max",
         dist.ReduceOp.MIN: "min"}
+# bool tensors travel as uint8 (as NCCL's process group sends them), where a sum
+# is a logical or and a product a logical and.
+_BOOL_OPS = {"sum": "max", "prod": "min"}
 
 
 # In- and output blocks of each collective (for padding), as functions of the rank count.
@@ -61,6 +64,7 @@ class Gc3ProcessGroup(ProcessGroup):
         self._comm = None
         self._device: Optional[torch.device] = None
         self._splits = None   # the host exchange uneven all-to-all sizes go through
+        self._gemm = None     # runtime_cuda.fused's group for the GEMM fusions (ops.py), built on first use
 
     def getBackendName(self) -> str:
         return names.NAME
@@ -68,7 +72,7 @@ class Gc3ProcessGroup(ProcessGroup):
     @property
     def served(self):
         """Calls per gc3 algorithm name and "NCCL" (the communicator's tally)."""
-        return self._comm.served if self._comm is not None else {}
+        return getattr(self._comm, "served", {})
 
     # --- the CUDA communicator --------------------------------------------------
     def _cuda(self, tensors, what: str):
@@ -104,6 +108,8 @@ class Gc3ProcessGroup(ProcessGroup):
         self._device = torch.device("cuda", index)
         exchange = StoreExchange(self._store, self._rank, self._size, prefix="gc3/rendezvous")
         self._splits = StoreExchange(self._store, self._rank, self._size, prefix="gc3/splits")
+        if self._size == 1:
+            return _Solo()     # _submit copies; there is no peer to set anything up with
         with cupy.cuda.Device(index):
             places = exchange.allgather((socket.gethostname(), cupy.cuda.runtime.deviceGetPCIBusId(index)))
             reason = names.no_nccl_reason(places)
@@ -114,6 +120,30 @@ class Gc3ProcessGroup(ProcessGroup):
             _log().info("gc3 torch backend, rank %d: NCCL serves what gc3 does not", self._rank)
             return NcclCommunicator(self._size, uid, self._rank)
 
+    def gemm_group(self):
+        """The IpcGemmGroup the fused GEMM operators (ops.py) run over: its own
+        rendezvous on this group's store, built at the first fused call (a call
+        of every rank, on the GPU the communicator already serves)."""
+        if self._gemm is None:
+            import cupy
+
+            from runtime_cuda.fused import IpcGemmGroup
+            from runtime_cuda.nccl.rendezvous import StoreExchange
+            with cupy.cuda.Device(self._device.index):
+                self._gemm = IpcGemmGroup(StoreExchange(self._store, self._rank, self._size, prefix="gc3/fused-gemm"))
+        return self._gemm
+
+    def _get_backend(self, device):
+        # torch asks a group for its CUDA backend in Python: init_process_group
+        # (device_id=...) reads supports_splitting from it, and teardown, FSDP and
+        # the NCCL-specific helpers look for a ProcessGroupNCCL.  gc3 has no C++
+        # Backend (c10d.Backend has no Python constructor), so they get a stand-in
+        # saying "nothing to split, coalesce or allocate": torch then creates
+        # subgroups with new_group, which calls this backend's creator.
+        if torch.device(device).type == "cuda":
+            return _CudaBackend(self)
+        return super()._get_backend(device)
+
     def _stream(self) -> int:
         return torch.cuda.current_stream(self._device).cuda_stream
 
@@ -123,8 +153,16 @@ class Gc3ProcessGroup(ProcessGroup):
         from runtime_cuda.nccl.fallback import NoFallback
         if count == 0:
             return   # nothing moves (NCCL's count-0 calls are no-ops too)
+        if self._size == 1 and coll in _BLOCKS:
+            # A one-rank group (a DeviceMesh dimension of size 1): every collective
+            # is its input, which catalogs hold no program for.
+            if send is not None and recv is not None and send.data_ptr() != recv.data_ptr():
+                recv.view(-1).copy_(send.view(-1))
+            return
         t = send if send is not None else recv
         code = DTYPE_CODES[_DTYPES[t.dtype]]
+        if t.dtype == torch.bool and op is not None:
+            op = _BOOL_OPS.get(op, op)
         stream = self._stream()
         if self._capturing():
             comm.adopt_stream(stream)
@@ -314,6 +352,70 @@ class Gc3ProcessGroup(ProcessGroup):
             at += rows * row
         return self._work([output])
 
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor], opts=None):
+        """dist.all_to_all: tensor p goes to rank p, output q came from rank q; as one
+        all_to_all_single over the flattened lists (sizes may differ per peer)."""
+        if self._cuda(output_tensors + input_tensors, "all_to_all") is None:
+            return self._gloo.alltoall(output_tensors, input_tensors, opts or AllToAllOptions())
+        n = self._size
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(f"gc3 all_to_all: rank {self._rank}: needs {n} input and {n} output tensors, got "
+                             f"{len(input_tensors)} and {len(output_tensors)}")
+        if len({t.dtype for t in output_tensors + input_tensors}) != 1:
+            raise ValueError(f"gc3 all_to_all: rank {self._rank}: the tensors' dtypes differ")
+        send = torch.cat([t.reshape(-1) for t in input_tensors])
+        recv = send.new_empty(sum(t.numel() for t in output_tensors))
+        self.alltoall_base(recv, send, [t.numel() for t in output_tensors], [t.numel() for t in input_tensors])
+        at = 0
+        for t in output_tensors:
+            t.copy_(recv[at:at + t.numel()].view_as(t))
+            at += t.numel()
+        return self._work(output_tensors)
+
+    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts=None):
+        """dist.gather: an all-gather of which only the root keeps the result."""
+        opts = opts if opts is not None else GatherOptions()
+        flat_outs = [t for group in output_tensors for t in group]
+        if self._cuda(input_tensors + flat_outs, "gather") is None:
+            return self._gloo.gather(output_tensors, input_tensors, opts)
+        if len(input_tensors) != 1:
+            raise ValueError(f"gc3 gather: rank {self._rank}: needs one input tensor, got {len(input_tensors)}")
+        inp = input_tensors[0]
+        root = opts.rootRank
+        if self._rank == root and (len(output_tensors) != 1 or len(output_tensors[0]) != self._size
+                                   or any(o.numel() != inp.numel() for o in output_tensors[0])):
+            raise ValueError(f"gc3 gather: rank {self._rank} (root): needs one list of {self._size} outputs of "
+                             f"{inp.numel()} elements each")
+        staged = inp.new_empty(self._size * inp.numel())
+        self._allgather_base(staged, inp.reshape(-1))
+        if self._rank == root:
+            for r, out in enumerate(output_tensors[0]):
+                out.copy_(staged[r * inp.numel():(r + 1) * inp.numel()].view_as(out))
+        return self._work(output_tensors)
+
+    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts=None):
+        """dist.scatter: the root's list broadcast as one tensor, each rank keeping its part."""
+        opts = opts if opts is not None else ScatterOptions()
+        flat_ins = [t for group in input_tensors for t in group]
+        comm = self._cuda(output_tensors + flat_ins, "scatter")
+        if comm is None:
+            return self._gloo.scatter(output_tensors, input_tensors, opts)
+        if len(output_tensors) != 1:
+            raise ValueError(f"gc3 scatter: rank {self._rank}: needs one output tensor, got {len(output_tensors)}")
+        out, root = output_tensors[0], opts.rootRank
+        k = out.numel()
+        if self._rank == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self._size or \
+                    any(t.numel() != k for t in input_tensors[0]):
+                raise ValueError(f"gc3 scatter: rank {self._rank} (root): needs one list of {self._size} inputs of "
+                                 f"{k} elements each")
+            whole = torch.cat([t.reshape(-1) for t in input_tensors[0]])
+        else:
+            whole = out.new_empty(self._size * k)
+        self._rooted(comm, "broadcast", whole, None, root)
+        out.copy_(whole[self._rank * k:(self._rank + 1) * k].view_as(out))
+        return self._work(output_tensors)
+
     def _rooted(self, comm, coll, t, op, root) -> None:
         """A broadcast or reduce; where gc3 has no algorithm for it (catalogs hold
         root-0 programs) and no NCCL stands behind, an all_reduce does the same:
@@ -394,6 +496,36 @@ class Gc3ProcessGroup(ProcessGroup):
         if self._device is not None:
             torch.cuda.current_stream(self._device).synchronize()
         return self._gloo.barrier(opts)
+
+
+class _Solo:
+    """The communicator of a one-rank group: never called (see _submit)."""
+    served: dict = {}
+
+
+class _CudaBackend:
+    """What Gc3ProcessGroup._get_backend(cuda) answers (see there)."""
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def __init__(self, pg: Gc3ProcessGroup):
+        self._pg = pg
+
+    def name(self) -> str:
+        return names.NAME
+
+    def rank(self) -> int:
+        return self._pg.rank()
+
+    def size(self) -> int:
+        return self._pg.size()
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
+    def eager_connect_single_device(self, device) -> None:
+        """Nothing now: the communicator is built at the group's first CUDA collective."""
 
 
 def create(store, rank: int, size: int, timeout: datetime.timedelta) -> Gc3ProcessGroup:

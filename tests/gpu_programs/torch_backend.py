@@ -208,6 +208,35 @@ out = ops.fused_matmul_all_to_all(As[rank].to(dev), Bs[0].to(dev), pg)
 close("fused_matmul_all_to_all", out,
       torch.cat([(As[q].double() @ Bs[0].double()).chunk(world, 0)[rank] for q in R]))
 
+xs = [mat(40 + r, 3, 64) for r in R]
+ws = [mat(50 + r, 64, 48) for r in R]
+close("fused_gemv_all_reduce", ops.fused_gemv_all_reduce(xs[rank].to(dev), ws[rank].to(dev), pg),
+      sum(xs[r].double() @ ws[r].double() for r in R))
+close("fused_gemv_all_reduce vector", ops.fused_gemv_all_reduce(xs[rank][0].to(dev), ws[rank].to(dev), pg),
+      sum(xs[r][0].double() @ ws[r].double() for r in R))
+
+
+def bags(r, T=2, rows=16, dim=8, b=2):
+    g = torch.Generator().manual_seed(60 + r)
+    tables = torch.randn(T, rows, dim, generator=g).to(dt)
+    counts = torch.randint(0, 4, (T, b * world), generator=g)
+    offsets = torch.cat([torch.zeros(T, 1, dtype=torch.long), counts.cumsum(1)], 1)
+    indices = torch.randint(0, rows, (T, max(1, int(offsets[:, -1].max()))), generator=g)
+    pooled = torch.stack([torch.stack([tables[t].double()[indices[t, offsets[t, s]:offsets[t, s + 1]]].sum(0)
+                                       for s in range(b * world)]) for t in range(T)])   # [T, B, dim]
+    return tables, indices, offsets, pooled.transpose(0, 1).reshape(b * world, T * dim)
+
+
+mine = bags(rank)
+got = ops.fused_embedding_bag_all_to_all(mine[0].to(dev), mine[1].to(dev), mine[2].to(dev), pg)
+close("fused_embedding_bag_all_to_all", got, torch.stack([bags(q)[3][rank * 2:(rank + 1) * 2] for q in R]))
+if on == "cuda":
+    # The fused kernels served these, not the sequential fallback (GC3_DEBUG=INFO says why if not).
+    from runtime_cuda.fused.memory_bound import _comm_groups  # noqa: E402
+    assert pg._gemm is not None, "the GEMM operators took the sequential path"
+    assert _comm_groups.get(pg._comm), "GEMV+AR and embedding+A2A took the sequential path"
+    passed("fused operators ran on runtime_cuda.fused")
+
 # DDP and FSDP2: one SGD step of a small MLP on integer-valued weights and data
 # whose products and sums are exact in float32; reference: the same step in one
 # process on the concatenated batch (DDP averages gradients over ranks).
