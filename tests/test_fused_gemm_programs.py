@@ -158,18 +158,20 @@ def test_allgather_gemm_output_and_padding():
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("return_a", [0, 1])
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_allgather_gemm_waits_for_its_own_chunk_only(n):
+def test_allgather_gemm_waits_for_its_own_chunk_only(n, return_a):
     """The GEMM of an arrived block waits for that block's receive (and, FIFO, earlier ones of
-    the same connection) only, never for another peer's; no send waits for any GEMM."""
-    prog = lower(_algo("allgather_gemm")(n, 8 * n, 8, 8, 4))
+    the same connection) only, never for another peer's; no send waits for any GEMM (with
+    return_a as well: its blocks arrive into the output's gathered A, not scratch)."""
+    prog = lower(_algo("allgather_gemm")(n, 8 * n, 8, 8, 4, return_a))
     steps, before = happens_before(prog)
     tbs = {(g.id, tb.id): tb for g in prog.gpus for tb in g.threadblocks}
     checked = 0
     for key, st in steps.items():
         if st.type == "s":
             assert not [p for p in before(key) if steps[p].type == "agemm"]
-        if st.type != "agemm" or st.srcbuf != "s":
+        if st.type != "agemm" or st.srcbuf == "i":
             continue
         recvs = [p for p in before(key) if steps[p].info.recv and p[0] == key[0]]
         writer = [p for p in recvs if (steps[p].dstbuf, steps[p].dstoff) == (st.srcbuf, st.srcoff)]
@@ -178,6 +180,96 @@ def test_allgather_gemm_waits_for_its_own_chunk_only(n):
         assert {tbs[p[:2]].recv for p in recvs} == {peer}, (key, recvs)
         checked += 1
     assert checked == n * (n - 1) * 4
+
+
+@pytest.mark.parametrize("n,m,k,cols,chunks", [(2, 8, 16, 8, 2), (2, 8, 8, 24, 2), (4, 64, 32, 32, 2),
+                                               (3, 12, 8, 8, 1), (8, 64, 8, 16, 2)])
+def test_allgather_gemm_return_a_states_and_returns_the_gathered_a(n, m, k, cols, chunks):
+    """return_a: n*c more output chunks after C's, each A block as the caller gave it (bit-exact),
+    stated in the IR (<compute return_a="1">, AllGather-style <postcondition> terms), proven for
+    every output chunk, round-tripped, and simulated; the default IR says none of it."""
+    import ml_dtypes
+    from gc3.simulator.compute import make_compute_inputs
+    plain = lower(_algo("allgather_gemm")(n, m, k, cols, chunks))
+    prog = lower(_algo("allgather_gemm")(n, m, k, cols, chunks, 1))
+    nc = n * chunks
+    assert not plain.compute.return_a and "return_a" not in to_xml(plain)
+    assert {g.o_chunks for g in plain.gpus} == {nc} and {g.o_chunks for g in prog.gpus} == {2 * nc}
+    text = to_xml(prog)
+    assert '<compute op="agemm" dtype="bfloat16" return_a="1">' in text and from_xml(text) == prog
+    for r in range(n):
+        for p in range(n):
+            for i in range(chunks):
+                assert prog.postcondition[(r, nc + p * chunks + i)] == ((p, i),)
+    assert verify(from_xml(text)).proven == n * 2 * nc
+    res = simulate(from_xml(text), seed=n + k)
+    assert res.ok, res.errors
+    ins = make_compute_inputs(prog.compute, n, n + k)
+    rows = m // n
+    a = np.concatenate([ins[r]["a"][r * rows:(r + 1) * rows] for r in range(n)])
+    R, lanes = m // nc, (m // nc) * max(k, cols)
+    for r in range(n):
+        got = res.outputs[r].reshape(2 * nc, lanes)
+        want = (a.astype(np.float32) @ ins[r]["b"].astype(np.float32)).astype(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(got[:nc, :R * cols].reshape(m, cols), want)
+        np.testing.assert_array_equal(got[nc:, :R * k].reshape(m, k), a)
+
+
+def _ag_return_a(n, c, own, check=False):
+    """allgather_gemm(return_a=1)'s schedule at m = n*c, k = n = 1, except that rank r copies its own
+    A block i to gathered-A block own(r, i) (None: it copies none)."""
+    from gc3.collectives import AllGatherGemm
+    from gc3.topology import fully_connected
+    coll = AllGatherGemm(n, c, m=n * c, k=1, n=1, return_a=True)
+    with GC3Program("ag_bad", coll, topology=fully_connected(n)) as prog:
+        for s in range(n):
+            for i in range(c):
+                for r in range(n):
+                    p = (r + s) % n
+                    a = chunk(r, "in", i) if s == 0 else chunk(p, "in", i).copy(r, "out", n * c + p * c + i)
+                    gemm(r, "out", p * c + i, a=a)
+                    if s == 0 and own(r, i) is not None:
+                        a.copy(r, "out", n * c + own(r, i))
+        if check:
+            Check()
+    return prog
+
+
+def test_allgather_gemm_return_a_that_drops_or_misplaces_an_a_block_is_rejected():
+    """The proof rejects a program whose gathered A misses a block (never written) or holds one
+    in another's place (two of a rank's own blocks swapped), naming the chunk and the value;
+    so does the DSL's Check, and the simulator, from the data."""
+    n, c = 2, 2
+    good = lower(_ag_return_a(n, c, lambda r, i: r * c + i, check=True))
+    assert verify(good).proven == n * 2 * n * c
+    dropped = lower(_ag_return_a(n, c, lambda r, i: None if (r, i) == (1, 0) else r * c + i))
+    with pytest.raises(SemanticError, match=r"rank 1 output chunk o\[6\] should hold in\(1,0\) but holds nothing"):
+        verify(dropped)
+    swapped = lower(_ag_return_a(n, c, lambda r, i: r * c + (1 - i) if r == 0 else r * c + i))
+    with pytest.raises(SemanticError, match=r"rank 0 output chunk o\[4\] should hold in\(0,0\) but holds in\(0,1\)"):
+        verify(swapped)
+    with pytest.raises(PostconditionError):
+        _ag_return_a(n, c, lambda r, i: r * c + (1 - i) if r == 0 else r * c + i, check=True)
+    for bad in (dropped, swapped):
+        res = simulate(bad)
+        assert not res.ok and res.wrong > 0, res.errors
+    # the same program read as plain agemm (no return_a): its A chunks are not the operator's leaves
+    text = to_xml(good).replace(' return_a="1"', "")
+    with pytest.raises(SemanticError, match=r"should hold agemm\(0,0\) but holds in\(0,0\)"):
+        verify(from_xml(text))
+
+
+def test_return_a_in_the_ir_is_read_strictly():
+    from gc3.errors import IRFormatError
+    text = to_xml(lower(_algo("allgather_gemm")(2, 8, 8, 8, 1, 1)))
+    with pytest.raises(IRFormatError, match="return_a"):
+        from_xml(text.replace('return_a="1"', 'return_a="yes"'))
+    rs = to_xml(lower(_algo("gemm_reducescatter")(2, 8, 8, 8, 1)))
+    with pytest.raises(IRFormatError, match="return_a.*needs the agemm operator"):
+        from_xml(rs.replace('<compute op="gemm"', '<compute op="gemm" return_a="1"'))
+    with pytest.raises(TraceError, match="return_a must be True or False"):
+        from gc3.collectives import AllGatherGemm
+        AllGatherGemm(2, 1, m=8, return_a=1)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

@@ -23,6 +23,34 @@ def test_the_executor_schedule_is_the_programs(op, n):
         assert got == [(b, None if b == r else b) for b in range(n)], (r, chains[r])
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_all_gather_gemm_return_a_variant_states_the_same_schedule(n):
+    """The return_a program (blocks arrive into the gathered A, the GEMMs read them there) has the
+    executor's chunks, as the plain one does; and only it serves a call that returns A."""
+    op = "all_gather_gemm"
+    prog = compiled(op, n, True)
+    assert prog.compute.return_a and not compiled(op, n).compute.return_a
+    check_executor(op, n, return_a=True)
+    assert ir_chunks(prog) == ir_chunks(compiled(op, n))
+    with pytest.raises(GC3Error, match="states no gathered-A output"):
+        check_executor(op, n, compiled(op, n), return_a=True)
+    with pytest.raises(GC3Error, match="gemm_reduce_scatter gathers no A"):
+        compiled("gemm_reduce_scatter", n, True)
+
+
+def test_a_fused_call_that_returns_a_requires_the_return_a_schedule(cp, monkeypatch):  # noqa: F811
+    rng = np.random.default_rng(5)
+    A, _ = matrices(cp, rng, [(4, 4)] * 2, "float32")
+    B, _ = matrices(cp, rng, [(4, 3)] * 2, "float32")
+    asked = []
+    monkeypatch.setattr(schedule, "require", lambda op, n, return_a=False: asked.append((op, n, return_a)))
+    g = group(2)
+    gemm.all_gather_gemm(A, B, g, fused=True)
+    gemm.all_gather_gemm(A, B, g, return_a=True, fused=True)
+    gemm.all_gather_gemm(A, B, g, return_a=True, fused=False)
+    assert asked == [("all_gather_gemm", 2, False), ("all_gather_gemm", 2, True)]
+
+
 def _swap_rows(prog, rank, kind):
     """The IR with the row ranges of two of `rank`'s GEMM steps on different threadblocks exchanged."""
     g = prog.gpus[rank]

@@ -440,31 +440,45 @@ class AllGatherGemm(Collective):
     blocks share one chunk grid of R*max(K, N) lanes).  `gemm(rank, "out", j, a=ref)` steps
     compute them from the chunk `ref` that arrived, so the postcondition is output chunk j
     of rank r = agemm(r, j): block j of C made on rank r (with its own b) from A block j.
-    A custom collective (name "allgather_gemm"): the IR carries this postcondition."""
+    A custom collective (name "allgather_gemm"): the IR carries this postcondition.
+
+    return_a: the output also returns the gathered A (torch's fused_all_gather_matmul does by
+    default), n*c more chunks after C's: output chunk n*c + j of every rank = A block j as
+    the caller gave it, AllGather's postcondition shifted past C (ComputeSpec return_a)."""
 
     name = "allgather_gemm"
 
-    def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16"):
+    def __init__(self, num_ranks, chunk_factor=1, m=64, k=32, n=32, dtype="bfloat16", return_a=False):
         from ..ir import ComputeSpec
 
         super().__init__(num_ranks, chunk_factor, False)
         where = user_location()
+        if not isinstance(return_a, bool):
+            raise TraceError(f"{where}: AllGatherGemm return_a must be True or False, got {return_a!r}")
         m, k, n = (as_int(v, name, 1, where) for v, name in ((m, "m"), (k, "k"), (n, "n")))
         if m % (self.num_ranks * self.chunk_factor):
             raise TraceError(f"{where}: m={m} rows do not split into {self.num_ranks}*{self.chunk_factor} row "
                              f"blocks (ranks * chunk_factor): a chunk must hold whole rows")
-        self.compute = ComputeSpec("agemm", _float_dtype(dtype, "a gemm", where), (("a", (m, k)), ("b", (k, n))))
+        self.compute = ComputeSpec("agemm", _float_dtype(dtype, "a gemm", where), (("a", (m, k)), ("b", (k, n))),
+                                   return_a=return_a)
         self.rows_per_chunk = m // (self.num_ranks * self.chunk_factor)
 
     def __repr__(self) -> str:
         m, k, n = self.compute.gemm_dims()
         return (f"AllGatherGemm(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, m={m}, k={k}, "
-                f"n={n}, dtype={self.compute.dtype!r})")
+                f"n={n}, dtype={self.compute.dtype!r}" + (", return_a=True)" if self.compute.return_a else ")"))
+
+    @property
+    def c_chunks(self) -> int:
+        """Output chunks holding C (the gathered A, with return_a, follows them)."""
+        return self.num_ranks * self.chunk_factor
 
     def output_size(self, rank):
-        return self.num_ranks * self.chunk_factor
+        return self.c_chunks * (2 if self.compute.return_a else 1)
 
     def postcondition(self, rank, index):
         from .symbolic import computed_chunk
 
+        if index >= self.c_chunks:      # the gathered A: block p*c + i is rank p's input chunk i
+            return input_chunk(*divmod(index - self.c_chunks, self.chunk_factor))
         return computed_chunk(rank, index, "agemm")

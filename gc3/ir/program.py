@@ -89,7 +89,11 @@ class ComputeSpec:
     and writes those rows of C = a @ b into its dst chunks.  A and C row blocks
     share one chunk grid: a chunk of R rows has R*max(K, N) lanes, holding R
     rows of A (R*K lanes) or of C (R*N lanes) row-major from its start, the
-    rest zero padding; the output buffer is C in M/R such chunks.
+    rest zero padding; the output buffer is C in M/R such chunks.  With
+    `return_a` (XML return_a="1" on <compute>) it also returns the gathered A:
+    M/R more chunks after C's, chunk M/R + j holding A row block j as the
+    caller gave it (a copy, no compute: its postcondition terms name input
+    chunks, not agemm leaves; see `output_leaf_kind`).
 
     accum: what the collective's buffers carry.  "" (gemv, ebag, and the
     default): every stored value is rounded to `dtype`, so a reduction rounds
@@ -108,6 +112,8 @@ class ComputeSpec:
     # AllToAll's grid of n slices of max(splits) chunks, one row block a chunk: block j of C
     # (destination p, i-th of its blocks) is chunk p*max(splits) + i, the rest is padding.
     splits: Tuple[int, ...] = ()
+    # agemm only: the output buffer also holds the gathered A after C (see agemm above)
+    return_a: bool = False
 
     def block_chunk(self, block: int) -> int:
         """The buffer chunk of row block `block` of C (itself without `splits`)."""
@@ -119,6 +125,13 @@ class ComputeSpec:
                 return p * c + block
             block -= s
         raise ValueError(f"row block outside the {sum(self.splits)} blocks of the splits {self.splits}")
+
+    def output_leaf_kind(self, chunk: int, nranks: int, chunks_per_rank: int) -> str:
+        """What output chunk `chunk` holds in the postcondition: the operator's leaves, or "in"
+        (an input chunk as given) for agemm's gathered A, past C's nranks * chunks_per_rank chunks."""
+        if self.return_a and chunk >= nranks * chunks_per_rank:
+            return "in"
+        return self.op
 
     @property
     def buffer_dtype(self) -> str:

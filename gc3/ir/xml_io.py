@@ -248,9 +248,12 @@ def _read_fused(root, source: str, prog: Program) -> None:
     spec = ComputeSpec(op=_attr(el, "op", source, _choice(sorted(COMPUTE))),
                        dtype=_attr(el, "dtype", source), inputs=tuple(inputs), dtypes=tuple(dtypes),
                        accum=_attr(el, "accum", source, _choice(ACCUMS), default="", required=False),
-                       splits=_attr(el, "splits", source, _int_list, default=(), required=False))
+                       splits=_attr(el, "splits", source, _int_list, default=(), required=False),
+                       return_a=_attr(el, "return_a", source, _bool, default=False, required=False))
     try:
         spec.split()
+        if spec.return_a and spec.op != "agemm":
+            raise ValueError(f"return_a=\"1\" (the gathered A after C) needs the agemm operator, not {spec.op}")
         if spec.splits and (spec.op != "gemm" or spec.split()[1] % sum(spec.splits)):
             raise ValueError(f"splits={spec.splits} need a gemm whose rows divide into {sum(spec.splits)} blocks")
     except ValueError as exc:
@@ -376,6 +379,8 @@ def to_element(prog: Program):
             ce.set("accum", prog.compute.accum)
         if prog.compute.splits:         # absent: equal slices
             ce.set("splits", ",".join(map(str, prog.compute.splits)))
+        if prog.compute.return_a:       # absent: the output is C alone
+            ce.set("return_a", "1")
         typed = dict(prog.compute.dtypes)
         for name, shape in prog.compute.inputs:
             ie = etree.SubElement(ce, _INPUT, {"name": name, "shape": ",".join(map(str, shape))})

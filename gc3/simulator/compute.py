@@ -177,19 +177,24 @@ def _agemm_tile(spec: ComputeSpec, args, a: int, b: int, cnt: int, operand: np.n
 
 
 def _agemm_reference(spec: ComputeSpec, inputs, chunks: int, coll: str):
-    """Gather every rank's A rows, then each rank's GEMM with its own b, rounded once; padding lanes
-    are not checked (tolerance infinite)."""
+    """Gather every rank's A rows, then each rank's GEMM with its own b, rounded once; with return_a
+    the gathered A follows, bit-exact (tolerance 0: a copy).  Padding lanes are not checked
+    (tolerance infinite)."""
     dt = dtype_info(spec.dtype).np
     n = len(inputs)
     m, k, cols = spec.gemm_dims()
     lanes = (m // (n * chunks)) * max(k, cols)
     a = np.concatenate([_agemm_rows(spec, d["a"], r, n) for r, d in enumerate(inputs)])
+
+    def grid(values, tol):
+        t = _padded(np.full(values.shape, tol), lanes, n * chunks)
+        t[_padded(np.ones(values.shape), lanes, n * chunks) == 0] = np.inf
+        return _padded(values.astype(np.float64), lanes, n * chunks), t
+    gathered = grid(a.astype(dt), 0.0) if spec.return_a else None
     out = []
     for d in inputs:
-        c = (a.astype(np.float32) @ d["b"].astype(np.float32)).astype(dt).astype(np.float64)
-        tol = _padded(np.full(c.shape, 1e-6), lanes, n * chunks)
-        tol[tol == 0] = np.inf
-        out.append((_padded(c, lanes, n * chunks), tol))
+        c = grid((a.astype(np.float32) @ d["b"].astype(np.float32)).astype(dt), 1e-6)
+        out.append(c if gathered is None else tuple(np.concatenate(pair) for pair in zip(c, gathered)))
     return out
 
 

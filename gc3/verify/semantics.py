@@ -26,7 +26,9 @@ j is the padded grid's chunk, `ComputeSpec.block_chunk`).  An `agemm` step
 (AllGather + GEMM) reads its src chunks, which must each hold one input chunk
 in(p, i) (an A row block as the caller gave it) whose rows are the ones the
 step names; it makes agemm(rank, p*c + i), and the IR's <postcondition> asks
-output chunk j of rank r to hold agemm(r, j).
+output chunk j of rank r to hold agemm(r, j); with return_a (the gathered A
+after C's n*c chunks) output chunk n*c + j asks for the input chunk in(p, i)
+itself, as an AllGather's would (`ComputeSpec.output_leaf_kind`).
 
 Cost.  The symbolic run is O(sum of cnt) slot operations; each step also
 joins a vector clock of T entries (T threadblocks in all) with numpy, and a
@@ -501,9 +503,10 @@ class _Run:
         for (r, j) in sorted(post):
             terms = post[(r, j)]
             mem = self.ranks[r]
-            want = seen.get(terms)
+            kind = prog.compute.output_leaf_kind(j, len(self.ranks), mem.nin) if prog.fused else "in"
+            want = seen.get((terms, kind))
             if want is None:
-                want = seen[terms] = from_terms(terms, c, prog.compute.op if prog.fused else "in")
+                want = seen[(terms, kind)] = from_terms(terms, c, kind)
             bad = [(rr, ii) for ii, mask in want.terms if ii % c != j % c for rr in (mask.bit_length() - 1,)]
             if bad:
                 raise SemanticError(

@@ -326,13 +326,14 @@ def _run(phases: Dict[int, List[Callable[[], None]]]) -> None:
                 steps[i]()
 
 
-def _decided(op: str, n: int, shape: str, fused: bool, why: str) -> None:
-    """Log the choice; a fused run first checks its chunk schedule against the compiled program."""
+def _decided(op: str, n: int, shape: str, fused: bool, why: str, return_a: bool = False) -> None:
+    """Log the choice; a fused run first checks its chunk schedule against the compiled program
+    (all_gather_gemm with return_a: the variant whose IR returns the gathered A too)."""
     get_logger().info("%s %s: %s (%s)", op, shape, "fused" if fused else "sequential", why)
     if fused:
         from .schedule import require   # schedule.py imports this module: import it once this one is loaded
 
-        require(op, n)
+        require(op, n, return_a)
 
 
 def _operands(op: str, a, b, comm: _Group, stream):
@@ -476,7 +477,7 @@ def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, str
     st = comm.shape((op, m, K, t), {"gather": n * m * K * isz})
     st.epoch += 1
     fuse, why = fuse_decision(op, m, fused)
-    _decided(op, n, f"m={m} K={K} {name} n={n}", fuse, why)
+    _decided(op, n, f"m={m} K={K} {name} n={n}", fuse, why, bool(return_a))
     outs_given = None if out is None else _per_rank(comm, out, "out", op)
     outs, gathered = [], []
     for i, r in enumerate(comm.local):

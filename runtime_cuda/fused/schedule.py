@@ -11,6 +11,9 @@ executor's order a linearization of every threadblock's chain; the executor
 calls `require` before its first fused call of an (operator, ranks) pair.  The IR does
 not order chunks across threadblocks (peers), so the rank-swizzled order
 across peers stays the executor's choice within what the IR allows.
+all_gather_gemm(return_a=True) requires the program's return_a variant, whose
+IR also states the gathered A as an output (its blocks arrive there, and the
+GEMMs read them from there rather than from scratch).
 """
 from __future__ import annotations
 
@@ -31,16 +34,19 @@ Chunk = Tuple[int, Optional[int]]   # (row block, peer it goes to / comes from; 
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(op: str, n: int):
+def compiled(op: str, n: int, return_a: bool = False):
     """The lowered IR of `op`'s program for n ranks, one chunk per rank block, at a tiny shape
-    (the schedule does not depend on the matrix sizes)."""
+    (the schedule does not depend on the matrix sizes); return_a: all_gather_gemm's variant
+    that also returns the gathered A."""
     from gc3.compiler.pipeline import lower
 
     if op not in PROGRAMS:
         raise GC3Error(f"{op}: no fused GEMM program (expected one of {', '.join(PROGRAMS)})")
+    if return_a and op != "all_gather_gemm":
+        raise GC3Error(f"{op}: return_a is all_gather_gemm's (the gathered A); {op} gathers no A")
     name = PROGRAMS[op]
     build = runpy.run_path(str(ALGORITHMS_DIR / "fused" / f"{name}.py"))[name]
-    return lower(build(n, 2 * n, 1, 1, 1))
+    return lower(build(n, 2 * n, 1, 1, 1, *([1] if return_a else [])))
 
 
 def ir_chunks(prog) -> Dict[int, List[List[Chunk]]]:
@@ -85,12 +91,15 @@ def _carried_to(g, tb, i: int) -> Optional[int]:
     return None
 
 
-def check_executor(op: str, n: int, prog=None) -> None:
+def check_executor(op: str, n: int, prog=None, return_a: bool = False) -> None:
     """GC3Error unless the executor's chunk schedule for n ranks is the one `prog`
-    (default: the compiled program of `op`) states."""
-    prog = compiled(op, n) if prog is None else prog
+    (default: the compiled program of `op`, its return_a variant with return_a) states."""
+    prog = compiled(op, n, return_a) if prog is None else prog
     if prog.ngpus != n:
         raise GC3Error(f"{op}: the program has {prog.ngpus} ranks, the executor {n}")
+    if return_a and not prog.compute.return_a:
+        raise GC3Error(f"{op}, {n} ranks: the executor returns the gathered A, but the program {prog.name!r} "
+                       f"states no gathered-A output (<compute return_a=\"1\">)")
     chains = ir_chunks(prog)
     for r in range(n):
         mine = chunk_schedule(op, r, n)
@@ -107,7 +116,7 @@ def check_executor(op: str, n: int, prog=None) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def require(op: str, n: int) -> None:
-    """check_executor once per (operator, ranks) a process runs fused: the executor refuses to
-    run a schedule its compiled program does not state."""
-    check_executor(op, n)
+def require(op: str, n: int, return_a: bool = False) -> None:
+    """check_executor once per (operator, ranks, return_a) a process runs fused: the executor
+    refuses to run a schedule its compiled program does not state."""
+    check_executor(op, n, return_a=return_a)
