@@ -486,6 +486,7 @@ class VirtualRanksRunner:
 
     def run(self, spec: Spec) -> Outcome:
         from runtime_cuda.nccl.selection import select
+        from runtime_cuda.small_allreduce import SmallAllreduce
         from runtime_cuda.virtual import VirtualRanks
 
         from runtime_cuda import abi
@@ -518,16 +519,20 @@ class VirtualRanksRunner:
         if not decision.uses_gc3 or any(not select(self.catalog, c).uses_gc3 for c in calls[1:]):
             return out
         cand = decision.candidate
-        group = self.groups.get(cand.name)
+        # The small-message kernels share one scratch per communicator, as in the drop-in.
+        key = "kernel" if cand.kernel else cand.name
+        group = self.groups.get(key)
         if group is None:
-            group = self.groups[cand.name] = VirtualRanks(cand.program)
+            group = self.groups[key] = (SmallAllreduce.virtual(self.n) if cand.kernel
+                                        else VirtualRanks(cand.program))
         with st.on(spec):
             for r in range(self.n):
                 fill_input(gpu, spec, self.n, r, sends[r])
         if not indep:
             st.join(cs, cur)
         op = OP_NAMES[spec.op] if spec.op is not None else "sum"
-        group.run_ptrs(sends, recvs, calls[0].in_elems, DTYPE_NAMES[spec.dtype], op, cs)
+        kind = {"kind": cand.kernel} if cand.kernel else {}
+        group.run_ptrs(sends, recvs, calls[0].in_elems, DTYPE_NAMES[spec.dtype], op, cs, **kind)
         if not indep:
             st.join(cur, cs)
         if cp.cuda.get_current_stream().ptr != cur:

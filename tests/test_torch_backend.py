@@ -221,7 +221,8 @@ def tuned_catalog(n, folder, *more):
                              timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert out.returncode == 0, out.stdout + out.stderr
         for entry in json.loads(path.read_text())["algorithms"]:
-            entries.append(dict(entry, file=str(path.parent / entry["file"])))
+            # Kernel entries (one-shot/two-shot allreduce) name no file.
+            entries.append(dict(entry, file=str(path.parent / entry["file"])) if "file" in entry else entry)
     merged = folder / "catalog.json"
     merged.write_text(json.dumps({"version": 1, "algorithms": entries}))
     return merged
