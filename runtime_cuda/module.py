@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 from gc3 import limits
 
@@ -36,12 +36,18 @@ def trace_enabled() -> bool:
     return os.environ.get("GC3_TRACE", "0") not in ("", "0")
 
 
-# The gemv opcode's tunables (kernels/prims_compute.cuh, which holds their defaults) and the values
-# the GPU tests cover, low to high, one count per tunable: weight bytes a thread loads before it uses
-# any, in the CUDA-core passes (batch 1; fp32) and in the 16-bit types' tensor-core passes
-# (batch >= 2).  An environment variable of the macro's name overrides the default in every compute
-# build; scripts/bench_gemv_opcode.py --sweep times them.
-GEMV_TUNABLES = {"GC3_CMP_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_INFLIGHT": (64, 128, 256)}
+# The gemv opcode's tunables (kernels/prims_compute.cuh, which holds their defaults and says what
+# each does) and the values a build may set: weight bytes a thread loads before it uses any, in the
+# CUDA-core passes (batch 1; fp32) and in the 16-bit types' tensor-core passes (batch >= 2), and the
+# wider warp tiles of the tensor-core passes above 16 rows.  An environment variable of the macro's
+# name overrides the default in every compute build.
+GEMV_TUNABLES = {"GC3_CMP_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_WIDE": (0, 1)}
+# The settings the GPU tests run and scripts/bench_gemv_opcode.py --sweep times, each one build
+# (per dtype): together they take every value of every tunable, and on sm_80+ each tunable acts on
+# batch sizes of its own (16-bit types: batch 1, 2..16, 17+), so one sweep times each value.
+GEMV_LEVELS = ({"GC3_CMP_INFLIGHT": 64, "GC3_CMP_MMA_INFLIGHT": 64, "GC3_CMP_MMA_WIDE": 1},
+               {"GC3_CMP_INFLIGHT": 128, "GC3_CMP_MMA_INFLIGHT": 128, "GC3_CMP_MMA_WIDE": 0},
+               {"GC3_CMP_INFLIGHT": 256, "GC3_CMP_MMA_INFLIGHT": 256, "GC3_CMP_MMA_WIDE": 0})
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,13 +61,6 @@ def gemv_defaults() -> Dict[str, int]:
             raise RuntimeError(f"kernels/prims_compute.cuh: no '#ifndef {name}' default for the gemv tunable")
         found[name] = int(m.group(1))
     return found
-
-
-def gemv_levels() -> List[Dict[str, int]]:
-    """The tested settings: level i sets every tunable to its i-th value (the GPU tests run each, the
-    benchmark's sweep times each)."""
-    return [{name: values[i] for name, values in GEMV_TUNABLES.items()}
-            for i in range(len(next(iter(GEMV_TUNABLES.values()))))]
 
 
 def gemv_tuning(tune: Optional[Mapping[str, int]] = None) -> Tuple[Tuple[str, int], ...]:

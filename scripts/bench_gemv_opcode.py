@@ -13,9 +13,11 @@ small multiples of 1/8, so the products are exact and only the rounding of y dif
 when a check fails.
 
 --sweep: the same per variant of the opcode -- its build's tunables (runtime_cuda.module.
-GEMV_TUNABLES, at the levels the GPU tests cover; on sm_80+ the 16-bit types' batch 1 uses only
-"inflight", batch >= 2 only "mma_inflight") x threads per block x blocks (chunks: 256 puts two
-blocks of 256 threads on an SM) -- one row per (shape, variant), each variant checked before it is timed,
+GEMV_LEVELS, the settings the GPU tests cover; on sm_80+ the 16-bit types' batch 1 uses only
+"inflight", batch 2..16 only "mma_inflight", batch 17+ "mma_wide" and, where that is 0,
+"mma_inflight", so the best row of each batch names each tunable's best value) x threads per block
+x blocks (chunks: 256 puts two blocks of 256 threads on an SM) -- one row per (shape, variant),
+each variant checked before it is timed,
 then the fastest variant per shape and the variants ranked by their geometric-mean gc3/cuBLAS
 bandwidth over the shapes.  --vary NAME=V1,V2 (a tunable, threads or chunks) replaces that axis.
 """
@@ -73,16 +75,16 @@ def _launch_axes(a, vary):
 
 def _tunings(a, vary):
     """Tunable settings to build ({}: the defaults): --vary's product where it names tunables, else
-    with --sweep the levels the GPU tests cover (runtime_cuda.module.gemv_levels: each a build),
+    with --sweep the levels the GPU tests cover (runtime_cuda.module.GEMV_LEVELS: each a build),
     else the defaults."""
     import itertools
 
-    from runtime_cuda.module import GEMV_TUNABLES, gemv_levels
+    from runtime_cuda.module import GEMV_LEVELS, GEMV_TUNABLES
 
     named = {k: v for k, v in vary.items() if k in GEMV_TUNABLES}
     if named:
         return [dict(zip(named, vals)) for vals in itertools.product(*named.values())]
-    return gemv_levels() if a.sweep else [{}]
+    return GEMV_LEVELS if a.sweep else [{}]
 
 
 def _parse_vary(ap, items):
