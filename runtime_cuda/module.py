@@ -45,9 +45,9 @@ GEMV_TUNABLES = {"GC3_CMP_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_INFLIGHT": (64
 # The settings the GPU tests run and scripts/bench_gemv_opcode.py --sweep times, each one build
 # (per dtype): together they take every value of every tunable, and on sm_80+ each tunable acts on
 # batch sizes of its own (16-bit types: batch 1, 2..16, 17+), so one sweep times each value.
-GEMV_LEVELS = ({"GC3_CMP_INFLIGHT": 64, "GC3_CMP_MMA_INFLIGHT": 64, "GC3_CMP_MMA_WIDE": 1},
+GEMV_LEVELS = ({"GC3_CMP_INFLIGHT": 64, "GC3_CMP_MMA_INFLIGHT": 64, "GC3_CMP_MMA_WIDE": 0},
                {"GC3_CMP_INFLIGHT": 128, "GC3_CMP_MMA_INFLIGHT": 128, "GC3_CMP_MMA_WIDE": 0},
-               {"GC3_CMP_INFLIGHT": 256, "GC3_CMP_MMA_INFLIGHT": 256, "GC3_CMP_MMA_WIDE": 0})
+               {"GC3_CMP_INFLIGHT": 256, "GC3_CMP_MMA_INFLIGHT": 256, "GC3_CMP_MMA_WIDE": 1})
 
 
 @functools.lru_cache(maxsize=None)

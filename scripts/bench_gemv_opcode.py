@@ -15,11 +15,11 @@ when a check fails.
 --sweep: the same per variant of the opcode -- its build's tunables (runtime_cuda.module.
 GEMV_LEVELS, the settings the GPU tests cover; on sm_80+ the 16-bit types' batch 1 uses only
 "inflight", batch 2..16 only "mma_inflight", batch 17+ "mma_wide" and, where that is 0,
-"mma_inflight", so the best row of each batch names each tunable's best value) x threads per block
-x blocks (chunks: 256 puts two blocks of 256 threads on an SM) -- one row per (shape, variant),
-each variant checked before it is timed,
-then the fastest variant per shape and the variants ranked by their geometric-mean gc3/cuBLAS
-bandwidth over the shapes.  --vary NAME=V1,V2 (a tunable, threads or chunks) replaces that axis.
+"mma_inflight" up to 128, so the best row of each batch names each tunable's best value) x
+threads per block x blocks (chunks: 256 puts two blocks of 256 threads on an SM) -- one row per
+(shape, variant), each variant checked before it is timed, then the fastest variant per shape
+and the variants ranked by their geometric-mean gc3/cuBLAS bandwidth over the shapes.
+--vary NAME=V1,V2 (a tunable, threads or chunks) replaces that axis.
 """
 from __future__ import annotations
 

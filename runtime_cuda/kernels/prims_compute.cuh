@@ -342,9 +342,9 @@ __device__ void gemv_rows_mma(const elem_t* x, const elem_t* w, int K, int N, in
 }
 
 // Up to 8 rows: 4 m-tiles per warp (16-byte weight loads) x 1 n-tile; up to 16: 2 m-tiles x 2
-// n-tiles; more: passes of 32 rows, 2 (GC3_CMP_MMA_WIDE: 4) m-tiles x 4 n-tiles.  A thread's
-// accumulators (MT*NT*4) and loads in flight then stay within the 128 registers one block per SM
-// allows.
+// n-tiles; more: passes of 32 rows, 2 (GC3_CMP_MMA_WIDE: 4) m-tiles x 4 n-tiles, at most 128 (64)
+// bytes in flight.  A thread's accumulators (MT*NT*4) and loads in flight then stay within the 128
+// registers one block per SM allows.
 template <bool VEC>
 __device__ void gemv_mma(const elem_t* x, const elem_t* w, int K, int N, int r_lo, int nr, i64 lo, i64 hi,
                          i64 colbase, int pc, elem_t* dst, i64 lane0, int n, float* sacc) {
@@ -356,7 +356,8 @@ __device__ void gemv_mma(const elem_t* x, const elem_t* w, int K, int N, int r_l
 #if GC3_CMP_MMA_WIDE
     gemv_rows_mma<4, 4, VEC, 64>(x, w, K, N, r_lo, nr, lo, hi, colbase, pc, dst, lane0, n, sacc);
 #else
-    gemv_rows_mma<2, 4, VEC>(x, w, K, N, r_lo, nr, lo, hi, colbase, pc, dst, lane0, n, sacc);
+    gemv_rows_mma<2, 4, VEC, GC3_CMP_MMA_INFLIGHT < 128 ? GC3_CMP_MMA_INFLIGHT : 128>(x, w, K, N, r_lo, nr, lo, hi,
+                                                                                    colbase, pc, dst, lane0, n, sacc);
 #endif
 }
 #endif
