@@ -336,8 +336,8 @@ __device__ void gemv_rows_mma(const elem_t* x, const elem_t* w, int K, int N, in
   for (int b0 = r_lo; b0 < r_lo + nr; b0 += RB) {
     const int nb = min(RB, r_lo + nr - b0);
     for (i64 t0 = c0; t0 < c1; t0 += (i64)PT * WT)
-      gemv_pass_mma<MT, NT, VEC, INFLIGHT>(x, w, K, N, b0, nb, t0, (int)min((i64)PT, (c1 - t0 + WT - 1) / WT), colbase, pc,
-                                 dst, lane0, n, sacc);
+      gemv_pass_mma<MT, NT, VEC, INFLIGHT>(x, w, K, N, b0, nb, t0, (int)min((i64)PT, (c1 - t0 + WT - 1) / WT),
+                                           colbase, pc, dst, lane0, n, sacc);
   }
 }
 
