@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 from gc3 import limits
 
@@ -36,14 +36,64 @@ def trace_enabled() -> bool:
     return os.environ.get("GC3_TRACE", "0") not in ("", "0")
 
 
+# The gemv opcode's tunables (kernels/prims_compute.cuh, which holds their defaults and says what
+# each does) and the values a build may set: weight bytes a thread loads before it uses any, in the
+# CUDA-core passes (batch 1; fp32) and in the 16-bit types' tensor-core passes (batch >= 2), and the
+# wider warp tiles of the tensor-core passes above 16 rows.  An environment variable of the macro's
+# name overrides the default in every compute build.
+GEMV_TUNABLES = {"GC3_CMP_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_WIDE": (0, 1)}
+# The settings the GPU tests run and scripts/bench_gemv_opcode.py --sweep times, each one build
+# (per dtype): together they take every value of every tunable, and on sm_80+ each tunable acts on
+# batch sizes of its own (16-bit types: batch 1, 2..16, 17+), so one sweep times each value.
+GEMV_LEVELS = ({"GC3_CMP_INFLIGHT": 64, "GC3_CMP_MMA_INFLIGHT": 64, "GC3_CMP_MMA_WIDE": 0},
+               {"GC3_CMP_INFLIGHT": 128, "GC3_CMP_MMA_INFLIGHT": 128, "GC3_CMP_MMA_WIDE": 0},
+               {"GC3_CMP_INFLIGHT": 256, "GC3_CMP_MMA_INFLIGHT": 256, "GC3_CMP_MMA_WIDE": 1})
+
+
+@functools.lru_cache(maxsize=None)
+def gemv_defaults() -> Dict[str, int]:
+    """Each tunable's default, as prims_compute.cuh defines it (#ifndef NAME / #define NAME value)."""
+    text = (abi.KERNEL_DIR / "prims_compute.cuh").read_text()
+    found = {}
+    for name in GEMV_TUNABLES:
+        m = re.search(rf"^#ifndef {name}\n#define {name} (\d+)$", text, re.M)
+        if m is None:
+            raise RuntimeError(f"kernels/prims_compute.cuh: no '#ifndef {name}' default for the gemv tunable")
+        found[name] = int(m.group(1))
+    return found
+
+
+def gemv_tuning(tune: Optional[Mapping[str, int]] = None) -> Tuple[Tuple[str, int], ...]:
+    """The tunables a compute build sets apart from prims_compute.cuh's defaults, sorted: the
+    environment's, then `tune`'s (which wins).  A name or value outside GEMV_TUNABLES
+    is an InputError naming where it came from."""
+    from gc3.errors import InputError
+
+    chosen = {}
+    for name, allowed in GEMV_TUNABLES.items():
+        raw = os.environ.get(name)
+        if raw:
+            if not raw.strip().isdigit() or int(raw) not in allowed:
+                raise InputError(f"environment variable {name}={raw!r}: expected one of {allowed}")
+            chosen[name] = int(raw)
+    for name, value in (tune or {}).items():
+        if name not in GEMV_TUNABLES:
+            raise InputError(f"gemv tunable {name!r}: expected one of {sorted(GEMV_TUNABLES)}")
+        if isinstance(value, bool) or value not in GEMV_TUNABLES[name]:
+            raise InputError(f"gemv tunable {name}={value!r}: expected one of {GEMV_TUNABLES[name]}")
+        chosen[name] = int(value)
+    # The defaults are left out, so that a setting of them is the default build (one binary, one cache entry).
+    return tuple(sorted((k, v) for k, v in chosen.items() if v != gemv_defaults()[k]))
+
+
 def options(dtype: str, op: str, proto: str, trace: bool = False, compute: bool = False,
-            epilogue: bool = False) -> Tuple[str, ...]:
-    """`compute`: with the compute opcodes (a fused IR's group; prims_compute.cuh says why not always);
-    `epilogue`: with the epilogue on flagged stores (an epilogue IR's group; plain collectives keep
-    the store path without its branch and registers)."""
+            epilogue: bool = False, tune: Optional[Mapping[str, int]] = None) -> Tuple[str, ...]:
+    """`compute`: with the compute opcodes (a fused IR's group; prims_compute.cuh says why not always)
+    and the gemv tunables of gemv_tuning(tune); `epilogue`: with the epilogue on flagged stores (an
+    epilogue IR's group; plain collectives keep the store path without its branch and registers)."""
     debug = ("-lineinfo",) if os.environ.get("GC3_NVRTC_LINEINFO") else ()
     debug += ("-DGC3_TRACE",) if trace else ()
-    debug += ("-DGC3_COMPUTE",) if compute else ()
+    debug += ("-DGC3_COMPUTE",) + tuple(f"-D{k}={v}" for k, v in gemv_tuning(tune)) if compute else ()
     debug += ("-DGC3_EPILOGUE",) if epilogue else ()
     return debug + ("-std=c++17",
             f"-DGC3_DTYPE={abi.DTYPE[dtype]}", f"-DGC3_REDOP={abi.REDOP[op]}", f"-DGC3_PROTO={abi.PROTO[proto]}",

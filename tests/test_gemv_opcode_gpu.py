@@ -8,7 +8,15 @@ outside its tile, fails."""
 import numpy as np
 import pytest
 
+from gc3.errors import GC3Error
+
+from runtime_cuda.module import GEMV_LEVELS
+
 pytestmark = pytest.mark.gpu
+
+# Every tested level of the opcode's tunables (module.GEMV_TUNABLES): the cases run under each, the
+# tile tests (whose bounds no tunable touches) under the defaults only.
+LEVELS = GEMV_LEVELS
 
 CASES = [  # (batch, K, N, chunks, dtype, threads)
     (1, 301, 231, 7, "bfloat16", 512),      # batch 1: the CUDA-core pass
@@ -21,6 +29,8 @@ CASES = [  # (batch, K, N, chunks, dtype, threads)
     (3, 301, 231, 7, "float32", 512),
     (17, 256, 512, 8, "float32", 256),      # passes of 8 rows
     (32, 130, 96, 4, "float32", 128),
+    (1, 1000, 1024, 8, "bfloat16", 256),    # batch 1, 16-byte loads, K not a multiple of a round of loads
+    (1, 999, 512, 4, "float32", 512),
 ]
 
 
@@ -58,8 +68,13 @@ def _check(got_chunks, want, scale, dtype, lane0, n):
     assert np.isnan(outside).all(), f"{int((~np.isnan(outside)).sum())} lanes written outside the tile"
 
 
+def _level_id(tune):
+    return "-".join(f"{k.replace('GC3_CMP_', '').lower()}{v}" for k, v in tune.items())
+
+
+@pytest.mark.parametrize("tune", LEVELS, ids=_level_id)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_gemv_opcode_against_float64(case):
+def test_gemv_opcode_against_float64(case, tune):
     import cupy
     from runtime_cuda.fused.gemv_opcode import gemv_chunks
     batch, k, n_out, chunks, dtype, threads = case
@@ -67,7 +82,7 @@ def test_gemv_opcode_against_float64(case):
     x, xh = _ints(rng, (batch, k), dtype, 2)
     w, wh = _ints(rng, (k, n_out), dtype, 2)
     out = _poison((chunks, batch, n_out // chunks), dtype)
-    gemv_chunks(x, w, chunks, out=out, threads=threads)
+    gemv_chunks(x, w, chunks, out=out, threads=threads, tune=tune)
     cupy.cuda.get_current_stream().synchronize()
     _check(out, xh @ wh, np.abs(xh) @ np.abs(wh), dtype, 0, batch * (n_out // chunks))
 
@@ -90,13 +105,16 @@ def test_gemv_opcode_computes_only_its_tile(dtype, lanes):
     _check(out, xh @ wh, np.abs(xh) @ np.abs(wh), dtype, lane0, n)
 
 
-def test_gemv_opcode_random_bf16_at_an_issue_shape():
-    """Batch 32 x K 2048 x N 8192 bf16, normal values: the tensor-core pass within bf16's bound."""
+@pytest.mark.parametrize("tune", LEVELS, ids=_level_id)
+@pytest.mark.parametrize("batch", [1, 32])
+def test_gemv_opcode_random_bf16_at_an_issue_shape(batch, tune):
+    """Batch 1 / 32 x K 2048 x N 8192 bf16, normal values: the CUDA-core / tensor-core pass within
+    bf16's bound, with K long enough for many rounds of loads in flight."""
     import cupy
     from fused_cases import count_wrong, gemv_case, to_host
     from runtime_cuda.fused.gemv_opcode import gemv_chunks, unchunk
-    xs, ws, want, scale = gemv_case(np.random.default_rng(7), 1, 32, 2048, 8192, "bfloat16")
-    y = unchunk(gemv_chunks(xs[0], ws[0], 128))
+    xs, ws, want, scale = gemv_case(np.random.default_rng(7), 1, batch, 2048, 8192, "bfloat16")
+    y = unchunk(gemv_chunks(xs[0], ws[0], 128, tune=tune))
     cupy.cuda.get_current_stream().synchronize()
     assert count_wrong(to_host(y, "bfloat16"), want, scale, "bfloat16") == 0
 
@@ -113,3 +131,5 @@ def test_gemv_opcode_refuses_bad_input():
         gemv_chunks(x, cupy.zeros((8, 16), cupy.float32), 2, lane0=10, n=10)
     with pytest.raises(ValueError, match="dtype float64"):
         gemv_chunks(x.astype(cupy.float64), cupy.zeros((8, 16), cupy.float64), 2)
+    with pytest.raises(GC3Error, match="gemv tunable GC3_CMP_INFLIGHT=96: expected one of"):
+        gemv_chunks(x, cupy.zeros((8, 16), cupy.float32), 2, tune={"GC3_CMP_INFLIGHT": 96})

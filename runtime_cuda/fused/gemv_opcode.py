@@ -7,7 +7,7 @@ picked freely."""
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Mapping, Optional, Tuple
 
 from .. import module
 from .memory_bound import storage, value_dtype
@@ -23,21 +23,23 @@ gc3_gemv_opcode(const elem_t* x, const elem_t* w, int batch, int K, int N, int p
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(dtype: str, device: int):
+def _kernel(dtype: str, device: int, tune: Tuple[Tuple[str, int], ...]):
     import cupy
 
     code = module.source("prims_compute.cuh") + _WRAPPER
-    mod = cupy.RawModule(code=code, options=module.options(dtype, "sum", "Simple", compute=True))
+    mod = cupy.RawModule(code=code, options=module.options(dtype, "sum", "Simple", compute=True, tune=dict(tune)))
     return mod.get_function(_KERNEL)
 
 
 def gemv_chunks(x, w, chunks: int, out=None, lane0: int = 0, n: Optional[int] = None, threads: int = module.MAX_THREADS,
-                stream=None):
+                stream=None, tune: Optional[Mapping[str, int]] = None):
     """y = x @ w by the opcode, laid out as a fused gemv program's buffer: out [chunks, batch, N/chunks],
     out[j] = y[:, j*N/chunks:(j+1)*N/chunks]; only lanes [lane0, lane0 + n) of each chunk are written
     (n defaults to the rest of the chunk).  x [batch, K], w [K, N]: C-contiguous CuPy arrays of one
     value type (uint16: bfloat16).  `threads` per block: 128, 256 or 512, the sizes a launch group
-    picks.  Queued on `stream` (default: the current one); returns out."""
+    picks.  `tune`: gemv tunables of this build ({macro: value}, module.GEMV_TUNABLES; over the
+    environment's, over prims_compute.cuh's defaults).  Queued on `stream` (default: the current
+    one); returns out."""
     import cupy
 
     for a, what in ((x, "x"), (w, "w")):
@@ -51,6 +53,7 @@ def gemv_chunks(x, w, chunks: int, out=None, lane0: int = 0, n: Optional[int] = 
     (batch, k), n_out = x.shape, w.shape[1]
     if chunks < 1 or n_out % chunks:
         raise ValueError(f"gemv_chunks: chunks={chunks} must divide N={n_out}")
+    tuning = module.gemv_tuning(tune)   # refuses a bad tunable before anything is allocated
     if threads not in (128, 256, 512):
         raise ValueError(f"gemv_chunks: threads={threads}; a launch group runs 128, 256 or 512")
     per = n_out // chunks
@@ -64,7 +67,7 @@ def gemv_chunks(x, w, chunks: int, out=None, lane0: int = 0, n: Optional[int] = 
                          f"{(chunks, batch, per)} {storage(dtype)}")
     st = stream if stream is not None else cupy.cuda.get_current_stream()
     with st:
-        _kernel(dtype, cupy.cuda.Device().id)(
+        _kernel(dtype, cupy.cuda.Device().id, tuning)(
             (chunks,), (threads,), (x, w, cupy.int32(batch), cupy.int32(k), cupy.int32(n_out), cupy.int32(per),
                                     out, cupy.int64(lane0), cupy.int32(n)))
     return out

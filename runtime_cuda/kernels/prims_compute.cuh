@@ -25,6 +25,13 @@
 #define GC3_CMP_ACC 32
 // fp32 partial sums of one gemv pass in shared memory (16 KiB).
 #define GC3_CMP_SMEM 4096
+// Weight bytes one thread of a CUDA-core gemv pass loads before it uses any: the loads are issued
+// together, so an SM has threads x this in flight (64 KiB at 512 threads), about what covers the
+// memory latency at an SM's share of HBM bandwidth; the compiler's unrolling alone does not keep
+// them independent.  Tunable (runtime_cuda/module.py GEMV_TUNABLES).
+#ifndef GC3_CMP_INFLIGHT
+#define GC3_CMP_INFLIGHT 128
+#endif
 
 __device__ __forceinline__ float cmp_f32(elem_t v) { return (float)to_acc(v); }
 
@@ -87,6 +94,11 @@ __device__ __forceinline__ void gemv_store(const float* sacc, int b0, int nb, i6
 template <int V, int RB>
 __device__ void gemv_pass(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int K, int N, int b0, int nb,
                           i64 c0, int nv, i64 colbase, int pc, elem_t* dst, i64 lane0, int n, float* sacc) {
+  // Weight vectors a thread loads at once: GC3_CMP_INFLIGHT bytes for batch 1, at most 128 bytes
+  // where RB rows of accumulators share the registers (more spills), at most 16 loads.
+  constexpr int BYTES = RB == 1 || GC3_CMP_INFLIGHT < 128 ? GC3_CMP_INFLIGHT : 128;
+  constexpr int U = BYTES / (V * (int)sizeof(elem_t)) < 16 ? BYTES / (V * (int)sizeof(elem_t)) : 16;
+  static_assert(U >= 1, "GC3_CMP_INFLIGHT must hold one weight vector");
   const int width = nv * V;
   for (int i = threadIdx.x; i < nb * width; i += blockDim.x) sacc[i] = 0.f;
   __syncthreads();
@@ -101,15 +113,23 @@ __device__ void gemv_pass(const elem_t* __restrict__ x, const elem_t* __restrict
     const elem_t* wp = w + (i64)kg * N + c0 + (i64)v * V;
     const elem_t* xp = x + (i64)b0 * K;
     const i64 wstep = (i64)ks * N;
-#pragma unroll 4
-    for (int k = kg; k < K; k += ks) {
-      const CmpVec<V> wv = cmp_load<V>(wp);
-      wp += wstep;
+    for (int k0 = kg; k0 < K; k0 += ks * U) {
+      CmpVec<V> wv[U];
 #pragma unroll
-      for (int r = 0; r < RB; ++r) {
-        const float xv = r < nb ? cmp_f32(xp[(i64)r * K + k]) : 0.f;
+      for (int u = 0; u < U; ++u) {
+        if (k0 + ks * u < K) wv[u] = cmp_load<V>(wp);
+        wp += wstep;
+      }
 #pragma unroll
-        for (int c = 0; c < V; ++c) acc[r][c] = fmaf(xv, cmp_f32(wv.e[c]), acc[r][c]);
+      for (int u = 0; u < U; ++u) {
+        const int k = k0 + ks * u;
+        if (k >= K) break;
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          const float xv = r < nb ? cmp_f32(xp[(i64)r * K + k]) : 0.f;
+#pragma unroll
+          for (int c = 0; c < V; ++c) acc[r][c] = fmaf(xv, cmp_f32(wv[u].e[c]), acc[r][c]);
+        }
       }
     }
 #pragma unroll
@@ -155,9 +175,16 @@ __device__ void gemv_rows(const elem_t* x, const elem_t* w, int K, int N, int r_
 #define GC3_CMP_MMA_OP "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 #endif
 // Weight bytes one thread loads before it uses them (k steps of 16, each 4 rows
-// of 4*MT bytes): 64 KiB in flight per SM at 512 threads, which covers the
-// memory latency at the bandwidth an SM's share of HBM needs.
+// of 4*MT bytes): as GC3_CMP_INFLIGHT for the CUDA-core passes.  Tunable.
+#ifndef GC3_CMP_MMA_INFLIGHT
 #define GC3_CMP_MMA_INFLIGHT 128
+#endif
+// 1: passes of 32 rows in warp tiles of 64 columns (4 m-tiles x 4 n-tiles) rather than 32 (2 x 4),
+// which halves the x fragments loaded per weight byte, at 64 bytes in flight per thread (the 64
+// accumulators leave no registers for more).  Tunable.
+#ifndef GC3_CMP_MMA_WIDE
+#define GC3_CMP_MMA_WIDE 0
+#endif
 
 __device__ __forceinline__ void cmp_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
   asm volatile(GC3_CMP_MMA_OP " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -215,11 +242,12 @@ __device__ __forceinline__ unsigned mma_xload(int K, bool row_ok, const elem_t* 
 // One pass: rows [b0, b0 + nb) (nb <= 8*NT) x absolute columns [c0, c0 + nt*16*MT)
 // (c0 a multiple of 2*MT).  Warps are nt column tiles of 16*MT columns x ks
 // slices of K (in steps of 16); the slices meet in `sacc` as in gemv_pass.
-template <int MT, int NT, bool VEC>
+template <int MT, int NT, bool VEC, int INFLIGHT>
 __device__ void gemv_pass_mma(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int K, int N, int b0,
                               int nb, i64 c0, int nt, i64 colbase, int pc, elem_t* dst, i64 lane0, int n,
                               float* sacc) {
-  constexpr int WT = 16 * MT, U = GC3_CMP_MMA_INFLIGHT / (16 * MT);
+  constexpr int WT = 16 * MT, U = INFLIGHT / (16 * MT);
+  static_assert(U >= 1, "INFLIGHT must hold one k step of 16 (16*MT bytes)");
   const int width = nt * WT;
   for (int i = threadIdx.x; i < nb * width; i += blockDim.x) sacc[i] = 0.f;
   __syncthreads();
@@ -297,8 +325,8 @@ __device__ void gemv_pass_mma(const elem_t* __restrict__ x, const elem_t* __rest
 }
 
 // Rows [r_lo, r_lo + nr) x absolute columns [lo, hi) in passes of up to 8*NT
-// rows and as many column tiles as `sacc` holds for them.
-template <int MT, int NT, bool VEC>
+// rows and as many column tiles as `sacc` holds for them, INFLIGHT weight bytes per thread at once.
+template <int MT, int NT, bool VEC, int INFLIGHT = GC3_CMP_MMA_INFLIGHT>
 __device__ void gemv_rows_mma(const elem_t* x, const elem_t* w, int K, int N, int r_lo, int nr, i64 lo, i64 hi,
                               i64 colbase, int pc, elem_t* dst, i64 lane0, int n, float* sacc) {
   constexpr int WT = 16 * MT, RB = 8 * NT;
@@ -308,14 +336,15 @@ __device__ void gemv_rows_mma(const elem_t* x, const elem_t* w, int K, int N, in
   for (int b0 = r_lo; b0 < r_lo + nr; b0 += RB) {
     const int nb = min(RB, r_lo + nr - b0);
     for (i64 t0 = c0; t0 < c1; t0 += (i64)PT * WT)
-      gemv_pass_mma<MT, NT, VEC>(x, w, K, N, b0, nb, t0, (int)min((i64)PT, (c1 - t0 + WT - 1) / WT), colbase, pc,
-                                 dst, lane0, n, sacc);
+      gemv_pass_mma<MT, NT, VEC, INFLIGHT>(x, w, K, N, b0, nb, t0, (int)min((i64)PT, (c1 - t0 + WT - 1) / WT),
+                                           colbase, pc, dst, lane0, n, sacc);
   }
 }
 
 // Up to 8 rows: 4 m-tiles per warp (16-byte weight loads) x 1 n-tile; up to 16: 2 m-tiles x 2
-// n-tiles; more: passes of 32 rows, 2 m-tiles x 4 n-tiles.  A thread's accumulators (MT*NT*4) and
-// loads in flight (32 words) then stay within the 128 registers one block per SM allows.
+// n-tiles; more: passes of 32 rows, 2 (GC3_CMP_MMA_WIDE: 4) m-tiles x 4 n-tiles, at most 128 (64)
+// bytes in flight.  A thread's accumulators (MT*NT*4) and loads in flight then stay within the 128
+// registers one block per SM allows.
 template <bool VEC>
 __device__ void gemv_mma(const elem_t* x, const elem_t* w, int K, int N, int r_lo, int nr, i64 lo, i64 hi,
                          i64 colbase, int pc, elem_t* dst, i64 lane0, int n, float* sacc) {
@@ -324,7 +353,12 @@ __device__ void gemv_mma(const elem_t* x, const elem_t* w, int K, int N, int r_l
   else if (nr <= 16)
     gemv_rows_mma<2, 2, VEC>(x, w, K, N, r_lo, nr, lo, hi, colbase, pc, dst, lane0, n, sacc);
   else
-    gemv_rows_mma<2, 4, VEC>(x, w, K, N, r_lo, nr, lo, hi, colbase, pc, dst, lane0, n, sacc);
+#if GC3_CMP_MMA_WIDE
+    gemv_rows_mma<4, 4, VEC, 64>(x, w, K, N, r_lo, nr, lo, hi, colbase, pc, dst, lane0, n, sacc);
+#else
+    gemv_rows_mma<2, 4, VEC, GC3_CMP_MMA_INFLIGHT < 128 ? GC3_CMP_MMA_INFLIGHT : 128>(x, w, K, N, r_lo, nr, lo, hi,
+                                                                                    colbase, pc, dst, lane0, n, sacc);
+#endif
 }
 #endif
 
