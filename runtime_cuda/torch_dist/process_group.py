@@ -43,6 +43,20 @@ _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.M
 _BOOL_OPS = {"sum": "max", "prod": "min"}
 
 
+def _premul_factor(reduce_op):
+    """PREMUL_SUM's scalar factor: torch releases differ in whether the ReduceOp
+    shows it as `.factor`; its pickled state (op, factor) has it in those we use."""
+    factor = getattr(reduce_op, "factor", None)
+    if factor is None and hasattr(reduce_op, "__getstate__"):
+        try:
+            state = reduce_op.__getstate__()
+        except Exception:   # a ReduceOp that cannot be pickled: no factor to read
+            state = None
+        if isinstance(state, tuple) and len(state) == 2:
+            factor = state[1]
+    return factor
+
+
 # In- and output blocks of each collective (for padding), as functions of the rank count.
 _BLOCKS = {"allreduce": lambda n: (1, 1), "broadcast": lambda n: (1, 1), "reduce": lambda n: (1, 1),
            "allgather": lambda n: (1, n), "reducescatter": lambda n: (n, 1), "alltoall": lambda n: (n, n)}
@@ -203,7 +217,7 @@ class Gc3ProcessGroup(ProcessGroup):
         if kind == dist.ReduceOp.AVG:
             return "sum", None, 1.0 / self._size
         if kind == dist.ReduceOp.PREMUL_SUM:
-            factor = getattr(reduce_op, "factor", None)
+            factor = _premul_factor(reduce_op)
             if not isinstance(factor, (int, float)):
                 raise ValueError(f"gc3 {what}: rank {self._rank}: PREMUL_SUM with a tensor factor is not served")
             return "sum", float(factor), None
