@@ -5,7 +5,8 @@
 A communicator over the 2-rank all-pairs test IR, whose gc3 backend is the
 real Gc3Backend holding a real LaunchGroup (runtime_cuda/group.py) with one
 prepared call whose launch does nothing, and whose stream-capture query
-answers "not capturing" without CUDA.  Timed per call (the fastest of 7 loops: the least disturbed by other work on the machine):
+answers "not capturing" without CUDA.  Timed per call (the fastest of 7
+loops: the one least disturbed by other work on the machine):
 
   repeat   a repeat of the same call (the fast path: one dictionary hit,
            StreamOrder, the group's Reissue);
