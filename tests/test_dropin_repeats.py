@@ -259,3 +259,12 @@ def test_reissue_goes_to_the_launch_itself_only_when_no_copy_surrounds_it(monkey
     assert again.launch is launch
     g._drop_prepared()
     assert again.launch is None
+
+
+def test_an_unhashable_argument_int_accepts_is_served_but_never_repeated(monkeypatch):
+    np = pytest.importorskip("numpy")
+    log = []
+    comm, backend = make(monkeypatch, log)
+    for _ in range(2):
+        assert comm.submit("allreduce", np.array(R), R, 1000, NCCL_FLOAT32, NCCL_SUM, ST) == PAIRS.name
+    assert log == [("run", R, 1000, ST)] * 2 and comm._repeats == {}

@@ -35,6 +35,7 @@ from .log import get_logger
 from .rendezvous import NcclExchange
 from .selection import Selector
 
+
 class _GroupState(threading.local):
     # A class attribute, so that reading the depth of a thread that never opened a
     # group is a plain lookup (getattr with a default on a thread-local costs a
@@ -296,7 +297,7 @@ class NcclCommunicator(ArrayCollectives):
             self._repeats = {}
         try:
             self._repeats[key] = (go, decision.call.stream, route)
-        except TypeError:
+        except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
             pass
 
     def prepared_launch(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0):
