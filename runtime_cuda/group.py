@@ -39,6 +39,38 @@ class PreparedCall:
             self._memcpy(c.dst, c.src, c.nbytes, _D2D, stream_ptr)
 
 
+class Reissue:
+    """One prepared call of a launch group, bound for re-issue on a raw stream
+    handle with no lookup at all: for a caller that caches it under its own key
+    (the drop-in's per-call fast path).  Calling it returns False, issuing
+    nothing, once the group has dropped its prepared calls (scratch grew, or the
+    cache was full): the caller then takes the full path and binds again."""
+    __slots__ = ("group", "call", "epoch", "_go")
+
+    def __init__(self, group: "LaunchGroup", call: PreparedCall):
+        self.group, self.call, self.epoch = group, call, group._epoch
+        # A call with no copies around its launch is the launch itself: one Python call less.
+        self._go = call.launch if call.launch is not None and not call.pre and not call.post else call
+
+    @property
+    def launch(self) -> Optional[Launch]:
+        """The kernel launch this re-issues (its function, grid, block and packed
+        parameters); None once stale, or for a call with nothing to launch."""
+        return self.call.launch if self.group._epoch == self.epoch else None
+
+    def __call__(self, stream_ptr: int) -> bool:
+        g = self.group
+        if g._epoch != self.epoch:
+            return False
+        # run_ptrs' ordering and capture rules, without its lookup.
+        captured = streams.is_capturing(stream_ptr)
+        g.executor.order.enter(stream_ptr, captured)
+        if captured:
+            g._captured[id(self.call)] = self.call
+        self._go(stream_ptr, captured)
+        return True
+
+
 class LaunchGroup:
     prog: Program
     proto: str
@@ -52,6 +84,8 @@ class LaunchGroup:
         self._scratch: Dict[int, object] = {}
         self._temp: Dict[int, object] = {}
         self._prepared: Dict[tuple, PreparedCall] = {}
+        # Bumped whenever _prepared is dropped, so a Reissue knows its call is stale.
+        self._epoch = 0
         # Calls captured into a CUDA graph, by id: a graph may be replayed at
         # any time, so what its launches address lives as long as the group.
         self._captured: Dict[int, PreparedCall] = {}
@@ -77,7 +111,7 @@ class LaunchGroup:
             order = self.executor.order
             if faults.active("pool-stream"):
                 buf = self.cupy.zeros(nbytes, dtype=self.cupy.uint8)
-                self._prepared = {}
+                self._drop_prepared()
             else:
                 # Under the call's stream, so the pool reuses it only for work
                 # ordered after this call there; zeroed on that stream too.
@@ -91,7 +125,7 @@ class LaunchGroup:
                 # Queued launches still address the old buffer through their
                 # prepared calls: both go only once those launches are done.
                 order.retire((pool.get(rank), self._prepared))
-                self._prepared = {}
+                self._drop_prepared()
             pool[rank] = buf
         return buf.data.ptr
 
@@ -198,19 +232,41 @@ class LaunchGroup:
         ptr = streams.handle(stream)
         captured = streams.is_capturing(ptr)
         self.executor.order.enter(ptr, captured)
-        cmp = None if compute is None else tuple(tuple(int(p) for p in ptrs) for ptrs in compute)
-        epi = None if epilogue is None else tuple(tuple(int(p) for p in ptrs) for ptrs in epilogue)
-        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, cmp, epi)
+        key = self._key(in_ptrs, out_ptrs, in_elems, dtype, op, compute, epilogue)
+        cmp, epi = key[-2], key[-1]
         call = self._prepared.get(key)
         if call is None:
             if len(self._prepared) > 1024:
                 self.executor.order.retire(self._prepared)
-                self._prepared = {}
+                self._drop_prepared()
             call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr, captured, cmp, epi)
             self._prepared[key] = call
         if captured:
             self._captured[id(call)] = call
         call(ptr, captured)
+
+    def _drop_prepared(self) -> None:
+        self._prepared = {}
+        self._epoch += 1
+
+    @staticmethod
+    def _key(in_ptrs, out_ptrs, in_elems: int, dtype: str, op: str, compute=None, epilogue=None) -> tuple:
+        cmp = None if compute is None else tuple(tuple(int(p) for p in ptrs) for ptrs in compute)
+        epi = None if epilogue is None else tuple(tuple(int(p) for p in ptrs) for ptrs in epilogue)
+        return (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, cmp, epi)
+
+    def prepared(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
+                 compute=None) -> Optional[PreparedCall]:
+        """The prepared call run_ptrs issues for exactly these arguments, once one
+        such call has been made (None before, or after the group dropped it):
+        its `launch` is the kernel launch with its packed parameters."""
+        return self._prepared.get(self._key(in_ptrs, out_ptrs, in_elems, dtype, op, compute))
+
+    def reissue(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str,
+                op: str) -> Optional[Reissue]:
+        """A Reissue of the prepared call of these arguments, or None when there is none."""
+        call = self.prepared(in_ptrs, out_ptrs, in_elems, dtype, op)
+        return None if call is None else Reissue(self, call)
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
                  stream=None) -> List:

@@ -157,6 +157,13 @@ class PeerRanks(LaunchGroup):
         finally:
             self._set_device(prev)
 
+    def prepared(self, *args, **kwargs):
+        raise GC3Error(f"{self.prog.name}: peer mode prepares one call per GPU; ask its parts (.parts[r].prepared)")
+
+    def reissue(self, *args, **kwargs) -> None:
+        """None: a peer-mode call switches devices per rank, which only run_ptrs does."""
+        return None
+
     def check(self) -> None:
         """Synchronise every GPU of the group and raise RuntimeTimeoutError if a wait gave up
         (with the record of the rank that timed out; its peers were only told to stop)."""

@@ -95,7 +95,14 @@ class _Launch:
             *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
         self.params_ptr = ctypes.addressof(self.params)
 
-    def __call__(self, stream_ptr: int) -> None:
+    # What runtime_cuda.group.Reissue reads of a prepared call: no copies around the launch.
+    pre = post = ()
+
+    @property
+    def launch(self) -> "_Launch":
+        return self
+
+    def __call__(self, stream_ptr: int, captured: bool = False) -> None:
         if self.ex.broken:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
         self._driver.launchKernel(self.fn, self.grid, self.nlocal, 1, THREADS, 1, 1, 0, stream_ptr,
@@ -173,6 +180,7 @@ class SmallAllreduce:
         setup.synchronize()
         self._blocks: Optional[int] = None
         self._prepared: Dict[tuple, _Launch] = {}
+        self._epoch = 0   # bumped when _prepared is dropped: a Reissue of an older call is stale
         # Calls captured into a CUDA graph: a graph may be replayed at any
         # time, so what its launches address lives as long as the group.
         self._captured: Dict[int, _Launch] = {}
@@ -284,10 +292,19 @@ class SmallAllreduce:
             if len(self._prepared) > 1024:
                 self.executor.order.retire(self._prepared)
                 self._prepared = {}
+                self._epoch += 1
             call = self._prepared[key] = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, kind, ptr, captured)
         if captured:
             self._captured[id(call)] = call
         call(ptr)
+
+    def reissue(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
+                kind: str = "oneshot"):
+        """The drop-in's repeat path (runtime_cuda.group.Reissue) for a call run_ptrs made, or None."""
+        from .group import Reissue
+
+        call = self._prepared.get((tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind))
+        return None if call is None else Reissue(self, call)
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
                  stream=None, kind: str = "oneshot") -> List:

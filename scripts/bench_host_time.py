@@ -8,17 +8,19 @@ small-message candidate (the first LL one of the library, instances 1) is
 served through the drop-in from a catalog written for this run, and timed
 four ways, all on the same kernel and the same pre-packed parameter block:
 
-  bare      the drop-in's own Launch, re-issued with cuLaunchKernel from
-            Python (cuda.bindings when importable, else CuPy's driver
-            module: the line says which) -- no Python above the driver call;
+  bare      the drop-in's own Launch (NcclCommunicator.prepared_launch),
+            re-issued with cuLaunchKernel from Python, once through
+            cuda.bindings when importable and once through CuPy's driver
+            module -- no Python above the driver call;
   eager     the drop-in call (`NcclCommunicator.submit`), back to back;
   graph100  a CUDA graph of 100 drop-in calls, replayed: per call = / 100;
   graph1    a CUDA graph of one drop-in call, replayed.
 
 "host" is the time the issuing loop takes per call (`--calls` calls, fewer
 than the launch queue holds, so the GPU does not throttle it); "gpu" is the
-time per call until the stream drains.  Every collective's data is first
-checked once through the drop-in (perf_gpu.run_case, as `gc3 bench` does).
+time per call until the stream drains.  Every collective's data is
+checked through the drop-in before and after the timed loops
+(perf_gpu.run_case, as `gc3 bench` does).
 """
 from __future__ import annotations
 
@@ -36,28 +38,45 @@ sys.path.insert(0, str(ROOT))
 COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
 
 
-def bare_launcher():
-    """(name, make(fn, grid, block, stream, params) -> a no-argument launch),
-    through cuda.bindings when importable, else CuPy's driver module; the
-    handles are converted once, outside the timed loop."""
+def bare_launchers():
+    """[(name, make(launch, stream) -> a no-argument launch)]: cuda.bindings'
+    cuLaunchKernel when importable, and CuPy's driver module, each issuing the
+    drop-in's own Launch (the same function, grid, block and parameter block;
+    cooperative where the drop-in launches it so) with the handles converted
+    once, outside the timed loop."""
+    from cupy_backends.cuda.api import driver
+
+    def make_cupy(launch, stream):
+        fn, grid, block, params = launch.fn, launch.grid, launch.block, launch.params_ptr
+        if launch.coop:
+            return lambda: driver.launchCooperativeKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params)
+        return lambda: driver.launchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
+
+    out = []
     try:
         from cuda.bindings import driver as cb
     except ImportError:
-        from cupy_backends.cuda.api import driver
+        cb = None
+    if cb is not None:
+        def make_cb(launch, stream):
+            f, s = cb.CUfunction(launch.fn), cb.CUstream(stream)
+            grid, block, params = launch.grid, launch.block, launch.params_ptr
+            ok = cb.CUresult.CUDA_SUCCESS
 
-        def make(fn, grid, block, stream, params):
-            return lambda: driver.launchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
-        return "CuPy driver.launchKernel (cuda.bindings not importable)", make
-
-    def make(fn, grid, block, stream, params):
-        f, s = cb.CUfunction(fn), cb.CUstream(stream)
-
-        def launch():
-            err, = cb.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, params, 0)
-            if err != cb.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cuLaunchKernel failed: {err}")
-        return launch
-    return "cuda.bindings cuLaunchKernel", make
+            if launch.coop:
+                def go():
+                    err, = cb.cuLaunchCooperativeKernel(f, grid, 1, 1, block, 1, 1, 0, s, params)
+                    if err != ok:
+                        raise RuntimeError(f"cuLaunchCooperativeKernel failed: {err}")
+            else:
+                def go():
+                    err, = cb.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, params, 0)
+                    if err != ok:
+                        raise RuntimeError(f"cuLaunchKernel failed: {err}")
+            return go
+        out.append(("cuda.bindings", make_cb))
+    out.append(("cupy", make_cupy))
+    return out
 
 
 def write_catalog(folder: Path, nranks: int) -> dict:
@@ -82,21 +101,66 @@ def write_catalog(folder: Path, nranks: int) -> dict:
     return chosen
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="1KiB")
-    ap.add_argument("--calls", type=int, default=200)
-    args = ap.parse_args()
+def parse_args(argv=None) -> argparse.Namespace:
+    from gc3.units import parse_size
 
+    ap = argparse.ArgumentParser(description="host time per drop-in call against a bare launch (mpirun -np N)")
+    ap.add_argument("--size", default="1KiB", help="nccl-tests size (the larger buffer), e.g. 1KiB")
+    ap.add_argument("--calls", type=int, default=200, help="calls per timed loop (below the launch queue depth)")
+    args = ap.parse_args(argv)
+    try:
+        args.nbytes = parse_size(args.size)
+    except Exception as exc:   # parse_size's own message names the value
+        ap.error(f"--size: {exc}")
+    if args.nbytes <= 0:
+        ap.error(f"--size must be positive, got {args.size}")
+    if not 2 <= args.calls <= 1000:
+        ap.error(f"--calls must be in 2..1000 (a longer loop fills the launch queue and times the GPU), "
+                 f"got {args.calls}")
+    return args
+
+
+def format_table(rows, size: str, nprocs: int, device: str) -> list:
+    """rows: (collective, algorithm, {column: (host us, gpu us)}) with the columns
+    bare:<launcher>..., eager, graph100, graph1 (graph100 already per call)."""
+    bares = [k for k in rows[0][2] if k.startswith("bare:")] if rows else []
+    cols = bares + ["eager", "graph100", "graph1"]
+    head = {"graph100": "graph100/100"}
+    lines = [f"# host time per call, {size}, {nprocs} processes on {device}",
+             "# us per call as host/gpu; eager-bare = the drop-in's host time above the fastest bare launch "
+             "of the same kernel and parameters"]
+    lines.append(f"{'collective':14} {'algorithm':34} " + " ".join(f"{head.get(c, c):>16}" for c in cols)
+                 + f" {'eager-bare':>10}")
+    for coll, label, t in rows:
+        fastest = min(t[b][0] for b in bares) if bares else float("nan")
+        cells = " ".join(f"{f'{t[c][0]:.2f}/{t[c][1]:.2f}':>16}" for c in cols)
+        lines.append(f"{coll:14} {label:34} {cells} {t['eager'][0] - fastest:10.2f}")
+    return lines
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from mpi4py import MPI
+
+    try:
+        return run(args)
+    except BaseException:
+        # One rank failing alone would leave the others waiting in a collective: stop them all.
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        return 1
+
+
+def run(args) -> int:
     import cupy
     from mpi4py import MPI
 
     from runtime_cuda.nccl import NcclCommunicator
-    from runtime_cuda.nccl.call import Call
     from runtime_cuda.nccl.constants import DTYPE_CODES, ITEMSIZE, OP_CODES
     from runtime_cuda.nccl.perf import element_count, nccl_count
     from runtime_cuda.nccl.perf_gpu import BenchConfig, Host, local_device, place, run_case
-    from runtime_cuda.perf import parse_size
 
     world = MPI.COMM_WORLD
     host = Host()
@@ -104,9 +168,10 @@ def main() -> int:
     folder = Path(world.bcast(tempfile.mkdtemp(prefix="gc3-host-time-") if host.rank == 0 else None))
     chosen = world.bcast(write_catalog(folder, host.size) if host.rank == 0 else None)
     os.environ["GC3_CONFIG"] = str(folder / "catalog.json")
+    os.environ.pop("GC3_DEBUG", None)   # TRACE would take every call through selection: not the hot path
     comm = NcclCommunicator.from_mpi(world)
-    how, bare = bare_launcher()
-    nbytes = parse_size(args.size)
+    launchers = bare_launchers()
+    nbytes = args.nbytes
     stream = cupy.cuda.Stream(non_blocking=True)
     buf_bytes = nbytes * host.size + 4096
     send, recv = cupy.zeros(buf_bytes, cupy.uint8), cupy.zeros(buf_bytes, cupy.uint8)
@@ -115,24 +180,21 @@ def main() -> int:
     for coll, (label, inplace) in chosen.items():
         count = nccl_count(coll, element_count(coll, nbytes, ITEMSIZE[code], host.size), host.size)
         op = OP_CODES["sum"] if coll in ("allreduce", "reducescatter") else None
-
-        def issue(*a):
-            return comm.submit(*a)
-
-        _, wrong, first, route = run_case(issue, host, BenchConfig((), (), warmup=2, iters=5), coll, nbytes,
+        _, wrong, first, route = run_case(comm.submit, host, BenchConfig((), (), warmup=2, iters=5), coll, nbytes,
                                           inplace, send, recv, stream)
-        if wrong or route != label:
-            raise SystemExit(f"{coll}: {wrong} wrong ({first}), served by {route} (expected {label})")
+        routes = world.allgather(route)
+        if wrong or any(r != label for r in routes):
+            raise SystemExit(f"{coll}: {wrong} wrong ({first}), served by {routes} (expected {label} everywhere)")
         p = place(coll, inplace, send, recv, count, host.rank, ITEMSIZE[code])
+        args_ = (coll, p.send, p.recv, count, code, op, stream.ptr, 0)
 
         def call():
-            comm.submit(coll, p.send, p.recv, count, code, op, stream.ptr, 0)
+            comm.submit(*args_)
 
-        group = next(g for k, g in comm._backend._groups.items() if k[1] == label)
-        call()                     # the prepared call of exactly these buffers
-        in_elems = Call(coll, p.send, p.recv, count, code, op, stream.ptr, host.size, host.rank, 0).in_elems
-        launch = group._prepared[((p.send,), (p.recv,), in_elems, "float32", "sum")].launch
-        bare_call = bare(launch.fn, launch.grid, launch.block, stream.ptr, launch.params_ptr)
+        call()   # a repeat of exactly these arguments: prepared_launch knows its launch now
+        launch = comm.prepared_launch(*args_)
+        if launch is None:
+            raise SystemExit(f"{coll}: the drop-in keeps no prepared launch for a repeat of {label}")
 
         def timed(fn, n):
             stream.synchronize()
@@ -151,23 +213,24 @@ def main() -> int:
         stream.begin_capture()
         call()
         g1 = stream.end_capture()
-        b = timed(bare_call, args.calls)
-        e = timed(call, args.calls)
-        h100 = timed(lambda: g100.launch(stream=stream), max(args.calls // 100, 2))
-        h1 = timed(lambda: g1.launch(stream=stream), args.calls)
-        rows.append((coll, label, b, e, (h100[0] / 100, h100[1] / 100), h1))
+        t = {f"bare:{name}": timed(make(launch, stream.ptr), args.calls) for name, make in launchers}
+        t["eager"] = timed(call, args.calls)
+        reps = max(args.calls // 100, 2)
+        h100 = timed(lambda: g100.launch(stream=stream), reps)
+        t["graph100"] = (h100[0] / 100, h100[1] / 100)
+        t["graph1"] = timed(lambda: g1.launch(stream=stream), args.calls)
+        rows.append((coll, label, t))
         comm.check_async_error()
+        # Every timed launch ran the real collective: its data must still be right.
+        _, wrong, first, _ = run_case(comm.submit, host, BenchConfig((), (), warmup=0, iters=1), coll, nbytes,
+                                      inplace, send, recv, stream)
+        if wrong:
+            raise SystemExit(f"{coll}: {wrong} wrong after the timed loops ({first})")
     comm.destroy()
     if host.rank == 0:
         dev = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
         dev = dev.decode() if isinstance(dev, bytes) else dev
-        print(f"# host time per call, {args.size}, {host.size} processes on {dev}; bare launch: {how}")
-        print(f"# us per call as host/gpu; eager-bare = the drop-in's host time above a bare launch")
-        print(f"{'collective':14} {'algorithm':34} {'bare':>13} {'eager':>13} {'eager-bare':>10} "
-              f"{'graph100/100':>13} {'graph1':>13}")
-        for coll, label, b, e, h100, h1 in rows:
-            f = lambda t: f"{t[0]:5.2f}/{t[1]:6.2f}"  # noqa: E731
-            print(f"{coll:14} {label:34} {f(b):>13} {f(e):>13} {e[0] - b[0]:10.2f} {f(h100):>13} {f(h1):>13}")
+        print("\n".join(format_table(rows, args.size, host.size, dev)), flush=True)
     return 0
 
 

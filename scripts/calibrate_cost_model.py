@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from gc3.simulator import cost_config  # noqa: E402
 from gc3.simulator.calibration import (MEASURED_CSV, MeasuredPoint, PointSet, compile_spec,  # noqa: E402
                                        read_points, write_points)
-from gc3.simulator.cost_config import CostConfig, LinkParams, preset  # noqa: E402
+from gc3.simulator.cost_config import CostConfig, LinkParams, preset, with_ll128  # noqa: E402
 
 MACHINE = "nvidia-h200-x2"
 SWEEP_ROW = re.compile(r"^(\w+)\s+(\d+(?:\.\d+)?[KMG]iB|\d+)\s+(\S+)\s+([\d.]+)\s")
@@ -131,10 +131,9 @@ def vector_of(cfg: CostConfig) -> np.ndarray:
 
 def config_of(x: np.ndarray, base: CostConfig, calibrated: bool = False, note: str = "") -> CostConfig:
     launch, over, dep, a_ll, a_s, tb_ll, tb_s, port, mem, red = (float(v) for v in x)
-    # LL128 is not measured here: Simple's figures stand in for it.
-    nv = LinkParams(alpha_s={"LL": a_ll, "LL128": a_s, "Simple": a_s}, tb_Bps={"LL": tb_ll, "LL128": tb_s,
-                                                                               "Simple": tb_s},
-                    port_Bps=port, calibrated=calibrated)
+    # LL128 is not measured here: derived from LL and Simple as the preset does.
+    nv = with_ll128(LinkParams(alpha_s={"LL": a_ll, "Simple": a_s}, tb_Bps={"LL": tb_ll, "Simple": tb_s},
+                               port_Bps=port, calibrated=calibrated))
     return replace(base, links=dict(base.links, nvlink=nv), launch_s=launch, step_overhead_s=over, dep_s=dep,
                    tb_mem_Bps=mem, tb_reduce_Bps=red, calibrated=calibrated,
                    calibration=note or base.calibration)
@@ -218,9 +217,9 @@ def preset_block(x: np.ndarray, note: str) -> str:
     return (
         "# CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)\n"
         f"H200_CALIBRATION = {json.dumps(note)}\n"
-        "# LL128: not measured yet; Simple's figures stand in for it.\n"
-        f"H200_NVLINK = LinkParams(alpha_s={{\"LL\": {_num(a_ll)}, \"LL128\": {_num(a_s)}, \"Simple\": {_num(a_s)}}},\n"
-        f"                         tb_Bps={{\"LL\": {_num(tb_ll)}, \"LL128\": {_num(tb_s)}, \"Simple\": {_num(tb_s)}}},\n"
+        "# LL and Simple measured; LL128 is derived from them (with_ll128).\n"
+        f"H200_NVLINK = LinkParams(alpha_s={{\"LL\": {_num(a_ll)}, \"Simple\": {_num(a_s)}}},\n"
+        f"                         tb_Bps={{\"LL\": {_num(tb_ll)}, \"Simple\": {_num(tb_s)}}},\n"
         f"                         port_Bps={_num(port)}, calibrated=True)\n"
         f"H200_CORE = dict(launch_s={_num(launch)}, step_overhead_s={_num(over)}, dep_s={_num(dep)}, "
         f"tb_mem_Bps={_num(mem)},\n                 tb_reduce_Bps={_num(red)})\n"

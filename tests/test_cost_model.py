@@ -206,3 +206,48 @@ def test_a_threadblock_runs_one_step_tile_at_a_time(xml, size):
         items.sort()                       # the order the runtime walks them: tile-major, then step
         for (_, _, s0, e0), (_, _, s1, e1) in zip(items, items[1:]):
             assert s0 <= e0 <= s1 <= e1 <= t.total_s
+
+
+# --- LL128 relative to the measured LL and Simple (issue 18) -------------------------------
+
+def test_ll128_sits_between_ll_and_simple_as_nccl_models_it():
+    from gc3 import limits
+    from gc3.simulator.cost_config import NCCL_NVLINK_RING_HOP_US, PROTOCOL_EFFICIENCY, preset
+
+    nv = preset("h200").links["nvlink"]
+    assert nv.alpha_s["LL"] < nv.alpha_s["LL128"] < nv.alpha_s["Simple"]
+    assert nv.alpha_s["LL128"] / nv.alpha_s["Simple"] == pytest.approx(
+        NCCL_NVLINK_RING_HOP_US["LL128"] / NCCL_NVLINK_RING_HOP_US["Simple"])
+    assert nv.tb_Bps["LL128"] == pytest.approx(nv.tb_Bps["Simple"] * 120 / 128)
+    assert PROTOCOL_EFFICIENCY["LL128"] == limits.LL128_LINE_DATA_BYTES / limits.LL128_LINE_BYTES == 120 / 128
+    assert set(nv.derived) == {"LL128"} and nv.calibrated
+
+
+def test_an_ll128_prediction_is_not_reported_as_calibrated():
+    from gc3.compiler.pipeline import lower
+    from gc3.dsl.program import run_script
+    from gc3.simulator import TimedProgram
+
+    script = str(Path(__file__).resolve().parents[1] / "algorithms" / "allgather_direct.py")
+    got = {}
+    for proto in ("LL", "LL128", "Simple"):
+        t = TimedProgram(lower(run_script(script, ["2"]), protocol=proto)).timing(count=1 << 16)
+        got[proto] = (t.calibrated, t.calibration)
+    assert got["LL"][0] and got["Simple"][0]
+    assert not got["LL128"][0] and "LL128 derived" in got["LL128"][1]
+
+
+def test_a_model_only_two_rank_catalog_takes_ll_small_and_simple_or_ll128_large():
+    """The protocol choice of `gc3 tune --model-only` over the whole library at 2 ranks:
+    LL where latency rules, LL128 or Simple once bandwidth does, and Simple at 1 GiB,
+    where the port is the bound and LL128 pays its 8 flag bytes in 128."""
+    from runtime_cuda.nccl import tune
+
+    grid = tune.Grid(instances=(1, 16), protocols=("Simple", "LL", "LL128"), pipeline_chunks=(1,))
+    small, mid, large = 4 << 10, 64 << 20, 1 << 30
+    results = tune.tune(2, 1, ["allreduce", "allgather"], [small, mid, large], grid, tune.ModelTimer("h200", 2))
+    for r in results:
+        for place, choices in r.choices.items():
+            proto = {c.nbytes: c.winner.protocol for c in choices}
+            assert proto[small] == "LL", (r.collective, place, proto)
+            assert proto[mid] in ("Simple", "LL128") and proto[large] == "Simple", (r.collective, place, proto)

@@ -34,6 +34,30 @@ class LinkParams:
     tb_Bps: Dict[str, float]    # payload one threadblock moves over the link, by protocol
     port_Bps: float             # wire bytes per GPU and direction, shared by all its threadblocks
     calibrated: bool = False
+    # Protocols whose figures were not measured on this link even though it is
+    # calibrated, and where they come from (a prediction using one is not calibrated).
+    derived: Dict[str, str] = field(default_factory=dict)
+
+
+# LL128 relative to LL and Simple, from NCCL's own tuning tables (src/graph/tuning.cc,
+# read for its facts): a ring hop over NVLink costs about 0.6 us with LL, 1.9 us with
+# LL128 and 3.4 us with Simple, and LL128's bus bandwidth is modelled as Simple's times
+# about 120/128, the data share of a 128-byte line.  So where only LL and Simple were
+# measured, LL128's hop latency is Simple's scaled by NCCL's LL128/Simple ratio (never
+# below LL's), and a threadblock moves Simple's bytes of which 120 in 128 are data.
+NCCL_NVLINK_RING_HOP_US = {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}
+LL128_FROM = ("LL128 derived from the measured LL and Simple (NCCL's hop-latency ratio "
+              f"{NCCL_NVLINK_RING_HOP_US['LL128']}/{NCCL_NVLINK_RING_HOP_US['Simple']}, "
+              f"{limits.LL128_LINE_DATA_BYTES}/{limits.LL128_LINE_BYTES} of Simple's rate); not measured")
+
+
+def with_ll128(link: LinkParams) -> LinkParams:
+    """`link` with its LL128 figures derived from its LL and Simple ones (see above)."""
+    ratio = NCCL_NVLINK_RING_HOP_US["LL128"] / NCCL_NVLINK_RING_HOP_US["Simple"]
+    alpha = max(link.alpha_s["Simple"] * ratio, link.alpha_s["LL"])
+    rate = link.tb_Bps["Simple"] * PROTOCOL_EFFICIENCY["LL128"]
+    return replace(link, alpha_s=dict(link.alpha_s, LL128=alpha), tb_Bps=dict(link.tb_Bps, LL128=rate),
+                   derived=dict(link.derived, LL128=LL128_FROM))
 
 
 @dataclass(frozen=True)
@@ -87,9 +111,9 @@ H100_MEM_SCALE = _GPU_FACTS["h100"]["hbm_Bps"] / _GPU_FACTS["h200"]["hbm_Bps"]
 
 # CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)
 H200_CALIBRATION = "calibrated on nvidia-h200-x2, 2026-11-22, 148 points, median error 3.0%"
-# LL128: not measured yet; Simple's figures stand in for it.
-H200_NVLINK = LinkParams(alpha_s={"LL": 1.309e-06, "LL128": 4.6e-06, "Simple": 4.6e-06},
-                         tb_Bps={"LL": 4.383e+09, "LL128": 1.453e+10, "Simple": 1.453e+10},
+# LL and Simple measured; LL128 is derived from them (with_ll128).
+H200_NVLINK = LinkParams(alpha_s={"LL": 1.309e-06, "Simple": 4.6e-06},
+                         tb_Bps={"LL": 4.383e+09, "Simple": 1.453e+10},
                          port_Bps=3.359e+11, calibrated=True)
 H200_CORE = dict(launch_s=4.011e-06, step_overhead_s=2.288e-06, dep_s=1.641e-07, tb_mem_Bps=4.994e+10,
                  tb_reduce_Bps=3.895e+10)
@@ -98,7 +122,7 @@ H200_CORE = dict(launch_s=4.011e-06, step_overhead_s=2.288e-06, dep_s=1.641e-07,
 
 def _h200() -> CostConfig:
     calibrated = H200_NVLINK.calibrated
-    return CostConfig(name="H200 SXM (NVLink4, NDR IB)", links={"nvlink": H200_NVLINK, "pcie": _PCIE5,
+    return CostConfig(name="H200 SXM (NVLink4, NDR IB)", links={"nvlink": with_ll128(H200_NVLINK), "pcie": _PCIE5,
                                                                     "network": _NDR_IB},
                       calibrated=calibrated, calibration=H200_CALIBRATION, measured_ranks=2, **H200_CORE,
                       **_GPU_FACTS["h200"])
@@ -107,7 +131,7 @@ def _h200() -> CostConfig:
 def _h100() -> CostConfig:
     core = dict(H200_CORE, tb_mem_Bps=H200_CORE["tb_mem_Bps"] * H100_MEM_SCALE,
                 tb_reduce_Bps=H200_CORE["tb_reduce_Bps"] * H100_MEM_SCALE)
-    nvlink = replace(H200_NVLINK, calibrated=False)
+    nvlink = replace(with_ll128(H200_NVLINK), calibrated=False)
     return CostConfig(name="H100 SXM (NVLink4, NDR IB)", links={"nvlink": nvlink, "pcie": _PCIE5, "network": _NDR_IB},
                       calibrated=False, calibration="the H200 fit with memory rates scaled by HBM bandwidth; "
                                                     "not measured on H100", **core, **_GPU_FACTS["h100"])

@@ -212,10 +212,13 @@ def predict(records: List[Executed], *, proto: str, coll: str, nranks: int, chun
     algbw = size_bytes / total / 1e9 if total > 0 else 0.0
     factor = bus_factor(coll, nranks)
     used = {lt for _, lt in sched.conn_port}
-    calibrated = config.calibrated and all(config.links[lt].calibrated for lt in used)
+    derived = sorted({config.links[lt].derived[proto] for lt in used if proto in config.links[lt].derived})
+    calibrated = config.calibrated and all(config.links[lt].calibrated for lt in used) and not derived
     note = config.calibration
-    if config.calibrated and not calibrated:
+    if config.calibrated and not all(config.links[lt].calibrated for lt in used):
         note = f"{', '.join(sorted(lt for lt in used if not config.links[lt].calibrated))} link(s) not measured"
+    elif config.calibrated and derived:
+        note = "; ".join(derived)
     elif calibrated and config.measured_ranks and nranks != config.measured_ranks:
         note += f"; {nranks} ranks extrapolated from {config.measured_ranks}"
     return Timing(start, end, total, size_bytes, algbw, algbw * factor, calibrated, config.name, note, tile, ntiles,

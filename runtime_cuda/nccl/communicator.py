@@ -14,10 +14,11 @@ as NCCL's is.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import Counter
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 from gc3.errors import CommunicatorError
 from runtime_cuda import faults
@@ -34,13 +35,22 @@ from .log import get_logger
 from .rendezvous import NcclExchange
 from .selection import Selector
 
-_group = threading.local()
+
+class _GroupState(threading.local):
+    # A class attribute, so that reading the depth of a thread that never opened a
+    # group is a plain lookup (getattr with a default on a thread-local costs a
+    # caught AttributeError: most of a repeat call's time).
+    depth = 0
+
+    def __init__(self):
+        self.items = []
+
+
+_group = _GroupState()
 _CALLS = COLLECTIVES + P2P
 
 
 def _pending() -> List[Tuple["NcclCommunicator", Call]]:
-    if not hasattr(_group, "items"):
-        _group.depth, _group.items = 0, []
     return _group.items
 
 
@@ -150,6 +160,9 @@ class NcclCommunicator(ArrayCollectives):
         self._backend = backend_factory(exchange, rank, ndev, self._device)
         self._dispatch = Dispatcher(Selector(load_catalog(env), log, self._backend.check),
                                     fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)
+        self._order, self._log = order, log
+        # Repeats of calls gc3 served, by the call's own arguments: (Reissue, stream, route).
+        self._repeats: Dict[tuple, tuple] = {}
         # How many calls each gc3 algorithm (by name) and NCCL ("NCCL") served.
         self.served: Counter = Counter()
 
@@ -172,10 +185,12 @@ class NcclCommunicator(ArrayCollectives):
         self._backend.check_async_error()
 
     def destroy(self) -> None:
+        self._repeats = {}
         self._backend.close()
         self._nccl.destroy()
 
     def abort(self) -> None:
+        self._repeats = {}
         self._backend.abandon()
         self._nccl.abort()
 
@@ -237,18 +252,61 @@ class NcclCommunicator(ArrayCollectives):
         return self._submit(coll, sendbuf, recvbuf, count, datatype, op, stream, root)
 
     def _submit(self, coll, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
-        # The hot path: plain lookups; the wordy checks run only once one fails.
+        # The hot path.  A repeat of a call gc3 served, with the same arguments, is one
+        # dictionary hit: its checks, selection and set-up gave the same answers last time
+        # (they depend on nothing else), so it goes straight to the prepared launch, still
+        # ordered after this communicator's earlier calls (StreamOrder) and still captured
+        # where the stream captures a graph (Reissue).  Inside a group it must be recorded.
+        key = (coll, sendbuf, recvbuf, count, datatype, op, stream, root)
+        try:
+            hit = self._repeats.get(key)
+        except TypeError:   # an unhashable argument: the checks below say what is wrong with it
+            hit = None
+        if hit is not None and not _group.depth:
+            go, ptr, route = hit
+            self._order.enter(ptr)
+            if go(ptr):
+                self.served[route] += 1
+                return route
+            del self._repeats[key]   # the launch group dropped that prepared call: bind again below
+        # A first call: plain lookups; the wordy checks run only once one fails.
         datatype, count, root = int(datatype), int(count), int(root)
         op = None if op is None else int(op)
         if (coll not in _CALLS or datatype not in DTYPE_NAMES or (op is not None and op not in OP_NAMES)
                 or count < 0 or not 0 <= root < self._size):
             self._reject(coll, datatype, op, count, root)
         call = Call(coll, int(sendbuf), int(recvbuf), count, datatype, op, int(stream), self._size, self._rank, root)
-        if getattr(_group, "depth", 0):
+        if _group.depth:
             _pending().append((self, call))
             return "group"
         decision = self._dispatch.run(call)
-        return self._count(decision)
+        route = self._count(decision)
+        if decision is not None and decision.uses_gc3:
+            self._remember(key, decision, route)
+        return route
+
+    def _remember(self, key: tuple, decision, route: str) -> None:
+        # GC3_DEBUG=TRACE logs every call, which only selection does: no repeats then.
+        if self._log.isEnabledFor(logging.DEBUG):
+            return
+        reissue = getattr(self._backend, "reissue", None)
+        go = reissue(decision) if reissue is not None else None
+        if go is None:
+            return
+        if len(self._repeats) > 4096:   # addresses that come and go (a caching allocator): start over
+            self._repeats = {}
+        try:
+            self._repeats[key] = (go, decision.call.stream, route)
+        except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
+            pass
+
+    def prepared_launch(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0):
+        """The kernel launch (runtime_cuda.launcher.Launch) that a repeat of exactly this
+        call issues, once gc3 has served it; None when it has not (not called yet, served
+        by NCCL, avg, or GC3_DEBUG=TRACE, which takes every call through selection).
+        For measuring the drop-in's host path against a bare launch of the same kernel."""
+        hit = self._repeats.get((coll, sendbuf, recvbuf, count, datatype, op, stream, root))
+        return None if hit is None else getattr(hit[0], "launch", None)
 
     def _reject(self, coll, datatype, op, count, root):
         where = f"rank {self._rank}: {coll}"

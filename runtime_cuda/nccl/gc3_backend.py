@@ -26,6 +26,11 @@ def _kernel_op(call: Call) -> str:
     return "sum" if call.op_name == "avg" else call.op_name
 
 
+def _group_op(call: Call) -> str:
+    # Non-reducing collectives never reduce: they share the sum build of the kernel.
+    return _kernel_op(call) if call.coll in REDUCING else "sum"
+
+
 def _key(cand: Candidate) -> Tuple:
     # Both small-message kernels share one group: one scratch per communicator.
     return ("kernel",) if cand.kernel else (str(cand.path), cand.name, cand.program.proto)
@@ -98,18 +103,24 @@ class Gc3Backend:
     def run(self, decision: Decision) -> None:
         c = decision.call
         group = self._groups[_key(decision.candidate)]
-        # Non-reducing collectives never reduce: share the sum build of the kernel.
-        op = _kernel_op(c) if c.coll in REDUCING else "sum"
-        if decision.candidate.kernel:
-            group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, c.stream,
-                           kind=decision.candidate.kernel)
-        else:
-            group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, op, c.stream)
+        kind = {"kind": decision.candidate.kernel} if decision.candidate.kernel else {}
+        group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, _group_op(c), c.stream, **kind)
         if c.coll in REDUCING and c.op_name == "avg" and (c.coll != "reduce" or c.rank == c.root):
             # A catalog program is a plain sum program: avg is its sum, then NCCL's division
             # in a second pass on the same stream (only where the call defines the output).
             from runtime_cuda import avg
             avg.divide(c.recvbuf, c.out_elems, c.dtype_name, c.nranks, c.stream)
+
+    def reissue(self, decision: Decision):
+        """The call `run` just issued, bound for repeats that skip selection and set-up
+        (runtime_cuda.group.Reissue), or None where a repeat must take the full path:
+        avg, whose division pass runs here, not in the group."""
+        c = decision.call
+        group = self._groups.get(_key(decision.candidate))
+        if group is None or (c.coll in REDUCING and c.op_name == "avg"):
+            return None
+        kind = {"kind": decision.candidate.kernel} if decision.candidate.kernel else {}
+        return group.reissue([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, _group_op(c), **kind)
 
     def adopt(self, stream: int) -> None:
         """Every launch group takes `stream` as its last one with no event hand-over

@@ -189,32 +189,44 @@ def write_json(rows: Sequence[Row], path: Path, meta: Dict[str, object]) -> None
     Path(path).write_text(json.dumps({"meta": meta, "rows": [flat(r) for r in rows]}, indent=1) + "\n")
 
 
-def plot(rows: Sequence[Row], path: Path, title: str = "") -> None:
-    """busbw vs size, one panel per collective, gc3 and NCCL, out-of-place solid, in-place dashed."""
+def plot(rows: Sequence[Row], path: Path, title: str = "", dpi: int = 120) -> None:
+    """Per collective (a column of panels): busbw vs size for gc3 and NCCL above, and
+    below gc3's ratio to NCCL (NCCL time / gc3 time, 1 = parity); out-of-place
+    solid, in-place dashed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colls = list(dict.fromkeys(r.coll for r in rows))
-    fig, axes = plt.subplots(1, len(colls), figsize=(5.5 * len(colls), 4), squeeze=False)
-    for ax, coll in zip(axes[0], colls):
+    fig, axes = plt.subplots(2, len(colls), figsize=(4.5 * len(colls), 6.5), squeeze=False, sharex="col",
+                             gridspec_kw={"height_ratios": (3, 2)})
+    names = {"oop": "out-of-place", "ip": "in-place"}
+    for k, coll in enumerate(colls):
+        bw, ratio = axes[0][k], axes[1][k]
         mine = [r for r in rows if r.coll == coll]
-        for impl, color in (("gc3", "tab:red"), ("nccl", "tab:blue")):
-            for place, style in (("oop", "-"), ("ip", "--")):
+        for place, style in (("oop", "-"), ("ip", "--")):
+            for impl, color in (("gc3", "tab:red"), ("nccl", "tab:blue")):
                 pts = [(r.nbytes, r.results[impl][place].busbw) for r in mine
                        if place in r.results.get(impl, {})]
                 if pts:
                     xs, ys = zip(*pts)
-                    label = f"{'gc3' if impl == 'gc3' else 'NCCL'} {'out-of-place' if place == 'oop' else 'in-place'}"
-                    ax.plot(xs, ys, style, color=color, marker="o", markersize=3, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("size (bytes)")
-        ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"{coll}, {mine[0].nranks} ranks, {mine[0].dtype}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+                    bw.plot(xs, ys, style, color=color, marker="o", markersize=3,
+                            label=f"{'gc3' if impl == 'gc3' else 'NCCL'} {names[place]}")
+            pts = [(r.nbytes, r.speedup(place)) for r in mine if r.speedup(place) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                ratio.plot(xs, ys, style, color="black", marker="o", markersize=3, label=names[place])
+        bw.set_ylabel("busbw (GB/s)")
+        bw.set_title(f"{coll}, {mine[0].nranks} ranks, {mine[0].dtype}")
+        ratio.axhline(1.0, color="gray", linewidth=0.8)
+        ratio.set_ylabel("gc3 / NCCL (busbw)")
+        ratio.set_xlabel("size (bytes)")
+        for ax in (bw, ratio):
+            ax.set_xscale("log", base=2)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -1,0 +1,130 @@
+"""The drop-in's Python per-call path on the CPU, with the GPU stubbed out:
+
+    PYTHONPATH=$PWD python3 scripts/bench_host_path_cpu.py [--calls 200000]
+
+A communicator over the 2-rank all-pairs test IR, whose gc3 backend is the
+real Gc3Backend holding a real LaunchGroup (runtime_cuda/group.py) with one
+prepared call whose launch does nothing, and whose stream-capture query
+answers "not capturing" without CUDA.  Timed per call (the fastest of 7
+loops: the one least disturbed by other work on the machine):
+
+  repeat   a repeat of the same call (the fast path: one dictionary hit,
+           StreamOrder, the group's Reissue);
+  full     the same call with the repeat cache emptied before each call
+           (argument checks, Call, selection's cache, set-up's cache,
+           Gc3Backend.run, LaunchGroup.run_ptrs);
+  stub     the stubbed launch alone (the loop's own cost).
+
+What this leaves out, and scripts/bench_host_time.py measures on a GPU: the
+driver launch itself and cudaStreamIsCapturing (both paths make one of each).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
+
+
+class _Nccl:
+    def device_id(self):
+        return 0
+
+
+class _Exchange:
+    rank, size = 0, 2
+
+
+class _Events:
+    def capturing(self, stream):
+        return False
+
+
+class _Call:
+    """A PreparedCall whose launch does nothing."""
+    launch = None
+
+    def __call__(self, ptr, captured=False):
+        pass
+
+
+def build(n_elems: int, buf: int, stream: int):
+    import os
+
+    from runtime_cuda import group as group_mod
+    from runtime_cuda.group import LaunchGroup
+    from runtime_cuda.nccl import communicator as cm
+    from runtime_cuda.nccl.gc3_backend import Gc3Backend, _key
+    from runtime_cuda.streams import StreamOrder
+
+    os.environ["GC3_XML_FILES"] = str(PAIRS)
+    os.environ.pop("GC3_DEBUG", None)
+    group_mod.streams.is_capturing = lambda ptr: False   # what cudaStreamIsCapturing answers, without CUDA
+
+    class Executor:
+        order = StreamOrder(_Events())
+
+    g = LaunchGroup.__new__(LaunchGroup)
+    g.executor, g._prepared, g._captured, g._epoch = Executor(), {}, {}, 0
+    g._prepared[g._key([buf], [buf], n_elems, "float32", "sum")] = _Call()
+
+    be = Gc3Backend.__new__(Gc3Backend)
+    from runtime_cuda import abi, binding, launcher, tables
+    be._abi, be._binding, be._launcher, be._tables_mod = abi, binding, launcher, tables
+    be.rank, be.size, be.device = 0, 2, 0
+    be._groups, be._failed, be._tables = {}, {}, {}
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(_Nccl(), 2, 0, lambda *a: be, exchange=_Exchange(), order=StreamOrder(_Events()))
+    cand = comm._dispatch.selector.catalog.candidates[0]
+    be._groups[_key(cand)] = g
+    be.check = lambda c, call: None    # the runtime's own shape check needs the tables: not per call anyway
+    comm._dispatch.selector.runtime = be.check
+    return comm
+
+
+def per_call_us(fn, calls: int) -> float:
+    loops = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        loops.append((time.perf_counter() - t0) / calls * 1e6)
+    return min(loops)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=200_000)
+    args = ap.parse_args(argv)
+    from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM
+
+    buf, stream, n = 0x2000_0000, 0x77, 256
+    comm = build(n, buf, stream)
+    a = ("allreduce", buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream)
+    if comm.submit(*a) == "NCCL" or not comm._repeats:
+        raise SystemExit("the stubbed communicator did not serve the call on gc3: nothing to time")
+    stub = _Call()
+
+    def full():
+        comm._repeats.clear()
+        comm.submit(*a)
+
+    def clear_only():
+        comm._repeats.clear()
+
+    rows = [("repeat", per_call_us(lambda: comm.submit(*a), args.calls)),
+            ("full", per_call_us(full, args.calls // 4) - per_call_us(clear_only, args.calls // 4)),
+            ("stub", per_call_us(lambda: stub(stream, False), args.calls))]
+    print(f"# Python host path per call, launch and capture query stubbed ({sys.version.split()[0]})")
+    for name, us in rows:
+        print(f"{name:8} {us:6.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The drop-in's per-call fast path on the CPU (issue 18, "a dictionary hit and
+one launch"): a repeat of a call gc3 served skips the argument checks,
+selection and set-up, and re-issues the launch group's prepared call; it is
+still ordered across streams, still recorded inside a group, logged per call
+under GC3_DEBUG=TRACE, and falls back to the full path once the group has
+dropped its prepared calls.  The launch group's side (Reissue, its epoch, the
+`prepared` accessor) runs here on a group without a GPU; the GPU side is
+tests/test_graphs.py and scripts/bench_host_time.py."""
+import sys
+from pathlib import Path
+
+import pytest
+
+from gc3.errors import CommunicatorError
+from runtime_cuda import group as group_mod
+from runtime_cuda.group import LaunchGroup, Reissue
+from runtime_cuda.nccl import communicator as cm
+from runtime_cuda.nccl.call import Call
+from runtime_cuda.nccl.constants import NCCL_AVG, NCCL_FLOAT32, NCCL_SUM
+from runtime_cuda.nccl.gc3_backend import Gc3Backend, _key
+from runtime_cuda.nccl.selection import Decision
+from runtime_cuda.streams import StreamOrder
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from test_dropin_streams import Events  # noqa: E402
+from test_nccl_dispatch import PAIRS, RecordingNccl  # noqa: E402
+
+R, ST = 0x2000_0000, 0x77
+
+
+class RepeatingGc3:
+    """A gc3 backend whose run and re-issue both record; `stale` makes re-issues refuse."""
+
+    def __init__(self, log):
+        self.log, self.stale, self.bound = log, False, 0
+
+    def check(self, cand, call):
+        return None
+
+    def prepare(self, decision):
+        return None
+
+    def run(self, decision):
+        c = decision.call
+        self.log.append(("run", c.sendbuf, c.count, c.stream))
+
+    def reissue(self, decision):
+        self.bound += 1
+        c = decision.call
+
+        def go(stream):
+            if self.stale:
+                return False
+            self.log.append(("again", c.sendbuf, c.count, stream))
+            return True
+        return go
+
+    def close(self):
+        pass
+
+
+def make(monkeypatch, log, env=None, events=None):
+    monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    backend = RepeatingGc3(log)
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(RecordingNccl(log), 2, 0, lambda *a: backend, order=StreamOrder(events or Events()))
+    return comm, backend
+
+
+def test_a_repeat_skips_selection_and_reissues_the_prepared_call(monkeypatch):
+    log = []
+    comm, backend = make(monkeypatch, log)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+
+    def no_selection(call):
+        raise AssertionError("a repeat went through selection")
+    monkeypatch.setattr(comm._dispatch.selector, "choose", no_selection)
+    for _ in range(3):
+        assert comm.submit("allreduce", R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST) == PAIRS.name
+    assert log == [("run", R, 1000, ST)] + [("again", R, 1000, ST)] * 3
+    assert comm.served == {PAIRS.name: 4} and backend.bound == 1
+
+
+def test_any_other_argument_is_a_new_call(monkeypatch):
+    log = []
+    comm, _ = make(monkeypatch, log)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    comm.allReduce(R, R, 1008, NCCL_FLOAT32, NCCL_SUM, ST)       # count
+    comm.allReduce(R + 64, R + 64, 1000, NCCL_FLOAT32, NCCL_SUM, ST)   # buffers
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST + 1)   # stream
+    assert [e[0] for e in log] == ["run"] * 4
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST + 1)
+    assert log[-1] == ("again", R, 1000, ST + 1)
+
+
+def test_calls_gc3_does_not_serve_are_never_repeated_past_nccl(monkeypatch):
+    log = []
+    comm, backend = make(monkeypatch, log)
+    for _ in range(2):    # out of place: the all-pairs IR is in-place only
+        assert comm.submit("allreduce", R - 4096, R, 10, NCCL_FLOAT32, NCCL_SUM, ST) == "NCCL"
+    assert [e[0] for e in log] == ["allReduce", "allReduce"] and backend.bound == 0
+
+
+def test_a_repeat_on_another_stream_still_waits_for_the_last_call(monkeypatch):
+    log, ev = [], Events()
+    comm, _ = make(monkeypatch, log, events=ev)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, 11)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, 22)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, 11)     # a repeat, after a call on 22
+    assert log[-1] == ("again", R, 1000, 11)
+    assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1)]
+
+
+def test_a_repeat_inside_a_group_is_recorded_until_group_end(monkeypatch):
+    log = []
+    comm, _ = make(monkeypatch, log)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    cm.groupStart()
+    assert comm.submit("allreduce", R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST) == "group"
+    assert len(log) == 1
+    cm.groupEnd()
+    assert log == [("run", R, 1000, ST)] * 2
+
+
+def test_a_stale_repeat_takes_the_full_path_and_binds_again(monkeypatch):
+    log = []
+    comm, backend = make(monkeypatch, log)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    backend.stale = True
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    backend.stale = False
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    assert log == [("run", R, 1000, ST)] * 2 + [("again", R, 1000, ST)]
+    assert backend.bound == 2 and comm.served == {PAIRS.name: 3}
+
+
+def test_trace_logging_sees_every_call(monkeypatch, capsys):
+    log = []
+    comm, backend = make(monkeypatch, log, env={"GC3_DEBUG": "TRACE"})
+    capsys.readouterr()
+    for _ in range(3):
+        comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    assert capsys.readouterr().err.count("DEBUG rank 0: allreduce") == 3 and backend.bound == 0
+
+
+def test_bad_arguments_are_refused_every_time(monkeypatch):
+    comm, _ = make(monkeypatch, [])
+    for _ in range(2):
+        with pytest.raises(CommunicatorError, match="count must be >= 0"):
+            comm.allReduce(R, R, -1, NCCL_FLOAT32, NCCL_SUM, ST)
+    with pytest.raises(CommunicatorError, match="unknown collective"):
+        comm.submit(["allreduce"], R, R, 8, NCCL_FLOAT32, NCCL_SUM, ST)   # unhashable: no crash in the lookup
+
+
+def test_destroy_forgets_the_repeats(monkeypatch):
+    log = []
+    comm, _ = make(monkeypatch, log)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    comm.destroy()
+    assert comm._repeats == {}
+
+
+# --- the runtime's side: Gc3Backend.reissue and LaunchGroup's Reissue ------------------
+
+class BindingGroup:
+    def __init__(self):
+        self.asked = []
+
+    def reissue(self, *args):
+        self.asked.append(args)
+        return "bound"
+
+
+def backend_with_group(monkeypatch, log):
+    """A Gc3Backend holding one launch group for the all-pairs candidate, built without the runtime."""
+    comm, _ = make(monkeypatch, log)
+    cand = comm._dispatch.selector.catalog.candidates[0]
+    be = Gc3Backend.__new__(Gc3Backend)
+    group = BindingGroup()
+    be._groups = {_key(cand): group}
+    return be, cand, group
+
+
+@pytest.mark.parametrize("op, expect", [(NCCL_SUM, "sum"), (NCCL_AVG, None)])
+def test_backend_binds_what_run_would_run_and_never_avg(monkeypatch, op, expect):
+    be, cand, group = backend_with_group(monkeypatch, [])
+    call = Call("allreduce", R, R, 1000, NCCL_FLOAT32, op, ST, 2, 0)
+    got = be.reissue(Decision(call, cand))
+    if expect is None:     # avg's division pass runs in the backend: a repeat needs the full path
+        assert got is None and group.asked == []
+    else:
+        assert got == "bound" and group.asked == [([R], [R], 1000, "float32", "sum")]
+
+
+class CountingCall:
+    """A PreparedCall (copies around a launch) that records its issues."""
+
+    def __init__(self, launch=None, pre=()):
+        self.calls, self.launch, self.pre, self.post = [], launch, list(pre), []
+
+    def __call__(self, ptr, captured=False):
+        self.calls.append((ptr, captured))
+
+
+class Executor:
+    def __init__(self, events):
+        self.order = StreamOrder(events)
+
+
+def bare_group(monkeypatch, capturing=()):
+    """A LaunchGroup with only what the call cache reads (no GPU, no scratch)."""
+    ev = Events()
+    ev.capturing_streams = set(capturing)
+    monkeypatch.setattr(group_mod.streams, "is_capturing", lambda ptr: ptr in ev.capturing_streams)
+    g = LaunchGroup.__new__(LaunchGroup)
+    g.executor = Executor(ev)
+    g._prepared, g._captured, g._epoch = {}, {}, 0
+    return g, ev
+
+
+def test_reissue_runs_the_prepared_call_until_the_group_drops_it(monkeypatch):
+    g, _ = bare_group(monkeypatch)
+    call = CountingCall()
+    assert g.reissue([1], [2], 8, "float32", "sum") is None       # nothing prepared yet
+    g._prepared[g._key([1], [2], 8, "float32", "sum")] = call
+    assert g.prepared((1,), (2,), 8, "float32", "sum") is call
+    again = g.reissue([1], [2], 8, "float32", "sum")
+    assert isinstance(again, Reissue) and again(5) and call.calls == [(5, False)]
+    g._drop_prepared()                                           # scratch grew: the call is stale
+    assert not again(5) and call.calls == [(5, False)]
+    assert g.prepared((1,), (2,), 8, "float32", "sum") is None
+
+
+def test_reissue_keeps_the_group_order_and_graph_capture_rules(monkeypatch):
+    g, ev = bare_group(monkeypatch, capturing={9})
+    call = CountingCall()
+    g._prepared[g._key([1], [2], 8, "float32", "sum")] = call
+    again = g.reissue([1], [2], 8, "float32", "sum")
+    again(5)
+    again(6)     # another stream: waits for 5
+    again(9)     # a capturing stream: captured as a plain node, kept for the group's life
+    assert call.calls == [(5, False), (6, False), (9, True)]
+    assert ev.log == [("record", 1, 5), ("wait", 6, 1)]
+    assert g._captured == {id(call): call}
+
+
+@pytest.mark.parametrize("pre", [(), ("a copy",)])
+def test_reissue_goes_to_the_launch_itself_only_when_no_copy_surrounds_it(monkeypatch, pre):
+    g, _ = bare_group(monkeypatch)
+    launch = CountingCall()
+    call = CountingCall(launch=launch, pre=pre)
+    g._prepared[g._key([1], [2], 8, "float32", "sum")] = call
+    again = g.reissue([1], [2], 8, "float32", "sum")
+    again(5)
+    assert (launch.calls, call.calls) == (([(5, False)], []) if not pre else ([], [(5, False)]))
+    assert again.launch is launch
+    g._drop_prepared()
+    assert again.launch is None
+
+
+def test_an_unhashable_argument_int_accepts_is_served_but_never_repeated(monkeypatch):
+    np = pytest.importorskip("numpy")
+    log = []
+    comm, backend = make(monkeypatch, log)
+    for _ in range(2):
+        assert comm.submit("allreduce", np.array(R), R, 1000, NCCL_FLOAT32, NCCL_SUM, ST) == PAIRS.name
+    assert log == [("run", R, 1000, ST)] * 2 and comm._repeats == {}
