@@ -126,10 +126,33 @@ def index_entry(sample: Sample, traced, prog) -> dict:
     return entry
 
 
+# The dedicated small-message allreduce kernels (runtime_cuda/small_allreduce.py) lead the index
+# at these rank counts, ahead of the IR allreduces: one-shot up to the size where the cost
+# model's two-shot becomes cheaper, two-shot from there to their limit.
+KERNEL_RANKS: Tuple[int, ...] = (2, 4, 8)
+
+
+def kernel_entries(ranks: int) -> List[dict]:
+    from gc3 import limits
+    from gc3.simulator.cost_config import preset
+    from gc3.simulator.small_allreduce import small_allreduce_seconds
+
+    cfg, top = preset(), limits.SMALL_ALLREDUCE_MAX_BYTES
+    sizes = [1 << k for k in range(10, top.bit_length())]   # 1 KiB .. the kernels' limit
+    two = [b for b in sizes if small_allreduce_seconds("twoshot", b, ranks, cfg)
+           < small_allreduce_seconds("oneshot", b, ranks, cfg)]
+    cut = two[0] // 2 if two else top
+    base = {"collective": "allreduce", "ranks": ranks, "inplace": True, "outofplace": True}
+    entries = [dict(base, kernel="oneshot", min_bytes=0, max_bytes=cut)]
+    if cut < top:
+        entries.append(dict(base, kernel="twoshot", min_bytes=cut + 1, max_bytes=top))
+    return entries
+
+
 def generate(out_dir: Path) -> List[Path]:
     """Write every sample and index.json into `out_dir`; remove stale *.xml there. Returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written, entries = [], []
+    written, entries = [], [e for r in KERNEL_RANKS for e in kernel_entries(r)]
     for sample in SAMPLES:
         traced, prog = compile_sample(sample)
         path = out_dir / f"{sample.file}.xml"

@@ -20,7 +20,9 @@ from gc3.ir.xml_io import read_xml
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "ir_samples"
-INDEX = json.loads((SAMPLES / "index.json").read_text())["algorithms"]
+ENTRIES = json.loads((SAMPLES / "index.json").read_text())["algorithms"]
+INDEX = [e for e in ENTRIES if "file" in e]        # the IR samples
+KERNELS = [e for e in ENTRIES if "kernel" in e]    # the small-message allreduce kernels
 REDUCING = {"allreduce", "reducescatter", "reduce"}
 
 
@@ -85,7 +87,27 @@ def test_index_entries_state_what_the_xml_holds_and_ranges_do_not_overlap():
 def test_catalog_loads_every_index_entry():
     from runtime_cuda.nccl.catalog import load_catalog
     catalog = load_catalog({})
-    assert [c.path.name for c in catalog.candidates] == [e["file"] for e in INDEX]
+    assert [c.kernel or c.path.name for c in catalog.candidates] == [e.get("kernel") or e["file"] for e in ENTRIES]
+
+
+def test_the_small_message_kernels_lead_the_allreduce_entries_up_to_their_limit():
+    """Kernel entries come first (selection takes the first match), one-shot from 0, and
+    each rank count's ranges tile [0, the kernels' limit] as the cost model splits it."""
+    from gc3 import limits
+    from gc3.simulator.cost_config import preset
+    from gc3.simulator.small_allreduce import small_allreduce_seconds
+
+    assert KERNELS and ENTRIES[:len(KERNELS)] == KERNELS
+    for ranks in sorted({e["ranks"] for e in KERNELS}):
+        mine = [e for e in KERNELS if e["ranks"] == ranks]
+        assert mine[0]["kernel"] == "oneshot" and mine[0]["min_bytes"] == 0
+        assert mine[-1]["max_bytes"] == limits.SMALL_ALLREDUCE_MAX_BYTES
+        for a, b in zip(mine, mine[1:]):
+            assert b["min_bytes"] == a["max_bytes"] + 1
+        for e in mine:   # the kernel the index names is the model's faster one at its range's top
+            other = "twoshot" if e["kernel"] == "oneshot" else "oneshot"
+            t = lambda k: small_allreduce_seconds(k, e["max_bytes"], ranks, preset())  # noqa: E731
+            assert t(e["kernel"]) <= t(other) or e is mine[-1], (ranks, e)
 
 
 @pytest.mark.parametrize("entry", INDEX, ids=[e["file"][:-4] for e in INDEX])
