@@ -231,6 +231,11 @@ class Executor:
             self.device.synchronize()
         err = self.control[CONTROL_ERR:CONTROL_FLAGS].get().view(np.int32)
         abort = int(self.control[CONTROL_ABORT:CONTROL_ABORT + 1].get().view(np.int32)[0])
+        self._raise_recorded(err, abort)
+
+    def _raise_recorded(self, err: np.ndarray, abort: int) -> None:
+        """From an error record and an abort word read back: nothing if both are clear, else
+        the communicator is broken from now on and RuntimeTimeoutError says where it waited."""
         if err[abi.field("ERR", "SET")] == 0 and not abort:
             return
         msg = self.describe_error(err) if err[abi.field("ERR", "SET")] else "a peer process gave up waiting"

@@ -22,7 +22,7 @@ import numpy as np
 
 from gc3 import limits
 from gc3.dtypes import dtype_info
-from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
+from gc3.errors import GC3Error, LimitError
 
 from . import abi, module, streams
 from .launcher import CommunicatorBroken, Executor, _blocks_per_sm, timeout_s
@@ -113,6 +113,7 @@ class SmallExecutor:
     """What the drop-in reaches through `group.executor`: the stream order, the
     per-call address tables, and the error record in the scratch header."""
     buffer_table = Executor.buffer_table   # the same cached, stream-ordered upload
+    _raise_recorded = Executor._raise_recorded
 
     def __init__(self, header, ranks: Sequence[int], timeout: float):
         import cupy
@@ -133,11 +134,7 @@ class SmallExecutor:
         words = self.header.get()
         err = words[_SA["ERR"]:_SA["ERR"] + abi.ERR_NFIELDS // 2].view(np.int32)
         abort = int(words[_SA["ABORT"]:_SA["ABORT"] + 1].view(np.int32)[0])
-        if err[abi.field("ERR", "SET")] == 0 and not abort:
-            return
-        msg = self.describe_error(err) if err[abi.field("ERR", "SET")] else "a peer process gave up waiting"
-        self.broken = msg
-        raise RuntimeTimeoutError(msg)
+        self._raise_recorded(err, abort)
 
     def describe_error(self, err: np.ndarray) -> str:
         f = lambda name: int(err[abi.field("ERR", name)])  # noqa: E731

@@ -89,6 +89,24 @@ __device__ __forceinline__ long long first_at(long long t, long long s, long lon
   return lo <= t ? t : t + (lo - t + s - 1) / s * s;
 }
 
+// Line g reduced over ranks 0..n-1 in that order, so every rank that reduces a
+// line gets the same bits: this rank's part from `in`, peer p's from the line
+// at slots + p * pitch once it carries `flag`.  False if a wait gave up.
+__device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int me, int nranks, int chan,
+                                             const elem_t* in, long long g, long long count,
+                                             const uint4* slots, u64 pitch, unsigned flag, uint2& acc) {
+  for (int p = 0; p < nranks; ++p) {
+    uint2 x;
+    if (p == me) {
+      x = load_line(in, g, count);
+    } else if (!ll_read(P, w, p, chan, slots + (u64)p * pitch, flag, x)) {
+      return false;
+    }
+    if (p == 0) acc = x; else reduce_raw(acc, x);
+  }
+  return true;
+}
+
 }  // namespace sa
 
 // grid (blocks per rank, local ranks); blockIdx.y = local slot, rank rank0 + slot.
@@ -129,17 +147,9 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
     }
     const uint4* mine = lines_of(me);
     for (long long g = t; ok && g < L; g += stride) {
-      uint2 acc = make_uint2(0, 0);
-      for (int p = 0; p < nranks; ++p) {
-        uint2 x;
-        if (p == me) {
-          x = sa::load_line(in, g, count);
-        } else {
-          Where w{me, (int)blockIdx.x, 0, (int)g, 0};
-          if (!ll_read(P, w, p, 0, mine + (u64)p * max_lines + g, flag, x)) { ok = false; break; }
-        }
-        if (p == 0) acc = x; else sa::reduce_raw(acc, x);
-      }
+      uint2 acc;
+      const Where w{me, (int)blockIdx.x, 0, (int)g, 0};
+      ok = sa::reduce_ranks(P, w, me, nranks, 0, in, g, count, mine + g, (u64)max_lines, flag, acc);
       if (ok) sa::store_line(out, g, count, acc);
     }
   } else {
@@ -156,17 +166,9 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
     const long long lo = (long long)me * Ls, hi = lo + Ls < L ? lo + Ls : L;
     const uint4* mine = lines_of(me);
     for (long long g = sa::first_at(t, stride, lo); ok && g < hi; g += stride) {
-      uint2 acc = make_uint2(0, 0);
-      for (int p = 0; p < nranks; ++p) {
-        uint2 x;
-        if (p == me) {
-          x = sa::load_line(in, g, count);
-        } else {
-          Where w{me, (int)blockIdx.x, 1, (int)g, 0};
-          if (!ll_read(P, w, p, 1, mine + (u64)p * S + (g - lo), flag, x)) { ok = false; break; }
-        }
-        if (p == 0) acc = x; else sa::reduce_raw(acc, x);
-      }
+      uint2 acc;
+      const Where w{me, (int)blockIdx.x, 1, (int)g, 0};
+      ok = sa::reduce_ranks(P, w, me, nranks, 1, in, g, count, mine + (g - lo), (u64)S, flag, acc);
       if (!ok) break;
       for (int p = 0; p < nranks; ++p)
         if (p != me) sa::put(lines_of(p) + half + (u64)me * S + (g - lo), acc, flag);
