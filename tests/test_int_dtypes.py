@@ -149,3 +149,31 @@ def test_an_unknown_dtype_code_does_not_compile(tmp_path):
     src = tmp_path / "avg_pass.cu"
     src.write_text(module.source("avg_pass.cu"))
     assert "unknown GC3_DTYPE" in _nvcc(src, [f"-DGC3_DTYPE={max(abi.DTYPE.values()) + 1}"])
+
+
+class _OneProcess:
+    """The few mpi4py calls HostStagedNccl's constructor makes."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 2
+
+
+def test_host_staged_stand_in_averages_the_new_types_as_nccl():
+    from runtime_cuda.nccl.hoststaged import HostStagedNccl
+
+    host = HostStagedNccl(_OneProcess(), 0)
+    for dtype in NEW:
+        t = dtype_info(dtype).np
+        lo = -100 if dtype_info(dtype).signed else 0
+        parts = [np.array([lo, 7, 9], t), np.array([lo, 0, np.iinfo(t).max - 20], t)]
+        wrapped = parts[0] + parts[1]
+        got = host._reduce(parts, constants.NCCL_AVG)
+        assert got.dtype == t and got.tolist() == avg_divide(wrapped, 2).tolist(), dtype
+    # int8: -100 + -100 wraps to 56, halved to 28; 9 + 107 wraps to -140 + 256 = 116 -> 58
+    got = host._reduce([np.array([-100, 9], np.int8), np.array([-100, 107], np.int8)], constants.NCCL_AVG)
+    assert got.tolist() == [28, 58]
+    got = host._reduce([np.array([-128, -7], np.int8), np.array([0, 0], np.int8)], constants.NCCL_AVG)
+    assert got.tolist() == [-64, -3]      # |-128| as an int8 is -128: a naive abs() would give 64 here

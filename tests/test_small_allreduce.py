@@ -236,8 +236,9 @@ def _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, stream):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", cases.DTYPES)
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_virtual_every_dtype_op_count_and_placement(n):
+def test_virtual_every_dtype_op_count_and_placement(n, dtype):
     import cupy
 
     from runtime_cuda.small_allreduce import SmallAllreduce
@@ -245,16 +246,15 @@ def test_virtual_every_dtype_op_count_and_placement(n):
     group = SmallAllreduce.virtual(n, timeout=10)
     s = cupy.cuda.Stream(non_blocking=True)
     wrong = []
-    for dtype in cases.DTYPES:
-        bufs = Bufs(n, dtype, max(cases.counts(dtype)))
-        for op in cases.OPS:
-            for kind in ("oneshot", "twoshot"):
-                for i, count in enumerate(cases.counts(dtype)):
-                    inplace, off = bool(i & 1), (i >> 1) & 1     # each count in one of the four placements
-                    seed = ((n * 10 + cases.DTYPES.index(dtype)) * 10 + cases.OPS.index(op)) * 100 + i
-                    why = _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, s)
-                    if why:
-                        wrong.append(why)
+    bufs = Bufs(n, dtype, max(cases.counts(dtype)))
+    for op in cases.OPS:
+        for kind in ("oneshot", "twoshot"):
+            for i, count in enumerate(cases.counts(dtype)):
+                inplace, off = bool(i & 1), (i >> 1) & 1     # each count in one of the four placements
+                seed = ((n * 10 + cases.DTYPES.index(dtype)) * 10 + cases.OPS.index(op)) * 100 + i
+                why = _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, s)
+                if why:
+                    wrong.append(why)
     assert not wrong, "\n".join(wrong[:10])
 
 
