@@ -33,9 +33,13 @@ class DtypeInfo:
     np: np.dtype
     is_float: bool
     # Largest integer magnitude the type represents exactly (every integer in
-    # [-exact, exact] is representable): sums of inputs stay below it.
+    # [-exact, exact], or [0, exact] for unsigned types, is representable):
+    # sums of inputs stay below it.
     exact: int
     nccl: str           # the ncclDataType_t enumerator name
+    # Whether the type has negative values: input generators draw from
+    # [-m/2, m/2] for signed types and [0, m] for unsigned ones.
+    signed: bool = True
 
 
 DTYPES: Dict[str, DtypeInfo] = {
@@ -45,7 +49,10 @@ DTYPES: Dict[str, DtypeInfo] = {
     "float64": DtypeInfo("float64", np.dtype(np.float64), True, 2 ** 53, "ncclFloat64"),
     "int32": DtypeInfo("int32", np.dtype(np.int32), False, 2 ** 31 - 1, "ncclInt32"),
     "int64": DtypeInfo("int64", np.dtype(np.int64), False, 2 ** 63 - 1, "ncclInt64"),
-    "uint8": DtypeInfo("uint8", np.dtype(np.uint8), False, 255, "ncclUint8"),
+    "uint8": DtypeInfo("uint8", np.dtype(np.uint8), False, 255, "ncclUint8", signed=False),
+    "int8": DtypeInfo("int8", np.dtype(np.int8), False, 127, "ncclInt8"),
+    "uint32": DtypeInfo("uint32", np.dtype(np.uint32), False, 2 ** 32 - 1, "ncclUint32", signed=False),
+    "uint64": DtypeInfo("uint64", np.dtype(np.uint64), False, 2 ** 64 - 1, "ncclUint64", signed=False),
 }
 
 _ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32",
@@ -73,6 +80,9 @@ TOLERANCES: Dict[str, Tuple[float, float]] = {
     "int32": (0.0, 0.0),
     "int64": (0.0, 0.0),
     "uint8": (0.0, 0.0),
+    "int8": (0.0, 0.0),
+    "uint32": (0.0, 0.0),
+    "uint64": (0.0, 0.0),
 }
 
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Dict
 
+from gc3.dtypes import DTYPES
 from gc3.ir.opcodes import DEVICE_OPCODES
 
 KERNEL_DIR = Path(__file__).with_name("kernels")
@@ -22,8 +23,8 @@ C: Dict[str, int] = _read_constants()
 OPCODE = {t: C[f"GC3_OP_{t.upper()}"] for t in DEVICE_OPCODES}   # the opcodes the kernel executes
 OPNAME = {v: k for k, v in OPCODE.items()}
 BUF = {"i": C["GC3_BUF_I"], "o": C["GC3_BUF_O"], "s": C["GC3_BUF_S"], None: C["GC3_BUF_NONE"]}
-DTYPE = {name: C[f"GC3_DT_{name.upper()}"]
-         for name in ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8")}
+# Every gc3 dtype has a kernel build: a name without its GC3_DT_ code fails here, at import.
+DTYPE = {name: C[f"GC3_DT_{name.upper()}"] for name in DTYPES}
 REDOP = {name: C[f"GC3_RED_{name.upper()}"] for name in ("sum", "prod", "max", "min")}
 PROTO = {"Simple": C["GC3_PROTO_SIMPLE"], "LL": C["GC3_PROTO_LL"], "LL128": C["GC3_PROTO_LL128"]}
 

@@ -49,6 +49,7 @@ from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gc3.dtypes import dtype_info  # noqa: E402
 from runtime_cuda.nccl.call import Call  # noqa: E402
 from runtime_cuda.nccl.constants import (  # noqa: E402
     DTYPE_NAMES, ITEMSIZE, NCCL_AVG, NCCL_MAX, NCCL_MIN, NCCL_PROD, NCCL_SUM, OP_NAMES)
@@ -135,7 +136,7 @@ def draw_spec(seed: int, index: int, nranks: int, max_bytes: int, colls=COLLS, d
 def value_range(op: Optional[int], dtype: int, nranks: int, rank: int) -> Tuple[int, int]:
     """(lo, span) of a rank's input values: no reduction over nranks overflows
     int8 or leaves the integers a float type holds exactly."""
-    signed = DTYPE_NAMES[dtype] not in ("uint8", "uint32", "uint64")
+    signed = dtype_info(DTYPE_NAMES[dtype]).signed
     if op == NCCL_PROD:
         if rank >= 3:
             return 1, 1

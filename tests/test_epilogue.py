@@ -173,6 +173,10 @@ def test_avg_divide_is_ncclavg_integer_rule():
     assert avg_divide(x, 2).tolist() == [-3, 3, 0, 0, -(2 ** 30), 2 ** 30 - 1]
     assert avg_divide(np.array([-9, 9], dtype=np.int64), 4).tolist() == [-2, 2]
     assert avg_divide(np.array([255, 7], dtype=np.uint8), 2).tolist() == [127, 3]
+    assert avg_divide(np.array([-128, -7, 7, 127], dtype=np.int8), 2).tolist() == [-64, -3, 3, 63]
+    assert avg_divide(np.array([-128, -7], dtype=np.int8), 8).tolist() == [-16, 0]
+    assert avg_divide(np.array([2 ** 32 - 1, 5], dtype=np.uint32), 2).tolist() == [2 ** 31 - 1, 2]
+    assert avg_divide(np.array([2 ** 64 - 1, 5], dtype=np.uint64), 3).tolist() == [(2 ** 64 - 1) // 3, 1]
     assert avg_divide(np.array([-6.0, 3.0], dtype=np.float32), 4).tolist() == [-1.5, 0.75]
 
 
@@ -184,7 +188,7 @@ def test_reference_avg_wraps_then_divides():
     assert out.tolist() == [int(np.trunc(wrapped[0] / 2)), -3]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "uint8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "uint8", "int8", "uint32"])
 def test_simulate_avg_on_a_sum_program(dtype):
     xml = (ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml").read_text()
     res = simulate(xml, count=4096, dtype=dtype, op="avg")
@@ -197,7 +201,7 @@ def test_simulate_avg_on_a_sum_program(dtype):
 # --- GPU ---------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", [2, 4])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "int64", "uint8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "int64", "uint8", "int8", "uint32", "uint64"])
 def test_gpu_avg_is_sum_then_ncclavg(nranks, dtype):
     """What the drop-in's gc3 backend runs for op avg: the sum program (virtual ranks),
     then runtime_cuda.avg.divide on the output; vs numpy: bit-exact."""
@@ -213,7 +217,7 @@ def test_gpu_avg_is_sum_then_ncclavg(nranks, dtype):
     vr = VirtualRanks(read_xml(path))
     n_el = 3 * 4096 + 5
     xs = make_inputs("allreduce", nranks, n_el, dtype, seed=3, op="avg")
-    if not dtype_info(dtype).is_float and dtype != "uint8":
+    if not dtype_info(dtype).is_float and dtype_info(dtype).signed:
         xs[0][:4] = [-7, 7, -1, 5]          # odd sums of both signs: truncation shows
         for x in xs[1:]:
             x[:4] = 0

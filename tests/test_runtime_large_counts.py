@@ -5,8 +5,7 @@ The host-side geometry (layout, tile shape, the kernel's argument block) is
 checked on the CPU; the calls themselves run on one GPU with virtual ranks and
 are checked exactly there, in windows (runtime_cuda.nccl.datacheck), because
 copying several GiB per rank to the host would take longer than the calls.
-gc3 has no int8 type; uint8 is its one-byte type and exercises the same byte
-offsets.
+uint8 stands for the one-byte types (int8 has the same byte offsets).
 """
 from pathlib import Path
 

@@ -232,13 +232,13 @@ def test_out_of_place_program_binds_buffers_as_given_and_reads_a_copy_in_place()
     assert (b.i, b.o, b.pre) == (90_000, 5000, binding.Copy(90_000, 5000, 3200))
 
 
-def test_kernel_source_is_self_contained_and_compiles_for_every_variant():
+def test_kernel_source_is_self_contained_and_compiles_for_every_variant(tmp_path):
     src = module.source()
     assert "#include \"" not in src and "gc3_interpreter" in src
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not installed; the GPU tests compile the kernel with NVRTC")
-    path = Path("/tmp") / "gc3_interpreter_check.cu"
+    path = tmp_path / "gc3_interpreter_check.cu"     # not a shared /tmp name: checkouts run the suite side by side
     path.write_text(src)
     for dtype in abi.DTYPE:
         for proto in abi.PROTO:

@@ -17,7 +17,7 @@ from gc3 import limits
 from gc3.simulator.cost_config import preset
 from gc3.simulator.small_allreduce import small_allreduce_seconds
 from runtime_cuda.nccl.catalog import check_config, load_catalog
-from runtime_cuda.nccl.constants import NCCL_AVG, NCCL_FLOAT32, NCCL_INT64, NCCL_MAX, NCCL_SUM
+from runtime_cuda.nccl.constants import DTYPE_NAMES, NCCL_AVG, NCCL_FLOAT32, NCCL_INT64, NCCL_MAX, NCCL_SUM
 
 from test_nccl_selection import PAIRS, make_call
 
@@ -119,8 +119,10 @@ def test_the_drop_in_runtime_check_of_a_kernel_candidate(kernel_catalog):
     assert backend.check(one, make_call(count=7, op=NCCL_AVG)) is None        # the sum build, then the divide pass
     why = backend.check(one, make_call(count=MAX // 4 + 1, op=NCCL_SUM, dtype=NCCL_FLOAT32))
     assert why and "the kernels serve 1 element to 262144 B" in why
-    why = backend.check(one, make_call(count=8, dtype=3))    # NCCL_UINT32: no build
-    assert why and "no build for uint32" in why
+    for code in DTYPE_NAMES:        # every NCCL datatype has a build, int8/uint32/uint64 included
+        assert backend.check(one, make_call(count=8, dtype=code, op=NCCL_MAX)) is None, DTYPE_NAMES[code]
+    why = backend.check(one, make_call(count=MAX + 1, dtype=0, op=NCCL_MAX))     # int8: 1-byte elements
+    assert why and "the kernels serve 1 element to 262144 B" in why
 
 
 # --- cost model and tune ------------------------------------------------------------------
@@ -234,8 +236,9 @@ def _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, stream):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", cases.DTYPES)
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_virtual_every_dtype_op_count_and_placement(n):
+def test_virtual_every_dtype_op_count_and_placement(n, dtype):
     import cupy
 
     from runtime_cuda.small_allreduce import SmallAllreduce
@@ -243,16 +246,15 @@ def test_virtual_every_dtype_op_count_and_placement(n):
     group = SmallAllreduce.virtual(n, timeout=10)
     s = cupy.cuda.Stream(non_blocking=True)
     wrong = []
-    for dtype in cases.DTYPES:
-        bufs = Bufs(n, dtype, max(cases.counts(dtype)))
-        for op in cases.OPS:
-            for kind in ("oneshot", "twoshot"):
-                for i, count in enumerate(cases.counts(dtype)):
-                    inplace, off = bool(i & 1), (i >> 1) & 1     # each count in one of the four placements
-                    seed = ((n * 10 + cases.DTYPES.index(dtype)) * 10 + cases.OPS.index(op)) * 100 + i
-                    why = _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, s)
-                    if why:
-                        wrong.append(why)
+    bufs = Bufs(n, dtype, max(cases.counts(dtype)))
+    for op in cases.OPS:
+        for kind in ("oneshot", "twoshot"):
+            for i, count in enumerate(cases.counts(dtype)):
+                inplace, off = bool(i & 1), (i >> 1) & 1     # each count in one of the four placements
+                seed = ((n * 10 + cases.DTYPES.index(dtype)) * 10 + cases.OPS.index(op)) * 100 + i
+                why = _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, s)
+                if why:
+                    wrong.append(why)
     assert not wrong, "\n".join(wrong[:10])
 
 

@@ -589,8 +589,9 @@ def test_torch_user_programs_on_ranks_sharing_one_gpu(n, hook, tmp_path):
                GC3_TORCH="1" if hook else "0", GC3_CONFIG=str(tuned_catalog(n, tmp_path, *([2] if n > 2 else []))),
                GC3_CACHE_DIR=str(tmp_path / "cache"))
     outs = run_user_program(n, tmp_path, env, *(["--hook"] if hook else []))
+    unsigned = tuple(f"reduce ops {getattr(torch, name)}" for name in ("uint32", "uint64") if hasattr(torch, name))
     for needed in ("reduce ops torch.int8", "list collectives", "object collectives", "device meshes", "subgroups",
-                   "odd tensors", "streams and async"):
+                   "odd tensors", "streams and async") + unsigned:
         assert f"PASS {needed} rank=0" in outs[0], f"{needed!r} did not pass on rank 0:\n{outs[0][-3000:]}"
     import ast
     served = ast.literal_eval(outs[0].split("served=")[1].splitlines()[0])

@@ -147,7 +147,7 @@ def make_inputs(coll: str, nranks: int, in_elems: int, dtype="float32", seed: in
     rng = np.random.default_rng([seed, nranks, in_elems])
     n = max(nranks, 1)
     shape = (n, in_elems)
-    signed = info.name != "uint8"
+    signed = info.signed
     if op == "prod":
         # Magnitudes 1 or 2 with at most `cap` twos per element: products are
         # powers of two no larger than 2**cap, exact and finite everywhere.

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import click
 
+from gc3.dtypes import DTYPES
 from gc3.errors import GC3Error
 
 _COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
-_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8")   # gc3.dtypes' names
+_DTYPES = tuple(DTYPES)
 
 
 def _size(ctx, param, value):

@@ -41,6 +41,9 @@ typedef long long i64;
 #define GC3_DT_INT32 5
 #define GC3_DT_INT64 6
 #define GC3_DT_UINT8 7
+#define GC3_DT_INT8 8
+#define GC3_DT_UINT32 9
+#define GC3_DT_UINT64 10
 
 #define GC3_RED_SUM 1
 #define GC3_RED_PROD 2

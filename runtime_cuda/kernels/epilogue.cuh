@@ -10,12 +10,15 @@
 
 // NCCL's ncclAvg on a finished, wrapped sum: floats multiply by 1/n in the
 // accumulation type, integers divide truncating toward zero (C division, as
-// NCCL's FuncSumPostDiv: |x| / n with the sign restored).
+// NCCL's FuncSumPostDiv: |x| / n with the sign restored).  Integers divide in
+// 64 bits, signed or unsigned as elem_t is: n itself may not fit a narrow
+// elem_t (an int8 with 128 ranks), and the quotient always fits elem_t.
 __device__ __forceinline__ elem_t avg_divide(elem_t x, int n) {
 #ifdef GC3_IS_FLOAT
   return from_acc(to_acc(x) * ((acc_t)1 / (acc_t)n));
 #else
-  return (elem_t)(x / (elem_t)n);
+  if ((elem_t)-1 < (elem_t)0) return (elem_t)((i64)x / (i64)n);
+  return (elem_t)((u64)x / (u64)n);
 #endif
 }
 

@@ -46,6 +46,12 @@ typedef int elem_t;
 typedef long long elem_t;
 #elif GC3_DTYPE == GC3_DT_UINT8
 typedef unsigned char elem_t;
+#elif GC3_DTYPE == GC3_DT_INT8
+typedef signed char elem_t;
+#elif GC3_DTYPE == GC3_DT_UINT32
+typedef unsigned int elem_t;
+#elif GC3_DTYPE == GC3_DT_UINT64
+typedef unsigned long long elem_t;
 #else
 #error "unknown GC3_DTYPE"
 #endif
@@ -55,17 +61,33 @@ __device__ __forceinline__ elem_t from_acc(acc_t x) { return x; }
 #endif
 
 // Integer sums and products wrap like numpy's; do them unsigned to stay
-// clear of signed-overflow UB.
+// clear of signed-overflow UB.  Narrow types promote to int before the
+// operation, where an unsigned char product (255 * 255) already overflows int,
+// so they too go through unsigned; the result is truncated to the width.
 __device__ __forceinline__ float add_(float a, float b) { return a + b; }
 __device__ __forceinline__ double add_(double a, double b) { return a + b; }
 __device__ __forceinline__ int add_(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
 __device__ __forceinline__ long long add_(long long a, long long b) { return (long long)((u64)a + (u64)b); }
-__device__ __forceinline__ unsigned char add_(unsigned char a, unsigned char b) { return (unsigned char)(a + b); }
+__device__ __forceinline__ unsigned char add_(unsigned char a, unsigned char b) {
+  return (unsigned char)((unsigned)a + (unsigned)b);
+}
+__device__ __forceinline__ signed char add_(signed char a, signed char b) {
+  return (signed char)(unsigned char)((unsigned)a + (unsigned)b);
+}
+__device__ __forceinline__ unsigned add_(unsigned a, unsigned b) { return a + b; }
+__device__ __forceinline__ u64 add_(u64 a, u64 b) { return a + b; }
 __device__ __forceinline__ float mul_(float a, float b) { return a * b; }
 __device__ __forceinline__ double mul_(double a, double b) { return a * b; }
 __device__ __forceinline__ int mul_(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
 __device__ __forceinline__ long long mul_(long long a, long long b) { return (long long)((u64)a * (u64)b); }
-__device__ __forceinline__ unsigned char mul_(unsigned char a, unsigned char b) { return (unsigned char)(a * b); }
+__device__ __forceinline__ unsigned char mul_(unsigned char a, unsigned char b) {
+  return (unsigned char)((unsigned)a * (unsigned)b);
+}
+__device__ __forceinline__ signed char mul_(signed char a, signed char b) {
+  return (signed char)(unsigned char)((unsigned)a * (unsigned)b);
+}
+__device__ __forceinline__ unsigned mul_(unsigned a, unsigned b) { return a * b; }
+__device__ __forceinline__ u64 mul_(u64 a, u64 b) { return a * b; }
 
 // numpy.maximum/minimum propagate NaN from either side (x != x only for NaN).
 __device__ __forceinline__ acc_t red(acc_t a, acc_t b) {

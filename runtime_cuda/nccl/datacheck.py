@@ -53,9 +53,11 @@ def generate(xp, rank: int, start: int, n: int, op: str, dtype: str, nranks: int
     # Reduce the index first so that the product stays far below 2**63 for any count.
     h = ((i % 1000003) * (2654435761 % 1000003) + (rank + 1) * 40503 * 1021) % 1000003
     info = dtype_info(dtype)
-    signed = info.name != "uint8"
+    signed = info.signed
     if op == "prod":
-        v = 1 + (h % 2)
+        # Twos only from the first ranks, so that a product of all ranks stays
+        # within the exact range (2**(bits - 1) <= exact) instead of wrapping.
+        v = 1 + (h % 2) if rank < info.exact.bit_length() - 1 else xp.ones_like(h)
         return v * (1 - 2 * ((h >> 3) % 2)) if signed else v
     if op == "avg" and info.is_float:
         m = 2 * AVG_MAX

@@ -19,6 +19,8 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from gc3.ir.epilogue import avg_divide
+
 from .constants import (DTYPE_NAMES, NCCL_AVG, NCCL_MAX, NCCL_MIN, NCCL_PROD, NCCL_SUM, numpy_dtype)
 
 _REDUCE = {NCCL_SUM: np.add, NCCL_PROD: np.multiply, NCCL_MAX: np.maximum, NCCL_MIN: np.minimum,
@@ -103,8 +105,8 @@ class HostStagedNccl:
         for p in parts[1:]:
             acc = _REDUCE[op](acc, p)
         if op == NCCL_AVG:
-            # NCCL divides integers toward zero.
-            acc = (np.sign(acc) * (np.abs(acc) // self.n) if acc.dtype.kind in "iu" else acc / self.n).astype(acc.dtype)
+            # NCCL divides integers toward zero (avg_divide: |x| taken unsigned, so int8's -128 divides right).
+            acc = avg_divide(acc, self.n) if acc.dtype.kind in "iu" else (acc / self.n).astype(acc.dtype)
         return acc
 
     def _run(self, fn: Callable[[], None]) -> None:

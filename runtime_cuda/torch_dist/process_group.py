@@ -36,6 +36,8 @@ from . import names
 _DTYPES = {torch.int8: "int8", torch.uint8: "uint8", torch.int32: "int32", torch.int64: "int64",
            torch.float16: "float16", torch.float32: "float32", torch.float64: "float64",
            torch.bfloat16: "bfloat16", torch.bool: "uint8"}
+# torch >= 2.3 has uint32/uint64 as limited dtypes (tensors, no arithmetic of their own): gc3 reduces them.
+_DTYPES.update({getattr(torch, name): name for name in ("uint32", "uint64") if hasattr(torch, name)})
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MAX: "max",
         dist.ReduceOp.MIN: "min"}
 # bool tensors travel as uint8 (as NCCL's process group sends them), where a sum

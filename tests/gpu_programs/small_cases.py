@@ -6,9 +6,9 @@ dtype, so the reference (numpy, rank order 0..n-1) must match bit for bit."""
 import numpy as np
 
 from gc3 import limits
-from gc3.dtypes import dtype_info
+from gc3.dtypes import DTYPES as _ALL, dtype_info
 
-DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8")
+DTYPES = tuple(_ALL)        # every dtype the kernels are built for (new ones last: earlier seeds stay)
 OPS = ("sum", "max", "avg")
 
 
@@ -22,12 +22,16 @@ def counts(dtype: str):
 def _low_high(dtype: str, op: str, n: int):
     info = dtype_info(dtype)
     if op == "avg":      # each value n*k: the sum divides by n exactly (any rounding rule agrees)
-        return (0, 3) if dtype == "uint8" else (-8, 8)
-    if dtype == "uint8":
-        return 0, 255 if op == "max" else 31
+        if info.is_float:
+            return -8, 8
+        m = max(1, min(8, info.exact // (n * n)))      # n values of n*k: no wrap before the division
+        return (-m if info.signed else 0), m
     if info.is_float:
         return -16, 16
-    return -1_000_000, 1_000_000
+    # Integers take their whole range: sums wrap (as numpy's do) and max sees the
+    # sign bit, where a signed/unsigned mix-up in the kernel would show.
+    i = np.iinfo(info.np)
+    return int(i.min), int(i.max)
 
 
 def inputs(seed: int, n: int, count: int, dtype: str, op: str):
@@ -37,21 +41,24 @@ def inputs(seed: int, n: int, count: int, dtype: str, op: str):
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        k = rng.integers(lo, hi + 1, count)
-        out.append((k * n if op == "avg" else k).astype(info.np))
+        if info.is_float:
+            k = rng.integers(lo, hi + 1, count)
+            out.append((k * n if op == "avg" else k).astype(info.np))
+        else:       # drawn in the type itself: uint64's top half has no int64
+            k = rng.integers(lo, hi, count, dtype=info.np, endpoint=True)
+            out.append(k * info.np.type(n) if op == "avg" else k)
     return out
 
 
 def expected(ins, op: str, dtype: str):
+    """Rank order 0..n-1; integers reduce in their own type (numpy wraps)."""
     info = dtype_info(dtype)
-    wide = [a.astype(np.float64) if info.is_float else a.astype(np.int64) for a in ins]
+    wide = [a.astype(np.float64) for a in ins] if info.is_float else [a.copy() for a in ins]
     acc = wide[0].copy()
     for a in wide[1:]:
         acc = np.maximum(acc, a) if op == "max" else acc + a
-    if op == "avg":
-        acc = acc / len(ins) if info.is_float else acc // len(ins)
-    if dtype == "uint8":
-        acc = np.mod(acc, 256)
+    if op == "avg":     # exact either way: the sum is n*(sum of k)
+        acc = acc / len(ins) if info.is_float else acc // info.np.type(len(ins))
     return acc.astype(info.np)
 
 
