@@ -69,7 +69,11 @@ def stub_call():
 
     launch = Launch.__new__(Launch)
     launch.ex, launch.fn, launch.grid, launch.block, launch.coop = _Ex(), 0x7000, 4, 512, True
-    launch.params_ptr, launch._driver = 0x8000, _Driver
+    launch.params_ptr = 0x8000
+    if hasattr(Launch, "bind"):
+        launch.bind(_Driver)
+    else:   # the Launch before its driver calls were bound (for a before/after comparison)
+        launch._driver = _Driver
     call = PreparedCall.__new__(PreparedCall)
     call.launch, call.pre, call.post, call.shape, call.keep = launch, [], [], None, None
     return call
