@@ -51,7 +51,9 @@ class Reissue:
     def __init__(self, group: "LaunchGroup", call: PreparedCall):
         self.group, self.call, self.epoch = group, call, group._epoch
         # A call with no copies around its launch is the launch itself: one Python call less.
-        self._go = call.launch if call.launch is not None and not call.pre and not call.post else call
+        # Bound methods: calling an instance goes through a lookup of __call__ each time.
+        go = call.launch if call.launch is not None and not call.pre and not call.post else call
+        self._go = go.__call__
         # Bound once (an executor keeps its order for life): no lookups through the group per call.
         self._order = group.executor.order
         self._query = streams.capture_query()

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 from collections import Counter
+from types import FunctionType, MethodType
 from typing import Dict, List, Tuple
 
 from gc3.errors import CommunicatorError
@@ -175,7 +176,7 @@ class NcclCommunicator(ArrayCollectives):
         self._dispatch = Dispatcher(Selector(load_catalog(env), log, self._backend.check),
                                     fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)
         self._order, self._log = order, log
-        # Repeats of calls gc3 served, by the call's own arguments: (Reissue, stream, route).
+        # Repeats of calls gc3 served, by the call's own arguments: (what to call, stream, route, Reissue).
         self._repeats: Dict[tuple, tuple] = {}
         self._served: Counter = Counter()
         # Repeats counted per route in a plain dict, folded into `served` when it is read:
@@ -286,7 +287,7 @@ class NcclCommunicator(ArrayCollectives):
         except TypeError:   # an unhashable argument: the checks below say what is wrong with it
             hit = None
         if hit is not None and not (_open_groups and _group.depth):
-            go, ptr, route = hit
+            go, ptr, route, _ = hit
             order = self._order
             # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
             if order._last != ptr or order._graves:
@@ -324,8 +325,11 @@ class NcclCommunicator(ArrayCollectives):
             return
         if len(self._repeats) > 4096:   # addresses that come and go (a caching allocator): start over
             self._repeats = {}
+        # Called through a bound method where it is an object: calling an instance looks up its
+        # __call__ every time.
+        issue = go if isinstance(go, (FunctionType, MethodType)) else go.__call__
         try:
-            self._repeats[key] = (go, decision.call.stream, route)
+            self._repeats[key] = (issue, decision.call.stream, route, go)
         except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
             return
         self._tally.setdefault(route, 0)
@@ -336,7 +340,7 @@ class NcclCommunicator(ArrayCollectives):
         by NCCL, avg, or GC3_DEBUG=TRACE, which takes every call through selection).
         For measuring the drop-in's host path against a bare launch of the same kernel."""
         hit = self._repeats.get((coll, sendbuf, recvbuf, count, datatype, op, stream, root))
-        return None if hit is None else getattr(hit[0], "launch", None)
+        return None if hit is None else getattr(hit[3], "launch", None)
 
     def _reject(self, coll, datatype, op, count, root):
         where = f"rank {self._rank}: {coll}"
