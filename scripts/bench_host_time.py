@@ -1,7 +1,7 @@
 """Host time per call on one GPU (issue 18, "small messages at the floor"):
 
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \\
-        mpirun -np 2 python scripts/bench_host_time.py [--size 1KiB] [--calls 50] [--rounds 7]
+        mpirun -np 2 python scripts/bench_host_time.py [--size 1KiB] [--calls 40] [--rounds 7]
 
 Processes may share a GPU (NcclCommunicator.from_mpi).  Per collective, one
 small-message candidate (the first LL one of the library, instances 1) is
@@ -115,7 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description="host time per drop-in call against a bare launch (mpirun -np N)")
     ap.add_argument("--size", default="1KiB", help="nccl-tests size (the larger buffer), e.g. 1KiB")
-    ap.add_argument("--calls", type=int, default=50, help="calls per timed loop (below the launch queue depth)")
+    ap.add_argument("--calls", type=int, default=40, help="calls per timed loop (below the launch queue depth)")
     ap.add_argument("--rounds", type=int, default=7, help="alternations of the bare and eager loops")
     args = ap.parse_args(argv)
     try:
