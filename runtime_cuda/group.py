@@ -17,6 +17,7 @@ from .launcher import Executor, Launch
 from .tables import Tables, epilogue_words
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
+_LEGACY = streams.LEGACY_PTRS
 
 
 class PreparedCall:
@@ -45,12 +46,17 @@ class Reissue:
     (the drop-in's per-call fast path).  Calling it returns False, issuing
     nothing, once the group has dropped its prepared calls (scratch grew, or the
     cache was full): the caller then takes the full path and binds again."""
-    __slots__ = ("group", "call", "epoch", "_go")
+    __slots__ = ("group", "call", "epoch", "_go", "_order", "_query")
 
     def __init__(self, group: "LaunchGroup", call: PreparedCall):
         self.group, self.call, self.epoch = group, call, group._epoch
         # A call with no copies around its launch is the launch itself: one Python call less.
-        self._go = call.launch if call.launch is not None and not call.pre and not call.post else call
+        # Bound methods: calling an instance goes through a lookup of __call__ each time.
+        go = call.launch if call.launch is not None and not call.pre and not call.post else call
+        self._go = go.__call__
+        # Bound once (an executor keeps its order for life): no lookups through the group per call.
+        self._order = group.executor.order
+        self._query = streams.capture_query()
 
     @property
     def launch(self) -> Optional[Launch]:
@@ -59,14 +65,19 @@ class Reissue:
         return self.call.launch if self.group._epoch == self.epoch else None
 
     def __call__(self, stream_ptr: int) -> bool:
-        g = self.group
-        if g._epoch != self.epoch:
+        if self.group._epoch != self.epoch:
             return False
-        # run_ptrs' ordering and capture rules, without its lookup.
-        captured = streams.is_capturing(stream_ptr)
-        g.executor.order.enter(stream_ptr, captured)
+        # run_ptrs' ordering and capture rules, without its lookup.  The capture query runs on
+        # every repeat, even on an unchanged stream: the user may begin a capture on that very
+        # stream between two calls, and a call captured unawares would be launched cooperatively
+        # (not a plain kernel node) and not kept for the graph's life once the group drops its
+        # prepared calls.  The legacy stream never captures (streams.is_capturing).
+        captured = stream_ptr not in _LEGACY and self._query(stream_ptr) != 0
+        order = self._order
+        if order._last != stream_ptr or order._graves:   # StreamOrder.enter is a no-op otherwise
+            order.enter(stream_ptr, captured)
         if captured:
-            g._captured[id(self.call)] = self.call
+            self.group._captured[id(self.call)] = self.call
         self._go(stream_ptr, captured)
         return True
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from functools import partial
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -62,12 +63,12 @@ class _Args(ctypes.Structure):
 class Launch:
     """One call shape of one executor, ready to go: the parameter block is
     packed once and every call is a single driver launch on a stream."""
-    __slots__ = ("ex", "fn", "grid", "block", "coop", "args", "params", "params_ptr", "keep", "_driver")
+    __slots__ = ("ex", "fn", "grid", "block", "coop", "args", "params", "params_ptr", "keep", "_driver", "_plain",
+                 "_coop")
 
     def __init__(self, ex: "Executor", k, nt: int, coop: bool, bufs, shape: Shape):
         from cupy_backends.cuda.api import driver
 
-        self._driver = driver
         self.ex = ex
         self.fn = k.kernel.ptr
         self.grid, self.block, self.coop = ex.tables.nblocks, nt, coop
@@ -81,6 +82,15 @@ class Launch:
             *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
         self.params_ptr = ctypes.addressof(self.params)
         self.keep = bufs   # the buffer table must outlive every queued launch
+        self.bind(driver)
+
+    def bind(self, driver) -> None:
+        """Fix the driver calls' leading arguments (function, grid, block, no dynamic
+        shared memory) once: a call then passes only the stream and parameters."""
+        head = (self.fn, self.grid, 1, 1, self.block, 1, 1, 0)
+        self._driver = driver
+        self._plain = partial(driver.launchKernel, *head)
+        self._coop = partial(driver.launchCooperativeKernel, *head) if self.coop else None
 
     def __call__(self, stream_ptr: int, captured: bool = False) -> None:
         """`captured`: the stream is capturing a graph; the launch goes in as a
@@ -89,13 +99,12 @@ class Launch:
         plain node captures on every driver)."""
         if self.ex.broken:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
-        d = self._driver
         try:
-            if self.coop and not captured:
-                d.launchCooperativeKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream_ptr, self.params_ptr)
+            if self._coop is None or captured:
+                self._plain(stream_ptr, self.params_ptr, 0)
             else:
-                d.launchKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream_ptr, self.params_ptr, 0)
-        except d.CUDADriverError as exc:
+                self._coop(stream_ptr, self.params_ptr)
+        except self._driver.CUDADriverError as exc:
             if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(exc):
                 t = self.ex.tables
                 raise LimitError(f"{t.prog.name}: {t.nblocks} blocks of {self.block} threads cannot be co-resident "

@@ -83,17 +83,18 @@ class _Args(ctypes.Structure):
 
 class _Launch:
     """One call, packed once: each call is one driver launch."""
-    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "_driver")
+    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "_launch")
 
     def __init__(self, ex: "SmallExecutor", fn, grid: int, nlocal: int, args: _Args, keep):
         from cupy_backends.cuda.api import driver
 
-        self._driver = driver
         self.ex, self.fn, self.grid, self.nlocal, self.args, self.keep = ex, fn, grid, nlocal, args, keep
         base = ctypes.addressof(args)
         self.params = (ctypes.c_void_p * len(_Args._fields_))(
             *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
         self.params_ptr = ctypes.addressof(self.params)
+        # Everything but the stream fixed once: a call passes only the stream.
+        self._launch = functools.partial(driver.launchKernel, fn, grid, nlocal, 1, THREADS, 1, 1, 0)
 
     # What runtime_cuda.group.Reissue reads of a prepared call: no copies around the launch.
     pre = post = ()
@@ -105,8 +106,7 @@ class _Launch:
     def __call__(self, stream_ptr: int, captured: bool = False) -> None:
         if self.ex.broken:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
-        self._driver.launchKernel(self.fn, self.grid, self.nlocal, 1, THREADS, 1, 1, 0, stream_ptr,
-                                  self.params_ptr, 0)
+        self._launch(stream_ptr, self.params_ptr, 0)
 
 
 class SmallExecutor:

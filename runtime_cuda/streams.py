@@ -46,19 +46,28 @@ _NOT_READY = 600       # cudaErrorNotReady
 _capture_status = None
 
 
-def is_capturing(ptr: int) -> bool:
-    """Whether the stream is capturing a CUDA graph (or its capture was
-    invalidated); the legacy stream never captures.  One runtime call."""
+def capture_query():
+    """The runtime's cudaStreamIsCapturing as CuPy wraps it, bound once: called
+    with a stream handle, it answers the capture status (0: not capturing;
+    otherwise capturing, or a capture invalidated).  For a caller that binds it
+    for every call (runtime_cuda.group.Reissue) and itself rules out the legacy
+    stream, on which the query is an error while another stream captures."""
     global _capture_status
-    if ptr in LEGACY_PTRS:
-        return False
     if _capture_status is None:
         import cupy
 
         rt = cupy.cuda.runtime
         _capture_status = getattr(rt, "streamIsCapturing", None) or (
             lambda p: int(cupy.cuda.ExternalStream(p).is_capturing()))
-    return _capture_status(ptr) != 0
+    return _capture_status
+
+
+def is_capturing(ptr: int) -> bool:
+    """Whether the stream is capturing a CUDA graph (or its capture was
+    invalidated); the legacy stream never captures.  One runtime call."""
+    if ptr in LEGACY_PTRS:
+        return False
+    return capture_query()(ptr) != 0
 
 
 def wrap(ptr: int):
@@ -171,7 +180,10 @@ class StreamOrder:
         """Order the next operation, on `stream`, after everything issued so far.
         Work captured into a graph takes no part (contract point 6): a capturing
         `stream` neither waits nor becomes the last stream, and nothing waits
-        for a `last` stream that is capturing (its work has not run)."""
+        for a `last` stream that is capturing (its work has not run).
+        On the last stream with nothing retired (`_graves` empty) this does
+        nothing: the repeat paths (group.Reissue, the drop-in's) test exactly
+        that and skip the call, so keep it a no-op there."""
         last = self._last
         if last is not None and last != stream:
             if capturing is None:

@@ -4,8 +4,10 @@
 
 A communicator over the 2-rank all-pairs test IR, whose gc3 backend is the
 real Gc3Backend holding a real LaunchGroup (runtime_cuda/group.py) with one
-prepared call whose launch does nothing, and whose stream-capture query
-answers "not capturing" without CUDA.  Timed per call (the fastest of 7
+prepared call whose launch is a real `Launch` (runtime_cuda/launcher.py) over
+a stand-in driver, and whose stream-capture query answers "not capturing"
+without CUDA.  Both stand-ins are C builtins taking the driver's arguments,
+so what is timed is the Python above them, as CuPy's Cython wrappers see it.  Timed per call (the fastest of 21
 loops: the one least disturbed by other work on the machine):
 
   repeat   a repeat of the same call (the fast path: one dictionary hit,
@@ -13,7 +15,8 @@ loops: the one least disturbed by other work on the machine):
   full     the same call with the repeat cache emptied before each call
            (argument checks, Call, selection's cache, set-up's cache,
            Gc3Backend.run, LaunchGroup.run_ptrs);
-  stub     the stubbed launch alone (the loop's own cost).
+  stub     the stand-in driver call alone, with its 10 arguments (the
+           loop's own cost, and about what a bare launch adds in Python).
 
 What this leaves out, and scripts/bench_host_time.py measures on a GPU: the
 driver launch itself and cudaStreamIsCapturing (both paths make one of each).
@@ -45,18 +48,41 @@ class _Events:
         return False
 
 
-class _Call:
-    """A PreparedCall whose launch does nothing."""
-    launch = None
+class _Driver:
+    """cupy_backends' driver module as Launch uses it, answering at once: `max`
+    takes any number of ints and returns one, in C, like a Cython wrapper."""
+    launchKernel = launchCooperativeKernel = staticmethod(max)
 
-    def __call__(self, ptr, captured=False):
+    class CUDADriverError(Exception):
         pass
+
+
+class _Ex:
+    broken = None
+
+
+def stub_call():
+    """A PreparedCall with no copies around a real Launch over the stand-in driver
+    (cooperative, as GC3_COOPERATIVE's default makes it)."""
+    from runtime_cuda.group import PreparedCall
+    from runtime_cuda.launcher import Launch
+
+    launch = Launch.__new__(Launch)
+    launch.ex, launch.fn, launch.grid, launch.block, launch.coop = _Ex(), 0x7000, 4, 512, True
+    launch.params_ptr = 0x8000
+    if hasattr(Launch, "bind"):
+        launch.bind(_Driver)
+    else:   # the Launch before its driver calls were bound (for a before/after comparison)
+        launch._driver = _Driver
+    call = PreparedCall.__new__(PreparedCall)
+    call.launch, call.pre, call.post, call.shape, call.keep = launch, [], [], None, None
+    return call
 
 
 def build(n_elems: int, buf: int, stream: int):
     import os
 
-    from runtime_cuda import group as group_mod
+    from runtime_cuda import streams
     from runtime_cuda.group import LaunchGroup
     from runtime_cuda.nccl import communicator as cm
     from runtime_cuda.nccl.gc3_backend import Gc3Backend, _key
@@ -64,14 +90,15 @@ def build(n_elems: int, buf: int, stream: int):
 
     os.environ["GC3_XML_FILES"] = str(PAIRS)
     os.environ.pop("GC3_DEBUG", None)
-    group_mod.streams.is_capturing = lambda ptr: False   # what cudaStreamIsCapturing answers, without CUDA
+    # What CuPy's runtime.streamIsCapturing answers for a stream not capturing (0), from C, without CUDA.
+    streams._capture_status = (0).__mul__
 
     class Executor:
         order = StreamOrder(_Events())
 
     g = LaunchGroup.__new__(LaunchGroup)
     g.executor, g._prepared, g._captured, g._epoch = Executor(), {}, {}, 0
-    g._prepared[g._key([buf], [buf], n_elems, "float32", "sum")] = _Call()
+    g._prepared[g._key([buf], [buf], n_elems, "float32", "sum")] = stub_call()
 
     be = Gc3Backend.__new__(Gc3Backend)
     from runtime_cuda import abi, binding, launcher, tables
@@ -89,7 +116,7 @@ def build(n_elems: int, buf: int, stream: int):
 
 def per_call_us(fn, calls: int) -> float:
     loops = []
-    for _ in range(7):
+    for _ in range(21):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -108,7 +135,7 @@ def main(argv=None) -> int:
     a = ("allreduce", buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream)
     if comm.submit(*a) == "NCCL" or not comm._repeats:
         raise SystemExit("the stubbed communicator did not serve the call on gc3: nothing to time")
-    stub = _Call()
+    drv = _Driver.launchCooperativeKernel
 
     def full():
         comm._repeats.clear()
@@ -119,7 +146,7 @@ def main(argv=None) -> int:
 
     rows = [("repeat", per_call_us(lambda: comm.submit(*a), args.calls)),
             ("full", per_call_us(full, args.calls // 4) - per_call_us(clear_only, args.calls // 4)),
-            ("stub", per_call_us(lambda: stub(stream, False), args.calls))]
+            ("stub", per_call_us(lambda: drv(0x7000, 4, 1, 1, 512, 1, 1, 0, stream, 0x8000), args.calls))]
     print(f"# Python host path per call, launch and capture query stubbed ({sys.version.split()[0]})")
     for name, us in rows:
         print(f"{name:8} {us:6.2f} us")

@@ -1,7 +1,7 @@
 """Host time per call on one GPU (issue 18, "small messages at the floor"):
 
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \\
-        mpirun -np 2 python scripts/bench_host_time.py [--size 1KiB] [--calls 200]
+        mpirun -np 2 python scripts/bench_host_time.py [--size 1KiB] [--calls 40] [--rounds 7]
 
 Processes may share a GPU (NcclCommunicator.from_mpi).  Per collective, one
 small-message candidate (the first LL one of the library, instances 1) is
@@ -18,15 +18,24 @@ four ways, all on the same kernel and the same pre-packed parameter block:
 
 "host" is the time the issuing loop takes per call (`--calls` calls, fewer
 than the launch queue holds, so the GPU does not throttle it); "gpu" is the
-time per call until the stream drains.  Every collective's data is
-checked through the drop-in before and after the timed loops
-(perf_gpu.run_case, as `gc3 bench` does).
+time per call until the stream drains.  The bare and eager loops alternate,
+`--rounds` times (the order reversed every other round, so neither always
+goes first), so that a slow stretch of a shared machine hits both alike: each
+is reported as the median and the fastest of its rounds, and "eager-bare" is
+the median of the per-round differences against the bare launcher of the
+lower median, with their range.  Python's garbage collector is off while a
+loop runs; nothing is pinned (mpirun binds as it likes; the header says how
+many CPUs rank 0 may run on).  The graphs are timed once, for reference.
+Every collective's data is checked through the drop-in before and after the
+timed loops (perf_gpu.run_case, as `gc3 bench` does).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -106,7 +115,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description="host time per drop-in call against a bare launch (mpirun -np N)")
     ap.add_argument("--size", default="1KiB", help="nccl-tests size (the larger buffer), e.g. 1KiB")
-    ap.add_argument("--calls", type=int, default=200, help="calls per timed loop (below the launch queue depth)")
+    ap.add_argument("--calls", type=int, default=40, help="calls per timed loop (below the launch queue depth)")
+    ap.add_argument("--rounds", type=int, default=7, help="alternations of the bare and eager loops")
     args = ap.parse_args(argv)
     try:
         args.nbytes = parse_size(args.size)
@@ -117,24 +127,49 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 2 <= args.calls <= 1000:
         ap.error(f"--calls must be in 2..1000 (a longer loop fills the launch queue and times the GPU), "
                  f"got {args.calls}")
+    if not 1 <= args.rounds <= 100:
+        ap.error(f"--rounds must be in 1..100, got {args.rounds}")
     return args
 
 
-def format_table(rows, size: str, nprocs: int, device: str) -> list:
-    """rows: (collective, algorithm, {column: (host us, gpu us)}) with the columns
-    bare:<launcher>..., eager, graph100, graph1 (graph100 already per call)."""
+def summarize(rounds: dict) -> dict:
+    """rounds: {column: [(host us, gpu us) per round]} for the bare:<launcher>... columns and
+    eager, all with the same number of rounds.  Per column its median and fastest host time;
+    "eager-bare": against the bare launcher of the lower median host time, the per-round
+    differences' median, min and max, and that launcher's column."""
+    counts = {k: len(v) for k, v in rounds.items()}
+    if len(set(counts.values())) != 1 or 0 in counts.values():
+        raise ValueError(f"every column needs the same, nonzero number of rounds, got {counts}")
+    bares = [k for k in rounds if k.startswith("bare:")]
+    if "eager" not in rounds or not bares:
+        raise ValueError(f"need eager and at least one bare:<launcher> column, got {sorted(rounds)}")
+    out = {k: {"median": statistics.median(h for h, _ in v), "min": min(h for h, _ in v)} for k, v in rounds.items()}
+    ref = min(bares, key=lambda k: out[k]["median"])
+    diffs = [e[0] - b[0] for e, b in zip(rounds["eager"], rounds[ref])]
+    out["eager-bare"] = {"median": statistics.median(diffs), "min": min(diffs), "max": max(diffs), "bare": ref}
+    return out
+
+
+def format_table(rows, size: str, nprocs: int, device: str, rounds: int, calls: int, cpus: int) -> list:
+    """rows: (collective, algorithm, summarize(...) with the columns graph100 and graph1 added as
+    (host us, gpu us), graph100 already per call)."""
     bares = [k for k in rows[0][2] if k.startswith("bare:")] if rows else []
-    cols = bares + ["eager", "graph100", "graph1"]
     head = {"graph100": "graph100/100"}
-    lines = [f"# host time per call, {size}, {nprocs} processes on {device}",
-             "# us per call as host/gpu; eager-bare = the drop-in's host time above the fastest bare launch "
-             "of the same kernel and parameters"]
-    lines.append(f"{'collective':14} {'algorithm':34} " + " ".join(f"{head.get(c, c):>16}" for c in cols)
-                 + f" {'eager-bare':>10}")
+    lines = [f"# host time per call, {size}, {nprocs} processes on {device}; {rounds} rounds of {calls} calls, "
+             f"bare and eager alternating; rank 0 may run on {cpus} CPU(s)",
+             "# bare, eager: host us per call as median/fastest of the rounds; graphs: host/gpu us, timed once; "
+             "eager-bare: median of the per-round differences against the bare launcher of the lower median "
+             "(marked *), and their range"]
+    lines.append(f"{'collective':14} {'algorithm':34} "
+                 + " ".join(f"{head.get(c, c):>18}" for c in bares + ["eager", "graph100", "graph1"])
+                 + f" {'eager-bare':>10} {'range':>13}")
     for coll, label, t in rows:
-        fastest = min(t[b][0] for b in bares) if bares else float("nan")
-        cells = " ".join(f"{f'{t[c][0]:.2f}/{t[c][1]:.2f}':>16}" for c in cols)
-        lines.append(f"{coll:14} {label:34} {cells} {t['eager'][0] - fastest:10.2f}")
+        d = t["eager-bare"]
+        cells = [f"{t[c]['median']:.2f}/{t[c]['min']:.2f}" + ("*" if c == d["bare"] else "") for c in bares + ["eager"]]
+        cells += [f"{t[c][0]:.2f}/{t[c][1]:.2f}" for c in ("graph100", "graph1")]
+        spread = f"{d['min']:.2f}..{d['max']:.2f}"
+        lines.append(f"{coll:14} {label:34} " + " ".join(f"{c:>18}" for c in cells)
+                     + f" {d['median']:10.2f} {spread:>13}")
     return lines
 
 
@@ -199,13 +234,24 @@ def run(args) -> int:
         def timed(fn, n):
             stream.synchronize()
             world.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            t1 = time.perf_counter()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                t1 = time.perf_counter()
+            finally:
+                gc.enable()
             stream.synchronize()
             return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
 
+        columns = [(f"bare:{name}", make(launch, stream.ptr)) for name, make in launchers] + [("eager", call)]
+        samples = {name: [] for name, _ in columns}
+        for r in range(args.rounds):
+            # Every rank runs the same order: each loop's kernels meet their peers'.
+            for name, fn in (columns if r % 2 == 0 else columns[::-1]):
+                samples[name].append(timed(fn, args.calls))
+        t = summarize(samples)
         stream.begin_capture()
         for _ in range(100):
             call()
@@ -213,10 +259,7 @@ def run(args) -> int:
         stream.begin_capture()
         call()
         g1 = stream.end_capture()
-        t = {f"bare:{name}": timed(make(launch, stream.ptr), args.calls) for name, make in launchers}
-        t["eager"] = timed(call, args.calls)
-        reps = max(args.calls // 100, 2)
-        h100 = timed(lambda: g100.launch(stream=stream), reps)
+        h100 = timed(lambda: g100.launch(stream=stream), 1)
         t["graph100"] = (h100[0] / 100, h100[1] / 100)
         t["graph1"] = timed(lambda: g1.launch(stream=stream), args.calls)
         rows.append((coll, label, t))
@@ -230,7 +273,8 @@ def run(args) -> int:
     if host.rank == 0:
         dev = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
         dev = dev.decode() if isinstance(dev, bytes) else dev
-        print("\n".join(format_table(rows, args.size, host.size, dev)), flush=True)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        print("\n".join(format_table(rows, args.size, host.size, dev, args.rounds, args.calls, cpus)), flush=True)
     return 0
 
 

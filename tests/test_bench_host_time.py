@@ -26,29 +26,48 @@ def test_catalog_has_one_ll_candidate_per_collective(tmp_path, nranks):
 
 
 def test_arguments_parse_sizes_and_refuse_bad_values(capsys):
-    args = bht.parse_args(["--size", "4KiB", "--calls", "50"])
-    assert (args.nbytes, args.calls) == (4096, 50)
-    assert bht.parse_args([]).nbytes == 1024
+    args = bht.parse_args(["--size", "4KiB", "--calls", "50", "--rounds", "3"])
+    assert (args.nbytes, args.calls, args.rounds) == (4096, 50, 3)
+    assert (bht.parse_args([]).nbytes, bht.parse_args([]).rounds) == (1024, 7)
     for bad, what in ((["--size", "lots"], "--size"), (["--size", "0"], "--size must be positive"),
-                      (["--calls", "5000"], "--calls must be in 2..1000")):
+                      (["--calls", "5000"], "--calls must be in 2..1000"), (["--rounds", "0"], "--rounds must be")):
         with pytest.raises(SystemExit):
             bht.parse_args(bad)
         assert what in capsys.readouterr().err
 
 
-def test_table_has_a_row_per_collective_and_the_drop_ins_margin_over_the_fastest_bare_launch():
-    t = {"bare:cuda.bindings": (2.5, 9.0), "bare:cupy": (2.0, 9.0), "eager": (3.25, 9.5),
-         "graph100": (0.5, 7.0), "graph1": (4.0, 10.0)}
-    lines = bht.format_table([("allreduce", "allreduce_allpairs_2r_LL", t),
-                              ("alltoall", "alltoall_direct_2r_LL", dict(t, eager=(2.75, 9.0)))],
-                             "1KiB", 2, "NVIDIA H100 80GB HBM3")
-    assert lines[0] == "# host time per call, 1KiB, 2 processes on NVIDIA H100 80GB HBM3"
+def test_summary_pairs_each_round_with_the_bare_launcher_of_the_lower_median():
+    # cupy's bare launches have the lower median (4.0 against 5.0) though cuda.bindings has the fastest round.
+    rounds = {"bare:cuda.bindings": [(5.0, 9.0), (1.0, 9.0), (6.0, 9.0)],
+              "bare:cupy": [(4.0, 9.0), (4.5, 9.0), (3.0, 9.0)],
+              "eager": [(5.0, 9.0), (5.0, 9.0), (3.25, 9.0)]}
+    t = bht.summarize(rounds)
+    assert t["bare:cupy"] == {"median": 4.0, "min": 3.0} and t["bare:cuda.bindings"]["min"] == 1.0
+    assert t["eager"] == {"median": 5.0, "min": 3.25}
+    # per round: 5-4, 5-4.5, 3.25-3 -> median 0.5, not the medians' difference (1.0)
+    assert t["eager-bare"] == {"median": 0.5, "min": 0.25, "max": 1.0, "bare": "bare:cupy"}
+
+
+def test_summary_refuses_uneven_or_missing_columns():
+    with pytest.raises(ValueError, match="same, nonzero number of rounds"):
+        bht.summarize({"bare:cupy": [(1.0, 1.0)], "eager": [(1.0, 1.0), (2.0, 2.0)]})
+    with pytest.raises(ValueError, match="need eager and at least one bare"):
+        bht.summarize({"eager": [(1.0, 1.0)]})
+
+
+def test_table_has_a_row_per_collective_and_the_drop_ins_margin_over_the_bare_launch():
+    rounds = {"bare:cuda.bindings": [(2.5, 9.0), (2.75, 9.0)], "bare:cupy": [(2.0, 9.0), (2.25, 9.0)],
+              "eager": [(3.25, 9.5), (3.0, 9.5)]}
+    t = dict(bht.summarize(rounds), graph100=(0.5, 7.0), graph1=(4.0, 10.0))
+    lines = bht.format_table([("allreduce", "allreduce_allpairs_2r_LL", t)], "1KiB", 2, "NVIDIA H100 80GB HBM3",
+                             2, 50, 16)
+    assert lines[0] == ("# host time per call, 1KiB, 2 processes on NVIDIA H100 80GB HBM3; 2 rounds of 50 calls, "
+                        "bare and eager alternating; rank 0 may run on 16 CPU(s)")
     head, rows = lines[2].split(), [l.split() for l in lines[3:]]
     assert head == ["collective", "algorithm", "bare:cuda.bindings", "bare:cupy", "eager", "graph100/100",
-                    "graph1", "eager-bare"]
-    assert [r[0] for r in rows] == ["allreduce", "alltoall"]
-    assert rows[0][2:] == ["2.50/9.00", "2.00/9.00", "3.25/9.50", "0.50/7.00", "4.00/10.00", "1.25"]
-    assert rows[1][-1] == "0.75"      # above the cheaper bare launch (CuPy's here), not the first one
+                    "graph1", "eager-bare", "range"]
+    assert rows == [["allreduce", "allreduce_allpairs_2r_LL", "2.62/2.50", "2.12/2.00*", "3.12/3.00", "0.50/7.00",
+                     "4.00/10.00", "1.00", "0.75..1.25"]]
 
 
 @pytest.mark.gpu
@@ -63,12 +82,15 @@ def test_runs_with_two_processes_sharing_a_gpu():
     env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
     proc = subprocess.run(["mpirun", "-np", "2", sys.executable, str(ROOT / "scripts" / "bench_host_time.py"),
-                           "--size", "1KiB", "--calls", "20"],
+                           "--size", "1KiB", "--calls", "20", "--rounds", "3"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     rows = [l.split() for l in proc.stdout.splitlines() if l.split() and l.split()[0] in bht.COLLS]
     assert sorted(r[0] for r in rows) == sorted(bht.COLLS), out[-4000:]
     for r in rows:
-        host_us = [float(c.split("/")[0]) for c in r[2:-1]]
+        host_us = [float(c.rstrip("*").split("/")[0]) for c in r[2:-2]]
         assert all(0 < h < 1e5 for h in host_us), r
+        assert sum(c.endswith("*") for c in r[2:4]) == 1, r   # the bare launcher the margin is taken against
+        lo, hi = (float(x) for x in r[-1].split(".."))
+        assert lo <= float(r[-2]) <= hi, r

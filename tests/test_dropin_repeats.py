@@ -214,7 +214,12 @@ def bare_group(monkeypatch, capturing=()):
     """A LaunchGroup with only what the call cache reads (no GPU, no scratch)."""
     ev = Events()
     ev.capturing_streams = set(capturing)
-    monkeypatch.setattr(group_mod.streams, "is_capturing", lambda ptr: ptr in ev.capturing_streams)
+    ev.queried = []
+
+    def status(ptr):   # what cudaStreamIsCapturing answers: 1 capturing, 0 not
+        ev.queried.append(ptr)
+        return int(ptr in ev.capturing_streams)
+    monkeypatch.setattr(group_mod.streams, "capture_query", lambda: status)
     g = LaunchGroup.__new__(LaunchGroup)
     g.executor = Executor(ev)
     g._prepared, g._captured, g._epoch = {}, {}, 0
@@ -268,3 +273,109 @@ def test_an_unhashable_argument_int_accepts_is_served_but_never_repeated(monkeyp
     for _ in range(2):
         assert comm.submit("allreduce", np.array(R), R, 1000, NCCL_FLOAT32, NCCL_SUM, ST) == PAIRS.name
     assert log == [("run", R, 1000, ST)] * 2 and comm._repeats == {}
+
+
+def test_a_capture_begun_on_the_same_stream_between_repeats_is_seen(monkeypatch):
+    """The capture query runs on every repeat: a user may begin capturing on the very
+    stream the last repeat ran on, and that call must go in as a plain node and be kept."""
+    g, ev = bare_group(monkeypatch)
+    call = CountingCall()
+    g._prepared[g._key([1], [2], 8, "float32", "sum")] = call
+    again = g.reissue([1], [2], 8, "float32", "sum")
+    again(5)
+    ev.capturing_streams.add(5)      # stream.begin_capture() on 5
+    again(5)
+    ev.capturing_streams.discard(5)  # end_capture()
+    again(5)
+    assert call.calls == [(5, False), (5, True), (5, False)]
+    assert g._captured == {id(call): call} and ev.log == []
+
+
+def test_the_legacy_stream_is_never_asked_about_capture(monkeypatch):
+    # Asking about the legacy stream is an error while another stream captures; it never captures itself.
+    g, ev = bare_group(monkeypatch, capturing={0, 1})
+    call = CountingCall()
+    g._prepared[g._key([1], [2], 8, "float32", "sum")] = call
+    again = g.reissue([1], [2], 8, "float32", "sum")
+    again(0)
+    again(1)
+    again(7)
+    assert call.calls == [(0, False), (1, False), (7, False)] and ev.queried == [7]
+
+
+def test_a_repeat_after_a_retire_still_reaps(monkeypatch):
+    """The repeat paths skip StreamOrder.enter on an unchanged stream only while nothing
+    is retired: once something is, the call goes through and the done events are reaped."""
+    g, ev = bare_group(monkeypatch)
+    call = CountingCall()
+    g._prepared[g._key([1], [2], 8, "float32", "sum")] = call
+    again = g.reissue([1], [2], 8, "float32", "sum")
+    again(5)
+    g.executor.order.retire("old scratch")
+    assert g.executor.order.pending == 1
+    ev.pending.clear()               # its event has fired
+    again(5)
+    assert g.executor.order.pending == 0
+
+
+def test_a_group_open_in_another_thread_leaves_this_threads_repeats_alone(monkeypatch):
+    import threading
+
+    log = []
+    comm, _ = make(monkeypatch, log)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    opened, release, result = threading.Event(), threading.Event(), []
+
+    def other():
+        cm.groupStart()
+        opened.set()
+        release.wait(10)
+        result.append(comm.submit("allreduce", R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST))
+        cm.groupEnd()
+    t = threading.Thread(target=other)
+    t.start()
+    assert opened.wait(10)
+    assert comm.submit("allreduce", R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST) == PAIRS.name   # not grouped here
+    release.set()
+    t.join(10)
+    assert result == ["group"] and cm._open_groups == 0
+    assert log == [("run", R, 1000, ST), ("again", R, 1000, ST), ("run", R, 1000, ST)]
+    assert comm.served == {PAIRS.name: 3}
+
+
+class _Driver:
+    """The two driver calls Launch makes, recorded."""
+
+    class CUDADriverError(Exception):
+        pass
+
+    def __init__(self):
+        self.log = []
+
+    def launchKernel(self, *args):
+        self.log.append(("plain",) + args)
+
+    def launchCooperativeKernel(self, *args):
+        self.log.append(("coop",) + args)
+
+
+@pytest.mark.parametrize("coop", [True, False])
+def test_launch_issues_the_packed_call_plain_when_captured_and_refuses_once_broken(coop):
+    from runtime_cuda.launcher import CommunicatorBroken, Launch
+
+    class Ex:
+        broken = None
+
+    launch = Launch.__new__(Launch)
+    launch.ex, launch.fn, launch.grid, launch.block, launch.coop, launch.params_ptr = Ex(), 0x70, 6, 512, coop, 0x80
+    drv = _Driver()
+    launch.bind(drv)
+    launch(0x77)
+    launch(0x78, True)
+    head = (0x70, 6, 1, 1, 512, 1, 1, 0)
+    first = ("coop",) + head + (0x77, 0x80) if coop else ("plain",) + head + (0x77, 0x80, 0)
+    assert drv.log == [first, ("plain",) + head + (0x78, 0x80, 0)]
+    launch.ex.broken = "rank 1 timed out"
+    with pytest.raises(CommunicatorBroken, match="rank 1 timed out"):
+        launch(0x77)
+    assert len(drv.log) == 2

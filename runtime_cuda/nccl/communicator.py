@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 from collections import Counter
+from types import FunctionType, MethodType
 from typing import Dict, List, Tuple
 
 from gc3.errors import CommunicatorError
@@ -48,15 +49,28 @@ class _GroupState(threading.local):
 
 _group = _GroupState()
 _CALLS = COLLECTIVES + P2P
+# How many groups are open in all threads together: a repeat call reads this plain global
+# first and the thread-local depth only while some thread has a group open (reading a
+# thread-local costs several times a global).  A thread's own open group always shows
+# here, since that thread counted it in; the lock keeps threads' counts from mixing.
+_open_groups = 0
+_open_lock = threading.Lock()
 
 
 def _pending() -> List[Tuple["NcclCommunicator", Call]]:
     return _group.items
 
 
+def _count_open(delta: int) -> None:
+    global _open_groups
+    with _open_lock:
+        _open_groups += delta
+
+
 def groupStart() -> None:
     _pending()
     _group.depth += 1
+    _count_open(1)
 
 
 def groupEnd() -> None:
@@ -64,6 +78,7 @@ def groupEnd() -> None:
     if _group.depth == 0:
         raise CommunicatorError("groupEnd() without a matching groupStart()")
     _group.depth -= 1
+    _count_open(-1)
     if _group.depth == 0:
         items, _group.items = _group.items, []
         decisions = run_group([(comm._dispatch, call) for comm, call in items])
@@ -161,10 +176,22 @@ class NcclCommunicator(ArrayCollectives):
         self._dispatch = Dispatcher(Selector(load_catalog(env), log, self._backend.check),
                                     fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)
         self._order, self._log = order, log
-        # Repeats of calls gc3 served, by the call's own arguments: (Reissue, stream, route).
+        # Repeats of calls gc3 served, by the call's own arguments: (what to call, stream, route, Reissue).
         self._repeats: Dict[tuple, tuple] = {}
-        # How many calls each gc3 algorithm (by name) and NCCL ("NCCL") served.
-        self.served: Counter = Counter()
+        self._served: Counter = Counter()
+        # Repeats counted per route in a plain dict, folded into `served` when it is read:
+        # a Counter's item update costs more than a dict's on the repeat path.
+        self._tally: Dict[str, int] = {}
+
+    @property
+    def served(self) -> Counter:
+        """How many calls each gc3 algorithm (by name) and NCCL ("NCCL") served."""
+        tally, served = self._tally, self._served
+        for route, n in tally.items():
+            if n:
+                served[route] += n
+                tally[route] = 0
+        return served
 
     # --- what cupy's communicator reports --------------------------------
     @property
@@ -249,9 +276,6 @@ class NcclCommunicator(ArrayCollectives):
     def submit(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
         """Any call by collective name (what `gc3 bench` drives); returns what served it:
         a gc3 algorithm's name, "NCCL", or "group" while a group is open."""
-        return self._submit(coll, sendbuf, recvbuf, count, datatype, op, stream, root)
-
-    def _submit(self, coll, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
         # The hot path.  A repeat of a call gc3 served, with the same arguments, is one
         # dictionary hit: its checks, selection and set-up gave the same answers last time
         # (they depend on nothing else), so it goes straight to the prepared launch, still
@@ -262,11 +286,14 @@ class NcclCommunicator(ArrayCollectives):
             hit = self._repeats.get(key)
         except TypeError:   # an unhashable argument: the checks below say what is wrong with it
             hit = None
-        if hit is not None and not _group.depth:
-            go, ptr, route = hit
-            self._order.enter(ptr)
+        if hit is not None and not (_open_groups and _group.depth):
+            go, ptr, route, _ = hit
+            order = self._order
+            # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
+            if order._last != ptr or order._graves:
+                order.enter(ptr)
             if go(ptr):
-                self.served[route] += 1
+                self._tally[route] += 1
                 return route
             del self._repeats[key]   # the launch group dropped that prepared call: bind again below
         # A first call: plain lookups; the wordy checks run only once one fails.
@@ -285,6 +312,9 @@ class NcclCommunicator(ArrayCollectives):
             self._remember(key, decision, route)
         return route
 
+    # The named calls above come here with one Python call, not two.
+    _submit = submit
+
     def _remember(self, key: tuple, decision, route: str) -> None:
         # GC3_DEBUG=TRACE logs every call, which only selection does: no repeats then.
         if self._log.isEnabledFor(logging.DEBUG):
@@ -295,10 +325,14 @@ class NcclCommunicator(ArrayCollectives):
             return
         if len(self._repeats) > 4096:   # addresses that come and go (a caching allocator): start over
             self._repeats = {}
+        # Called through a bound method where it is an object: calling an instance looks up its
+        # __call__ every time.
+        issue = go if isinstance(go, (FunctionType, MethodType)) else go.__call__
         try:
-            self._repeats[key] = (go, decision.call.stream, route)
+            self._repeats[key] = (issue, decision.call.stream, route, go)
         except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
-            pass
+            return
+        self._tally.setdefault(route, 0)
 
     def prepared_launch(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0):
         """The kernel launch (runtime_cuda.launcher.Launch) that a repeat of exactly this
@@ -306,7 +340,7 @@ class NcclCommunicator(ArrayCollectives):
         by NCCL, avg, or GC3_DEBUG=TRACE, which takes every call through selection).
         For measuring the drop-in's host path against a bare launch of the same kernel."""
         hit = self._repeats.get((coll, sendbuf, recvbuf, count, datatype, op, stream, root))
-        return None if hit is None else getattr(hit[0], "launch", None)
+        return None if hit is None else getattr(hit[3], "launch", None)
 
     def _reject(self, coll, datatype, op, count, root):
         where = f"rank {self._rank}: {coll}"
@@ -325,5 +359,5 @@ class NcclCommunicator(ArrayCollectives):
 
     def _count(self, decision) -> str:
         route = decision.candidate.name if decision is not None and decision.uses_gc3 else "NCCL"
-        self.served[route] += 1
+        self._served[route] += 1
         return route
