@@ -1,19 +1,59 @@
 #!/usr/bin/env bash
-# The multi-GPU run of issues 20/21, in the budgeted order, one process per GPU:
-#   1. the GPU test suite;  2. the differential fuzz against NCCL (default catalog, then every
-#   sample forced to LL128) and the training-style loop.  Summary lines go to ${OUT:-.}.
-# Usage (project root, N GPUs): bash scripts/gpu_multi_run.sh N [fuzz seconds]
+# The multi-GPU runs of issues 20/21, one process per GPU, in stages that each fit one device
+# command (at most 10 minutes).  Summary lines and tables go to ${OUT:-.}.
+# Usage (project root, N GPUs): bash scripts/gpu_multi_run.sh N STAGE [fuzz seconds]
+#   multigpu  the tests that need >= 2 GPUs (the one-GPU part of the suite runs on any GPU)
+#   suite1    the GPU suite, first half (torch, small allreduce, epilogue, fused, dtypes, virtual)
+#   suite2    the GPU suite, the rest
+#   fuzz      differential fuzz against NCCL (default catalog, then every sample as LL128),
+#             and the training-style loop
+#   bench     gc3 bench through the drop-in (5 collectives, 1 KiB - 1 GiB, default catalog)
+#             and the host time per call
+#   fused     the fused benchmarks (memory-bound and GEMM), eager and graph
+#   torch     the torch example with backend nccl and gc3
+# Order when time is short (issue 20): multigpu, fuzz, bench, fused, torch.
 set -u
-N=${1:?number of GPUs}; T=${2:-240}
+N=${1:?number of GPUs}; STAGE=${2:?stage (multigpu, suite1, suite2, fuzz, bench, fused, torch)}; T=${3:-240}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 O=${OUT:-.}
+# Processes are not pinned: mpirun's default binds each rank to one core, so a rank's
+# launches and its host-side waits would compete for it.
+MPI="mpirun --bind-to none -np $N"
+FIRST="tests/test_torch_backend.py tests/test_small_allreduce.py tests/test_epilogue.py tests/test_epilogue_gpu.py
+       tests/test_fused_gpu.py tests/test_int_dtypes.py tests/test_runtime_virtual.py"
+PYTEST="python3 -m pytest -q -p no:cacheprovider"
 nvidia-smi -L; nvidia-smi topo -m | head -$((N + 2))
-timeout 400 python3 -m pytest -q -p no:cacheprovider -m "gpu or multigpu" tests/ 2>&1 | tail -15 | tee $O/gpu_suite.txt
-F=scripts/fuzz_dropin.py
-timeout $((T + 60)) mpirun -np $N python3 $F --calls 1000000 --seed 100 --time-budget $T --record $O/fuzz.txt 2>&1 \
-  | grep -E "^rank|^fuzz|^coverage|^NCCL|HANG|minimal|^  #" | head -40
-python3 scripts/ll128_config.py $N > /tmp/ll128.json && \
-GC3_CONFIG=/tmp/ll128.json timeout $((T / 2 + 60)) mpirun -np $N python3 $F --calls 1000000 --seed 200 \
-  --time-budget $((T / 2)) --record $O/fuzz_ll128.txt 2>&1 | grep -E "^rank|^fuzz|^coverage|HANG|minimal|^  #" | head -40
-timeout 300 mpirun -np $N python3 scripts/bench_train_loop.py --steps 200 2>&1 | tail -12 | tee $O/train_loop.txt
+case "$STAGE" in
+multigpu)
+  timeout 560 $PYTEST -m multigpu tests/ 2>&1 | tail -15 | tee $O/gpu_multigpu.txt ;;
+suite1)
+  timeout 570 $PYTEST -m "gpu or multigpu" $FIRST 2>&1 | tail -15 | tee $O/gpu_suite1.txt ;;
+suite2)
+  ign=""; for f in $FIRST; do ign="$ign --ignore=$f"; done
+  timeout 570 $PYTEST -m "gpu or multigpu" $ign tests/ 2>&1 | tail -15 | tee $O/gpu_suite2.txt ;;
+fuzz)
+  F=scripts/fuzz_dropin.py
+  timeout $((T + 60)) $MPI python3 $F --calls 1000000 --seed 100 --time-budget $T --record $O/fuzz.txt 2>&1 \
+    | grep -E "^rank|^fuzz|^coverage|^NCCL|HANG|minimal|^  #" | head -40
+  python3 scripts/ll128_config.py $N > /tmp/ll128.json && \
+  GC3_CONFIG=/tmp/ll128.json timeout $((T / 2 + 60)) $MPI python3 $F --calls 1000000 --seed 200 \
+    --time-budget $((T / 2)) --record $O/fuzz_ll128.txt 2>&1 | grep -E "^rank|^fuzz|^coverage|HANG|minimal|^  #" | head -40
+  timeout 200 $MPI python3 scripts/bench_train_loop.py --steps 200 2>&1 | tail -12 | tee $O/train_loop.txt ;;
+bench)
+  timeout 420 $MPI python3 -m runtime_cuda bench -c allreduce,allgather,reducescatter,alltoall,broadcast \
+    -b 1K -e 1G -f 4 --csv $O/bench.csv --plot $O/bench.png 2>&1 | tail -80 | tee $O/bench.txt
+  for size in 1KiB 64KiB; do
+    timeout 90 $MPI python3 scripts/bench_host_time.py --size $size 2>&1 | tail -8 | tee -a $O/host_time.txt
+  done ;;
+fused)
+  timeout 280 $MPI python3 scripts/bench_fused.py --graph 2>&1 | tail -40 | tee $O/bench_fused.txt
+  timeout 280 $MPI python3 scripts/bench_fused_gemm.py 2>&1 | tail -40 | tee $O/bench_fused_gemm.txt ;;
+torch)
+  for b in nccl gc3; do
+    timeout 250 torchrun --nproc-per-node $N examples/train_tp_dp.py --backend $b --tp $N 2>&1 | tail -15 \
+      | tee $O/train_tp_dp_$b.txt
+  done ;;
+*)
+  echo "unknown stage $STAGE" >&2; exit 2 ;;
+esac
