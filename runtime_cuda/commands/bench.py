@@ -6,6 +6,12 @@ One process per GPU.  The gc3 side is `runtime_cuda.nccl.NcclCommunicator`, so
 it runs whatever the catalog selects (GC3_XML_FILES, GC3_CONFIG, ...; `--xml`
 sets GC3_XML_FILES for convenience) and NCCL where nothing matches; the last
 column names what served each size.  The NCCL side is cupy.cuda.nccl.
+
+`--peer symmetric` adds NCCL on symmetric windows (NCCL >= 2.27; one GPU per
+rank) as a third side, NCCL-sym, in the same run: its own communicator and its
+own buffers from ncclMemAlloc, registered with NCCL_WIN_COLL_SYMMETRIC
+(runtime_cuda/nccl/symmetric.py); gc3 and default NCCL keep ordinary CuPy
+buffers, and the speedup is shown against both NCCLs.
 """
 from __future__ import annotations
 
@@ -40,6 +46,12 @@ def _colls(ctx, param, value):
     return names
 
 
+def impl_names(impl: str, peer: str):
+    """The sides of the table, in column order, for --impl and --peer."""
+    names = ("gc3", "nccl") if impl == "both" else (impl,)
+    return names + ("nccl-sym",) if peer == "symmetric" else names
+
+
 @click.command("bench")
 @click.option("-c", "--collective", "collectives", multiple=True, callback=_colls,
               help="collective(s), comma-separated or repeated: " + ", ".join(_COLLS) + ", or all")
@@ -54,12 +66,15 @@ def _colls(ctx, param, value):
 @click.option("-n", "--iters", default=20, show_default=True, help="timed calls per case")
 @click.option("--check/--no-check", default=True, show_default=True, help="compare every output element (#wrong)")
 @click.option("--impl", type=click.Choice(("both", "gc3", "nccl")), default="both", show_default=True)
+@click.option("--peer", type=click.Choice(("default", "symmetric")), default="default", show_default=True,
+              help="symmetric: also time NCCL on ncclMemAlloc'd buffers registered as symmetric windows "
+                   "(NCCL >= 2.27, one GPU per rank), as an extra NCCL-sym column")
 @click.option("--xml", "xml_files", multiple=True, type=click.Path(), help="IR file(s) to add to GC3_XML_FILES")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="write the rows as CSV (rank 0)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the rows as JSON (rank 0)")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG of busbw vs size (rank 0)")
 def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, check, impl,
-            xml_files, csv_path, json_path, plot_path):
+            peer, xml_files, csv_path, json_path, plot_path):
     """Measure collectives like nccl-tests, gc3 beside NCCL (run under mpirun -np N)."""
     from runtime_cuda.nccl import perf
 
@@ -74,7 +89,7 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
         from runtime_cuda.nccl import perf_gpu
     except ImportError as exc:
         raise click.ClickException(f"gc3 bench needs cupy with NCCL and a GPU ({exc})") from None
-    impls = ("gc3", "nccl") if impl == "both" else (impl,)
+    impls = impl_names(impl, peer)
     cfg = perf_gpu.BenchConfig(collectives, sizes, dtype, op, root, warmup, iters, check, impls)
     host = perf_gpu.Host()
     if not 0 <= root < host.size:
@@ -101,7 +116,7 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
         return
     click.echo("\n".join(perf.footer(rows, impls)))
     meta = {"nranks": host.size, "dtype": dtype, "op": op, "root": root, "warmup": warmup, "iters": iters,
-            "impls": list(impls), "GC3_XML_FILES": os.environ.get("GC3_XML_FILES", ""),
+            "impls": list(impls), "peer": peer, "GC3_XML_FILES": os.environ.get("GC3_XML_FILES", ""),
             "GC3_CONFIG": os.environ.get("GC3_CONFIG", "")}
     if csv_path:
         perf.write_csv(rows, Path(csv_path))

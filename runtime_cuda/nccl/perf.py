@@ -20,8 +20,20 @@ from gc3.units import bus_factor
 
 from .call import COLLECTIVES, REDUCING, ROOTED
 
-IMPLS = ("gc3", "nccl")
+IMPLS = ("gc3", "nccl", "nccl-sym")
+PEERS = ("nccl", "nccl-sym")      # what gc3's speedup is measured against, in column order
 PLACES = ("oop", "ip")
+_LABELS = {"gc3": "gc3", "nccl": "NCCL", "nccl-sym": "NCCL-sym"}
+
+
+def label(impl: str) -> str:
+    """The table's name of an implementation: NCCL-sym is NCCL on symmetric windows."""
+    return _LABELS.get(impl, impl)
+
+
+def peers(impls: Sequence[str]) -> List[str]:
+    """The NCCL columns gc3's speedup is shown against (none without gc3)."""
+    return [p for p in PEERS if p in impls] if "gc3" in impls else []
 
 
 def busbw_factor(coll: str, nranks: int) -> float:
@@ -80,9 +92,9 @@ class Row:
     nranks: int
     results: Dict[str, Dict[str, Measure]] = field(default_factory=dict)   # impl -> place -> Measure
 
-    def speedup(self, place: str) -> Optional[float]:
+    def speedup(self, place: str, peer: str = "nccl") -> Optional[float]:
         try:
-            g, n = self.results["gc3"][place], self.results["nccl"][place]
+            g, n = self.results["gc3"][place], self.results[peer][place]
         except KeyError:
             return None
         return n.time_us / g.time_us if g.time_us > 0 else None
@@ -110,17 +122,20 @@ def header(coll: str, nranks: int, dtype: str, redop: str, impls: Sequence[str])
     blank = " " * len(lead.format("", "", "", "", ""))
     sides = []
     for impl in impls:
-        name = "gc3" if impl == "gc3" else "NCCL"
-        sides += [f"{name + ' out-of-place':^32}", f"{name + ' in-place':^32}"]
+        sides += [f"{label(impl) + ' out-of-place':^32}", f"{label(impl) + ' in-place':^32}"]
     top = f"# {coll} on {nranks} ranks, {dtype}" + (f", {redop}" if coll in REDUCING else "")
     cols = [_SIDE.format("time", "algbw", "busbw", "#wrong")] * (2 * len(impls))
     units = [_SIDE.format("(us)", "(GB/s)", "(GB/s)", "")] * (2 * len(impls))
-    speed = len(impls) == 2
+    against = peers(impls)
+    # The first speedup block is titled in full, later ones (13 columns wide) by their peer.
+    titles = [f" | speedup ({label(p)} time / gc3 time)" if k == 0 else f" | {'vs ' + label(p):^13}"
+              for k, p in enumerate(against)]
+    speed_cols = "".join(" | {:>6} {:>6}".format("oop", "ip") for _ in against)
     return [
         top,
-        "#" + blank[1:] + " | " + " | ".join(sides) + (" | speedup (NCCL time / gc3 time)" if speed else ""),
+        "#" + blank[1:] + " | " + " | ".join(sides) + "".join(titles),
         "#" + lead.format("size", "count", "type", "redop", "root")[1:] + " | " + " | ".join(cols)
-        + (" | {:>6} {:>6}  gc3 algorithm (oop / ip)".format("oop", "ip") if speed else ""),
+        + (speed_cols + "  gc3 algorithm (oop / ip)" if against else ""),
         "#" + lead.format("(B)", "(elements)", "", "", "")[1:] + " | " + " | ".join(units),
     ]
 
@@ -131,11 +146,13 @@ def format_row(row: Row, impls: Sequence[str]) -> str:
         row.root if row.coll in ROOTED else -1)
     sides = [_side(row.results.get(impl, {}).get(place)) for impl in impls for place in PLACES]
     line = lead + " | " + " | ".join(sides)
-    if len(impls) == 2:
-        sp = [row.speedup(p) for p in PLACES]
+    against = peers(impls)
+    for peer in against:
+        sp = [row.speedup(p, peer) for p in PLACES]
+        line += " | " + " ".join("{:>6}".format("-" if s is None else f"{s:.2f}x") for s in sp)
+    if against:
         algos = [row.results.get("gc3", {}).get(p) for p in PLACES]
         names = [m.algorithm if m is not None and m.algorithm else "-" for m in algos]
-        line += " | " + " ".join("{:>6}".format("-" if s is None else f"{s:.2f}x") for s in sp)
         line += "  " + (names[0] if names[0] == names[1] else " / ".join(names))
     if any(m.wrong for side in row.results.values() for m in side.values()):
         line += "  <- WRONG"
@@ -144,7 +161,7 @@ def format_row(row: Row, impls: Sequence[str]) -> str:
 
 def wrong_details(row: Row) -> List[str]:
     """Comment lines naming the first wrong element of each wrong case of `row`."""
-    return [f"#   {'gc3' if impl == 'gc3' else 'NCCL'} {'out-of-place' if place == 'oop' else 'in-place'} "
+    return [f"#   {label(impl)} {'out-of-place' if place == 'oop' else 'in-place'} "
             f"{row.nbytes} B: {m.wrong} wrong; first: {m.first_wrong or '?'}"
             for impl, side in row.results.items() for place, m in side.items() if m.wrong]
 
@@ -155,8 +172,7 @@ def footer(rows: Sequence[Row], impls: Sequence[str]) -> List[str]:
         vals = [m.busbw for r in rows for m in r.results.get(impl, {}).values()]
         wrong = sum(m.wrong or 0 for r in rows for m in r.results.get(impl, {}).values())
         if vals:
-            name = "gc3" if impl == "gc3" else "NCCL"
-            out.append(f"# {name}: out of bounds values: {wrong} {'OK' if wrong == 0 else 'FAILED'}; "
+            out.append(f"# {label(impl)}: out of bounds values: {wrong} {'OK' if wrong == 0 else 'FAILED'}; "
                        f"avg bus bandwidth: {sum(vals) / len(vals):.3f} GB/s")
     return out
 
@@ -171,6 +187,8 @@ def flat(row: Row) -> Dict[str, object]:
                 out[f"{impl}_{place}_{k}"] = v
     for place in PLACES:
         out[f"speedup_{place}"] = row.speedup(place)
+        if "nccl-sym" in row.results:
+            out[f"speedup_sym_{place}"] = row.speedup(place, "nccl-sym")
     return out
 
 
@@ -189,10 +207,13 @@ def write_json(rows: Sequence[Row], path: Path, meta: Dict[str, object]) -> None
     Path(path).write_text(json.dumps({"meta": meta, "rows": [flat(r) for r in rows]}, indent=1) + "\n")
 
 
+_COLORS = {"gc3": "tab:red", "nccl": "tab:blue", "nccl-sym": "tab:green"}
+
+
 def plot(rows: Sequence[Row], path: Path, title: str = "", dpi: int = 120) -> None:
-    """Per collective (a column of panels): busbw vs size for gc3 and NCCL above, and
-    below gc3's ratio to NCCL (NCCL time / gc3 time, 1 = parity); out-of-place
-    solid, in-place dashed."""
+    """Per collective (a column of panels): busbw vs size for gc3 and NCCL (and
+    NCCL-sym when measured) above, and below gc3's ratio to each NCCL (NCCL time
+    / gc3 time, 1 = parity); out-of-place solid, in-place dashed."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -205,17 +226,19 @@ def plot(rows: Sequence[Row], path: Path, title: str = "", dpi: int = 120) -> No
         bw, ratio = axes[0][k], axes[1][k]
         mine = [r for r in rows if r.coll == coll]
         for place, style in (("oop", "-"), ("ip", "--")):
-            for impl, color in (("gc3", "tab:red"), ("nccl", "tab:blue")):
+            for impl, color in _COLORS.items():
                 pts = [(r.nbytes, r.results[impl][place].busbw) for r in mine
                        if place in r.results.get(impl, {})]
                 if pts:
                     xs, ys = zip(*pts)
                     bw.plot(xs, ys, style, color=color, marker="o", markersize=3,
-                            label=f"{'gc3' if impl == 'gc3' else 'NCCL'} {names[place]}")
-            pts = [(r.nbytes, r.speedup(place)) for r in mine if r.speedup(place) is not None]
-            if pts:
-                xs, ys = zip(*pts)
-                ratio.plot(xs, ys, style, color="black", marker="o", markersize=3, label=names[place])
+                            label=f"{label(impl)} {names[place]}")
+            for peer, color in (("nccl", "black"), ("nccl-sym", _COLORS["nccl-sym"])):
+                pts = [(r.nbytes, r.speedup(place, peer)) for r in mine if r.speedup(place, peer) is not None]
+                if pts:
+                    xs, ys = zip(*pts)
+                    ratio.plot(xs, ys, style, color=color, marker="o", markersize=3,
+                               label=f"vs {label(peer)} {names[place]}")
         bw.set_ylabel("busbw (GB/s)")
         bw.set_title(f"{coll}, {mine[0].nranks} ranks, {mine[0].dtype}")
         ratio.axhline(1.0, color="gray", linewidth=0.8)

@@ -1,8 +1,10 @@
 """The measuring half of `gc3 bench`: one process per GPU (under mpirun),
 nccl-tests' method.
 
-For each collective and size, each implementation (gc3's communicator, and
-NCCL through cupy.cuda.nccl) is first *checked*, at every size: inputs are
+For each collective and size, each implementation (gc3's communicator, NCCL
+through cupy.cuda.nccl, and with `nccl-sym` NCCL on buffers of its own that
+ncclMemAlloc allocated and a communicator of its own registered as symmetric
+windows: runtime_cuda.nccl.symmetric) is first *checked*, at every size: inputs are
 generated on the GPU from (rank, index), outputs are pre-filled with NaN/0xFF
 so a missed write shows, one call runs, and every output element is compared
 on the GPU with the value it must hold (runtime_cuda.nccl.datacheck: small
@@ -152,17 +154,72 @@ def run_case(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int,
     return host.mean(elapsed_us), wrong, first, route
 
 
-def nccl_issue(host: Host) -> Issue:
-    """NCCL through cupy.cuda.nccl, on a communicator of its own in these processes."""
-    from .fallback import NcclFallback, originals
+def _nccl_comm(host: Host):
+    """A cupy.cuda.nccl communicator of its own over these processes."""
+    from .fallback import originals
 
     uid = host.bcast(originals()["get_unique_id"]() if host.rank == 0 else None)
-    ref = NcclFallback(originals()["NcclCommunicator"](host.size, uid, host.rank))
+    return originals()["NcclCommunicator"](host.size, uid, host.rank)
+
+
+def _issue_on(comm, host: Host, route: str) -> Issue:
+    from .fallback import NcclFallback
+
+    ref = NcclFallback(comm)
 
     def issue(coll, send, recv, count, dtype, op, stream, root):
         ref.run(Call(coll, send, recv, count, dtype, op, stream, host.size, host.rank, root))
-        return "NCCL"
+        return route
     return issue
+
+
+def nccl_issue(host: Host) -> Issue:
+    """NCCL through cupy.cuda.nccl, on a communicator of its own in these processes."""
+    return _issue_on(_nccl_comm(host), host, "NCCL")
+
+
+class SymmetricPeer:
+    """NCCL on a communicator of its own whose send and receive buffers (of
+    `nbytes` each) come from ncclMemAlloc and are registered on it as symmetric
+    windows: the peer NCCL's symmetric kernels run for.  gc3 and default NCCL
+    keep their ordinary CuPy buffers.
+
+    Every rank agrees (over MPI) that windows are available and that both
+    buffers were allocated before any rank registers, since registration is
+    collective and a rank missing from it would leave its peers waiting."""
+
+    def __init__(self, host: Host, nbytes: int):
+        import cupy
+
+        from . import symmetric
+
+        avail = symmetric.availability()
+        why = host.first("" if avail else f"rank {host.rank}: {avail.reason}")
+        if why:
+            raise symmetric.SymmetricError(f"NCCL symmetric windows (--peer symmetric) are not available: {why}")
+        api = symmetric.Api.load()
+        self.comm = _nccl_comm(host)
+        self.buffers: List[symmetric.SymmetricBuffer] = []
+        failed = ""
+        try:
+            for _ in ("send", "recv"):
+                self.buffers.append(symmetric.SymmetricBuffer(api, self.comm.comm, nbytes))
+        except symmetric.SymmetricError as exc:
+            failed = f"rank {host.rank}: {exc}"
+        failed = host.first(failed)
+        if failed:
+            self.close()
+            raise symmetric.SymmetricError(f"--peer symmetric: cannot allocate its buffers: {failed}")
+        for buf in self.buffers:
+            buf.register()
+        self.sendbuf, self.recvbuf = (buf.array(cupy) for buf in self.buffers)
+        self.issue = _issue_on(self.comm, host, "NCCL-sym")
+
+    def close(self) -> None:
+        """Deregister and free (each buffer in turn); the caller has synchronized
+        every stream that used them, and every rank calls this at the same point."""
+        while self.buffers:
+            self.buffers.pop().close()
 
 
 def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> List[Row]:
@@ -182,6 +239,12 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
     biggest = (max(cfg.sizes) + 256 + 15) // 16 * 16   # whole elements of every dtype
     sendbuf = cupy.empty(biggest, dtype=cupy.uint8)
     recvbuf = cupy.empty(biggest, dtype=cupy.uint8)
+    buffers = {name: (sendbuf, recvbuf) for name in impls}
+    sym = None
+    if "nccl-sym" in cfg.impls:
+        sym = SymmetricPeer(host, biggest)
+        impls["nccl-sym"] = sym.issue
+        buffers["nccl-sym"] = (sym.sendbuf, sym.recvbuf)
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
     es = ITEMSIZE[DTYPE_CODES[cfg.dtype]]
@@ -195,10 +258,16 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
                 row.results[name] = {}
                 for place_name in PLACES:
                     t, wrong, first, route = run_case(issue, host, cfg, coll, total * es, place_name == "ip",
-                                                      sendbuf, recvbuf, stream)
+                                                      *buffers[name], stream)
                     m = measure(coll, total * es, host.size, t, wrong, route)
                     m.first_wrong = first
                     row.results[name][place_name] = m
             rows.append(row)
             report(row)
+    if sym is not None:
+        # Not in a `finally`: after an error on some ranks, deregistering (which
+        # NCCL may do collectively) could wait forever for the others.
+        stream.synchronize()
+        host.barrier()
+        sym.close()
     return rows
