@@ -194,7 +194,9 @@ class SymmetricBuffer:
     def array(self, cupy):
         if self.ptr is None:
             raise SymmetricError("array() on a closed symmetric buffer")
-        mem = cupy.cuda.UnownedMemory(self.ptr, self.nbytes, self)
+        # ncclMemAlloc allocates on the current device; naming it spares CuPy a
+        # pointer-attribute query on cuMem-mapped memory.
+        mem = cupy.cuda.UnownedMemory(self.ptr, self.nbytes, self, cupy.cuda.Device().id)
         return cupy.ndarray((self.nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
     def close(self) -> None:
