@@ -8,12 +8,13 @@
 #   fuzz      differential fuzz against NCCL (default catalog, then every sample as LL128),
 #             and the training-style loop
 #   bench     gc3 bench through the drop-in (5 collectives, 1 KiB - 1 GiB, default catalog)
-#             and the host time per call
+#   peers     gc3 bench against default and symmetric-window NCCL in one run, and the host
+#             time per call
 #   fused     the fused benchmarks (memory-bound and GEMM), eager and graph
 #   torch     the torch example with backend nccl and gc3
-# Order when time is short (issue 20): multigpu, fuzz, bench, fused, torch.
+# Order when time is short (issue 20): multigpu, fuzz, bench, peers, fused, torch.
 set -u
-N=${1:?number of GPUs}; STAGE=${2:?stage (multigpu, suite1, suite2, fuzz, bench, fused, torch)}; T=${3:-240}
+N=${1:?number of GPUs}; STAGE=${2:?stage (multigpu, suite1, suite2, fuzz, bench, peers, fused, torch)}; T=${3:-240}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 O=${OUT:-.}
@@ -42,7 +43,10 @@ fuzz)
   timeout 200 $MPI python3 scripts/bench_train_loop.py --steps 200 2>&1 | tail -12 | tee $O/train_loop.txt ;;
 bench)
   timeout 420 $MPI python3 -m runtime_cuda bench -c allreduce,allgather,reducescatter,alltoall,broadcast \
-    -b 1K -e 1G -f 4 --csv $O/bench.csv --plot $O/bench.png 2>&1 | tail -80 | tee $O/bench.txt
+    -b 1K -e 1G -f 4 --csv $O/bench.csv --plot $O/bench.png 2>&1 | tail -80 | tee $O/bench.txt ;;
+peers)
+  timeout 300 $MPI python3 -m runtime_cuda bench --peer symmetric -c allreduce,allgather,reducescatter \
+    -b 1K -e 64M -f 8 --csv $O/bench_sym.csv 2>&1 | tail -60 | tee $O/bench_sym.txt
   for size in 1KiB 64KiB; do
     timeout 90 $MPI python3 scripts/bench_host_time.py --size $size 2>&1 | tail -8 | tee -a $O/host_time.txt
   done ;;
