@@ -44,15 +44,42 @@ class Sample:
     protocol: str
     min_bytes: int                # recommended sizes, nccl-tests' "size" (the larger user buffer)
     max_bytes: Optional[int]      # None: no upper bound
+    oop: bool = True              # an in-place IR also serves out-of-place calls (after a copy)
 
 
 S = Sample
 SAMPLES: Tuple[Sample, ...] = (
-    # 2 ranks (sizes and channel counts from scripts/bench_runtime.py on 2x H200, runtime_cuda/README.md)
+    # 2 ranks, from measurements on 2x H200 (NV18): `gc3 tune --quick` (runtime_cuda/measured/
+    # tune_2xH200_2026-11-23/) for the small sizes, where its grid has the winners, and the
+    # 64-instance Simple programs above 1-2 MiB, which its grid lacks, from the sweep
+    # (runtime_cuda/measured/sweep_2xh200_2026-11-22_rows.txt) and `gc3 bench` in the same
+    # session.  Between the two, NCCL wins and no entry covers the size.  In-place and
+    # out-of-place calls have their own winners here, so in-place IRs serve only in-place calls.
     S("allreduce_oneshot_2r_LL_i16", *A("allreduce_oneshot", ranks=2), 16, "LL", 0, 256 * KiB),
-    S("allreduce_ring_2r_Simple_i64", *A("allreduce_ring", ranks=2), 64, "Simple", 256 * KiB + 1, None),
-    S("allgather_direct_2r_Simple_i64", *A("allgather_direct", ranks=2), 64, "Simple", 4 * MiB, None),
-    S("reducescatter_ring_2r_Simple_i64", *A("reducescatter_ring", ranks=2), 64, "Simple", 4 * MiB, None),
+    # Out of place, the ring's input copy loses to NCCL from 256 MiB (0.98x, 0.90x at 1 GiB): the
+    # same IR gets a second entry, in-place only, for the sizes above that.
+    S("allreduce_ring_2r_Simple_i64", *A("allreduce_ring", ranks=2), 64, "Simple", 2 * MiB, 128 * MiB),
+    S("allreduce_ring_2r_Simple_i64", *A("allreduce_ring", ranks=2), 64, "Simple", 128 * MiB + 1, None,
+      oop=False),
+    S("allgather_recursive_doubling_2r_inplace_LL", *A("allgather_recursive_doubling", ranks=2, chunks=1, inplace=1),
+      1, "LL", 0, 4 * KiB, oop=False),
+    S("allgather_direct_2r_inplace_LL", *A("allgather_direct", ranks=2, chunks=1, inplace=1), 1, "LL", 4 * KiB + 1,
+      32 * KiB, oop=False),
+    S("allgather_direct_2r_inplace_Simple_i64", *A("allgather_direct", ranks=2, chunks=1, inplace=1), 64, "Simple",
+      1 * MiB, None, oop=False),
+    S("allgather_direct_2r_LL", *A("allgather_direct", ranks=2), 1, "LL", 0, 4 * KiB),
+    S("allgather_recursive_doubling_2r_LL_i4", *A("allgather_recursive_doubling", ranks=2), 4, "LL",
+      4 * KiB + 1, 64 * KiB),
+    S("allgather_direct_2r_Simple_i64", *A("allgather_direct", ranks=2), 64, "Simple", 1 * MiB, None),
+    S("reducescatter_ring_2r_inplace_LL", *A("reducescatter_ring", ranks=2, chunks=1, inplace=1), 1, "LL", 0, 4 * KiB,
+      oop=False),
+    S("reducescatter_direct_2r_inplace_LL_i4", *A("reducescatter_direct", ranks=2, chunks=1, inplace=1), 4, "LL",
+      4 * KiB + 1, 64 * KiB, oop=False),
+    S("reducescatter_ring_2r_inplace_Simple_i64", *A("reducescatter_ring", ranks=2, chunks=1, inplace=1), 64, "Simple",
+      1 * MiB, None, oop=False),
+    S("reducescatter_direct_2r_LL_i4", *A("reducescatter_direct", ranks=2), 4, "LL", 0, 4 * KiB),
+    S("reducescatter_ring_2r_LL_i4", *A("reducescatter_ring", ranks=2), 4, "LL", 4 * KiB + 1, 64 * KiB),
+    S("reducescatter_ring_2r_Simple_i64", *A("reducescatter_ring", ranks=2), 64, "Simple", 1 * MiB, None),
     S("alltoall_direct_2r_LL_i16", *A("alltoall_direct", ranks=2), 16, "LL", 0, 256 * KiB),
     S("alltoall_direct_2r_Simple_i64", *A("alltoall_direct", ranks=2), 64, "Simple", 256 * KiB + 1, None),
     # 4 ranks
@@ -118,9 +145,9 @@ def index_entry(sample: Sample, traced, prog) -> dict:
              "inplace": prog.inplace, "protocol": prog.proto, "min_bytes": sample.min_bytes,
              "max_bytes": sample.max_bytes}
     if prog.inplace:
-        # An in-place IR serves out-of-place calls too: the runtime first copies
+        # An in-place IR can serve out-of-place calls too: the runtime first copies
         # the input into the output's aliased region (as MSCCL does).
-        entry["outofplace"] = True
+        entry["outofplace"] = sample.oop
     if traced.collective.root is not None:
         entry["root"] = traced.collective.root
     return entry
@@ -154,10 +181,16 @@ def generate(out_dir: Path) -> List[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written, entries = [], [e for r in KERNEL_RANKS for e in kernel_entries(r)]
     for sample in SAMPLES:
-        traced, prog = compile_sample(sample)
+        # An IR listed twice (different ranges in and out of place) carries the union of its ranges.
+        same = [s for s in SAMPLES if s.file == sample.file]
+        union = dataclasses.replace(sample, min_bytes=min(s.min_bytes for s in same),
+                                    max_bytes=None if None in [s.max_bytes for s in same]
+                                    else max(s.max_bytes for s in same))
+        traced, prog = compile_sample(union)
         path = out_dir / f"{sample.file}.xml"
-        path.write_text(to_xml(prog))
-        written.append(path)
+        if path not in written:
+            path.write_text(to_xml(prog))
+            written.append(path)
         entries.append(index_entry(sample, traced, prog))
     for name in FUSED:
         path = out_dir / f"{name}.xml"

@@ -96,12 +96,34 @@ def test_any_other_argument_is_a_new_call(monkeypatch):
     assert log[-1] == ("again", R, 1000, ST + 1)
 
 
-def test_calls_gc3_does_not_serve_are_never_repeated_past_nccl(monkeypatch):
+def test_a_repeat_routed_to_nccl_skips_selection_and_calls_nccl_itself(monkeypatch):
     log = []
     comm, backend = make(monkeypatch, log)
-    for _ in range(2):    # out of place: the all-pairs IR is in-place only
+    # Out of place: the all-pairs IR is in-place only, so NCCL serves it.
+    assert comm.submit("allreduce", R - 4096, R, 10, NCCL_FLOAT32, NCCL_SUM, ST) == "NCCL"
+
+    def no_selection(call):
+        raise AssertionError("a repeat went through selection")
+    monkeypatch.setattr(comm._dispatch.selector, "choose", no_selection)
+    for _ in range(2):
         assert comm.submit("allreduce", R - 4096, R, 10, NCCL_FLOAT32, NCCL_SUM, ST) == "NCCL"
-    assert [e[0] for e in log] == ["allReduce", "allReduce"] and backend.bound == 0
+    # Every repeat reached NCCL with the call's own arguments; gc3 never bound anything.
+    assert log[:3] == [("allReduce", R - 4096, R, 10, NCCL_FLOAT32, NCCL_SUM, ST)] * 3
+    assert backend.bound == 0 and comm.served["NCCL"] == 3
+
+
+def test_a_nccl_repeat_on_a_new_stream_is_a_new_call(monkeypatch):
+    log = []
+    comm, _ = make(monkeypatch, log)
+    comm.allReduce(R - 4096, R, 10, NCCL_FLOAT32, NCCL_SUM, ST)
+    selected = []
+    choose = comm._dispatch.selector.choose
+    monkeypatch.setattr(comm._dispatch.selector, "choose", lambda call: selected.append(call) or choose(call))
+    comm.allReduce(R - 4096, R, 10, NCCL_FLOAT32, NCCL_SUM, ST + 1)
+    comm.allReduce(R - 4096, R, 12, NCCL_FLOAT32, NCCL_SUM, ST)
+    assert len(selected) == 2
+    assert log[-2:] == [("allReduce", R - 4096, R, 10, NCCL_FLOAT32, NCCL_SUM, ST + 1),
+                        ("allReduce", R - 4096, R, 12, NCCL_FLOAT32, NCCL_SUM, ST)]
 
 
 def test_a_repeat_on_another_stream_still_waits_for_the_last_call(monkeypatch):

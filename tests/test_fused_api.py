@@ -99,7 +99,12 @@ def test_auto_path_refuses_what_one_block_per_compute_tb_cannot_win(monkeypatch)
     comm = mb.VirtualComm(2)
     args = mb._gemv_args(2, 1, 7168, 8192, 2)
     assert mb._decide(comm, "auto", "", "gemv_allreduce", args, "bfloat16", 7168 * 8192 * 2, "big") is None
-    assert "GC3_FUSED_MAX_BLOCK_BYTES" in logged[-1]
+    assert "GC3_FUSED_GEMV_MAX_BLOCK_BYTES" in logged[-1]
+    # The smallest 2-GPU benchmark shape (1 MiB per block), where fused measured 0.61x of sequential.
+    small = mb._gemv_args(2, 1, 2048, 8192, 2)
+    assert mb._decide(comm, "auto", "", "gemv_allreduce", small, "bfloat16",
+                      mb.gemv_traffic(1, 2048, 8192, "bfloat16"), "small") is None
+    assert "above GC3_FUSED_GEMV_MAX_BLOCK_BYTES=262144" in logged[-1]
     assert mb._decide(comm, "auto", "a single rank", "gemv_allreduce", args, "bfloat16", 0, "one") is None
     assert logged[-1] == "one: sequential path: a single rank"
     with pytest.raises(mb.GC3Error, match="fused path cannot serve this call: a single rank"):
@@ -114,6 +119,7 @@ def test_auto_path_counts_the_weight_reads_of_the_batch(monkeypatch):
     assert [mb.gemv_traffic(b, 512, 1024, "bfloat16") for b in (1, 8, 32, 33)] == [mib, mib, mib, 2 * mib]
     assert [mb.gemv_traffic(b, 512, 512, "float32") for b in (1, 8, 9, 17)] == [mib, mib, 2 * mib, 3 * mib]
     monkeypatch.setattr(mb, "_group", lambda *a: "fused group")
+    monkeypatch.setenv("GC3_FUSED_GEMV_MAX_BLOCK_BYTES", str(mib))
     comm = mb.VirtualComm(2)
     k, n_out = 1024, 2048      # 8 MiB of fp32 weight over 16 compute TBs: 512 KiB per block and read
     for batch, want in ((8, "fused group"), (9, "fused group"), (17, None)):

@@ -55,8 +55,8 @@ def test_sample_set_is_moderate_and_covers_the_configurations():
     fused = sorted(f"{name}.xml" for name in _generator().FUSED)     # written, never indexed: no NCCL call
     assert fused and set(fused) <= set(files)
     files = sorted(set(files) - set(fused))
-    assert files == sorted(e["file"] for e in INDEX)
-    assert 20 <= len(files) <= 40
+    assert files == sorted({e["file"] for e in INDEX})   # an IR may be listed twice (in/out-of-place ranges)
+    assert 20 <= len(files) <= 50
     assert sum(p.stat().st_size for p in SAMPLES.iterdir()) < 3 * 1024 * 1024
     progs = [read_xml(SAMPLES / e["file"]) for e in INDEX]
     assert {p.ngpus for p in progs} == {2, 4, 8}
@@ -73,8 +73,11 @@ def test_index_entries_state_what_the_xml_holds_and_ranges_do_not_overlap():
         prog = read_xml(SAMPLES / e["file"])
         assert (e["collective"], e["ranks"], e["inplace"], e["protocol"]) == \
                (prog.coll, prog.ngpus, prog.inplace, prog.proto), e["file"]
-        assert prog.minBytes == e["min_bytes"]
-        assert e["max_bytes"] is None or prog.maxBytes == e["max_bytes"]
+        # The XML's range is the entry's, or the union of its entries' when it is listed twice.
+        mine = [x for x in INDEX if x["file"] == e["file"]]
+        assert prog.minBytes == min(x["min_bytes"] for x in mine)
+        tops = [x["max_bytes"] for x in mine]
+        assert None in tops or prog.maxBytes == max(tops)
         assert ("root" in e) == (prog.coll in ("broadcast", "reduce"))
         ranges[(prog.coll, prog.ngpus, prog.inplace, "2x4" in e["file"])].append(
             (e["min_bytes"], e["max_bytes"] if e["max_bytes"] is not None else float("inf")))

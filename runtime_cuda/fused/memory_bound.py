@@ -21,7 +21,8 @@ Path.  `path=` or GC3_FUSED: "fused" or "sequential" forces one (a fused call
 that cannot be served then raises); "auto" (the default) takes the fused path
 unless the call is one it cannot serve, or one it cannot win: the interpreter
 computes with one thread block per TB that holds compute steps, so above
-GC3_FUSED_MAX_BLOCK_BYTES (default 1 MiB) of weight/table traffic per such
+GC3_FUSED_MAX_BLOCK_BYTES (default 1 MiB; GC3_FUSED_GEMV_MAX_BLOCK_BYTES, default
+256 KiB, for the GEMV, from 2x H200 measurements) of weight/table traffic per such
 block the sequential path's full-GPU kernels are faster.  A GEMV's traffic is
 its weight times the number of reads of it that its batch takes
 (gemv_traffic).  Each fall-back is logged with its reason at INFO
@@ -47,6 +48,10 @@ from ..tables import COMPUTE_DTYPES
 
 PATHS = ("auto", "fused", "sequential")
 DEFAULT_MAX_BLOCK_BYTES = 1 << 20
+# GEMV + AllReduce across processes lost to the sequential path at every measured shape with 1 MiB
+# or more per compute block (0.19-0.61x on 2x H200, runtime_cuda/measured/fused_2xH200_2026-11-23.txt):
+# its 32 compute blocks leave most SMs idle while the sequential GEMV has them all.
+DEFAULT_GEMV_MAX_BLOCK_BYTES = 256 << 10
 # Batch rows the gemv opcode applies one read of the weight to (kernels/prims_compute.cuh): the
 # 16-bit types' tensor-core passes of 32 rows (sm_80 and later), fp32's CUDA-core passes of 8.
 GEMV_ROWS_PER_WEIGHT_READ = {"bfloat16": 32, "float16": 32, "float32": 8}
@@ -315,9 +320,11 @@ def _decide(comm, path: str, refusal: str, algo: str, args: tuple, dtype: str, t
     why = refusal or _failed.get(key, "")
     if not why and path == "auto":
         per_block = traffic // _program_blocks(algo, args, dtype)
-        limit = _env_int("GC3_FUSED_MAX_BLOCK_BYTES", DEFAULT_MAX_BLOCK_BYTES)
+        var, default = (("GC3_FUSED_GEMV_MAX_BLOCK_BYTES", DEFAULT_GEMV_MAX_BLOCK_BYTES) if algo == "gemv_allreduce"
+                        else ("GC3_FUSED_MAX_BLOCK_BYTES", DEFAULT_MAX_BLOCK_BYTES))
+        limit = _env_int(var, default)
         if per_block > limit:
-            why = (f"{per_block} bytes of compute traffic per thread block, above GC3_FUSED_MAX_BLOCK_BYTES="
+            why = (f"{per_block} bytes of compute traffic per thread block, above {var}="
                    f"{limit} (the interpreter computes with one block per compute TB)")
     if not why:
         try:

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 from collections import Counter
+from functools import partial
 from types import FunctionType, MethodType
 from typing import Dict, List, Tuple
 
@@ -292,7 +293,7 @@ class NcclCommunicator(ArrayCollectives):
             # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
             if order._last != ptr or order._graves:
                 order.enter(ptr)
-            if go(ptr):
+            if go(ptr) is not False:     # NCCL's bound methods return None
                 self._tally[route] += 1
                 return route
             del self._repeats[key]   # the launch group dropped that prepared call: bind again below
@@ -308,7 +309,7 @@ class NcclCommunicator(ArrayCollectives):
             return "group"
         decision = self._dispatch.run(call)
         route = self._count(decision)
-        if decision is not None and decision.uses_gc3:
+        if decision is not None:
             self._remember(key, decision, route)
         return route
 
@@ -319,15 +320,19 @@ class NcclCommunicator(ArrayCollectives):
         # GC3_DEBUG=TRACE logs every call, which only selection does: no repeats then.
         if self._log.isEnabledFor(logging.DEBUG):
             return
-        reissue = getattr(self._backend, "reissue", None)
-        go = reissue(decision) if reissue is not None else None
+        if decision.uses_gc3:
+            reissue = getattr(self._backend, "reissue", None)
+            go = reissue(decision) if reissue is not None else None
+        else:   # routed to NCCL: the same answer for the same arguments, so skip selection too
+            bind = getattr(self._dispatch.nccl, "bind", None)
+            go = bind(decision.call) if bind is not None else None
         if go is None:
             return
         if len(self._repeats) > 4096:   # addresses that come and go (a caching allocator): start over
             self._repeats = {}
         # Called through a bound method where it is an object: calling an instance looks up its
         # __call__ every time.
-        issue = go if isinstance(go, (FunctionType, MethodType)) else go.__call__
+        issue = go if isinstance(go, (FunctionType, MethodType, partial)) else go.__call__
         try:
             self._repeats[key] = (issue, decision.call.stream, route, go)
         except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat

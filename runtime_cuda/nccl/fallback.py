@@ -11,6 +11,8 @@ is always the real NCCL.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from gc3.errors import CommunicatorError
 
 from .call import Call
@@ -59,6 +61,23 @@ class NcclFallback:
             self._alltoall(c)
         else:
             raise ValueError(f"NCCL has no collective {c.coll!r}")
+
+    def bind(self, call: Call):
+        """What issues `call` again given only its stream: NCCL's own method with the
+        other arguments bound, so a repeat routed to NCCL costs one Python call more
+        than calling NCCL directly (the drop-in's repeat path; None: no shortcut)."""
+        c, comm = call, self.comm
+        if c.coll == "allreduce":
+            return partial(comm.allReduce, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op)
+        if c.coll == "allgather":
+            return partial(comm.allGather, c.sendbuf, c.recvbuf, c.count, c.dtype)
+        if c.coll == "reducescatter":
+            return partial(comm.reduceScatter, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op)
+        if c.coll == "broadcast":
+            return partial(comm.broadcast, c.sendbuf, c.recvbuf, c.count, c.dtype, c.root)
+        if c.coll == "reduce":
+            return partial(comm.reduce, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root)
+        return None
 
     def group_start(self) -> None:
         self._group()[0]()

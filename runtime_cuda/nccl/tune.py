@@ -52,8 +52,10 @@ class Grid:
     pipeline_chunks: Tuple[int, ...]    # chunk counts of pipelined algorithms (the others use 1)
 
 
-FULL = Grid(instances=(1, 2, 4, 8, 16), protocols=PROTOCOLS, pipeline_chunks=(1, 4, 16))
-QUICK = Grid(instances=(1, 4), protocols=("Simple", "LL"), pipeline_chunks=(4,))
+# 64 instances: on 2x H200 the 64-channel Simple programs beat NCCL from 1-2 MiB up (1.1-1.7x,
+# runtime_cuda/measured/sweep_2xh200_2026-11-22_rows.txt), and a grid without them cannot find that.
+FULL = Grid(instances=(1, 2, 4, 8, 16, 32, 64), protocols=PROTOCOLS, pipeline_chunks=(1, 4, 16))
+QUICK = Grid(instances=(1, 4, 64), protocols=("Simple", "LL"), pipeline_chunks=(4,))
 SIZE_RANGE = (1 << 10, 1 << 30)       # 1 KiB .. 1 GiB
 SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
 
