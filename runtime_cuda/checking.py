@@ -137,7 +137,9 @@ def recommended_max_bytes(path) -> Optional[int]:
     if not index.is_file():
         return None
     entries = json.loads(index.read_text()).get("algorithms", [])
-    return next((e.get("max_bytes") for e in entries if e.get("file") == Path(path).name), None)
+    # An IR may be listed more than once (its in-place and out-of-place ranges): the widest bound.
+    tops = [e.get("max_bytes") for e in entries if e.get("file") == Path(path).name]
+    return None if not tops or None in tops else max(tops)
 
 
 def large_cases(prog: Program, nbytes: int) -> List[Tuple[int, str, bool]]:
