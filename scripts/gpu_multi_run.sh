@@ -8,13 +8,17 @@
 #   fuzz      differential fuzz against NCCL (default catalog, then every sample as LL128),
 #             and the training-style loop
 #   bench     gc3 bench through the drop-in (5 collectives, 1 KiB - 1 GiB, default catalog)
+#   tune      gc3 tune --quick to 1 GiB (2.3 min on 2 GPUs before its grid gained 64 instances), the catalog and its IRs tarred
+#             into $OUT/tune.tgz (a folder of many files does not come back whole)
 #   peers     gc3 bench against default and symmetric-window NCCL in one run, and the host
 #             time per call
 #   fused     the fused benchmarks (memory-bound and GEMM), eager and graph
 #   torch     the torch example with backend nccl and gc3
-# Order when time is short (issue 20): multigpu, fuzz, bench, peers, fused, torch.
+# Order when time is short (issue 20): multigpu, fuzz, tune, bench, peers, fused, torch.
+# On 2x H200 (2026-11-23): multigpu 2.8 min, fuzz ~5 min, tune 2.3 min, bench 3 min, peers 2.5 min
+# (1 KiB - 64 MiB; to 1 GiB with alltoall and broadcast it passed 200 s), fused 3 min, torch 0.5 min.
 set -u
-N=${1:?number of GPUs}; STAGE=${2:?stage (multigpu, suite1, suite2, fuzz, bench, peers, fused, torch)}; T=${3:-240}
+N=${1:?number of GPUs}; STAGE=${2:?stage (multigpu, suite1, suite2, fuzz, tune, bench, peers, fused, torch)}; T=${3:-240}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 O=${OUT:-.}
@@ -41,6 +45,11 @@ fuzz)
   GC3_CONFIG=/tmp/ll128.json timeout $((T / 2 + 60)) $MPI python3 $F --calls 1000000 --seed 200 \
     --time-budget $((T / 2)) --record $O/fuzz_ll128.txt 2>&1 | grep -E "^rank|^fuzz|^coverage|HANG|minimal|^  #" | head -40
   timeout 200 $MPI python3 scripts/bench_train_loop.py --steps 200 2>&1 | tail -12 | tee $O/train_loop.txt ;;
+tune)
+  mkdir -p /tmp/tune
+  timeout 400 $MPI python3 -m runtime_cuda tune --quick -e 1G -f 16 -o /tmp/tune/catalog.json 2>&1 | tail -40 \
+    | tee $O/tune.log
+  tar czf $O/tune.tgz -C /tmp tune ;;
 bench)
   timeout 420 $MPI python3 -m runtime_cuda bench -c allreduce,allgather,reducescatter,alltoall,broadcast \
     -b 1K -e 1G -f 4 --csv $O/bench.csv --plot $O/bench.png 2>&1 | tail -80 | tee $O/bench.txt ;;
