@@ -43,16 +43,9 @@ class NcclFallback:
 
     def run(self, call: Call) -> None:
         c, comm = call, self.comm
-        if c.coll == "allreduce":
-            comm.allReduce(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.stream)
-        elif c.coll == "allgather":
-            comm.allGather(c.sendbuf, c.recvbuf, c.count, c.dtype, c.stream)
-        elif c.coll == "reducescatter":
-            comm.reduceScatter(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.stream)
-        elif c.coll == "broadcast":
-            comm.broadcast(c.sendbuf, c.recvbuf, c.count, c.dtype, c.root, c.stream)
-        elif c.coll == "reduce":
-            comm.reduce(c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root, c.stream)
+        bound = self.bind(c)
+        if bound is not None:
+            bound(c.stream)
         elif c.coll == "send":
             comm.send(c.sendbuf, c.count, c.dtype, c.root, c.stream)
         elif c.coll == "recv":
