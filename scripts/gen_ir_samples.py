@@ -82,6 +82,12 @@ SAMPLES: Tuple[Sample, ...] = (
     S("reducescatter_ring_2r_Simple_i64", *A("reducescatter_ring", ranks=2), 64, "Simple", 1 * MiB, None),
     S("alltoall_direct_2r_LL_i16", *A("alltoall_direct", ranks=2), 16, "LL", 0, 256 * KiB),
     S("alltoall_direct_2r_Simple_i64", *A("alltoall_direct", ranks=2), 64, "Simple", 256 * KiB + 1, None),
+    # In place through scratch (one local copy more): NCCL has no in-place all-to-all, so its peer
+    # is the same send/recv group behind a full staging copy (0.67-1.00x for gc3 routing there).
+    S("alltoall_direct_2r_inplace_LL_i16", *A("alltoall_direct", ranks=2, chunks=1, inplace=1), 16, "LL", 0,
+      256 * KiB, oop=False),
+    S("alltoall_direct_2r_inplace_Simple_i64", *A("alltoall_direct", ranks=2, chunks=1, inplace=1), 64, "Simple",
+      256 * KiB + 1, None, oop=False),
     # 4 ranks
     S("allreduce_oneshot_4r_LL", *A("allreduce_oneshot", ranks=4), 1, "LL", 0, 16 * KiB),
     S("allreduce_allpairs_4r_LL", *A("allreduce_allpairs", ranks=4), 1, "LL", 16 * KiB + 1, 256 * KiB),
