@@ -558,12 +558,10 @@ class VirtualRanksRunner:
 def hang(rank: int, seed: int, index: int) -> None:
     """A batch that never finishes: say so, show where the host is, and stop
     (the GPU may be stuck, so nothing after this could be trusted)."""
-    import faulthandler
+    from runtime_cuda.stuck import end_process
 
-    print(f"rank {rank}: HANG: the batch of seed {seed} starting at call #{index} did not finish; "
-          "host stacks follow", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback(all_threads=True)
-    os._exit(3)
+    end_process(f"rank {rank}: HANG: the batch of seed {seed} starting at call #{index} did not finish; "
+                "host stacks follow")
 
 
 def hw_description(cp, ngpus: int) -> str:

@@ -64,6 +64,9 @@ def impl_names(impl: str, peer: str):
 @click.option("-r", "--root", default=0, show_default=True, help="root of broadcast and reduce")
 @click.option("-w", "--warmup", "warmup", default=5, show_default=True, help="untimed calls per case")
 @click.option("-n", "--iters", default=20, show_default=True, help="timed calls per case")
+@click.option("--hang-s", default=60.0, show_default=True,
+              help="a case (one implementation, size and placement) still running after this many seconds "
+                   "ends the run with status 3, naming it (0: wait forever)")
 @click.option("--check/--no-check", default=True, show_default=True, help="compare every output element (#wrong)")
 @click.option("--impl", type=click.Choice(("both", "gc3", "nccl")), default="both", show_default=True)
 @click.option("--peer", type=click.Choice(("default", "symmetric")), default="default", show_default=True,
@@ -73,8 +76,8 @@ def impl_names(impl: str, peer: str):
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="write the rows as CSV (rank 0)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the rows as JSON (rank 0)")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG of busbw vs size (rank 0)")
-def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, check, impl,
-            peer, xml_files, csv_path, json_path, plot_path):
+def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, hang_s, check,
+            impl, peer, xml_files, csv_path, json_path, plot_path):
     """Measure collectives like nccl-tests, gc3 beside NCCL (run under mpirun -np N)."""
     from runtime_cuda.nccl import perf
 
@@ -90,7 +93,7 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
     except ImportError as exc:
         raise click.ClickException(f"gc3 bench needs cupy with NCCL and a GPU ({exc})") from None
     impls = impl_names(impl, peer)
-    cfg = perf_gpu.BenchConfig(collectives, sizes, dtype, op, root, warmup, iters, check, impls)
+    cfg = perf_gpu.BenchConfig(collectives, sizes, dtype, op, root, warmup, iters, check, impls, hang_s)
     host = perf_gpu.Host()
     if not 0 <= root < host.size:
         raise click.UsageError(f"--root {root} is not a rank of {host.size}")

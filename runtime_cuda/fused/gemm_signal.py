@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -41,10 +40,10 @@ from typing import Deque, List, NamedTuple, Optional, Tuple
 from gc3.errors import GC3Error, InputError, RuntimeTimeoutError
 from gc3.units import env_number
 from runtime_cuda import streams
+from runtime_cuda.stuck import end_process
 
 DEFAULT_TIMEOUT_S = 60.0
 KERNELS = ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns", "gc3_stamp")
-EXIT_STUCK = 3
 _GEQ = 0   # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0
 
 _SOURCE = r"""
@@ -300,8 +299,7 @@ class Watchdog:
                 # cuStreamWaitValue32 never returns: the stream cannot drain and
                 # every host synchronization would block, so end the process.
                 msg = self._describe(ident, "stuck (cuStreamWaitValue32)")
-                print(f"gc3 fused watchdog: {msg}; ending the process", file=sys.stderr, flush=True)
-                os._exit(EXIT_STUCK)
+                end_process(f"gc3 fused watchdog: {msg}; ending the process", stacks=False)
 
 
 class Stamp(NamedTuple):

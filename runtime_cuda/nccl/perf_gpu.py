@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from runtime_cuda import streams
+from runtime_cuda import streams, stuck
 
 from . import datacheck
 from .call import REDUCING, Call
@@ -40,6 +40,7 @@ class BenchConfig:
     iters: int = 20
     check: bool = True
     impls: Sequence[str] = ("gc3", "nccl")
+    hang_s: float = 60.0          # a case still running after this ends the process, naming it (0: never)
 
 
 class Host:
@@ -257,8 +258,12 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
             for name, issue in impls.items():
                 row.results[name] = {}
                 for place_name in PLACES:
-                    t, wrong, first, route = run_case(issue, host, cfg, coll, total * es, place_name == "ip",
-                                                      *buffers[name], stream)
+                    what = (f"rank {host.rank}: gc3 bench: {name} {coll} {total * es} bytes "
+                            f"{'in place' if place_name == 'ip' else 'out of place'} did not finish in "
+                            f"{cfg.hang_s:g} s (--hang-s); the GPU work is stuck, so the run ends here")
+                    with stuck.deadline(cfg.hang_s, what):
+                        t, wrong, first, route = run_case(issue, host, cfg, coll, total * es, place_name == "ip",
+                                                          *buffers[name], stream)
                     m = measure(coll, total * es, host.size, t, wrong, route)
                     m.first_wrong = first
                     row.results[name][place_name] = m
