@@ -31,9 +31,14 @@ def originals():
 class NcclFallback:
     """Issues Calls on one cupy.cuda.nccl communicator."""
 
-    def __init__(self, comm, group_fns=None):
+    def __init__(self, comm, group_fns=None, staging=None):
         self.comm = comm
         self._group_fns = group_fns   # (groupStart, groupEnd); NCCL's own when None
+        # staging(nbytes) -> device pointer where an in-place alltoall's input is copied first;
+        # None: a CuPy allocation per call.  NCCL 2.28.9 was seen to hang (2x H200, from 1 MiB per
+        # peer) receiving into a symmetric window while sending from unregistered memory, so a
+        # communicator on windows stages into a window too.
+        self._staging = staging
 
     def _group(self):
         if self._group_fns is None:
@@ -84,16 +89,19 @@ class NcclFallback:
         src = c.sendbuf
         staged = None
         if c.inplace and c.nranks > 1:
-            import cupy
+            if self._staging is not None:
+                src = self._staging(block * c.nranks)
+            else:
+                import cupy
 
-            from runtime_cuda import streams
-            # Allocated under the call's stream so cupy's pool reuses it only
-            # for work ordered after this call on that stream (and without
-            # `with stream:`, which would reset the caller's current stream).
-            with streams.current(streams.wrap(c.stream)):
-                staged = cupy.empty(block * c.nranks, dtype=cupy.uint8)
-            runtime.memcpyAsync(staged.data.ptr, c.sendbuf, block * c.nranks, runtime.memcpyDeviceToDevice, c.stream)
-            src = staged.data.ptr
+                from runtime_cuda import streams
+                # Allocated under the call's stream so cupy's pool reuses it only
+                # for work ordered after this call on that stream (and without
+                # `with stream:`, which would reset the caller's current stream).
+                with streams.current(streams.wrap(c.stream)):
+                    staged = cupy.empty(block * c.nranks, dtype=cupy.uint8)
+                src = staged.data.ptr
+            runtime.memcpyAsync(src, c.sendbuf, block * c.nranks, runtime.memcpyDeviceToDevice, c.stream)
         runtime.memcpyAsync(c.recvbuf + c.rank * block, src + c.rank * block, block,
                             runtime.memcpyDeviceToDevice, c.stream)
         self.group_start()
