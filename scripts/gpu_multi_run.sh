@@ -15,8 +15,8 @@
 #   fused     the fused benchmarks (memory-bound and GEMM), eager and graph
 #   torch     the torch example with backend nccl and gc3
 # Order when time is short (issue 20): multigpu, fuzz, tune, bench, peers, fused, torch.
-# On 2x H200 (2026-11-23): multigpu 2.8 min, fuzz ~5 min, tune 2.3 min, bench 3 min, peers 2.5 min
-# (1 KiB - 64 MiB; to 1 GiB with alltoall and broadcast it passed 200 s), fused 3 min, torch 0.5 min.
+# On 2x H200 (2026-11-23): multigpu 2.8-3.3 min, fuzz ~5 min, tune 2.3 min, bench 3 min, peers 2.5 min
+# (1 KiB - 64 MiB; an alltoall sweep to 1 GiB against NCCL-sym alone: 26 s), fused 3 min, torch 0.5 min.
 set -u
 N=${1:?number of GPUs}; STAGE=${2:?stage (multigpu, suite1, suite2, fuzz, tune, bench, peers, fused, torch)}; T=${3:-240}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -54,7 +54,7 @@ bench)
   timeout 420 $MPI python3 -m runtime_cuda bench -c allreduce,allgather,reducescatter,alltoall,broadcast \
     -b 1K -e 1G -f 4 --csv $O/bench.csv --plot $O/bench.png 2>&1 | tail -80 | tee $O/bench.txt ;;
 peers)
-  timeout 300 $MPI python3 -m runtime_cuda bench --peer symmetric -c allreduce,allgather,reducescatter \
+  timeout 300 $MPI python3 -m runtime_cuda bench --peer symmetric -c allreduce,allgather,reducescatter,alltoall \
     -b 1K -e 64M -f 8 --csv $O/bench_sym.csv 2>&1 | tail -60 | tee $O/bench_sym.txt
   for size in 1KiB 64KiB; do
     timeout 90 $MPI python3 scripts/bench_host_time.py --size $size 2>&1 | tail -8 | tee -a $O/host_time.txt
