@@ -89,8 +89,6 @@ def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout,
 
 
 def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode):
-    import cupy
-
     from runtime_cuda.checking import device_buffers, reference_case, run_checked
     from gc3.units import bus_factor, parse_size
     from runtime_cuda.perf import in_elems_for, nbytes_of
@@ -122,29 +120,41 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
     say = click.echo if lead else (lambda *a, **k: None)
     say(f"{prog.name}: {prog.coll}, {where}, {group.proto} protocol, {dtype} {op}, "
         f"{nbytes} bytes per rank, {'in place' if inplace else 'out of place'}")
+    ins, outs = device_buffers(group, reference_case(prog, n, dtype, op)[0], n, dtype, inplace)
+
+    def report(us):
+        algbw = nbytes / us / 1e3
+        say(f"time {us:.1f} us  algbw {algbw:.2f} GB/s  busbw {algbw * bus_factor(prog.coll, prog.ngpus):.2f} "
+            f"GB/s ({iters} iterations)")
+    _check_and_time(group, lead, lambda: run_checked(group, n, dtype, op, inplace),
+                    lambda: group(ins, outs, op=op, dtype=dtype), report, iters, warmup, check)
+
+
+def _check_and_time(group, lead, checked, call, report, iters, warmup, check) -> None:
+    """The one check-then-time step of `gc3 run`: `checked()` runs one call on seeded data and
+    compares it (when `check`), then `warmup` untimed and `iters` timed calls of `call()`, and
+    `report(us per call)`.  Wrong results raise after the report, so the time is still shown."""
+    import cupy
+
     ok = True
     if check:
-        res = run_checked(group, n, dtype, op, inplace)
+        res = checked()
         ok = res.wrong == 0
         click.echo(f"check{'' if lead else f' (rank {group.ranks[0]})'}: {res.wrong} wrong of "
                    f"{res.checked} elements{'' if ok else ': ' + str(res.first)}")
-    ins, outs = device_buffers(group, reference_case(prog, n, dtype, op)[0], n, dtype, inplace)
     for _ in range(warmup):
-        group(ins, outs, op=op, dtype=dtype)
+        call()
     group.check()
     if hasattr(group, "comm"):
         group.comm.Barrier()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     start.record()
     for _ in range(iters):
-        group(ins, outs, op=op, dtype=dtype)
+        call()
     stop.record()
     stop.synchronize()
     group.check()
-    us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / max(iters, 1)
-    algbw = nbytes / us / 1e3
-    say(f"time {us:.1f} us  algbw {algbw:.2f} GB/s  busbw {algbw * bus_factor(prog.coll, prog.ngpus):.2f} GB/s "
-        f"({iters} iterations)")
+    report(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / max(iters, 1))
     if hasattr(group, "close"):
         group.close()
     if not ok:
@@ -154,8 +164,6 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
 def _run_fused(prog, group, iters, warmup, check, mode):
     """A fused IR: its operator's shapes and dtype are the XML's (--size and --dtype do not
     apply); seeded compute inputs, checked against the unfused reference, then timed."""
-    import cupy
-
     from runtime_cuda.checking import fused_buffers, fused_case, run_fused, run_fused_checked
 
     lead = getattr(group, "rank", 0) == 0
@@ -163,27 +171,6 @@ def _run_fused(prog, group, iters, warmup, check, mode):
     spec = prog.compute
     say(f"{prog.name}: {spec.op} + {prog.coll}, {prog.ngpus} ranks ({mode}), {group.proto} protocol, "
         f"{spec.dtype}, operator inputs {', '.join(f'{n} {list(s)}' for n, s in spec.inputs)}")
-    ok = True
-    if check:
-        res = run_fused_checked(group)
-        ok = res.wrong == 0
-        click.echo(f"check{'' if lead else f' (rank {group.ranks[0]})'}: {res.wrong} wrong of "
-                   f"{res.checked} elements{'' if ok else ': ' + str(res.first)}")
     ins, outs = fused_buffers(group, fused_case(prog)[0])
-    for _ in range(warmup):
-        run_fused(group, ins, outs)
-    group.check()
-    if hasattr(group, "comm"):
-        group.comm.Barrier()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(iters):
-        run_fused(group, ins, outs)
-    stop.record()
-    stop.synchronize()
-    group.check()
-    say(f"time {cupy.cuda.get_elapsed_time(start, stop) * 1e3 / max(iters, 1):.1f} us per call ({iters} iterations)")
-    if hasattr(group, "close"):
-        group.close()
-    if not ok:
-        raise GC3Error("wrong results (see above)")
+    _check_and_time(group, lead, lambda: run_fused_checked(group), lambda: run_fused(group, ins, outs),
+                    lambda us: say(f"time {us:.1f} us per call ({iters} iterations)"), iters, warmup, check)
