@@ -209,3 +209,46 @@ def test_progress_reports_each_decided_size_with_the_time_left(tuned):
     assert len(lines) == decided, output[-2000:]
     last = lines[-1]
     assert last.startswith(f"[{len(lines)}/{len(lines)}]") and "about 0 s left" in last, last
+
+
+def test_time_budget_hands_the_sizes_it_did_not_reach_to_nccl_unmeasured(tmp_path):
+    sizes = [1 << 10, 1 << 16, 1 << 22]
+    now = [0.0]
+
+    class Slow(RingFirst):        # every timing takes 1 s of the budget's clock
+        def time(self, cand, nbytes, inplace):
+            now[0] += 1.0
+            return super().time(cand, nbytes, inplace)
+
+    full = tune.tune(2, 1, ["allreduce", "allgather"], sizes, tune.QUICK, Slow())
+    cost = now[0]
+    now[0] = 0.0
+    results = tune.tune(2, 1, ["allreduce", "allgather"], sizes, tune.QUICK, Slow(),
+                        budget=tune.Budget(cost / 3, clock=lambda: now[0]))
+    assert not any(c.unmeasured for t in full for cs in t.choices.values() for c in cs)
+    for t in results:             # every table got its share: none lost all of its sizes
+        for place, cs in t.choices.items():
+            assert not cs[0].unmeasured, (t.collective, place)
+            assert all(c.winner is None and c.timed == 0 for c in cs if c.unmeasured)
+    prov = tune.provenance(RingFirst(), 2, 1, sizes, tune.QUICK, results, "test")
+    assert prov["unmeasured"] and all(u.split()[0] in ("allreduce", "allgather") for u in prov["unmeasured"])
+    assert "allreduce inplace 4194304" in prov["unmeasured"]
+    catalog = tune.write_catalog(results, tmp_path / "c.json", 2, prov)
+    assert check_config(tmp_path / "c.json")[1] == []
+    assert all(e["max_bytes"] is not None for e in catalog["algorithms"])   # the unmeasured top is NCCL's
+
+
+def test_no_budget_measures_everything():
+    results = tune.tune(2, 1, ["allreduce"], [1 << 10, 1 << 22], tune.QUICK, RingFirst(), budget=tune.Budget(0))
+    assert not any(c.unmeasured for cs in results[0].choices.values() for c in cs)
+
+
+def test_time_budget_option(tmp_path):
+    out = tmp_path / "c.json"
+    res = run("--model-only", "--ranks", 2, *QUICK, "-c", "allgather", "--time-budget", "1e-9", "-o", out)
+    assert res.exit_code == 0, res.output
+    assert "time budget spent" in res.output
+    prov = json.loads(out.read_text())["provenance"]
+    assert prov["unmeasured"] and "--time-budget 1e-09" in prov["command"]
+    res = run("--model-only", "--ranks", 2, "--time-budget", "-1", "-o", out)
+    assert res.exit_code == 2 and "time budget" in res.output

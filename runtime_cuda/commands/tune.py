@@ -41,8 +41,12 @@ def _collectives(ctx, param, value):
 @click.option("-e", "--maxbytes", default=None, help="largest size [default: 1G; measured --quick: 16M]")
 @click.option("-f", "--stepfactor", type=int, help="multiply the size by this each step [default: 4; --quick 64]")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="catalog JSON to write")
+@click.option("--time-budget", type=float, default=0, show_default=True,
+              help="seconds of measuring; the sizes not reached by then go to NCCL, listed as not measured "
+                   "in the catalog's provenance (0: no budget)")
 @click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: beside -o]")
-def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, ir_dir):
+def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, time_budget,
+            ir_dir):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     from gc3.simulator.cost_config import PRESETS
@@ -97,14 +101,17 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
             click.echo(line, err=True)
             sys.stderr.flush()
 
+    if time_budget < 0:
+        raise click.BadParameter(f"{time_budget:g}: a time budget is >= 0 seconds", param_hint="--time-budget")
+    budget = tune.Budget(time_budget, agree=(lambda spent: spent) if host is None else host.bcast)
     try:
-        results = tune.tune(ranks, nodes, colls, sizes, grid, timer, progress)
+        results = tune.tune(ranks, nodes, colls, sizes, grid, timer, progress, budget)
     finally:
         if host is not None:
             timer.close()
     words = ["gc3 tune", "--model-only" if host is None else f"(mpirun -np {ranks})", f"--ranks {ranks}"] + \
         ([f"--nodes {nodes}"] if nodes > 1 else []) + ([f"--cost {cost}"] if host is None else []) + \
-        (["--quick"] if quick else [])
+        (["--quick"] if quick else []) + ([f"--time-budget {time_budget:g}"] if time_budget else [])
     prov = tune.provenance(timer, ranks, nodes, sizes, grid, results, " ".join(words))
     if not lead:
         host.barrier()      # rank 0 writes the catalog
@@ -124,6 +131,9 @@ def _write(results, out: Path, ranks: int, prov: dict, ir_dir, output: str) -> N
         click.echo(line)
     click.echo(f"wrote {output}: {len(catalog['algorithms'])} entries, "
                f"{len({e['file'] for e in catalog['algorithms'] if 'file' in e})} IR files ({prov['nccl']})")
+    if prov["unmeasured"]:
+        click.echo(f"time budget spent: {len(prov['unmeasured'])} (collective, placement, size) decisions left to "
+                   "NCCL unmeasured (provenance 'unmeasured')")
     if prov.get("shippable") is False:
         click.echo(f"NOT SHIPPABLE: {prov['not_shippable']}")
     for label, why in sorted(prov.get("rejected", {}).items()):

@@ -229,17 +229,25 @@ class Choice:
     time_s: Optional[float]         # the winner's (NCCL's when it won)
     nccl_s: Optional[float]
     timed: int                      # candidates timed at this size (the rest were pruned)
+    unmeasured: bool = False        # the time budget ran out before this size: NCCL, untimed
 
 
 def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inplace: bool,
-           coll: str, done: Callable[[Choice], None] = lambda choice: None) -> List[Choice]:
+           coll: str, done: Callable[[Choice], None] = lambda choice: None,
+           out_of_time: Callable[[], bool] = lambda: False) -> List[Choice]:
     """The fastest of `cands` at each size.  Sizes go up, and a candidate's time at
     a smaller size bounds its time at this one from below (a call does not get
     faster as it grows), so candidates whose bound is already slower than the
-    best found are not timed: the slow protocols at large sizes cost nothing."""
+    best found are not timed: the slow protocols at large sizes cost nothing.
+    Once `out_of_time()` (asked before each size; under mpirun every rank must get
+    the same answer) the remaining sizes go to NCCL untimed."""
     bound: Dict[str, float] = {}
     out = []
     for nbytes in sorted(sizes):
+        if out_of_time():
+            out.append(Choice(nbytes, None, None, None, 0, unmeasured=True))
+            done(out[-1])
+            continue
         best: Optional[Tuple[float, Candidate]] = None
         timed = 0
         for cand in sorted(cands, key=lambda c: bound.get(c.label, 0.0)):   # stable: grid order breaks ties
@@ -305,10 +313,32 @@ class Tuned:
 PLACEMENTS = (("inplace", True), ("outofplace", False))
 
 
+class Budget:
+    """`gc3 tune --time-budget`, shared out over the (collective, placement) tables in
+    turn: each gets an equal share of what is left when it starts, so what a quick
+    table leaves passes on, and no collective loses every size to a slow one before
+    it.  `agree(spent)` makes the ranks of a measured tune take one answer (rank 0's)."""
+
+    def __init__(self, seconds: float, agree: Callable[[bool], bool] = lambda spent: spent,
+                 clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.agree, self.clock = seconds, agree, clock
+        self.end = clock() + seconds
+        self.deadline = self.end
+
+    def start_table(self, tables_left: int) -> None:
+        now = self.clock()
+        self.deadline = now + max(self.end - now, 0.0) / max(tables_left, 1)
+
+    def out_of_time(self) -> bool:
+        return self.agree(self.seconds > 0 and self.clock() > self.deadline)
+
+
 def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int], grid: Grid, timer: Timer,
-         progress: Callable[[str], None] = lambda line: None) -> List[Tuned]:
+         progress: Callable[[str], None] = lambda line: None, budget: Optional[Budget] = None) -> List[Tuned]:
     """`progress` gets a line per collective, and one per (collective, placement,
-    size) decided with the time left (at the pace so far)."""
+    size) decided with the time left (at the pace so far).  What the `budget`
+    cuts off (see `choose`) is NCCL's in the catalog and listed as unmeasured."""
+    budget = budget or Budget(0)
     out = []
     begin = time.monotonic()
     steps, total = [0], len(collectives) * len(PLACEMENTS) * len(sizes)
@@ -317,23 +347,25 @@ def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int
         steps[0] += 1
         spent = time.monotonic() - begin
         left = spent / steps[0] * (total - steps[0])
-        what = c.winner.label if c.winner else "NCCL"
+        what = c.winner.label if c.winner else ("NCCL (time budget spent, not measured)" if c.unmeasured else "NCCL")
         at = f" {c.time_s * 1e6:.1f} us" if c.time_s is not None else ""
         progress(f"[{steps[0]}/{total}] {coll} {place} {format_size(c.nbytes)}: {what}{at} "
                  f"({c.timed} timed); {spent:.0f} s spent, about {left:.0f} s left")
 
-    for coll in collectives:
+    for ci, coll in enumerate(collectives):
         start = time.monotonic()
         cands, skipped = candidates(coll, ranks, nodes, grid)
         cands += kernel_candidates(coll, ranks, nodes)
         tuned = Tuned(coll, cands, skipped)
-        for place, inplace in PLACEMENTS:
+        for pi, (place, inplace) in enumerate(PLACEMENTS):
+            budget.start_table((len(collectives) - ci) * len(PLACEMENTS) - pi)
             own = [c for c in cands if c.serves(inplace)]
             if not inplace and (timer.prices_inplace_copy or not [c for c in own if not c.kernel]):
                 own = own + [c for c in cands if not c.serves(False)]     # the runtime copies the input first
             if own:
                 tuned.choices[place] = choose(own, sizes, timer, inplace, coll,
-                                              lambda c, coll=coll, place=place: decided(coll, place, c))
+                                              lambda c, coll=coll, place=place: decided(coll, place, c),
+                                              budget.out_of_time)
             else:
                 total -= len(sizes)
         progress(f"{coll}: {len(cands)} candidates compiled, {len(skipped)} skipped, "
@@ -384,7 +416,8 @@ def entries(results: Sequence[Tuned], ranks: int, file_of: Callable[[Candidate],
 
 def choices_record(results: Sequence[Tuned]) -> Dict[str, Dict[str, List[dict]]]:
     """Per collective and placement, what won at each grid size and by how much, for the provenance."""
-    return {t.collective: {place: [{"bytes": c.nbytes, "algorithm": c.winner.label if c.winner else "NCCL",
+    return {t.collective: {place: [{"bytes": c.nbytes, "algorithm": c.winner.label if c.winner else
+                                    ("NCCL (not measured: time budget spent)" if c.unmeasured else "NCCL"),
                                     "time_us": None if c.time_s is None else round(c.time_s * 1e6, 3),
                                     "nccl_us": None if c.nccl_s is None else round(c.nccl_s * 1e6, 3)}
                                    for c in cs] for place, cs in t.choices.items()}
@@ -421,7 +454,9 @@ def provenance(timer: Timer, ranks: int, nodes: int, sizes: Sequence[int], grid:
     return {"command": command, **timer.provenance(), "ranks": ranks, "nodes": nodes,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "dtype": DTYPE, "root": ROOT, "sizes": list(sizes), "grid": dataclasses.asdict(grid),
-            "choices": choices_record(results)}
+            "choices": choices_record(results),
+            "unmeasured": [f"{t.collective} {place} {c.nbytes}" for t in results
+                           for place, cs in t.choices.items() for c in cs if c.unmeasured]}
 
 
 def summary(results: Sequence[Tuned]) -> List[str]:
@@ -456,5 +491,5 @@ def check_shape(ranks: int, nodes: int) -> None:
         raise InputError(f"--nodes {nodes}: must divide --ranks {ranks} (ranks = nodes x GPUs per node)")
 
 
-__all__ = ["COLLECTIVES", "FULL", "QUICK", "Candidate", "Choice", "Grid", "ModelTimer", "Timer", "Tuned",
+__all__ = ["COLLECTIVES", "FULL", "QUICK", "Budget", "Candidate", "Choice", "Grid", "ModelTimer", "Timer", "Tuned",
            "applicable", "candidates", "choose", "ranges", "tune", "write_catalog"]
