@@ -67,6 +67,15 @@ class ScheduleError(LoweringError):
     """An illegal manual channel/threadblock assignment or an impossible schedule."""
 
 
+class TooManyThreadblocks(ScheduleError):
+    """The schedule needs more threadblocks per rank than the runtime allows:
+    `per_instance` of them times the instance count exceeds `max_tbs`."""
+
+    def __init__(self, message: str, per_instance: int, max_tbs: int):
+        super().__init__(message)
+        self.per_instance, self.max_tbs = per_instance, max_tbs
+
+
 # --- IR -------------------------------------------------------------------
 class IRFormatError(InputError):
     """Malformed XML IR: names the element, attribute and line."""

@@ -252,3 +252,13 @@ def test_time_budget_option(tmp_path):
     assert prov["unmeasured"] and "--time-budget 1e-09" in prov["command"]
     res = run("--model-only", "--ranks", 2, "--time-budget", "-1", "-o", out)
     assert res.exit_code == 2 and "time budget" in res.output
+
+
+def test_an_instance_count_over_the_threadblock_limit_becomes_the_widest_that_fits():
+    cands, skipped = tune.candidates("alltoall", 4, 1, tune.QUICK)     # grid 1, 4, 64
+    names = {c.label for c in cands}
+    # direct at 4 ranks: 6 threadblocks per instance, so 64 needs 384 > 128 and 16 (96) is the widest
+    assert {"alltoall_direct_4r_Simple_i16", "alltoall_direct_4r_inplace_LL_i16"} <= names
+    assert not any(n.endswith("_i64") for n in names)
+    assert any(s.startswith("alltoall_direct_4r_Simple_i64:") and "max_tbs=128" in s for s in skipped)
+    assert all(c.program.ngpus == 4 and c.instances == 16 for c in cands if c.label.endswith("_i16"))

@@ -43,7 +43,7 @@ from heapq import heappop, heappush
 from typing import Dict, List, Optional, Tuple
 
 from .channels import ChannelAssignment
-from ..errors import ScheduleError
+from ..errors import ScheduleError, TooManyThreadblocks
 from ..ir.opcodes import OPCODES, RECVS, SENDS
 from .instruction_dag import Instr, InstrDAG, depths
 
@@ -213,10 +213,10 @@ def assign_threadblocks(channels: ChannelAssignment, *, slots: int, max_tbs: Opt
     k = dag.plan.instances
     for rank, rank_tbs in enumerate(shapes.tbs):
         if max_tbs is not None and len(rank_tbs) * k > max_tbs:
-            raise ScheduleError(
+            raise TooManyThreadblocks(
                 f"rank {rank} needs {len(rank_tbs) * k} threadblocks ({len(rank_tbs)} per instance x {k} "
                 f"instances) but max_tbs={max_tbs}; use fewer instances, channels or peers per rank, "
-                f"or raise --max-tbs")
+                f"or raise --max-tbs", len(rank_tbs), max_tbs)
     return BlockSchedule(dag=dag, chan=chan, nchannels=channels.nchannels, per_instance=channels.per_instance,
                     tbs=shapes.tbs, tb_of=shapes.tb_of, order=order)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from gc3 import limits
-from gc3.errors import GC3Error, InputError
+from gc3.errors import GC3Error, InputError, TooManyThreadblocks
 from gc3.ir import PROTOCOLS, Program
 
 from . import library
@@ -131,12 +131,26 @@ def specs(coll: str, ranks: int, nodes: int, grid: Grid) -> List[Tuple[str, libr
 
 def candidates(coll: str, ranks: int, nodes: int, grid: Grid) -> Tuple[List[Candidate], List[str]]:
     """The candidates that compile, and one line per one that does not (too many
-    threadblocks for the runtime's limits at that instance count, ...)."""
+    threadblocks for the runtime's limits at that instance count, ...).  An
+    instance count with too many threadblocks is replaced by the largest power of
+    two that fits, when the grid does not have that one already: the widest
+    direct programs at 4+ ranks stop at 16, which a grid of 1, 4, 64 would miss."""
     good, skipped = [], []
-    for name, alg, values, k, proto in specs(coll, ranks, nodes, grid):
+    todo = specs(coll, ranks, nodes, grid)
+    names = {s[0] for s in todo}
+    while todo:
+        name, alg, values, k, proto = todo.pop(0)
         argv = alg.argv(**values)
         try:
             traced, prog = library.compile_program(alg.name, argv, k, proto)
+        except TooManyThreadblocks as exc:
+            skipped.append(f"{name}: {exc}")
+            fit = 1 << ((exc.max_tbs // exc.per_instance).bit_length() - 1) if exc.max_tbs >= exc.per_instance else 0
+            wider = label(alg, values, fit, proto)
+            if fit and wider not in names:
+                names.add(wider)
+                todo.insert(0, (wider, alg, values, fit, proto))
+            continue
         except GC3Error as exc:
             skipped.append(f"{name}: {exc}")
             continue
