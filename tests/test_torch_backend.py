@@ -314,8 +314,9 @@ class HostComm:
         barrier.wait()
         parts = list(slots)
         barrier.wait()
-        red = {"sum": np.add, "max": np.maximum}
-        total = None if op is None else red[OP_NAMES[op]].reduce(np.stack(parts))
+        from gc3.ir.epilogue import avg_divide
+        red = {"sum": np.add.reduce, "max": np.maximum.reduce, "avg": lambda a: avg_divide(np.add.reduce(a), n)}
+        total = None if op is None else red[OP_NAMES[op]](np.stack(parts))
         out = {"allreduce": lambda: total, "allgather": lambda: np.concatenate(parts),
                "reducescatter": lambda: total[rank * count:(rank + 1) * count],
                "alltoall": lambda: np.concatenate([p[rank * count:(rank + 1) * count] for p in parts]),
@@ -437,6 +438,35 @@ def test_the_cuda_path_glue_is_exact_on_host_memory(n, multiple):
     assert [r for r, _ in results] == ["ok"] * n
     counts = [c for _, c in results[0][1]]
     assert (256 in counts) == (multiple == 4) and all(c % multiple == 0 for c in counts), counts
+
+
+@needs_torch
+def test_avg_is_nccls_avg_and_premul_sum_keeps_a_non_roots_input():
+    """AVG reaches gc3 as NCCL's avg op (integers truncate toward zero, as torch's
+    NCCL backend gives them); a reduce's PREMUL_SUM scales a copy, so a non-root's
+    tensor is left as it was, as with NCCL."""
+    n = 3
+
+    def body(pg, r):
+        x = torch.tensor([-7, 7, 5, -100, 2 ** 30], dtype=torch.int32) * (r + 1)
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.AVG
+        pg.allreduce([x], o)
+        # sums -42, 42, 30, -600, 6 * 2**30 (wrapped to -2**31 + 2**31 ... as int32), each / 3 toward zero
+        total = (torch.tensor([-7, 7, 5, -100, 2 ** 30], dtype=torch.int64) * 6).to(torch.int32)
+        assert torch.equal(x, torch.div(total, 3, rounding_mode="trunc")), x
+        b = torch.tensor([True, False])
+        with pytest.raises(ValueError, match="AVG on bool"):
+            pg.allreduce([b], o)
+        ro = dist.ReduceOptions()
+        ro.rootRank = 1
+        ro.reduceOp = dist._make_nccl_premul_sum(0.5)
+        x = val(r, 4)
+        pg.reduce([x], ro)
+        assert torch.equal(x, sum(val(q, 4) for q in range(n)) * 0.5 if r == 1 else val(r, 4)), (r, x)
+        return "ok"
+
+    assert [r for r, _ in run_threads(n, body)] == ["ok"] * n
 
 
 @needs_torch

@@ -210,19 +210,24 @@ class Gc3ProcessGroup(ProcessGroup):
     def _capturing() -> bool:
         return torch.cuda.is_current_stream_capturing()
 
-    def _reduce_op(self, reduce_op, what: str):
-        """gc3's op name and the scale torch applies around it: AVG is a sum divided
-        after; PREMUL_SUM is the inputs scaled first (into a copy), then a sum."""
+    def _reduce_op(self, reduce_op, what: str, dtype: torch.dtype):
+        """gc3's op name, and the factor PREMUL_SUM scales the inputs by first (into
+        a copy where the input must survive).  AVG is NCCL's own avg op (the drop-in
+        applies ncclAvg's rule: integers truncate toward zero), as torch's NCCL
+        backend passes it."""
         kind = getattr(reduce_op, "op", reduce_op)
         if kind in _OPS:
-            return _OPS[kind], None, None
+            return _OPS[kind], None
         if kind == dist.ReduceOp.AVG:
-            return "sum", None, 1.0 / self._size
+            if dtype == torch.bool:
+                raise ValueError(f"gc3 {what}: rank {self._rank}: ReduceOp.AVG on bool tensors is not defined "
+                                 "(torch's NCCL backend refuses it too)")
+            return "avg", None
         if kind == dist.ReduceOp.PREMUL_SUM:
             factor = _premul_factor(reduce_op)
             if not isinstance(factor, (int, float)):
                 raise ValueError(f"gc3 {what}: rank {self._rank}: PREMUL_SUM with a tensor factor is not served")
-            return "sum", float(factor), None
+            return "sum", float(factor)
         raise ValueError(f"gc3 {what}: rank {self._rank}: reduce op {kind} is not served (sum, prod, max, min, "
                          "avg, premul_sum are)")
 
@@ -243,13 +248,11 @@ class Gc3ProcessGroup(ProcessGroup):
         comm = self._cuda(tensors, "allreduce")
         if comm is None:
             return self._gloo.allreduce(tensors, opts)
-        op, pre, post = self._reduce_op(opts.reduceOp, "allreduce")
         for t in tensors:
+            op, pre = self._reduce_op(opts.reduceOp, "allreduce", t.dtype)
             if pre is not None:
                 t.mul_(pre)
             self._submit(comm, "allreduce", t, t, t.numel(), op)
-            if post is not None:
-                t.mul_(post)
         return self._work(tensors)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts=None):
@@ -313,12 +316,10 @@ class Gc3ProcessGroup(ProcessGroup):
         if output.dtype != input.dtype or input.numel() != output.numel() * self._size:
             raise ValueError(f"gc3 reduce_scatter_tensor: rank {self._rank}: input needs {self._size} x "
                              f"{output.numel()} {output.dtype} elements, got {input.numel()} {input.dtype}")
-        op, pre, post = self._reduce_op(opts.reduceOp, "reduce_scatter")
+        op, pre = self._reduce_op(opts.reduceOp, "reduce_scatter", input.dtype)
         if pre is not None:
             input = input * pre
         self._submit(comm, "reducescatter", input, output, output.numel(), op)
-        if post is not None:
-            output.mul_(post)
         return self._work([output])
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts=None):
@@ -428,11 +429,11 @@ class Gc3ProcessGroup(ProcessGroup):
             whole = torch.cat([t.reshape(-1) for t in input_tensors[0]])
         else:
             whole = out.new_empty(self._size * k)
-        self._rooted(comm, "broadcast", whole, None, root)
+        self._rooted(comm, "broadcast", whole, whole, None, root)
         out.copy_(whole[self._rank * k:(self._rank + 1) * k].view_as(out))
         return self._work(output_tensors)
 
-    def _rooted(self, comm, coll, t, op, root) -> None:
+    def _rooted(self, comm, coll, send, t, op, root) -> None:
         """A broadcast or reduce; where gc3 has no algorithm for it (catalogs hold
         root-0 programs) and no NCCL stands behind, an all_reduce does the same:
         non-roots contribute zeros to a broadcast (x + 0 is x, but for a zero's sign), and a reduce sums
@@ -440,7 +441,7 @@ class Gc3ProcessGroup(ProcessGroup):
         (selection depends on the call alone), so all take the same path."""
         from runtime_cuda.nccl.fallback import NoFallback
         try:
-            self._submit(comm, coll, t, t, t.numel(), op, root=root)
+            self._submit(comm, coll, send, t, t.numel(), op, root=root)
             return
         except NoFallback as exc:
             _log().info("gc3 torch backend, rank %d: %s root %d as an all_reduce (%s)", self._rank, coll, root, exc)
@@ -449,7 +450,7 @@ class Gc3ProcessGroup(ProcessGroup):
                 t.zero_()
             self._submit(comm, "allreduce", t, t, t.numel(), "sum")
         else:
-            acc = t.clone()
+            acc = send.clone()
             self._submit(comm, "allreduce", acc, acc, acc.numel(), op)
             if self._rank == root:
                 t.copy_(acc)
@@ -460,7 +461,7 @@ class Gc3ProcessGroup(ProcessGroup):
         if comm is None:
             return self._gloo.broadcast(tensors, opts)
         for t in tensors:
-            self._rooted(comm, "broadcast", t, None, opts.rootRank)
+            self._rooted(comm, "broadcast", t, t, None, opts.rootRank)
         return self._work(tensors)
 
     def reduce(self, tensors: List[torch.Tensor], opts=None):
@@ -468,13 +469,10 @@ class Gc3ProcessGroup(ProcessGroup):
         comm = self._cuda(tensors, "reduce")
         if comm is None:
             return self._gloo.reduce(tensors, opts)
-        op, pre, post = self._reduce_op(opts.reduceOp, "reduce")
         for t in tensors:
-            if pre is not None:
-                t.mul_(pre)
-            self._rooted(comm, "reduce", t, op, opts.rootRank)
-            if post is not None and self._rank == opts.rootRank:
-                t.mul_(post)
+            op, pre = self._reduce_op(opts.reduceOp, "reduce", t.dtype)
+            # A non-root's tensor is input only: scaled into a copy, so it survives.
+            self._rooted(comm, "reduce", t if pre is None else t * pre, t, op, opts.rootRank)
         return self._work(tensors)
 
     def _p2p(self, kind: str, tensors: List[torch.Tensor], peer: int, tag: int):

@@ -111,6 +111,8 @@ def reduce_ops(dtype):
         twice = [x * 2 for x in xs]                              # AVG of even sums is exact
         cases += [(dist.ReduceOp.AVG, twice, sum(twice) / world),
                   (dist._make_nccl_premul_sum(2.0), xs, 2 * sum(xs))]
+    if not dtype.is_floating_point and on == "cuda":     # NCCL's integer avg: the sum divided toward zero
+        cases.append((dist.ReduceOp.AVG, xs, torch.div(sum(xs), world, rounding_mode="trunc")))
     for op, inputs, want in cases:
         x = inputs[rank].to(dtype).to(dev, copy=True)
         dist.all_reduce(x, op=op)
