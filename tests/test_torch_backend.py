@@ -338,7 +338,9 @@ def run_threads(n, body, multiple=1, host=None):
             pg = Gc3ProcessGroup(dist.PrefixStore("pg/", store), r, n, timedelta(seconds=60))
             comm = (host or HostComm)(n, shared, multiple)
             comm.rank = r
-            pg._cuda = lambda tensors, what: comm
+            # the CUDA path's checks on these host tensors, then the host communicator
+            pg._cuda = lambda tensors, what, copied=(), pg=pg: (
+                pg._check_layout(list(tensors) + list(copied), what, copied), comm)[1]
             pg._stream = lambda: 0
             pg._capturing = lambda: False
             pg._splits = StoreExchange(dist.PrefixStore("splits/", store), r, n)
@@ -464,6 +466,32 @@ def test_avg_is_nccls_avg_and_premul_sum_keeps_a_non_roots_input():
         x = val(r, 4)
         pg.reduce([x], ro)
         assert torch.equal(x, sum(val(q, 4) for q in range(n)) * 0.5 if r == 1 else val(r, 4)), (r, x)
+        return "ok"
+
+    assert [r for r, _ in run_threads(n, body)] == ["ok"] * n
+
+
+@needs_torch
+def test_list_outputs_and_inputs_may_be_strided_views_as_with_nccl():
+    """torch's NCCL backend stages list outputs (all_gather, gather, all_to_all) and list
+    inputs (reduce_scatter, scatter, all_to_all) through a flat buffer, so they may be
+    views such as the columns of a matrix; single-tensor calls still need contiguous ones."""
+    n = 2
+    R = range(n)
+
+    def body(pg, r):
+        cols = torch.zeros(4, n)
+        pg.allgather([[cols[:, q] for q in R]], [val(r, 4)], AllgatherOptions())
+        assert torch.equal(cols, torch.stack([val(q, 4) for q in R], dim=1)), cols
+        src = torch.stack([val(r, 3 * n)[3 * q:3 * q + 3] for q in R], dim=1)      # column q: block q
+        out = torch.empty(3)
+        pg.reduce_scatter([out], [[src[:, q] for q in R]], dist.ReduceScatterOptions())
+        assert torch.equal(out, sum(val(q, 3 * n) for q in R)[3 * r:3 * r + 3])
+        got = torch.zeros(2, n)
+        pg.alltoall([got[:, q] for q in R], [val(r, 2 * n)[2 * q:2 * q + 2] for q in R], dist.AllToAllOptions())
+        assert torch.equal(got, torch.stack([val(q, 2 * n)[2 * r:2 * r + 2] for q in R], dim=1))
+        with pytest.raises(ValueError, match="contiguous"):
+            pg.allreduce([torch.zeros(4, 2)[:, 0]], dist.AllreduceOptions())
         return "ok"
 
     assert [r for r, _ in run_threads(n, body)] == ["ok"] * n

@@ -91,28 +91,43 @@ class Gc3ProcessGroup(ProcessGroup):
         return getattr(self._comm, "served", {})
 
     # --- the CUDA communicator --------------------------------------------------
-    def _cuda(self, tensors, what: str):
+    def _cuda(self, tensors, what: str, copied=()):
         """The communicator for these tensors' GPU, built on first use; None when
-        they are CPU tensors (gloo's).  Mixed or unsupported tensors raise."""
-        devices = {t.device for t in tensors}
-        if len(devices) != 1:
-            raise ValueError(f"gc3 {what}: rank {self._rank}: tensors on several devices {sorted(map(str, devices))}")
-        device = devices.pop()
+        they are CPU tensors (gloo's).  Mixed or unsupported tensors raise.
+        `copied`: tensors that reach gc3 only through a staging copy (list outputs
+        and inputs, as torch's NCCL backend stages them), so may be strided views."""
+        device = self._device_of(tensors, what, copied)
         if device.type == "cpu":
             return None
-        if device.type != "cuda":
-            raise ValueError(f"gc3 {what}: rank {self._rank}: gc3 serves CUDA tensors, got {device}")
-        for t in tensors:
-            if t.dtype not in _DTYPES:
-                raise ValueError(f"gc3 {what}: rank {self._rank}: dtype {t.dtype} is not one NCCL has")
-            if not t.is_contiguous():
-                raise ValueError(f"gc3 {what}: rank {self._rank}: tensors must be contiguous")
         if self._comm is None:
             self._comm = self._connect(device)
         elif device != self._device:
             raise ValueError(f"gc3 {what}: rank {self._rank}: this group runs on {self._device}, got a tensor on "
                              f"{device}")
         return self._comm
+
+    def _device_of(self, tensors, what: str, copied=()) -> torch.device:
+        """The one device of the call's tensors; CUDA tensors must have a dtype NCCL
+        has and, but for `copied`, be contiguous."""
+        tensors = list(tensors) + list(copied)
+        devices = {t.device for t in tensors}
+        if len(devices) != 1:
+            raise ValueError(f"gc3 {what}: rank {self._rank}: tensors on several devices {sorted(map(str, devices))}")
+        device = devices.pop()
+        if device.type == "cpu":
+            return device
+        if device.type != "cuda":
+            raise ValueError(f"gc3 {what}: rank {self._rank}: gc3 serves CUDA tensors, got {device}")
+        self._check_layout(tensors, what, copied)
+        return device
+
+    def _check_layout(self, tensors, what: str, copied=()) -> None:
+        staged = {id(t) for t in copied}
+        for t in tensors:
+            if t.dtype not in _DTYPES:
+                raise ValueError(f"gc3 {what}: rank {self._rank}: dtype {t.dtype} is not one NCCL has")
+            if not t.is_contiguous() and id(t) not in staged:
+                raise ValueError(f"gc3 {what}: rank {self._rank}: tensors must be contiguous")
 
     def _connect(self, device: torch.device):
         import cupy
@@ -294,7 +309,7 @@ class Gc3ProcessGroup(ProcessGroup):
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts=None):
         flat_outs = [t for group in output_tensors for t in group]
-        if self._cuda(input_tensors + flat_outs, "allgather") is None:
+        if self._cuda(input_tensors, "allgather", copied=flat_outs) is None:
             return self._gloo.allgather(output_tensors, input_tensors, opts or AllgatherOptions())
         for outs, inp in zip(output_tensors, input_tensors):
             if len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
@@ -324,7 +339,7 @@ class Gc3ProcessGroup(ProcessGroup):
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts=None):
         flat_ins = [t for group in input_tensors for t in group]
-        if self._cuda(output_tensors + flat_ins, "reduce_scatter") is None:
+        if self._cuda(output_tensors, "reduce_scatter", copied=flat_ins) is None:
             return self._gloo.reduce_scatter(output_tensors, input_tensors, opts or ReduceScatterOptions())
         for out, ins in zip(output_tensors, input_tensors):
             if len(ins) != self._size or any(i.numel() != out.numel() for i in ins):
@@ -372,7 +387,7 @@ class Gc3ProcessGroup(ProcessGroup):
     def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor], opts=None):
         """dist.all_to_all: tensor p goes to rank p, output q came from rank q; as one
         all_to_all_single over the flattened lists (sizes may differ per peer)."""
-        if self._cuda(output_tensors + input_tensors, "all_to_all") is None:
+        if self._cuda((), "all_to_all", copied=output_tensors + input_tensors) is None:
             return self._gloo.alltoall(output_tensors, input_tensors, opts or AllToAllOptions())
         n = self._size
         if len(output_tensors) != n or len(input_tensors) != n:
@@ -393,7 +408,7 @@ class Gc3ProcessGroup(ProcessGroup):
         """dist.gather: an all-gather of which only the root keeps the result."""
         opts = opts if opts is not None else GatherOptions()
         flat_outs = [t for group in output_tensors for t in group]
-        if self._cuda(input_tensors + flat_outs, "gather") is None:
+        if self._cuda(input_tensors, "gather", copied=flat_outs) is None:
             return self._gloo.gather(output_tensors, input_tensors, opts)
         if len(input_tensors) != 1:
             raise ValueError(f"gc3 gather: rank {self._rank}: needs one input tensor, got {len(input_tensors)}")
@@ -414,7 +429,7 @@ class Gc3ProcessGroup(ProcessGroup):
         """dist.scatter: the root's list broadcast as one tensor, each rank keeping its part."""
         opts = opts if opts is not None else ScatterOptions()
         flat_ins = [t for group in input_tensors for t in group]
-        comm = self._cuda(output_tensors + flat_ins, "scatter")
+        comm = self._cuda((), "scatter", copied=output_tensors + flat_ins)
         if comm is None:
             return self._gloo.scatter(output_tensors, input_tensors, opts)
         if len(output_tensors) != 1:
