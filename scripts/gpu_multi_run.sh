@@ -5,7 +5,7 @@
 #   multigpu  the tests that need >= 2 GPUs (the one-GPU part of the suite runs on any GPU)
 #   suite1    the GPU suite, first half (torch, small allreduce, epilogue, fused, dtypes, virtual)
 #   suite2    the GPU suite, the rest
-#   fuzz      differential fuzz against NCCL (default catalog, then every sample as LL128),
+#   fuzz      differential fuzz against NCCL (default catalog, then every sample and library algorithm as LL128),
 #             and the training-style loop
 #   bench     gc3 bench through the drop-in (5 collectives, 1 KiB - 1 GiB, default catalog)
 #   tune      gc3 tune --quick to 1 GiB within a 7-minute budget (2.3 min on 2 GPUs before its grid gained

@@ -276,17 +276,32 @@ def test_fuzz_lines_fold_into_one():
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_ll128_config_lists_every_sample_for_n_ranks(n, monkeypatch, tmp_path):
+def test_ll128_config_serves_every_sample_and_library_algorithm_for_n_ranks(n, monkeypatch, tmp_path):
     import json
 
     import ll128_config
+    from runtime_cuda.nccl import library
     from runtime_cuda.nccl.catalog import load_catalog
 
-    cfg = ll128_config.config(n)
+    cfg = ll128_config.config(n, ir_dir=tmp_path / "ir")
+    entries = cfg["algorithms"]
     index = json.loads((ROOT / "ir_samples" / "index.json").read_text())["algorithms"]
-    assert len(cfg["algorithms"]) == sum(e["ranks"] == n and "file" in e for e in index)
+    served = {Path(e["file"]).name for e in entries}
+    assert {e["file"] for e in index if e["ranks"] == n and "file" in e} <= served
+    algs = {a.name for a in library.ALGORITHMS.values() if a.fits(n) and not a.multinode}
+    assert algs <= {f.split(f"_{n}r")[0] for f in served}, algs - {f.split(f"_{n}r")[0] for f in served}
+    # per collective and placement the bands tile every size once, in-place entries first
+    seen_oop = False
+    for coll in {e["collective"] for e in entries}:
+        for oop in (False, True):
+            mine = [e for e in entries if e["collective"] == coll and e["outofplace"] == oop]
+            assert [e["min_bytes"] for e in mine] == [ll128_config.band(k)[0] for k in range(len(mine))]
+            assert mine[-1]["max_bytes"] is None and len(mine) == ll128_config.BANDS
+    for e in entries:
+        seen_oop = seen_oop or e["outofplace"]
+        assert e["outofplace"] or not seen_oop
     path = tmp_path / "ll128.json"
     path.write_text(json.dumps(cfg))
     env = {"GC3_CONFIG": str(path), "GC3_CACHE_DIR": str(tmp_path / "cache")}
     cands = load_catalog(env).candidates
-    assert len(cands) == len(cfg["algorithms"]) and {c.program.proto for c in cands} == {"LL128"}
+    assert len(cands) == len(entries) and {c.program.proto for c in cands} == {"LL128"}
