@@ -305,3 +305,19 @@ def test_ll128_config_serves_every_sample_and_library_algorithm_for_n_ranks(n, m
     env = {"GC3_CONFIG": str(path), "GC3_CACHE_DIR": str(tmp_path / "cache")}
     cands = load_catalog(env).candidates
     assert len(cands) == len(entries) and {c.program.proto for c in cands} == {"LL128"}
+
+
+def test_the_fuzz_line_names_the_catalog_by_content(tmp_path):
+    from runtime_cuda.nccl.catalog import DEFAULT_INDEX
+
+    import hashlib
+    own = tmp_path / "mine.json"
+    own.write_text('{"version": 1, "algorithms": []}')
+    assert fz.catalog_name({}) == "index:" + hashlib.sha1(DEFAULT_INDEX.read_bytes()).hexdigest()[:8]
+    assert fz.catalog_name({"GC3_CONFIG": str(own)}).startswith("mine.json:")
+    assert fz.catalog_name({"GC3_CONFIG": str(tmp_path / "gone.json")}) == "gone.json:unreadable"
+    assert fz.catalog_name({"GC3_XML_FILES": "a.xml"}).endswith("+xml_files")
+    line = ("fuzz mode=processes gpus=2 ranks=2 calls=5 gc3_served=3 mismatches=0 hangs=0 max_bytes=64 streams=1 "
+            f"seed=1..1 catalog={fz.catalog_name({})} hw=2xH200 cuda=13.2 nccl=2.28.9 date=2026-11-23")
+    import fuzz_sum
+    assert fuzz_sum.parse(line)["catalog"].startswith("index:")
