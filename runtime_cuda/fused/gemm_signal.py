@@ -100,13 +100,17 @@ def _kernel(name: str):
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def _driver():
-    """cuda.bindings' driver module, or None where it does not import."""
+    """cuda.bindings' driver module, or None where it does not import or finds no
+    driver to call (cuda-bindings arrives with torch's wheels on machines without
+    a GPU; its import succeeds there and its first call fails)."""
     try:
         from cuda.bindings import driver
-    except Exception:   # absent, or a build that does not match the installed driver
+        err, _ = driver.cuDriverGetVersion()
+    except Exception:   # absent, a build that does not match the installed driver, or no libcuda
         return None
-    return driver
+    return driver if err == driver.CUresult.CUDA_SUCCESS else None
 
 
 def _choice(var: str, env) -> str:
@@ -114,13 +118,14 @@ def _choice(var: str, env) -> str:
     if raw not in ("", "driver", "kernel"):
         raise InputError(f"environment variable {var}={raw!r}: expected 'driver' or 'kernel'")
     if raw == "driver" and _driver() is None:
-        raise InputError(f"{var}=driver, but cuda.bindings does not import here (pip package cuda-bindings)")
+        raise InputError(f"{var}=driver, but cuda.bindings does not import here or finds no CUDA driver "
+                         "(pip package cuda-bindings)")
     return raw
 
 
 def release_backend(env=None) -> str:
     """How flags are released: 'driver' (cuStreamWriteValue32) where
-    cuda.bindings imports, else 'kernel'; GC3_FUSED_RELEASE overrides."""
+    cuda.bindings imports and finds a driver, else 'kernel'; GC3_FUSED_RELEASE overrides."""
     env = os.environ if env is None else env
     return _choice("GC3_FUSED_RELEASE", env) or ("driver" if _driver() is not None else "kernel")
 
