@@ -677,3 +677,14 @@ def test_a_one_rank_group_copies_without_the_communicator():
 
     (result, counts), = run_threads(1, body)
     assert result == "ok" and counts == [], counts
+
+
+@needs_torch
+def test_the_host_time_benchmark_runs_every_case():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_torch_host.py"), "--calls", "20"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [l.split() for l in out.stdout.splitlines() if l and not l.startswith("#")]
+    assert [" ".join(r[:-1]) for r in rows] == ["all_reduce SUM", "all_reduce AVG", "all_gather_into_tensor",
+                                                "reduce_scatter_tensor"]
+    assert all(float(r[-1]) > 0 for r in rows)

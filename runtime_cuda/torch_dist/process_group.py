@@ -30,6 +30,8 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOpti
                                         ReduceScatterOptions, ScatterOptions, _create_work_from_future)
 
 from gc3.errors import CommunicatorError
+from runtime_cuda.nccl.constants import DTYPE_CODES, OP_CODES
+from runtime_cuda.nccl.fallback import NoFallback
 
 from . import names
 
@@ -38,8 +40,10 @@ _DTYPES = {torch.int8: "int8", torch.uint8: "uint8", torch.int32: "int32", torch
            torch.bfloat16: "bfloat16", torch.bool: "uint8"}
 # torch >= 2.3 has uint32/uint64 as limited dtypes (tensors, no arithmetic of their own): gc3 reduces them.
 _DTYPES.update({getattr(torch, name): name for name in ("uint32", "uint64") if hasattr(torch, name)})
-_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MAX: "max",
-        dist.ReduceOp.MIN: "min"}
+# Keyed by the op's integer: hashing torch's pybind enum costs about 3 us a lookup, on every call.
+_OPS = {int(dist.ReduceOp.SUM): "sum", int(dist.ReduceOp.PRODUCT): "prod", int(dist.ReduceOp.MAX): "max",
+        int(dist.ReduceOp.MIN): "min"}
+_AVG, _PREMUL_SUM = int(dist.ReduceOp.AVG), int(dist.ReduceOp.PREMUL_SUM)
 # bool tensors travel as uint8 (as NCCL's process group sends them), where a sum
 # is a logical or and a product a logical and.
 _BOOL_OPS = {"sum": "max", "prod": "min"}
@@ -180,8 +184,6 @@ class Gc3ProcessGroup(ProcessGroup):
 
     def _submit(self, comm, coll, send, recv, count, op=None, root=0, padded=False) -> None:
         """One call on contiguous tensors (None where the call has no such buffer)."""
-        from runtime_cuda.nccl.constants import DTYPE_CODES, OP_CODES
-        from runtime_cuda.nccl.fallback import NoFallback
         if count == 0:
             return   # nothing moves (NCCL's count-0 calls are no-ops too)
         if self._size == 1 and coll in _BLOCKS:
@@ -231,14 +233,16 @@ class Gc3ProcessGroup(ProcessGroup):
         applies ncclAvg's rule: integers truncate toward zero), as torch's NCCL
         backend passes it."""
         kind = getattr(reduce_op, "op", reduce_op)
-        if kind in _OPS:
-            return _OPS[kind], None
-        if kind == dist.ReduceOp.AVG:
+        code = int(kind)
+        name = _OPS.get(code)
+        if name is not None:
+            return name, None
+        if code == _AVG:
             if dtype == torch.bool:
                 raise ValueError(f"gc3 {what}: rank {self._rank}: ReduceOp.AVG on bool tensors is not defined "
                                  "(torch's NCCL backend refuses it too)")
             return "avg", None
-        if kind == dist.ReduceOp.PREMUL_SUM:
+        if code == _PREMUL_SUM:
             factor = _premul_factor(reduce_op)
             if not isinstance(factor, (int, float)):
                 raise ValueError(f"gc3 {what}: rank {self._rank}: PREMUL_SUM with a tensor factor is not served")
@@ -454,7 +458,6 @@ class Gc3ProcessGroup(ProcessGroup):
         non-roots contribute zeros to a broadcast (x + 0 is x, but for a zero's sign), and a reduce sums
         into a copy that only the root keeps.  Every rank gets the same refusal
         (selection depends on the call alone), so all take the same path."""
-        from runtime_cuda.nccl.fallback import NoFallback
         try:
             self._submit(comm, coll, send, t, t.numel(), op, root=root)
             return
