@@ -148,27 +148,37 @@ dist.destroy_process_group()
 """
 
 
+HOOKED = ["-c", "import runtime_cuda.startup, runpy, sys; sys.argv = sys.argv[1:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')"]
+
+
+def spawn_ranks(program, n, tmp_path, env, *flags, timeout=240, says=None):
+    """`python *program RANK N STORE *flags` for every rank; each must exit 0 and, with
+    `says`, print says.format(rank=R).  Returns the ranks' outputs."""
+    procs = [subprocess.Popen([sys.executable, *program, str(r), str(n), str(tmp_path / "store"), *flags],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"a rank hung (past {timeout} s); output so far:\n{[p.communicate()[0][-3000:] for p in procs]}")
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and (says is None or says.format(rank=r) in out), \
+            f"rank {r} (exit {p.returncode}):\n{out[-6000:]}"
+    return outs
+
+
 def run_ranks(n, tmp_path, *flags, env=None):
     prog = tmp_path / "prog.py"
     prog.write_text(TORCH_PROGRAM)
     full = dict(os.environ, **(env or {}))
     full["PYTHONPATH"] = str(ROOT) + os.pathsep + full.get("PYTHONPATH", "")
-    pre = ["-c", "import runtime_cuda.startup, runpy, sys; sys.argv = sys.argv[1:]; "
-                 "runpy.run_path(sys.argv[0], run_name='__main__')"] if "--hook" in flags else []
-    procs = [subprocess.Popen([sys.executable, *pre, str(prog), str(r), str(n), str(tmp_path / "store"), *flags],
-                              env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(n)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank hung")
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
-    return outs
+    pre = HOOKED if "--hook" in flags else []
+    return spawn_ranks([*pre, str(prog)], n, tmp_path, full, *flags, timeout=120)
 
 
 @needs_torch
@@ -238,19 +248,7 @@ def test_every_collective_through_torch_on_ranks_sharing_one_gpu(n, tmp_path):
     # still be compiling (torch.compile) or building DDP for several seconds.
     env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0", GC3_TIMEOUT_S="90",
                GC3_CONFIG=str(tuned_catalog(n, tmp_path)), GC3_CACHE_DIR=str(tmp_path / "cache"))
-    procs = [subprocess.Popen([sys.executable, str(PROGRAM), str(r), str(n), str(tmp_path / "store")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(n)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=240)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"a rank hung (past 240 s); output so far:\n{[p.communicate()[0][-2000:] for p in procs]}")
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"ALL OK rank={r}" in out, f"rank {r} (exit {p.returncode}):\n{out[-5000:]}"
+    outs = spawn_ranks([str(PROGRAM)], n, tmp_path, env, says="ALL OK rank={rank}")
     for needed in ("all_to_all_single uneven", "cuda graph replay 2", "torch.compile", "DDP step", "FSDP2 step",
                    "send without NCCL raises"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
@@ -604,26 +602,12 @@ def test_the_cuda_backend_a_gc3_group_reports():
 
 
 USER_PROGRAM = ROOT / "tests" / "gpu_programs" / "torch_user_programs.py"
-HOOKED = ["-c", "import runtime_cuda.startup, runpy, sys; sys.argv = sys.argv[1:]; "
-                "runpy.run_path(sys.argv[0], run_name='__main__')"]
 
 
 def run_user_program(n, tmp_path, env, *flags, timeout=240):
     pre = HOOKED if "--hook" in flags else []
-    procs = [subprocess.Popen([sys.executable, *pre, str(USER_PROGRAM), str(r), str(n), str(tmp_path / "store"),
-                               *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(n)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"a rank hung (past {timeout} s); output so far:\n{[p.communicate()[0][-3000:] for p in procs]}")
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"ALL OK rank={r}" in out, f"rank {r} (exit {p.returncode}):\n{out[-6000:]}"
-    return outs
+    return spawn_ranks([*pre, str(USER_PROGRAM)], n, tmp_path, env, *flags, timeout=timeout,
+                       says="ALL OK rank={rank}")
 
 
 @needs_torch
