@@ -90,8 +90,7 @@ def bare_launchers():
 
 def write_catalog(folder: Path, nranks: int) -> dict:
     """One LL candidate per collective, out of place where the library has one
-    (allreduce's are all in place: called in place), every size:
-    {collective: (label, inplace)}."""
+    (else in place, and called in place), every size: {collective: (label, inplace)}."""
     from gc3.ir.xml_io import write_xml
     from runtime_cuda.nccl import tune
 

@@ -51,34 +51,41 @@ S = Sample
 SAMPLES: Tuple[Sample, ...] = (
     # 2 ranks, from measurements on 2x H200 (NV18): `gc3 tune --quick` (runtime_cuda/measured/
     # tune_2xH200_2026-11-23/) for the small sizes, where its grid has the winners, and the
-    # 64-instance Simple programs above 1-2 MiB, which its grid lacks, from the sweep
+    # 64-instance Simple programs above 1-2 MiB, and the 16-instance LL ones to 256 KiB, which its
+    # grid lacks, from the sweep
     # (runtime_cuda/measured/sweep_2xh200_2026-11-22_rows.txt) and `gc3 bench` in the same
     # session.  Between the two, NCCL wins and no entry covers the size.  In-place and
     # out-of-place calls have their own winners here, so in-place IRs serve only in-place calls.
     S("allreduce_oneshot_2r_LL_i16", *A("allreduce_oneshot", ranks=2), 16, "LL", 0, 256 * KiB),
-    # Out of place, the ring's input copy loses to NCCL from 256 MiB (0.98x, 0.90x at 1 GiB): the
-    # same IR gets a second entry, in-place only, for the sizes above that.
-    S("allreduce_ring_2r_Simple_i64", *A("allreduce_ring", ranks=2), 64, "Simple", 2 * MiB, 128 * MiB),
-    S("allreduce_ring_2r_Simple_i64", *A("allreduce_ring", ranks=2), 64, "Simple", 128 * MiB + 1, None,
+    # The ring from 2 MiB, out of place (the rank's own input chunk added into its output by the
+    # first reduction, so no copy of the whole input first) and in place.
+    S("allreduce_ring_2r_Simple_i64", *A("allreduce_ring", ranks=2, inplace=0), 64, "Simple", 2 * MiB, None),
+    S("allreduce_ring_2r_inplace_Simple_i64", *A("allreduce_ring", ranks=2, inplace=1), 64, "Simple", 2 * MiB, None,
       oop=False),
     S("allgather_recursive_doubling_2r_inplace_LL", *A("allgather_recursive_doubling", ranks=2, chunks=1, inplace=1),
       1, "LL", 0, 4 * KiB, oop=False),
     S("allgather_direct_2r_inplace_LL", *A("allgather_direct", ranks=2, chunks=1, inplace=1), 1, "LL", 4 * KiB + 1,
       32 * KiB, oop=False),
+    S("allgather_direct_2r_inplace_LL_i16", *A("allgather_direct", ranks=2, chunks=1, inplace=1), 16, "LL",
+      32 * KiB + 1, 256 * KiB, oop=False),
     S("allgather_direct_2r_inplace_Simple_i64", *A("allgather_direct", ranks=2, chunks=1, inplace=1), 64, "Simple",
-      1 * MiB, None, oop=False),
+      256 * KiB + 1, None, oop=False),
     S("allgather_direct_2r_LL", *A("allgather_direct", ranks=2), 1, "LL", 0, 4 * KiB),
     S("allgather_recursive_doubling_2r_LL_i4", *A("allgather_recursive_doubling", ranks=2), 4, "LL",
       4 * KiB + 1, 64 * KiB),
-    S("allgather_direct_2r_Simple_i64", *A("allgather_direct", ranks=2), 64, "Simple", 1 * MiB, None),
+    S("allgather_direct_2r_LL_i16", *A("allgather_direct", ranks=2), 16, "LL", 64 * KiB + 1, 256 * KiB),
+    S("allgather_direct_2r_Simple_i64", *A("allgather_direct", ranks=2), 64, "Simple", 256 * KiB + 1, None),
     S("reducescatter_ring_2r_inplace_LL", *A("reducescatter_ring", ranks=2, chunks=1, inplace=1), 1, "LL", 0, 4 * KiB,
       oop=False),
     S("reducescatter_direct_2r_inplace_LL_i4", *A("reducescatter_direct", ranks=2, chunks=1, inplace=1), 4, "LL",
       4 * KiB + 1, 64 * KiB, oop=False),
+    S("reducescatter_ring_2r_inplace_LL_i16", *A("reducescatter_ring", ranks=2, chunks=1, inplace=1), 16, "LL",
+      64 * KiB + 1, 256 * KiB, oop=False),
     S("reducescatter_ring_2r_inplace_Simple_i64", *A("reducescatter_ring", ranks=2, chunks=1, inplace=1), 64, "Simple",
       1 * MiB, None, oop=False),
     S("reducescatter_direct_2r_LL_i4", *A("reducescatter_direct", ranks=2), 4, "LL", 0, 4 * KiB),
     S("reducescatter_ring_2r_LL_i4", *A("reducescatter_ring", ranks=2), 4, "LL", 4 * KiB + 1, 64 * KiB),
+    S("reducescatter_ring_2r_LL_i16", *A("reducescatter_ring", ranks=2), 16, "LL", 64 * KiB + 1, 256 * KiB),
     S("reducescatter_ring_2r_Simple_i64", *A("reducescatter_ring", ranks=2), 64, "Simple", 1 * MiB, None),
     S("alltoall_direct_2r_LL_i16", *A("alltoall_direct", ranks=2), 16, "LL", 0, 256 * KiB),
     S("alltoall_direct_2r_Simple_i64", *A("alltoall_direct", ranks=2), 64, "Simple", 256 * KiB + 1, None),
@@ -91,7 +98,9 @@ SAMPLES: Tuple[Sample, ...] = (
     # 4 ranks
     S("allreduce_oneshot_4r_LL", *A("allreduce_oneshot", ranks=4), 1, "LL", 0, 16 * KiB),
     S("allreduce_allpairs_4r_LL", *A("allreduce_allpairs", ranks=4), 1, "LL", 16 * KiB + 1, 256 * KiB),
-    S("allreduce_ring_4r_Simple_i2", *A("allreduce_ring", ranks=4), 2, "Simple", 256 * KiB + 1, None),
+    S("allreduce_ring_4r_Simple_i2", *A("allreduce_ring", ranks=4, inplace=0), 2, "Simple", 256 * KiB + 1, None),
+    S("allreduce_ring_4r_inplace_Simple_i2", *A("allreduce_ring", ranks=4, inplace=1), 2, "Simple", 256 * KiB + 1,
+      None, oop=False),
     S("allgather_ring_4r_Simple", *A("allgather_ring", ranks=4), 1, "Simple", 0, None),
     S("reducescatter_ring_4r_inplace_Simple", *A("reducescatter_ring", ranks=4, chunks=1, inplace=1), 1, "Simple", 0, None),
     S("alltoall_direct_4r_LL", *A("alltoall_direct", ranks=4), 1, "LL", 0, None),
@@ -100,8 +109,12 @@ SAMPLES: Tuple[Sample, ...] = (
     S("allreduce_allpairs_8r_LL", *A("allreduce_allpairs", ranks=8), 1, "LL", 16 * KiB + 1, 256 * KiB),
     S("allreduce_recursive_doubling_8r_Simple", *A("allreduce_recursive_doubling", ranks=8), 1, "Simple",
       256 * KiB + 1, 2 * MiB),
-    S("allreduce_ring_8r_Simple", *A("allreduce_ring", ranks=8), 1, "Simple", 2 * MiB + 1, 32 * MiB),
-    S("allreduce_ring_8r_Simple_i4", *A("allreduce_ring", ranks=8), 4, "Simple", 32 * MiB + 1, None),
+    S("allreduce_ring_8r_Simple", *A("allreduce_ring", ranks=8, inplace=0), 1, "Simple", 2 * MiB + 1, 32 * MiB),
+    S("allreduce_ring_8r_inplace_Simple", *A("allreduce_ring", ranks=8, inplace=1), 1, "Simple", 2 * MiB + 1,
+      32 * MiB, oop=False),
+    S("allreduce_ring_8r_Simple_i4", *A("allreduce_ring", ranks=8, inplace=0), 4, "Simple", 32 * MiB + 1, None),
+    S("allreduce_ring_8r_inplace_Simple_i4", *A("allreduce_ring", ranks=8, inplace=1), 4, "Simple", 32 * MiB + 1,
+      None, oop=False),
     S("allgather_direct_8r_LL", *A("allgather_direct", ranks=8), 1, "LL", 0, 256 * KiB),
     S("allgather_recursive_doubling_8r_Simple", *A("allgather_recursive_doubling", ranks=8), 1, "Simple",
       256 * KiB + 1, 4 * MiB),

@@ -13,7 +13,7 @@ from gc3.errors import InputError
 main = cli()   # gc3's CLI with the runtime's commands, installed or not
 
 ROOT = Path(__file__).resolve().parents[1]
-RING = ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml"
+RING = ROOT / "ir_samples" / "allreduce_ring_4r_inplace_Simple_i2.xml"
 HEAD = ('<algo name="x" proto="Simple" nchannels="{nch}" nchunksperloop="1" ngpus="{n}" coll="allreduce" '
         'inplace="0">')
 GPU = '<gpu id="{id}" i_chunks="{i}" o_chunks="1" s_chunks="0"><tb id="0" send="-1" recv="-1" chan="0">' \

@@ -13,7 +13,7 @@ from runtime_cuda.nccl.catalog import check_config, load_catalog
 main = cli()   # gc3's CLI with the runtime's commands, installed or not
 
 ROOT = Path(__file__).resolve().parents[1]
-RING = ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml"
+RING = ROOT / "ir_samples" / "allreduce_ring_4r_inplace_Simple_i2.xml"
 
 
 def wrong_copy(tmp_path):

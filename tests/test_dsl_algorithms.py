@@ -194,7 +194,8 @@ def test_msccl_tools_spellings_port_unchanged():
 
 
 @pytest.mark.parametrize("args, needle", [(["four"], "argument ranks must be an int, got 'four'"),
-                                          (["4", "1", "1", "9"], "expected at most 3 arguments (ranks instances channels)")])
+                                          (["4", "1", "1", "1", "9"],
+                                           "expected at most 4 arguments (ranks instances channels inplace)")])
 def test_cli_trace_rejects_bad_program_arguments(args, needle):
     result = CliRunner().invoke(main, ["trace", str(ALGOS / "allreduce_ring.py"), *args])
     assert result.exit_code == 2 and needle in result.output, result.output

@@ -190,7 +190,7 @@ def test_reference_avg_wraps_then_divides():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "uint8", "int8", "uint32"])
 def test_simulate_avg_on_a_sum_program(dtype):
-    xml = (ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml").read_text()
+    xml = (ROOT / "ir_samples" / "allreduce_ring_4r_inplace_Simple_i2.xml").read_text()
     res = simulate(xml, count=4096, dtype=dtype, op="avg")
     assert res.ok, res.errors
     # and a division that is not NCCL's (numpy floor on ints, no division on floats) is caught
@@ -212,8 +212,8 @@ def test_gpu_avg_is_sum_then_ncclavg(nranks, dtype):
     from runtime_cuda import avg
     from runtime_cuda.virtual import VirtualRanks
 
-    path = ROOT / "ir_samples" / ("allreduce_ring_2r_Simple_i64.xml" if nranks == 2 else
-                                  "allreduce_ring_4r_Simple_i2.xml")
+    path = ROOT / "ir_samples" / ("allreduce_ring_2r_inplace_Simple_i64.xml" if nranks == 2 else
+                                  "allreduce_ring_4r_inplace_Simple_i2.xml")
     vr = VirtualRanks(read_xml(path))
     n_el = 3 * 4096 + 5
     xs = make_inputs("allreduce", nranks, n_el, dtype, seed=3, op="avg")

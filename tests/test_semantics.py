@@ -155,7 +155,7 @@ def test_chunk_granularity_plus_the_tiling_rule_agree_with_simulate_on_odd_sizes
         assert simulate(good, count=count).ok, count
 
 
-@pytest.mark.parametrize("name", ["allreduce_ring_4r_Simple_i2", "allgather_ring_8r_Simple_i2",
+@pytest.mark.parametrize("name", ["allreduce_ring_4r_inplace_Simple_i2", "allgather_ring_8r_Simple_i2",
                                   "reducescatter_ring_4r_inplace_Simple", "alltoall_three_step_2x4_Simple",
                                   "broadcast_tree_8r_LL"])
 def test_proven_samples_are_right_at_odd_sizes(name):
@@ -287,7 +287,7 @@ def test_a_broadcast_may_not_read_a_non_root_input():
 
 
 def test_gc3_run_refuses_an_unproven_ir_before_looking_for_a_gpu(tmp_path):
-    text = (ROOT / "ir_samples" / "allreduce_ring_4r_Simple_i2.xml").read_text()
+    text = (ROOT / "ir_samples" / "allreduce_ring_4r_inplace_Simple_i2.xml").read_text()
     bad = tmp_path / "bad.xml"
     bad.write_text(text.replace('type="rrcs"', 'type="rcs"', 1))
     r = gc3("run", bad)

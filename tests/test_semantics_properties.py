@@ -28,7 +28,7 @@ from ir_mutations import REWRITES, mutate
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["broadcast_tree_8r_LL", "reducescatter_ring_4r_inplace_Simple", "allgather_ring_4r_Simple",
          "alltoall_direct_4r_LL", "reduce_ring_8r_Simple", "broadcast_ring_8r_Simple",
-         "reducescatter_recursive_halving_8r_Simple", "allreduce_oneshot_4r_LL", "allreduce_ring_4r_Simple_i2",
+         "reducescatter_recursive_halving_8r_Simple", "allreduce_oneshot_4r_LL", "allreduce_ring_4r_inplace_Simple_i2",
          "allgather_recursive_doubling_8r_Simple", "allreduce_allpairs_4r_LL", "allreduce_recursive_doubling_8r_Simple",
          "allgather_direct_8r_inplace_Simple", "alltoall_three_step_2x4_Simple", "alltoall_two_step_2x4_LL",
          "allreduce_hierarchical_2x4_Simple"]

@@ -105,11 +105,19 @@ def make_comm(monkeypatch, log, catalog):
     return comm
 
 
-def allreduce_served_by(monkeypatch, catalog, count):
+def allreduce_served_by(monkeypatch, catalog, count, inplace=True):
     log = []
-    make_comm(monkeypatch, log, catalog).allReduce(0x2000, 0x2000, count, NCCL_FLOAT32, NCCL_SUM, 0x77)
+    recv = 0x2000 if inplace else 0x8000000
+    make_comm(monkeypatch, log, catalog).allReduce(0x2000, recv, count, NCCL_FLOAT32, NCCL_SUM, 0x77)
     assert len(log) == 1 and log[0][0] == "gc3", log
     return log[0][1]
+
+
+@pytest.mark.parametrize("count", [1 << 19, 1 << 28])
+def test_the_shipped_index_serves_large_out_of_place_allreduce_with_its_own_ring(monkeypatch, count):
+    # out of place, the ring adds the input into the output: no in-place IR behind a copy of the whole input
+    assert allreduce_served_by(monkeypatch, DEFAULT_INDEX, count, inplace=False) == "allreduce_ring_2r_Simple_i64.xml"
+    assert allreduce_served_by(monkeypatch, DEFAULT_INDEX, count) == "allreduce_ring_2r_inplace_Simple_i64.xml"
 
 
 def test_the_drop_in_serves_what_the_tuned_catalog_says(tmp_path, monkeypatch):
@@ -122,7 +130,7 @@ def test_the_drop_in_serves_what_the_tuned_catalog_says(tmp_path, monkeypatch):
     assert allreduce_served_by(monkeypatch, out, count) == want
     # the shipped index serves the same call with another algorithm
     default = allreduce_served_by(monkeypatch, DEFAULT_INDEX, count)
-    assert default != want and default == "allreduce_ring_2r_Simple_i64.xml"
+    assert default != want and default == "allreduce_ring_2r_inplace_Simple_i64.xml"
 
 
 class RingFirst:
@@ -147,10 +155,12 @@ def test_another_timer_gives_another_catalog_and_nccl_keeps_its_sizes(tmp_path, 
     prov = tune.provenance(RingFirst(), 2, 1, sizes, tune.QUICK, results, "test")
     catalog = tune.write_catalog(results, out, 2, prov)
     ranges = [(e["min_bytes"], e["max_bytes"], e["name"]) for e in catalog["algorithms"]]
-    assert ranges == [(0, 524288, "allreduce_ring_2r_Simple")]       # above: NCCL, no entry
+    # the ring in place and out of place; above: NCCL, no entry
+    assert ranges == [(0, 524288, "allreduce_ring_2r_inplace_Simple"), (0, 524288, "allreduce_ring_2r_Simple")]
     assert catalog["provenance"]["choices"]["allreduce"]["inplace"][-1]["algorithm"] == "NCCL"
     assert check_config(out)[1] == []
-    assert allreduce_served_by(monkeypatch, out, 1024) == "allreduce_ring_2r_Simple"
+    assert allreduce_served_by(monkeypatch, out, 1024) == "allreduce_ring_2r_inplace_Simple"
+    assert allreduce_served_by(monkeypatch, out, 1024, inplace=False) == "allreduce_ring_2r_Simple"
     log = []
     make_comm(monkeypatch, log, out).allReduce(0x2000, 0x2000, 1 << 20, NCCL_FLOAT32, NCCL_SUM, 0x77)
     assert log[0][0] == "allReduce"      # 4 MiB: NCCL
@@ -167,10 +177,18 @@ def test_library_arguments_match_the_files():
         assert alg.params and set(alg.params) <= set(library.PARAMS), alg.name
     assert library.args("reducescatter_ring", ranks=4, chunks=1, inplace=1) == ("reducescatter_ring", (4, 1, 1))
     assert library.args("allreduce_hierarchical", nodes=2, gpus=4) == ("allreduce_hierarchical", (2, 4))
-    with pytest.raises(Exception, match="give chunks too"):
-        library.args("reducescatter_ring", ranks=4, inplace=1)
+    # gaps take the file's own int_args defaults
+    assert library.args("reducescatter_ring", ranks=4, inplace=1) == ("reducescatter_ring", (4, 1, 1))
+    assert library.args("allreduce_ring", ranks=2, inplace=0) == ("allreduce_ring", (2, 1, 1, 0))
     with pytest.raises(Exception, match="not root"):
         library.args("allreduce_ring", ranks=4, root=0)
+
+
+def test_library_defaults_must_be_literal_ints(tmp_path):
+    f = tmp_path / "allreduce_odd.py"
+    f.write_text("from gc3 import int_args\nN = 4\nint_args(ranks=N, instances=1)\n")
+    with pytest.raises(Exception, match="ranks a default that is not a literal int"):
+        library._int_args(f)
 
 
 def test_candidates_respect_the_shape():
@@ -255,7 +273,7 @@ def test_time_budget_option(tmp_path):
 
 
 def test_an_instance_count_over_the_threadblock_limit_becomes_the_widest_that_fits():
-    cands, skipped = tune.candidates("alltoall", 4, 1, tune.QUICK)     # grid 1, 4, 64
+    cands, skipped = tune.candidates("alltoall", 4, 1, tune.Grid((1, 4, 64), ("Simple", "LL"), (4,)))
     names = {c.label for c in cands}
     # direct at 4 ranks: 6 threadblocks per instance, so 64 needs 384 > 128 and 16 (96) is the widest
     assert {"alltoall_direct_4r_Simple_i16", "alltoall_direct_4r_inplace_LL_i16"} <= names

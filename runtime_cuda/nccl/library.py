@@ -5,7 +5,8 @@ its positional arguments are, and which need a power-of-two rank count.
 Each file's docstring documents its arguments and its `int_args(...)` call
 reads them; their names and order are read from that call (`Algorithm.params`),
 so `scripts/gen_ir_samples.py` and `gc3 tune` build argument lists by name and
-never by position, and a file that changes its arguments changes them here.
+never by position, and a file that changes its arguments changes them here.  Arguments
+not given take the defaults written in that same call.
 
 Argument names: ranks N; nodes and gpus (N x G programs: ranks = nodes * gpus);
 chunks C (files that say chunk_factor); root; inplace (0/1); instances,
@@ -28,8 +29,8 @@ _SPELLINGS = {"chunk_factor": "chunks"}     # one name per meaning across the fi
 
 
 @lru_cache(maxsize=None)
-def _params(path: Path) -> Tuple[str, ...]:
-    """The keyword names of the `int_args(...)` call in `path`, in order."""
+def _int_args(path: Path) -> Tuple[Tuple[str, int], ...]:
+    """(name, default) of each keyword of the `int_args(...)` call in `path`, in order."""
     try:
         tree = ast.parse(path.read_text(), str(path))
     except (OSError, SyntaxError) as exc:
@@ -41,7 +42,12 @@ def _params(path: Path) -> Tuple[str, ...]:
             if unknown:
                 raise InputError(f"{path}: int_args names {', '.join(unknown)}, which the catalog builders do not "
                                  f"know (runtime_cuda/nccl/library.py PARAMS: {', '.join(PARAMS)})")
-            return names
+            defaults = [k.value.value if isinstance(k.value, ast.Constant) and type(k.value.value) is int else None
+                        for k in node.keywords]
+            odd = [n for n, d in zip(names, defaults) if d is None]
+            if odd:
+                raise InputError(f"{path}: int_args gives {', '.join(odd)} a default that is not a literal int")
+            return tuple(zip(names, defaults))
     raise InputError(f"{path}: no int_args(...) call, so its arguments are unknown")
 
 
@@ -73,7 +79,7 @@ class Algorithm:
         if not self.path.is_file():
             raise InputError(f"{self.path}: the algorithm library is not here (it ships with a checkout of gc3, "
                              "not with an installed wheel)")
-        return _params(self.path)
+        return tuple(name for name, _ in _int_args(self.path))
 
     @property
     def multinode(self) -> bool:
@@ -85,18 +91,12 @@ class Algorithm:
 
     def argv(self, **values: int) -> Tuple[int, ...]:
         """The positional arguments for `values` by name: the shortest prefix of
-        `params` that holds every given value (the file's defaults fill the
-        rest); a gap before the last given one is an error, since the default
-        it would need is stated only in the file's docstring."""
+        `params` that holds every given value, the file's own defaults filling gaps."""
         unknown = sorted(set(values) - set(self.params))
         if unknown:
             raise InputError(f"{self.name} takes {', '.join(self.params)}; not {', '.join(unknown)}")
         last = max((self.params.index(k) for k in values), default=-1)
-        missing = [p for p in self.params[:last + 1] if p not in values]
-        if missing:
-            raise InputError(f"{self.name}: give {', '.join(missing)} too (positional arguments before "
-                             f"{self.params[last]})")
-        return tuple(int(values[p]) for p in self.params[:last + 1])
+        return tuple(int(values.get(name, default)) for name, default in _int_args(self.path)[:last + 1])
 
     def fits(self, ranks: int, nodes: int = 1) -> bool:
         """Whether the program exists for `ranks` ranks on `nodes` nodes."""

@@ -54,8 +54,9 @@ class Grid:
 
 # 64 instances: on 2x H200 the 64-channel Simple programs beat NCCL from 1-2 MiB up (1.1-1.7x,
 # runtime_cuda/measured/sweep_2xh200_2026-11-22_rows.txt), and a grid without them cannot find that.
+# 16: the LL programs that beat NCCL at 64-256 KiB there have 16 (4 and 64 both lose).
 FULL = Grid(instances=(1, 2, 4, 8, 16, 32, 64), protocols=PROTOCOLS, pipeline_chunks=(1, 4, 16))
-QUICK = Grid(instances=(1, 4, 64), protocols=("Simple", "LL"), pipeline_chunks=(4,))
+QUICK = Grid(instances=(1, 4, 16, 64), protocols=("Simple", "LL"), pipeline_chunks=(4,))
 SIZE_RANGE = (1 << 10, 1 << 30)       # 1 KiB .. 1 GiB
 SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
 
@@ -97,7 +98,7 @@ def kernel_candidates(coll: str, ranks: int, nodes: int) -> List[Candidate]:
 
 
 def label(alg: library.Algorithm, values: Dict[str, int], instances: int, protocol: str) -> str:
-    """ir_samples' naming: allreduce_ring_4r_Simple_i2, reducescatter_ring_4r_inplace_Simple, .._2x4_..;
+    """ir_samples' naming: allreduce_ring_4r_Simple_i2 (out of place), reducescatter_ring_4r_inplace_Simple, .._2x4_..;
     plus _c<C> for a pipelined algorithm's chunk count."""
     where = f"{values['nodes']}x{values['gpus']}" if alg.multinode else f"{values['ranks']}r"
     parts = [alg.name, where] + (["inplace"] if values.get("inplace") else []) + [protocol]

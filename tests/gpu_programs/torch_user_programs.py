@@ -301,6 +301,26 @@ def streams_and_async():
     x.add_(1)                                                   # the tensor is the caller's again
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
     same("after the future", x, sum(xs) * world + 1)
+    if on == "cuda":
+        # Issued on one stream, waited for on another: the reader there must see the sum.
+        # 64 MiB, so a reader not ordered after the call would read it half done.
+        big = [ints(r, 1 << 24, seed=17) for r in R]
+        side, other = torch.cuda.Stream(), torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = big[rank].to(dev, copy=True)
+            work = dist.all_reduce(y, async_op=True)
+        with torch.cuda.stream(other):
+            work.wait()
+            seen = y.clone()
+        with torch.cuda.stream(side):
+            work = dist.all_reduce(y, async_op=True)
+        with torch.cuda.stream(other):
+            again = work.get_future().then(lambda f: f.value()[0].clone()).wait()
+        torch.cuda.current_stream().wait_stream(other)
+        torch.cuda.current_stream().wait_stream(side)
+        same("async all_reduce waited on another stream", seen, sum(big))
+        same("its future's callback on another stream", again, sum(big) * world)
 
 
 run("streams and async", streams_and_async)
