@@ -569,9 +569,15 @@ class _Enqueued(dist._Work):
             fut = torch.futures.Future()
             fut.set_result(self._result)
             return fut
-        with torch.cuda.stream(self._call_stream()):
+        # set_result records its event on the current stream: the call's, for this moment.
+        # (Set and put back by hand: library code never enters a stream with `with`.)
+        before = torch.cuda.current_stream(self._device)
+        torch.cuda.set_stream(self._call_stream())
+        try:
             fut = torch.futures.Future(devices=[self._device])
             fut.set_result(self._result)
+        finally:
+            torch.cuda.set_stream(before)
         return fut
 
 

@@ -313,6 +313,7 @@ def streams_and_async():
         with torch.cuda.stream(other):
             work.wait()
             seen = y.clone()
+        side.wait_stream(other)                                  # y is read there before it changes again
         with torch.cuda.stream(side):
             work = dist.all_reduce(y, async_op=True)
         with torch.cuda.stream(other):
