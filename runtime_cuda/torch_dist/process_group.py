@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import (AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions,
                                         AllToAllOptions, BarrierOptions, BroadcastOptions, GatherOptions,
                                         PrefixStore, ProcessGroup, ProcessGroupGloo, ReduceOptions,
-                                        ReduceScatterOptions, ScatterOptions, _create_work_from_future)
+                                        ReduceScatterOptions, ScatterOptions, Work, _create_work_from_future)
 
 from gc3.errors import CommunicatorError
 from runtime_cuda.nccl.constants import DTYPE_CODES, OP_CODES
@@ -528,7 +528,7 @@ class Gc3ProcessGroup(ProcessGroup):
         return self._gloo.barrier(opts)
 
 
-class _Enqueued(dist._Work):
+class _Enqueued(Work):
     """The Work of a call already enqueued on the caller's current stream.
 
     Why not a CUDA-aware torch Future: its set_result finds the tensors in the
