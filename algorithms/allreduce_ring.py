@@ -19,14 +19,12 @@ from gc3.topology import fully_connected
 
 def allreduce_ring(num_ranks: int, instances: int = 1, channels: int = 1, inplace: bool = True) -> GC3Program:
     n = num_ranks
-    # Where rank q accumulates chunk i: its input in place; its output otherwise, which the
-    # all-gather overwrites with the finished chunk anyway.
-    if inplace:
-        def accumulator(q, i):
-            return chunk(q, "in", i)
-    else:
-        def accumulator(q, i):
-            return chunk(q, "in", i).copy(q, "out", i)
+    def accumulator(q, i):
+        """Where rank q adds its chunk i: its input in place; else its output, which the
+        all-gather overwrites with the finished chunk anyway."""
+        mine = chunk(q, "in", i)
+        return mine if inplace else mine.copy(q, "out", i)
+
     last = "in" if inplace else "out"
     with GC3Program("allreduce_ring", AllReduce(num_ranks=n, chunk_factor=n * channels, inplace=inplace),
                     topology=fully_connected(n), instances=instances, protocol="Simple") as prog:

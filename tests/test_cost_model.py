@@ -250,4 +250,8 @@ def test_a_model_only_two_rank_catalog_takes_ll_small_and_simple_or_ll128_large(
         for place, choices in r.choices.items():
             proto = {c.nbytes: c.winner.protocol for c in choices}
             assert proto[small] == "LL", (r.collective, place, proto)
-            assert proto[mid] in ("Simple", "LL128") and proto[large] in ("Simple", "LL128"), (r.collective, place, proto)
+            assert proto[mid] in ("Simple", "LL128"), (r.collective, place, proto)
+            # Simple at 1 GiB, but for the out-of-place ring, whose LL128 figures are derived, not
+            # measured (cost_config.LL128_FROM), and come out 3% under Simple's there.
+            assert proto[large] == "Simple" or (place == "outofplace" and proto[large] == "LL128"), \
+                (r.collective, place, proto)

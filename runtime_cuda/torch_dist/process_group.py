@@ -255,9 +255,7 @@ class Gc3ProcessGroup(ProcessGroup):
     def _work(self, result, cuda: bool = True):
         if cuda and self._device is not None:
             return _Enqueued(result, self._device.index, self._stream(), self._capturing())
-        fut = torch.futures.Future()
-        fut.set_result(result)
-        return _create_work_from_future(fut)
+        return _create_work_from_future(_done(result))
 
     # --- collectives ------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts=None):
@@ -528,6 +526,13 @@ class Gc3ProcessGroup(ProcessGroup):
         return self._gloo.barrier(opts)
 
 
+def _done(result) -> torch.futures.Future:
+    """A plain future holding `result` already (no CUDA events)."""
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return fut
+
+
 class _Enqueued(Work):
     """The Work of a call already enqueued on the caller's current stream.
 
@@ -566,9 +571,7 @@ class _Enqueued(Work):
 
     def get_future(self):
         if self._captured:
-            fut = torch.futures.Future()
-            fut.set_result(self._result)
-            return fut
+            return _done(self._result)
         # set_result records its event on the current stream: the call's, for this moment.
         # (Set and put back by hand: library code never enters a stream with `with`.)
         before = torch.cuda.current_stream(self._device)
