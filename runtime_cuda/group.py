@@ -13,7 +13,7 @@ from gc3.ir import Program
 from . import abi, faults, streams
 from .binding import Binding, Copy, Shape, bind, call_shape
 from .connections import tile_split
-from .launcher import Executor, Launch
+from .launcher import Executor, PREPARED_CALLS_MAX, Launch
 from .tables import Tables, epilogue_words
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
@@ -247,7 +247,7 @@ class LaunchGroup:
         cmp, epi = key[-2], key[-1]
         call = self._prepared.get(key)
         if call is None:
-            if len(self._prepared) > 1024:
+            if len(self._prepared) >= PREPARED_CALLS_MAX:
                 self.executor.order.retire(self._prepared)
                 self._drop_prepared()
             call = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, ptr, captured, cmp, epi)

@@ -31,6 +31,19 @@ from .tables import Tables
 DEFAULT_TIMEOUT_S = 5.0
 
 
+def _cache_entries(default: int) -> int:
+    """How many entries a per-group cache (prepared calls, buffer tables) holds
+    before it is retired whole.  GC3_CACHE_ENTRIES lowers every such limit: a
+    stress run (the fuzz's mutation test) then goes through the retire path
+    every few calls instead of once in hundreds, so a bug there shows."""
+    env = os.environ.get("GC3_CACHE_ENTRIES")
+    return min(default, env_number("GC3_CACHE_ENTRIES", env, 1, 1 << 20)) if env else default
+
+
+PREPARED_CALLS_MAX = _cache_entries(1024)   # call shapes a group keeps packed
+BUFFER_TABLES_MAX = _cache_entries(256)     # per-call address tables an executor keeps on the device
+
+
 def runtime_protocol(xml_proto: str, override: Optional[str] = None) -> str:
     """The protocol a program runs with: the XML's, or `override`; never a
     substitute -- one the kernel does not implement is an error."""
@@ -187,7 +200,7 @@ class Executor:
         array at every replay, long after it is gone)."""
         tab = self._bufs.get(ptrs)
         if tab is None:
-            if len(self._bufs) > 256:
+            if len(self._bufs) >= BUFFER_TABLES_MAX:
                 if faults.active("pool-stream"):
                     self._bufs.clear()
                 else:

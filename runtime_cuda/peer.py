@@ -18,7 +18,7 @@ from gc3.ir import Program
 from . import streams, tables as tables_mod
 from .connections import control_words, rank_layout, records
 from .group import LaunchGroup, PreparedCall
-from .launcher import Executor, abort_words, runtime_protocol
+from .launcher import Executor, PREPARED_CALLS_MAX, abort_words, runtime_protocol
 from .tables import Tables
 
 _PEER_ACCESS_ALREADY_ENABLED = 704   # cudaErrorPeerAccessAlreadyEnabled
@@ -141,7 +141,7 @@ class PeerRanks(LaunchGroup):
                 part.executor.order.enter(s.ptr)
             calls = self._prepared.get(key)
             if calls is None:
-                if len(self._prepared) > 1024:
+                if len(self._prepared) >= PREPARED_CALLS_MAX:
                     for part, d in zip(self.parts, self.devices):
                         self._set_device(d)
                         part.executor.order.retire(self._prepared)

@@ -4,8 +4,8 @@ as a launch group with the interface the drop-in uses (run_ptrs,
 executor.order, executor.check, close).
 
 One group per communicator serves both kernels from one scratch allocation
-per rank, sized once for gc3.limits.SMALL_ALLREDUCE_MAX_BYTES and mapped by
-the peers once (`ipc`, one process per rank) or plain device memory (`virtual`,
+per rank, sized once for the largest call it will serve (`max_bytes`, at most
+gc3.limits.SMALL_ALLREDUCE_MAX_BYTES) and mapped by the peers once (`ipc`, one process per rank) or plain device memory (`virtual`,
 every rank in one launch on one GPU).  The call number lives on the device
 (per-block counters in the scratch header), so the kernels' arguments never
 change between calls and a captured launch replays as a new call.
@@ -25,33 +25,37 @@ from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error, LimitError
 
 from . import abi, module, streams
-from .launcher import CommunicatorBroken, Executor, _blocks_per_sm, timeout_s
+from .launcher import CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_per_sm, timeout_s
 from .streams import StreamOrder
 
 KERNEL_NAME = "gc3_small_allreduce"
 KINDS = {"oneshot": abi.C["GC3_SA_ONESHOT"], "twoshot": abi.C["GC3_SA_TWOSHOT"]}
 assert tuple(KINDS) == limits.SMALL_ALLREDUCE_KERNELS
-THREADS = 512
+THREADS = limits.SMALL_ALLREDUCE_THREADS
 BLOCKS = limits.SMALL_ALLREDUCE_BLOCKS   # per rank; fewer where the GPU cannot hold every rank's blocks at once
-LINE_BYTES, LINE_DATA = 16, 8
+LINE_BYTES, LINE_DATA = 16, limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
 HEADER_BYTES = abi.C["GC3_SA_HEADER_BYTES"]
 _SA = {name: abi.C[f"GC3_SA_{name}"] for name in ("ABORT", "ERR", "COUNTERS", "MAX_BLOCKS")}
 _PHASES = {0: "one-shot gather", 1: "two-shot phase 1 (segment to its owner)",
            2: "two-shot phase 2 (reduced segment from its owner)"}
 
 
-def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_MAX_BYTES) -> Tuple[int, int, int]:
+def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> Tuple[int, int, int]:
     """(lines of the largest input, lines of one parity region, bytes of a rank's scratch).
     A region holds the larger of one-shot's n whole inputs and two-shot's two
     halves of n segment slots."""
+    if not 1 <= max_bytes <= limits.SMALL_ALLREDUCE_MAX_BYTES:
+        raise LimitError(f"small allreduce: scratch for calls of up to {max_bytes} B asked; the kernels serve "
+                         f"1 to {limits.SMALL_ALLREDUCE_MAX_BYTES} B")
     max_lines = -(-max_bytes // LINE_DATA)
     seg = -(-max_lines // nranks)
     region = max(nranks * max_lines, 2 * nranks * seg)
     return max_lines, region, HEADER_BYTES + 2 * region * LINE_BYTES
 
 
-def refusal(dtype: str, op: str, in_elems: int) -> Optional[str]:
-    """None when the kernels serve an allreduce of `in_elems` elements of `dtype` with `op`, else why not."""
+def refusal(dtype: str, op: str, in_elems: int, max_bytes: int = limits.SMALL_ALLREDUCE_MAX_BYTES) -> Optional[str]:
+    """None when the kernels, with scratch for calls of up to `max_bytes`, serve an
+    allreduce of `in_elems` elements of `dtype` with `op`; else why not."""
     name = dtype if isinstance(dtype, str) else dtype_info(dtype).name
     if name not in abi.DTYPE:
         return f"no build for {name} (have {', '.join(abi.DTYPE)})"
@@ -59,9 +63,8 @@ def refusal(dtype: str, op: str, in_elems: int) -> Optional[str]:
     if op not in abi.REDOP:
         return f"no {op!r} reduction (have {', '.join(abi.REDOP)}; avg is sum followed by runtime_cuda.avg.divide)"
     nbytes = in_elems * info.np.itemsize
-    if in_elems < 1 or nbytes > limits.SMALL_ALLREDUCE_MAX_BYTES:
-        return (f"{in_elems} elements of {info.name} ({nbytes} B); the kernels serve 1 element to "
-                f"{limits.SMALL_ALLREDUCE_MAX_BYTES} B")
+    if in_elems < 1 or nbytes > max_bytes:
+        return f"{in_elems} elements of {info.name} ({nbytes} B); the scratch serves 1 element to {max_bytes} B"
     return None
 
 
@@ -78,7 +81,8 @@ class _Args(ctypes.Structure):
     """gc3_small_allreduce's parameters, in its order."""
     _fields_ = [("plan", ctypes.c_uint64), ("peers", ctypes.c_uint64), ("io", ctypes.c_uint64),
                 ("nranks", ctypes.c_int32), ("rank0", ctypes.c_int32), ("count", ctypes.c_int64),
-                ("kind", ctypes.c_int32), ("max_lines", ctypes.c_int64), ("region_lines", ctypes.c_int64)]
+                ("kind", ctypes.c_int32), ("max_lines", ctypes.c_int64), ("region_lines", ctypes.c_int64),
+                ("grid_max", ctypes.c_int32)]
 
 
 class _Launch:
@@ -150,7 +154,8 @@ class SmallAllreduce:
     over scratch already allocated, zeroed and mapped (use `ipc` or `virtual`)."""
 
     def __init__(self, nranks: int, ranks: Sequence[int], bases: Sequence[Sequence[int]], header,
-                 abort_peers: Sequence[int], timeout: Optional[float], keep=()):
+                 abort_peers: Sequence[int], timeout: Optional[float], keep=(),
+                 max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES):
         import cupy
 
         if not 1 <= nranks <= limits.MAX_RANKS:
@@ -160,7 +165,7 @@ class SmallAllreduce:
         self.cupy = cupy
         self.nranks = nranks
         self._ranks = list(ranks)
-        self.max_bytes = limits.SMALL_ALLREDUCE_MAX_BYTES
+        self.max_bytes = max_bytes
         self.max_lines, self.region_lines, _ = scratch_shape(nranks, self.max_bytes)
         self._keep = keep
         self.executor = ex = SmallExecutor(header, ranks, timeout_s(timeout))
@@ -188,22 +193,28 @@ class SmallAllreduce:
 
     # -- set-up ----------------------------------------------------------------------
     @classmethod
-    def virtual(cls, nranks: int, timeout: Optional[float] = None) -> "SmallAllreduce":
-        """Every rank in this process, on the current GPU, each with its own scratch."""
+    def virtual(cls, nranks: int, timeout: Optional[float] = None,
+                max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> "SmallAllreduce":
+        """Every rank in this process, on the current GPU, each with its own scratch
+        for calls of up to `max_bytes`."""
         import cupy
 
-        _, _, nbytes = scratch_shape(nranks)
+        _, _, nbytes = scratch_shape(nranks, max_bytes)
         setup = streams.setup_stream()
         with streams.current(setup):
             scratch = [cupy.zeros(nbytes // 8, dtype=cupy.uint64) for _ in range(nranks)]
         setup.synchronize()
         row = [s.data.ptr for s in scratch]
-        return cls(nranks, range(nranks), [row] * nranks, scratch[0][:_SA["COUNTERS"]], (), timeout, keep=scratch)
+        return cls(nranks, range(nranks), [row] * nranks, scratch[0][:_SA["COUNTERS"]], (), timeout, keep=scratch,
+                   max_bytes=max_bytes)
 
     @classmethod
-    def ipc(cls, comm, device: Optional[int] = None, timeout: Optional[float] = None) -> "SmallAllreduce":
+    def ipc(cls, comm, device: Optional[int] = None, timeout: Optional[float] = None,
+            max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> "SmallAllreduce":
         """This process's rank of `comm` (mpi4py-like: rank, size, allgather,
-        Barrier); the peers' scratch mapped once through CUDA IPC.  Collective."""
+        Barrier); the peers' scratch, sized for calls of up to `max_bytes`,
+        mapped once through CUDA IPC.  Collective: every rank passes the same
+        `max_bytes`."""
         import cupy
 
         from .ipc import _RawBuffer, agree, open_peers
@@ -224,7 +235,7 @@ class SmallAllreduce:
         try:
             ndev = cupy.cuda.runtime.getDeviceCount()
             cupy.cuda.Device(device if device is not None else rank % ndev).use()
-            own.append(_RawBuffer(scratch_shape(nranks)[2]))
+            own.append(_RawBuffer(scratch_shape(nranks, max_bytes)[2]))
             handle = [cupy.cuda.runtime.ipcGetMemHandle(own[0].ptr)]
             streams.setup_stream().synchronize()    # zeroed before any peer can write into it
         except Exception as exc:  # reported to every rank below, then raised everywhere
@@ -236,7 +247,7 @@ class SmallAllreduce:
             row = [bases[r][0] for r in range(nranks)]
             aborts = [row[r] + 8 * _SA["ABORT"] for r in range(nranks) if r != rank]
             group = cls(nranks, [rank], [row], own[0].array(cupy.uint64, _SA["COUNTERS"]), aborts, timeout,
-                        keep=own)
+                        keep=own, max_bytes=max_bytes)
             group._comm, group._release = comm, release
         except Exception as exc:
             failure = f"rank {rank}: {type(exc).__name__}: {exc}"
@@ -244,8 +255,8 @@ class SmallAllreduce:
         return group
 
     def _grid(self, fn) -> int:
-        """Blocks per rank: every block of every rank in the launch must be resident
-        at once (each spins on lines that other blocks write)."""
+        """Most blocks per rank a call may launch: every block of every rank in
+        the launch must be resident at once (each spins on lines that other blocks write)."""
         if self._blocks is None:
             dev = self.executor.device
             cap = _blocks_per_sm(fn, THREADS, dev) * dev.attributes["MultiProcessorCount"]
@@ -253,7 +264,7 @@ class SmallAllreduce:
             if blocks < 1:
                 raise LimitError(f"small allreduce: {len(self._ranks)} ranks' blocks of {THREADS} threads cannot "
                                  f"all be resident on device {dev.id} ({cap} at most)")
-            self._blocks = blocks   # fixed for the group's life: each block counts its own calls
+            self._blocks = blocks   # fixed for the group's life: the counters of this many blocks agree
         return self._blocks
 
     # -- calls -----------------------------------------------------------------------
@@ -265,15 +276,17 @@ class SmallAllreduce:
         if len(in_ptrs) != n or len(out_ptrs) != n:
             raise GC3Error(f"small allreduce: need {n} input and {n} output addresses (one per rank here), "
                            f"got {len(in_ptrs)} and {len(out_ptrs)}")
-        why = refusal(dtype, op, in_elems)
+        why = refusal(dtype, op, in_elems, self.max_bytes)
         if why:
             raise GC3Error(f"small allreduce: {why}")
         info = dtype_info(dtype)
+        nbytes = in_elems * info.np.itemsize
         fn = kernel(info.name, op, self.executor.device.id)
         io = self.executor.buffer_table(tuple(p for pair in zip(in_ptrs, out_ptrs) for p in pair), stream, captured)
+        most = self._grid(fn)
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
-                     in_elems, KINDS[kind], self.max_lines, self.region_lines)
-        return _Launch(self.executor, fn.kernel.ptr, self._grid(fn), n, args, io)
+                     in_elems, KINDS[kind], self.max_lines, self.region_lines, most)
+        return _Launch(self.executor, fn.kernel.ptr, limits.small_allreduce_blocks(nbytes, most), n, args, io)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                  stream=None, kind: str = "oneshot") -> None:
@@ -286,7 +299,7 @@ class SmallAllreduce:
         key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind)
         call = self._prepared.get(key)
         if call is None:
-            if len(self._prepared) > 1024:
+            if len(self._prepared) >= PREPARED_CALLS_MAX:
                 self.executor.order.retire(self._prepared)
                 self._prepared = {}
                 self._epoch += 1

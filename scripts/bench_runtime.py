@@ -54,6 +54,7 @@ def _c(label, coll, script, argv, proto, inst, lo, hi, **env):
 
 
 SPLIT = "4:65536"        # >= 4 tiles per chunk, tiles >= 64 KiB
+SPLIT_FINE = "4:16384"   # >= 4 tiles per chunk, tiles >= 16 KiB
 BIG = 1 << 40
 CANDIDATES: Tuple[Candidate, ...] = (
     # allreduce, small: one-shot (1 hop) vs all-pairs (2 hops)
@@ -69,7 +70,7 @@ CANDIDATES: Tuple[Candidate, ...] = (
     _c("ring-S-i32-1M", "allreduce", "allreduce_ring", ["2"], "Simple", 32, 16 * MiB, BIG,
        GC3_SLOT_BYTES_SIMPLE=str(1 << 20), GC3_TILE_SPLIT_SIMPLE=SPLIT),
     _c("ring-LL128-i16", "allreduce", "allreduce_ring", ["2"], "LL128", 16, 256 * KiB, 64 * MiB),
-    _c("ring-LL128-i64", "allreduce", "allreduce_ring", ["2"], "LL128", 64, 256 * KiB, 64 * MiB),
+    _c("ring-LL128-i64", "allreduce", "allreduce_ring", ["2"], "LL128", 64, 256 * KiB, BIG),
     _c("oneshot-LL128-i32", "allreduce", "allreduce_oneshot", ["2"], "LL128", 32, 256 * KiB, 4 * MiB),
     # reducescatter: direct (receive into scratch, then reduce) vs ring (reduce straight from the FIFO)
     _c("direct-LL-i4", "reducescatter", "reducescatter_direct", ["2"], "LL", 4, 0, 256 * KiB),
@@ -82,7 +83,7 @@ CANDIDATES: Tuple[Candidate, ...] = (
     _c("ring-S-i64-split", "reducescatter", "reducescatter_ring", ["2"], "Simple", 64, 256 * KiB, BIG,
        GC3_TILE_SPLIT_SIMPLE=SPLIT),
     _c("ring-LL128-i16", "reducescatter", "reducescatter_ring", ["2"], "LL128", 16, 256 * KiB, 64 * MiB),
-    _c("ring-LL128-i64", "reducescatter", "reducescatter_ring", ["2"], "LL128", 64, 256 * KiB, 64 * MiB),
+    _c("ring-LL128-i64", "reducescatter", "reducescatter_ring", ["2"], "LL128", 64, 256 * KiB, BIG),
     # alltoall and allgather: direct, more or fewer channels
     _c("direct-LL-i1", "alltoall", "alltoall_direct", ["2"], "LL", 1, 0, 64 * KiB),
     _c("direct-LL-i4", "alltoall", "alltoall_direct", ["2"], "LL", 4, 0, 1 * MiB),
@@ -98,8 +99,12 @@ CANDIDATES: Tuple[Candidate, ...] = (
     _c("direct-S-i64", "allgather", "allgather_direct", ["2"], "Simple", 64, 256 * KiB, BIG),
     _c("direct-S-i64-split", "allgather", "allgather_direct", ["2"], "Simple", 64, 256 * KiB, BIG,
        GC3_TILE_SPLIT_SIMPLE=SPLIT),
+    _c("direct-S-i64-fine", "allgather", "allgather_direct", ["2"], "Simple", 64, 256 * KiB, BIG,
+       GC3_TILE_SPLIT_SIMPLE=SPLIT_FINE),
+    _c("direct-S-i32-fine", "allgather", "allgather_direct", ["2"], "Simple", 32, 256 * KiB, BIG,
+       GC3_TILE_SPLIT_SIMPLE=SPLIT_FINE),
     _c("direct-LL128-i16", "allgather", "allgather_direct", ["2"], "LL128", 16, 256 * KiB, 64 * MiB),
-    _c("direct-LL128-i64", "allgather", "allgather_direct", ["2"], "LL128", 64, 256 * KiB, 64 * MiB),
+    _c("direct-LL128-i64", "allgather", "allgather_direct", ["2"], "LL128", 64, 256 * KiB, BIG),
 )
 
 

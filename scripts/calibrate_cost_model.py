@@ -2,15 +2,18 @@
 """Fit the simulator's cost model to the CUDA runtime measured on nvidia-h200-x2.
 
     python3 scripts/calibrate_cost_model.py                # fit to the committed CSV, print, write the preset
-    python3 scripts/calibrate_cost_model.py --from-sweep runtime_cuda/measured/sweep_2xh200_2026-11-22.txt
+    python3 scripts/calibrate_cost_model.py --from-sweep   # rebuild the CSV from SWEEPS first
+    python3 scripts/calibrate_cost_model.py --fit alpha_LL128,tb_LL128   # fit these, hold the rest
     python3 scripts/calibrate_cost_model.py --dry-run      # fit and print, write nothing
     python3 scripts/calibrate_cost_model.py --holdout-above 16777216   # fit <= 16 MiB, check the larger sizes
 
-1. --from-sweep reads every candidate's row of a bench_runtime.py --log file
-   (program, size, measured us per call), names each row's program -- the
+1. --from-sweep reads every candidate's row of bench_runtime.py --log files
+   (SWEEPS by default; program, size, measured us per call), names each row's program -- the
    ir_samples/ XML when the candidate compiles to exactly that sample, else
    the algorithm with `gc3 compile`'s --instances/--protocol -- and writes
    gc3/simulator/measured_h200x2.csv.  Without it the committed CSV is used.
+   LL128's hop latency and per-threadblock rate are fitted only where LL128
+   points exist; otherwise they are derived from LL and Simple (with_ll128).
 2. Each program is executed once by the simulator (gc3.simulator.TimedProgram)
    and the cost model predicts every point from that trace.
 3. The model's parameters (launch, per step-tile overhead, cross-threadblock
@@ -50,12 +53,17 @@ UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 # Fitted parameters: (name, how to read it from a config, initial guess).
 PARAMS: Tuple[str, ...] = ("launch_s", "step_overhead_s", "dep_s", "alpha_LL", "alpha_Simple", "tb_LL",
-                           "tb_Simple", "port_Bps", "tb_mem_Bps", "tb_reduce_Bps")
+                           "tb_Simple", "port_Bps", "tb_mem_Bps", "tb_reduce_Bps", "alpha_LL128", "tb_LL128")
+LL128_PARAMS = ("alpha_LL128", "tb_LL128")
 # "Before": the uncalibrated figures the presets had (NVLink 4 line rate 450 GB/s, 25 GB/s per threadblock,
 # LL at half of it, NCCL-like latencies, HBM-class local rates), in the order of PARAMS.
-SPEC = np.array([5e-6, 0.3e-6, 0.0, 0.8e-6, 2.5e-6, 12.5e9, 25e9, 450e9, 250e9, 250e9])
+SPEC = np.array([5e-6, 0.3e-6, 0.0, 0.8e-6, 2.5e-6, 12.5e9, 25e9, 450e9, 250e9, 250e9, 1.5e-6, 23e9])
 # Starting points of the fit: a spec-like guess with a nonzero dependency wait, and the preset in force.
-GUESS = np.array([6e-6, 0.3e-6, 0.5e-6, 1e-6, 2e-6, 4e9, 10e9, 400e9, 100e9, 80e9])
+GUESS = np.array([6e-6, 0.3e-6, 0.5e-6, 1e-6, 2e-6, 4e9, 10e9, 400e9, 100e9, 80e9, 2e-6, 8e9])
+# The bench_runtime.py --log files the CSV is built from: the sweep of every protocol but LL128
+# (before absorption), and LL128 (with Simple beside it) measured later on the same machine kind.
+SWEEPS = (ROOT / "runtime_cuda" / "measured" / "sweep_2xh200_2026-11-22.txt",
+          ROOT / "runtime_cuda" / "measured" / "sweep_ll128_2xh200_2026-11-23.txt")
 
 
 # --------------------------------------------------------------------------- measured points
@@ -126,14 +134,19 @@ def points_from_sweep(path: Path) -> List[MeasuredPoint]:
 def vector_of(cfg: CostConfig) -> np.ndarray:
     nv = cfg.links["nvlink"]
     return np.array([cfg.launch_s, cfg.step_overhead_s, cfg.dep_s, nv.alpha_s["LL"], nv.alpha_s["Simple"],
-                     nv.tb_Bps["LL"], nv.tb_Bps["Simple"], nv.port_Bps, cfg.tb_mem_Bps, cfg.tb_reduce_Bps])
+                     nv.tb_Bps["LL"], nv.tb_Bps["Simple"], nv.port_Bps, cfg.tb_mem_Bps, cfg.tb_reduce_Bps,
+                     nv.alpha_s["LL128"], nv.tb_Bps["LL128"]])
 
 
-def config_of(x: np.ndarray, base: CostConfig, calibrated: bool = False, note: str = "") -> CostConfig:
-    launch, over, dep, a_ll, a_s, tb_ll, tb_s, port, mem, red = (float(v) for v in x)
-    # LL128 is not measured here: derived from LL and Simple as the preset does.
-    nv = with_ll128(LinkParams(alpha_s={"LL": a_ll, "Simple": a_s}, tb_Bps={"LL": tb_ll, "Simple": tb_s},
-                               port_Bps=port, calibrated=calibrated))
+def config_of(x: np.ndarray, base: CostConfig, calibrated: bool = False, note: str = "",
+              ll128: bool = False) -> CostConfig:
+    """The configuration of parameter vector `x`; `ll128`: its LL128 figures are
+    measured ones, else they are derived from LL and Simple as the preset does."""
+    launch, over, dep, a_ll, a_s, tb_ll, tb_s, port, mem, red, a_128, tb_128 = (float(v) for v in x)
+    alpha, rate = {"LL": a_ll, "Simple": a_s}, {"LL": tb_ll, "Simple": tb_s}
+    if ll128:
+        alpha["LL128"], rate["LL128"] = a_128, tb_128
+    nv = with_ll128(LinkParams(alpha_s=alpha, tb_Bps=rate, port_Bps=port, calibrated=calibrated))
     return replace(base, links=dict(base.links, nvlink=nv), launch_s=launch, step_overhead_s=over, dep_s=dep,
                    tb_mem_Bps=mem, tb_reduce_Bps=red, calibrated=calibrated,
                    calibration=note or base.calibration)
@@ -141,29 +154,38 @@ def config_of(x: np.ndarray, base: CostConfig, calibrated: bool = False, note: s
 
 # --------------------------------------------------------------------------- fitting
 
+def has_ll128(ps: PointSet) -> bool:
+    return any(p.protocol == "LL128" for p in ps.points)
+
+
 def residuals(ps: PointSet, logx: np.ndarray, base: CostConfig) -> np.ndarray:
-    return np.log(ps.predict_us(config_of(np.exp(logx), base)) / ps.measured_us)
+    return np.log(ps.predict_us(config_of(np.exp(logx), base, ll128=has_ll128(ps))) / ps.measured_us)
 
 
-def fit(ps: PointSet, x0: np.ndarray, base: CostConfig, iters: int = 25, verbose: bool = True) -> np.ndarray:
+def fit(ps: PointSet, x0: np.ndarray, base: CostConfig, iters: int = 25, verbose: bool = True,
+        free: Optional[Sequence[str]] = None) -> np.ndarray:
     """Levenberg-Marquardt in log-parameters; the model has kinks (max of
-    paths), so the Jacobian uses central differences over a finite step."""
+    paths), so the Jacobian uses central differences over a finite step.
+    Only the parameters named in `free` move (default: all the points can
+    tell: LL128's only where LL128 points exist); the rest keep x0's values."""
+    names = free if free is not None else [p for p in PARAMS if has_ll128(ps) or p not in LL128_PARAMS]
+    idx = [PARAMS.index(n) for n in names]
     logx = np.log(x0)
     r = residuals(ps, logx, base)
     cost = float(r @ r)
     lam, h = 1e-2, 0.05
     for it in range(iters):
-        J = np.empty((r.size, logx.size))
-        for k in range(logx.size):
+        J = np.empty((r.size, len(idx)))
+        for j, k in enumerate(idx):
             d = np.zeros_like(logx)
             d[k] = h
-            J[:, k] = (residuals(ps, logx + d, base) - residuals(ps, logx - d, base)) / (2 * h)
+            J[:, j] = (residuals(ps, logx + d, base) - residuals(ps, logx - d, base)) / (2 * h)
         improved = False
         for _ in range(8):
-            A = np.vstack([J, np.sqrt(lam) * np.eye(logx.size)])
-            b = np.concatenate([-r, np.zeros(logx.size)])
-            step = np.linalg.lstsq(A, b, rcond=None)[0]
-            step = np.clip(step, -1.0, 1.0)
+            A = np.vstack([J, np.sqrt(lam) * np.eye(len(idx))])
+            b = np.concatenate([-r, np.zeros(len(idx))])
+            step = np.zeros_like(logx)
+            step[idx] = np.clip(np.linalg.lstsq(A, b, rcond=None)[0], -1.0, 1.0)
             r_new = residuals(ps, logx + step, base)
             c_new = float(r_new @ r_new)
             if c_new < cost:
@@ -212,14 +234,17 @@ def _num(v: float) -> str:
     return f"{v:.4g}"
 
 
-def preset_block(x: np.ndarray, note: str) -> str:
-    launch, over, dep, a_ll, a_s, tb_ll, tb_s, port, mem, red = (float(v) for v in x)
+def preset_block(x: np.ndarray, note: str, ll128: bool = False) -> str:
+    launch, over, dep, a_ll, a_s, tb_ll, tb_s, port, mem, red, a_128, tb_128 = (float(v) for v in x)
+    alpha = f"\"LL\": {_num(a_ll)}, " + (f"\"LL128\": {_num(a_128)}, " if ll128 else "") + f"\"Simple\": {_num(a_s)}"
+    rate = f"\"LL\": {_num(tb_ll)}, " + (f"\"LL128\": {_num(tb_128)}, " if ll128 else "") + f"\"Simple\": {_num(tb_s)}"
     return (
         "# CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)\n"
         f"H200_CALIBRATION = {json.dumps(note)}\n"
-        "# LL and Simple measured; LL128 is derived from them (with_ll128).\n"
-        f"H200_NVLINK = LinkParams(alpha_s={{\"LL\": {_num(a_ll)}, \"Simple\": {_num(a_s)}}},\n"
-        f"                         tb_Bps={{\"LL\": {_num(tb_ll)}, \"Simple\": {_num(tb_s)}}},\n"
+        + ("# LL, LL128 and Simple measured.\n" if ll128 else
+           "# LL and Simple measured; LL128 is derived from them (with_ll128).\n") +
+        f"H200_NVLINK = LinkParams(alpha_s={{{alpha}}},\n"
+        f"                         tb_Bps={{{rate}}},\n"
         f"                         port_Bps={_num(port)}, calibrated=True)\n"
         f"H200_CORE = dict(launch_s={_num(launch)}, step_overhead_s={_num(over)}, dep_s={_num(dep)}, "
         f"tb_mem_Bps={_num(mem)},\n                 tb_reduce_Bps={_num(red)})\n"
@@ -239,7 +264,7 @@ def holdout(points: Sequence[MeasuredPoint], limit: int) -> int:
     train = PointSet([p for p in points if p.size <= limit])
     test = PointSet([p for p in points if p.size > limit])
     x = fit(train, GUESS, preset("h200"), verbose=False)
-    cfg = config_of(x, preset("h200"))
+    cfg = config_of(x, preset("h200"), ll128=has_ll128(train))
     print(summary(f"fitted to {len(train.points)} points <= {_h(limit)}", train.relative_errors(cfg)))
     print(summary(f"predicting the {len(test.points)} larger ones", test.relative_errors(cfg)))
     return 0
@@ -247,16 +272,27 @@ def holdout(points: Sequence[MeasuredPoint], limit: int) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--from-sweep", type=Path, default=None, help="rebuild the CSV from this bench --log file")
+    ap.add_argument("--from-sweep", type=Path, nargs="*", default=None,
+                    help="rebuild the CSV from these bench --log files (none named: SWEEPS)")
     ap.add_argument("--csv", type=Path, default=MEASURED_CSV)
-    ap.add_argument("--date", default="2026-11-22", help="date of the measurements, for the preset's label")
+    ap.add_argument("--date", default="2026-11-22 and 2026-11-23",
+                    help="date(s) of the measurements, for the preset's label")
+    ap.add_argument("--fit", default=None, metavar="NAMES",
+                    help="comma-separated parameters to fit, the others held at the preset's values "
+                         f"(of {', '.join(PARAMS)}; default: all the points can tell)")
     ap.add_argument("--dry-run", action="store_true", help="fit and print; write neither CSV nor preset")
     ap.add_argument("--holdout-above", type=int, default=None, metavar="BYTES",
                     help="validation only: fit to the points up to BYTES, report the error on the larger ones")
     args = ap.parse_args(argv)
 
-    if args.from_sweep:
-        points = points_from_sweep(args.from_sweep)
+    free = None
+    if args.fit:
+        free = [n.strip() for n in args.fit.split(",") if n.strip()]
+        bad = [n for n in free if n not in PARAMS]
+        if bad:
+            ap.error(f"--fit: unknown parameter(s) {', '.join(bad)} (have {', '.join(PARAMS)})")
+    if args.from_sweep is not None:
+        points = [p for sweep in (args.from_sweep or SWEEPS) for p in points_from_sweep(sweep)]
         if not args.dry_run:
             write_points(points, args.csv)
             print(f"wrote {len(points)} points to {args.csv}")
@@ -268,16 +304,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{len(points)} measured points, {len(ps.timed)} programs")
 
     current = preset("h200")
-    before = ps.predict_us(config_of(SPEC, current))
-    starts = [GUESS, vector_of(current)]
+    ll128 = has_ll128(ps)
+    before = ps.predict_us(config_of(SPEC, current, ll128=ll128))
+    # Held parameters keep the preset's values: start every fit from them.
+    starts = [vector_of(current)] if free else [GUESS, vector_of(current)]
     best, best_cost = None, np.inf
     for k, x0 in enumerate(starts):
         print(f"fit from start {k + 1}:")
-        x = fit(ps, x0, current)
+        x = fit(ps, x0, current, free=free)
         r = residuals(ps, np.log(x), current)
         if r @ r < best_cost:
             best, best_cost = x, float(r @ r)
-    after = ps.predict_us(config_of(best, current))
+    after = ps.predict_us(config_of(best, current, ll128=ll128))
     err = relative(after, ps.measured_us)
     print("\n".join(table(points, before, after)))
     print(summary("before (uncalibrated spec figures)", relative(before, ps.measured_us)))
@@ -289,7 +327,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dry_run:
         print(f"dry run: would write the preset '{note}'")
     else:
-        write_preset(preset_block(best, note))
+        write_preset(preset_block(best, note, ll128))
         print(f"wrote the h200 preset into {cost_config.__file__}: {note}")
     return 0
 

@@ -173,9 +173,12 @@ def index_entry(sample: Sample, traced, prog) -> dict:
 
 
 # The dedicated small-message allreduce kernels (runtime_cuda/small_allreduce.py) lead the index
-# at these rank counts, ahead of the IR allreduces: one-shot up to the size where the cost
-# model's two-shot becomes cheaper, two-shot from there to their limit.
+# at these rank counts, ahead of the IR allreduces, up to KERNEL_TOP: one-shot up to the size
+# where the cost model's two-shot becomes cheaper, two-shot from there.  2 ranks: measured on
+# 2x H200 (2026-11-23, one block per 4 KiB up to 128): one-shot beats NCCL and the ring up to
+# 2 MiB; 4 and 8 ranks were not measured, so they keep the kernels' default range.
 KERNEL_RANKS: Tuple[int, ...] = (2, 4, 8)
+KERNEL_TOP = {2: 2 << 20}
 
 
 def kernel_entries(ranks: int) -> List[dict]:
@@ -183,7 +186,7 @@ def kernel_entries(ranks: int) -> List[dict]:
     from gc3.simulator.cost_config import preset
     from gc3.simulator.small_allreduce import small_allreduce_seconds
 
-    cfg, top = preset(), limits.SMALL_ALLREDUCE_MAX_BYTES
+    cfg, top = preset(), KERNEL_TOP.get(ranks, limits.SMALL_ALLREDUCE_DEFAULT_BYTES)
     sizes = [1 << k for k in range(10, top.bit_length())]   # 1 KiB .. the kernels' limit
     two = [b for b in sizes if small_allreduce_seconds("twoshot", b, ranks, cfg)
            < small_allreduce_seconds("oneshot", b, ranks, cfg)]

@@ -104,7 +104,7 @@ def test_the_small_message_kernels_lead_the_allreduce_entries_up_to_their_limit(
     for ranks in sorted({e["ranks"] for e in KERNELS}):
         mine = [e for e in KERNELS if e["ranks"] == ranks]
         assert mine[0]["kernel"] == "oneshot" and mine[0]["min_bytes"] == 0
-        assert mine[-1]["max_bytes"] == limits.SMALL_ALLREDUCE_MAX_BYTES
+        assert mine[-1]["max_bytes"] == _generator().KERNEL_TOP.get(ranks, limits.SMALL_ALLREDUCE_DEFAULT_BYTES)
         for a, b in zip(mine, mine[1:]):
             assert b["min_bytes"] == a["max_bytes"] + 1
         for e in mine:   # the kernel the index names is the model's faster one at its range's top

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "gpu_programs"))
 import small_cases as cases  # noqa: E402
 
-MAX = limits.SMALL_ALLREDUCE_MAX_BYTES
+MAX = limits.SMALL_ALLREDUCE_MAX_BYTES          # the kernels' upper bound
+DEFAULT = limits.SMALL_ALLREDUCE_DEFAULT_BYTES  # an entry's max_bytes and a group's scratch when unsaid
 
 
 def write_catalog(tmp_path, entries, name="c.json"):
@@ -43,7 +44,7 @@ def test_kernel_entry_loads_with_its_defaults(tmp_path):
     assert problems == []
     one, two = good
     assert (one.kernel, one.collective, one.ranks, one.proto, one.program) == ("oneshot", "allreduce", 4, "LL", None)
-    assert (one.min_bytes, one.max_bytes, one.serves_inplace, one.serves_outofplace) == (0, MAX, True, True)
+    assert (one.min_bytes, one.max_bytes, one.serves_inplace, one.serves_outofplace) == (0, DEFAULT, True, True)
     assert one.name == "oneshot_allreduce_4r"
     assert (two.kernel, two.max_bytes, two.serves_inplace, two.serves_outofplace) == ("twoshot", 64 << 10, False, True)
 
@@ -51,7 +52,7 @@ def test_kernel_entry_loads_with_its_defaults(tmp_path):
 @pytest.mark.parametrize("entry, words", [
     ({"kernel": "threeshot", "ranks": 2}, "expected one of oneshot, twoshot"),
     ({"kernel": "oneshot"}, "needs 'ranks'"),
-    ({"kernel": "oneshot", "ranks": 2, "max_bytes": "1MiB"}, "serves at most 262144 bytes"),
+    ({"kernel": "oneshot", "ranks": 2, "max_bytes": "4MiB"}, "serves at most 2097152 bytes"),
     ({"kernel": "oneshot", "ranks": 2, "max_bytes": None}, "max_bytes=unbounded"),
     ({"kernel": "oneshot", "ranks": 2, "protocol": "Simple"}, "moves LL lines"),
     ({"kernel": "oneshot", "ranks": 2, "collective": "allgather"}, "is an allreduce"),
@@ -113,16 +114,32 @@ def test_kernels_serve_only_allreduce_on_their_rank_count(kernel_catalog):
 def test_the_drop_in_runtime_check_of_a_kernel_candidate(kernel_catalog):
     from runtime_cuda.nccl.gc3_backend import Gc3Backend
 
-    backend = Gc3Backend(None, 0, 2, 0)
+    backend = Gc3Backend(None, 0, 2, 0)     # no catalog: scratch of the default size
     one = kernel_catalog.candidates[0]
     assert backend.check(one, make_call(count=7, dtype=NCCL_INT64, op=NCCL_MAX)) is None
     assert backend.check(one, make_call(count=7, op=NCCL_AVG)) is None        # the sum build, then the divide pass
-    why = backend.check(one, make_call(count=MAX // 4 + 1, op=NCCL_SUM, dtype=NCCL_FLOAT32))
-    assert why and "the kernels serve 1 element to 262144 B" in why
+    why = backend.check(one, make_call(count=DEFAULT // 4 + 1, op=NCCL_SUM, dtype=NCCL_FLOAT32))
+    assert why and f"the scratch serves 1 element to {DEFAULT} B" in why
     for code in DTYPE_NAMES:        # every NCCL datatype has a build, int8/uint32/uint64 included
         assert backend.check(one, make_call(count=8, dtype=code, op=NCCL_MAX)) is None, DTYPE_NAMES[code]
-    why = backend.check(one, make_call(count=MAX + 1, dtype=0, op=NCCL_MAX))     # int8: 1-byte elements
-    assert why and "the kernels serve 1 element to 262144 B" in why
+    why = backend.check(one, make_call(count=DEFAULT + 1, dtype=0, op=NCCL_MAX))     # int8: 1-byte elements
+    assert why and f"the scratch serves 1 element to {DEFAULT} B" in why
+
+
+def test_the_drop_in_sizes_the_kernels_scratch_from_its_catalog(tmp_path):
+    """The largest kernel entry for the communicator's size sets what the scratch holds;
+    entries for other sizes do not count."""
+    from runtime_cuda.nccl.gc3_backend import Gc3Backend
+
+    cat = load_catalog({"GC3_CONFIG": str(write_catalog(tmp_path, [
+        {"kernel": "oneshot", "ranks": 2, "max_bytes": "64KiB"},
+        {"kernel": "twoshot", "ranks": 2, "min_bytes": "64KiB", "max_bytes": "1MiB"},
+        {"kernel": "twoshot", "ranks": 4, "max_bytes": "2MiB"}]))})
+    backend = Gc3Backend(None, 0, 2, 0, cat)
+    one = cat.candidates[0]
+    assert backend.check(one, make_call(count=(1 << 20) // 4, op=NCCL_SUM, dtype=NCCL_FLOAT32)) is None
+    why = backend.check(one, make_call(count=(1 << 20) // 4 + 1, op=NCCL_SUM, dtype=NCCL_FLOAT32))
+    assert why and f"the scratch serves 1 element to {1 << 20} B" in why
 
 
 # --- cost model and tune ------------------------------------------------------------------
@@ -131,8 +148,9 @@ def test_cost_model_numbers_of_the_docstring():
     cfg = preset("h200")
     t = lambda kind, nbytes, n: round(small_allreduce_seconds(kind, nbytes, n, cfg) * 1e6, 1)  # noqa: E731
     assert (t("oneshot", 1024, 2), t("twoshot", 1024, 2)) == (5.3, 6.6)
-    assert (t("oneshot", MAX, 2), t("twoshot", MAX, 2)) == (9.9, 10.8)
-    assert (t("oneshot", MAX, 8), t("twoshot", MAX, 8)) == (34.9, 13.6)
+    assert (t("oneshot", 256 << 10, 2), t("twoshot", 256 << 10, 2)) == (7.0, 8.2)
+    assert (t("oneshot", MAX, 2), t("twoshot", MAX, 2)) == (18.6, 19.5)
+    assert (t("oneshot", 256 << 10, 8), t("twoshot", 256 << 10, 8)) == (16.7, 9.4)
     assert small_allreduce_seconds("oneshot", MAX + 1, 2, cfg) is None
     # a second node makes every hop a network hop: slower
     two_nodes = preset("h200", gpus_per_node=4)
@@ -147,8 +165,9 @@ def test_model_timer_times_kernel_candidates_only_where_they_serve():
     assert tune.kernel_candidates("allgather", 4, 1) == [] and tune.kernel_candidates("allreduce", 8, 2) == []
     assert timer.time(one, 1024, True) == small_allreduce_seconds("oneshot", 1024, 4, timer.config)
     assert timer.time(two, MAX * 4, False) is None
-    ranges = tune.served_ranges(tune.choose([one, two], [1 << 10, 1 << 16, 1 << 22], timer, True, "allreduce"))
-    assert [(lo, hi, c and c.kernel) for lo, hi, c in ranges] == [(0, 8192, "oneshot"), (8193, MAX, "twoshot"),
+    ranges = tune.served_ranges(tune.choose([one, two], [1 << 10, 1 << 20, 1 << 23], timer, True, "allreduce"))
+    # a range ends halfway (geometrically) to the next measured size, a kernel's at its limit at most
+    assert [(lo, hi, c and c.kernel) for lo, hi, c in ranges] == [(0, 1 << 15, "oneshot"), ((1 << 15) + 1, MAX, "twoshot"),
                                                                  (MAX + 1, None, None)]
 
 
@@ -162,7 +181,7 @@ def test_scratch_holds_both_kernels_largest_calls():
     assert 8 * (C["GC3_SA_COUNTERS"] + C["GC3_SA_MAX_BLOCKS"]) <= HEADER_BYTES
     assert C["GC3_SA_ERR"] + abi.ERR_NFIELDS // 2 <= C["GC3_SA_COUNTERS"] and BLOCKS <= C["GC3_SA_MAX_BLOCKS"]
     for n in range(1, 9):
-        max_lines, region, nbytes = scratch_shape(n)
+        max_lines, region, nbytes = scratch_shape(n, MAX)
         assert nbytes == HEADER_BYTES + 2 * region * 16
         for itemsize in (1, 2, 4, 8):
             count = MAX // itemsize
@@ -243,7 +262,7 @@ def test_virtual_every_dtype_op_count_and_placement(n, dtype):
 
     from runtime_cuda.small_allreduce import SmallAllreduce
 
-    group = SmallAllreduce.virtual(n, timeout=10)
+    group = SmallAllreduce.virtual(n, timeout=10, max_bytes=MAX)
     s = cupy.cuda.Stream(non_blocking=True)
     wrong = []
     bufs = Bufs(n, dtype, max(cases.counts(dtype)))
@@ -289,18 +308,20 @@ def test_200_calls_back_to_back_with_changing_inputs_sizes_and_kernels():
 
     from runtime_cuda.small_allreduce import SmallAllreduce
 
+    # Sizes that take 1 block, 3 and the most: every block of a call must agree on its number
+    # whatever grid the calls before it had.
     n, calls, dtype = 4, 200, "float32"
-    sizes = (2999, 17, 1201)
-    group = SmallAllreduce.virtual(n, timeout=10)
+    sizes = (2999, 17, 1201, MAX // 4 - 5)
+    group = SmallAllreduce.virtual(n, timeout=10, max_bytes=MAX)
     s = cupy.cuda.Stream(non_blocking=True)
-    srcs = [[cupy.asarray(x) for x in cases.inputs(1000 + i, n, sizes[i % 3], dtype, "sum")] for i in range(calls)]
+    srcs = [[cupy.asarray(x) for x in cases.inputs(1000 + i, n, sizes[i % len(sizes)], dtype, "sum")] for i in range(calls)]
     ins = [cupy.zeros(max(sizes), cupy.float32) for _ in range(n)]
     outs = [cupy.zeros(max(sizes), cupy.float32) for _ in range(n)]
-    results = [[cupy.zeros(sizes[i % 3], cupy.float32) for _ in range(n)] for i in range(calls)]
+    results = [[cupy.zeros(sizes[i % len(sizes)], cupy.float32) for _ in range(n)] for i in range(calls)]
     cupy.cuda.Device().synchronize()
     d2d = 3   # cudaMemcpyDeviceToDevice
     for i in range(calls):          # nothing waits for the host between calls
-        count = sizes[i % 3]
+        count = sizes[i % len(sizes)]
         for r in range(n):
             cupy.cuda.runtime.memcpyAsync(ins[r].data.ptr, srcs[i][r].data.ptr, 4 * count, d2d, s.ptr)
         group.run_ptrs([a.data.ptr for a in ins], [a.data.ptr for a in outs], count, dtype, "sum", s,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gc3 import limits
 from gc3.ir.xml_io import read_xml
 from gc3.verify import verify
 from runtime_cuda.commands import cli
@@ -52,7 +53,7 @@ def test_catalog_passes_catalog_check_and_every_ir_is_proven(tuned):
     kernels = [e for e in catalog["algorithms"] if "kernel" in e]
     # the cost model gives the small-message kernels the small allreduce sizes
     assert kernels and all(e["collective"] == "allreduce" and e["ranks"] == ranks and
-                           e["max_bytes"] <= (256 << 10) for e in kernels), kernels
+                           e["max_bytes"] <= limits.SMALL_ALLREDUCE_MAX_BYTES for e in kernels), kernels
     for e in catalog["algorithms"]:
         if "kernel" in e:
             continue
@@ -113,7 +114,7 @@ def allreduce_served_by(monkeypatch, catalog, count, inplace=True):
     return log[0][1]
 
 
-@pytest.mark.parametrize("count", [1 << 19, 1 << 28])
+@pytest.mark.parametrize("count", [1 << 20, 1 << 28])
 def test_the_shipped_index_serves_large_out_of_place_allreduce_with_its_own_ring(monkeypatch, count):
     # out of place, the ring adds the input into the output: no in-place IR behind a copy of the whole input
     assert allreduce_served_by(monkeypatch, DEFAULT_INDEX, count, inplace=False) == "allreduce_ring_2r_Simple_i64.xml"

@@ -52,7 +52,10 @@ LL128_FROM = ("LL128 derived from the measured LL and Simple (NCCL's hop-latency
 
 
 def with_ll128(link: LinkParams) -> LinkParams:
-    """`link` with its LL128 figures derived from its LL and Simple ones (see above)."""
+    """`link` with its LL128 figures derived from its LL and Simple ones (see above),
+    unless it has measured ones."""
+    if "LL128" in link.alpha_s and "LL128" in link.tb_Bps:
+        return link
     ratio = NCCL_NVLINK_RING_HOP_US["LL128"] / NCCL_NVLINK_RING_HOP_US["Simple"]
     alpha = max(link.alpha_s["Simple"] * ratio, link.alpha_s["LL"])
     rate = link.tb_Bps["Simple"] * PROTOCOL_EFFICIENCY["LL128"]
@@ -110,10 +113,10 @@ _GPU_FACTS = {"h100": dict(hbm_Bps=3.35e12, bf16_flops=989e12, sms=132),
 H100_MEM_SCALE = _GPU_FACTS["h100"]["hbm_Bps"] / _GPU_FACTS["h200"]["hbm_Bps"]
 
 # CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)
-H200_CALIBRATION = "calibrated on nvidia-h200-x2, 2026-11-22, 148 points, median error 3.0%"
-# LL and Simple measured; LL128 is derived from them (with_ll128).
-H200_NVLINK = LinkParams(alpha_s={"LL": 1.309e-06, "Simple": 4.6e-06},
-                         tb_Bps={"LL": 4.383e+09, "Simple": 1.453e+10},
+H200_CALIBRATION = "calibrated on nvidia-h200-x2, 2026-11-22 and 2026-11-23, 208 points, median error 3.5%"
+# LL, LL128 and Simple measured.
+H200_NVLINK = LinkParams(alpha_s={"LL": 1.309e-06, "LL128": 1.425e-06, "Simple": 4.6e-06},
+                         tb_Bps={"LL": 4.383e+09, "LL128": 4.528e+09, "Simple": 1.453e+10},
                          port_Bps=3.359e+11, calibrated=True)
 H200_CORE = dict(launch_s=4.011e-06, step_overhead_s=2.288e-06, dep_s=1.641e-07, tb_mem_Bps=4.994e+10,
                  tb_reduce_Bps=3.895e+10)

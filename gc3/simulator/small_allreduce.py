@@ -7,14 +7,19 @@ from the same preset's figures:
     one-shot  launch_s + alpha_LL + (n-1) * B / bw + n * B / red
     two-shot  launch_s + 2 * alpha_LL + 2 * (n-1)/n * B / bw + B / red
 
-B: the call's bytes; bw: what one rank's blocks move over the slowest link to a
-peer, min(blocks * tb_Bps[LL], port_Bps * LL's payload fraction) (every rank
-sends at once, each over its own links); red: blocks * tb_reduce_Bps, the local
+B: the call's bytes; blocks: the group's most blocks per rank.  A call launches
+one LL line per thread (gc3.limits.small_allreduce_blocks); one that fits in
+fewer blocks than the most has every line in flight at once and is bound by
+latency, not by a block's rate, so the rates are those of the most blocks.
+bw: what one rank's blocks move over the slowest link to a peer,
+min(blocks * tb_Bps[LL], port_Bps * LL's payload fraction) (every rank sends at
+once, each over its own links); red: blocks * tb_reduce_Bps, the local
 reduction of the n contributions (one-shot: all of them on every rank; two-shot:
 each rank its 1/n segment).  With the calibrated h200 preset (launch 4.01 us,
-LL hop 1.31 us, 4.38 GB/s LL and 38.9 GB/s reduction per block, 16 blocks):
-2 ranks, 1 KiB: one-shot 5.3 us, two-shot 6.6 us; 256 KiB: 9.9 and 10.8 us;
-8 ranks, 256 KiB: one-shot 34.9 us, two-shot 13.6 us.
+LL hop 1.31 us, 4.38 GB/s LL and 38.9 GB/s reduction per block, 128 blocks):
+2 ranks, 1 KiB: one-shot 5.3 us, two-shot 6.6 us; 256 KiB: 7.0 and 8.2 us;
+2 MiB: 18.6 and 19.5 us (one-shot measured on 2x H200: 5.8 us at 256 KiB,
+17.5 at 2 MiB); 8 ranks, 256 KiB: one-shot 16.7 us, two-shot 9.4 us.
 """
 from __future__ import annotations
 

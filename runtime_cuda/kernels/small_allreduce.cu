@@ -16,6 +16,10 @@
 // same on every rank and every block of one call derives the same k.
 // Per-block counters need no agreement between blocks (a single counter bumped
 // by block 0 could be bumped before another block of the same launch has read it).
+// A call launches as many blocks as its size needs (one line per thread), at
+// most grid_max; block 0 also stores k into the counters of the blocks this
+// launch left out, which no block of this launch reads, so all grid_max counters
+// hold the same count between calls and a larger grid next time agrees on k.
 //
 // Call k uses parity region k & 1 with flag 1 + k mod (2^32 - 1): never 0 (the
 // zeroed scratch), and different from the flag of call k - 2, the last one
@@ -113,10 +117,10 @@ __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int 
 // peers: [nlocal][nranks] scratch bases as this process addresses them.
 // io: [nlocal][2] input and output addresses of this call.
 // max_lines: lines of the largest call the scratch holds (per rank's input);
-// region_lines: lines of one parity region.
+// region_lines: lines of one parity region; grid_max: the group's most blocks per rank.
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
 gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
-                    int kind, long long max_lines, long long region_lines) {
+                    int kind, long long max_lines, long long region_lines, int grid_max) {
   const Plan P = *plan;
   const int slot = blockIdx.y;
   const int me = rank0 + slot;
@@ -187,4 +191,6 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   // per launch whatever happened (after a failure the host refuses further calls).
   __syncthreads();
   if (threadIdx.x == 0) header[GC3_SA_COUNTERS + blockIdx.x] = k;
+  if (blockIdx.x == 0)
+    for (int b = gridDim.x + threadIdx.x; b < grid_max; b += blockDim.x) header[GC3_SA_COUNTERS + b] = k;
 }

@@ -51,13 +51,14 @@ class Unavailable:
 
 
 def unavailable_backend(reason: str) -> Callable:
-    return lambda exchange, rank, size, device: Unavailable(reason)
+    return lambda exchange, rank, size, device, catalog=None: Unavailable(reason)
 
 
-def make_backend(exchange, rank: int, size: int, device: int):
-    """`exchange`: the rendezvous between the ranks (rendezvous.NcclExchange or MpiExchange)."""
+def make_backend(exchange, rank: int, size: int, device: int, catalog=None):
+    """`exchange`: the rendezvous between the ranks (rendezvous.NcclExchange or MpiExchange);
+    `catalog`: what calls may select (it sizes the small-message kernels' scratch)."""
     try:
         from .gc3_backend import Gc3Backend
     except ImportError as exc:
         return Unavailable(f"gc3 CUDA runtime cannot load ({exc})")
-    return Gc3Backend(exchange, rank, size, device)
+    return Gc3Backend(exchange, rank, size, device, catalog)

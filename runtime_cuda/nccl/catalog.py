@@ -35,9 +35,10 @@ JSON schema (``GC3_CONFIG`` *.json and ``ir_samples/index.json``)::
        {"kernel": "oneshot",                   # instead of "file": a dedicated small-message
         "collective": "allreduce",             #   allreduce kernel (runtime_cuda/small_allreduce.py):
         "ranks": 2,                            #   "oneshot" or "twoshot"; ranks required; it serves
-        "max_bytes": "256KiB"}],               #   in and out of place, max_bytes at most (and by
-                                               #   default) gc3.limits.SMALL_ALLREDUCE_MAX_BYTES;
-                                               #   protocol, if given, must be LL
+        "max_bytes": "256KiB"}],               #   in and out of place, max_bytes at most
+                                               #   gc3.limits.SMALL_ALLREDUCE_MAX_BYTES (default
+                                               #   SMALL_ALLREDUCE_DEFAULT_BYTES; the scratch is sized
+                                               #   for the largest); protocol, if given, must be LL
      "provenance": {...}}                      # optional, any object: where the catalog came
                                                #   from (`gc3 tune` writes it); selection
                                                #   ignores it
@@ -363,7 +364,7 @@ def _kernel_candidate(path: Path, origin: str, s: _Settings) -> Candidate:
     if s.max_unbounded or (s.max_bytes is not None and s.max_bytes > top):
         raise CatalogEntryError(f"{what} serves at most {top} bytes (its scratch is sized for that); "
                                 f"max_bytes={'unbounded' if s.max_unbounded else s.max_bytes}")
-    max_bytes = top if s.max_bytes is None else s.max_bytes
+    max_bytes = min(top, limits.SMALL_ALLREDUCE_DEFAULT_BYTES) if s.max_bytes is None else s.max_bytes
     min_bytes = s.min_bytes or 0
     if min_bytes > max_bytes:
         raise CatalogEntryError(f"{what}: min_bytes={min_bytes} > max_bytes={max_bytes}: the entry serves no size")

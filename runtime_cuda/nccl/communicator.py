@@ -173,8 +173,9 @@ class NcclCommunicator(ArrayCollectives):
         order = order if order is not None else StreamOrder(fault=faults.active("stream-order"))
         if exchange is None:
             exchange = NcclExchange(nccl_comm, rank, ndev, order)
-        self._backend = backend_factory(exchange, rank, ndev, self._device)
-        self._dispatch = Dispatcher(Selector(load_catalog(env), log, self._backend.check),
+        catalog = load_catalog(env)
+        self._backend = backend_factory(exchange, rank, ndev, self._device, catalog)
+        self._dispatch = Dispatcher(Selector(catalog, log, self._backend.check),
                                     fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)
         self._order, self._log = order, log
         # Repeats of calls gc3 served, by the call's own arguments: (what to call, stream, route, Reissue).

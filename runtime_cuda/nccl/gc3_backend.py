@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
+from gc3 import limits
 from gc3.errors import GC3Error
 
 from .call import REDUCING, Call
@@ -37,7 +38,7 @@ def _key(cand: Candidate) -> Tuple:
 
 
 class Gc3Backend:
-    def __init__(self, exchange, rank: int, size: int, device: int):
+    def __init__(self, exchange, rank: int, size: int, device: int, catalog=None):
         # Imported here so that a machine without the runtime's dependencies
         # gets an `Unavailable` backend from make_backend instead of an error.
         from runtime_cuda import abi, binding, launcher, small_allreduce, tables
@@ -51,6 +52,10 @@ class Gc3Backend:
         self._groups: Dict[Tuple, object] = {}
         self._failed: Dict[Tuple, str] = {}
         self._tables: Dict[Tuple, object] = {}
+        # The small-message kernels' scratch holds the largest call any kernel entry of the
+        # catalog may give this communicator: sized once, since every peer maps it.
+        self._small_bytes = max((c.max_bytes for c in (catalog.candidates if catalog else ())
+                                 if c.kernel and c.ranks == size), default=limits.SMALL_ALLREDUCE_DEFAULT_BYTES)
 
     # -- what the runtime can run ------------------------------------------------
     def check(self, cand: Candidate, call: Call) -> Optional[str]:
@@ -58,7 +63,7 @@ class Gc3Backend:
         if key in self._failed:
             return self._failed[key]
         if cand.kernel:
-            return self._small.refusal(call.dtype_name, _kernel_op(call), call.in_elems)
+            return self._small.refusal(call.dtype_name, _kernel_op(call), call.in_elems, self._small_bytes)
         if call.dtype_name not in self._abi.DTYPE:
             return f"the interpreter is not built for {call.dtype_name} (it has {', '.join(self._abi.DTYPE)})"
         if call.coll in REDUCING and _kernel_op(call) not in self._abi.REDOP:
@@ -84,7 +89,8 @@ class Gc3Backend:
         why = ""
         try:
             if cand.kernel:
-                group = self._small.SmallAllreduce.ipc(self.exchange, device=self.device)
+                group = self._small.SmallAllreduce.ipc(self.exchange, device=self.device,
+                                                       max_bytes=self._small_bytes)
             else:
                 group = self._IpcRanks(cand.program, self.exchange, device=self.device)
         except Exception as exc:  # reported to every rank below, then NCCL serves the call

@@ -22,6 +22,7 @@ from __future__ import annotations
 import socket
 from typing import Dict, Optional, Tuple
 
+from gc3 import limits
 from gc3.errors import GC3Error
 
 from .call import REDUCING, Call
@@ -137,7 +138,7 @@ class MeasuredTimer:
             return False
         if cand.kernel:
             from runtime_cuda.small_allreduce import refusal
-            return refusal(DTYPE, "sum", elems) is None
+            return refusal(DTYPE, "sum", elems, limits.SMALL_ALLREDUCE_MAX_BYTES) is None
         try:
             call_shape(cand.program, elems, ITEMSIZE[DTYPE_CODES[DTYPE]], group.proto, group.tables.max_cnt)
         except GC3Error:
@@ -155,7 +156,8 @@ class MeasuredTimer:
         group = self._groups.get(cand.label)
         if group is None:
             try:    # set-up agrees across ranks: it raises on every rank or on none
-                group = (SmallAllreduce.ipc(self.host.comm, device=self.device, timeout=TIMEOUT_S) if cand.kernel
+                group = (SmallAllreduce.ipc(self.host.comm, device=self.device, timeout=TIMEOUT_S,
+                                            max_bytes=limits.SMALL_ALLREDUCE_MAX_BYTES) if cand.kernel
                          else IpcRanks(cand.program, self.host.comm, timeout=TIMEOUT_S, device=self.device))
             except GC3Error as exc:
                 self.rejected[cand.label] = f"set-up failed: {exc}"

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import small_cases as cases  # noqa: E402
+from gc3 import limits  # noqa: E402
 from runtime_cuda import avg  # noqa: E402
 from runtime_cuda.small_allreduce import SmallAllreduce  # noqa: E402
 
@@ -44,7 +45,7 @@ def compare(what, got, want):
 
 
 # --- 1. the launch group directly -------------------------------------------------------------
-group = SmallAllreduce.ipc(comm, timeout=20)
+group = SmallAllreduce.ipc(comm, timeout=20, max_bytes=limits.SMALL_ALLREDUCE_MAX_BYTES)
 for dtype in cases.DTYPES:
     info = cases.dtype_info(dtype)
     top = max(cases.counts(dtype))
@@ -78,13 +79,13 @@ if rank == 0:
     path = os.path.join(folder, "catalog.json")
     with open(path, "w") as f:
         json.dump({"version": 1, "algorithms": [{"kernel": "oneshot", "ranks": n, "max_bytes": 8192},
-                                                {"kernel": "twoshot", "ranks": n}]}, f)
+                                                {"kernel": "twoshot", "ranks": n, "max_bytes": "2MiB"}]}, f)
 os.environ["GC3_CONFIG"] = comm.bcast(path)
 from runtime_cuda.nccl import (NCCL_AVG, NCCL_FLOAT32, NCCL_INT32, NCCL_MAX, NCCL_SUM,  # noqa: E402
                                NcclCommunicator)
 
 c = NcclCommunicator.from_mpi(comm)
-TOP = 65535
+TOP = 400003    # the largest call below: the drop-in sized the scratch for the 2 MiB entry
 xs = cp.zeros(TOP, cp.float32)
 ys = cp.zeros(TOP, cp.float32)
 cp.cuda.Device().synchronize()
@@ -108,14 +109,15 @@ served = dict(c.served)
 if set(served) != {f"oneshot_allreduce_{n}r", f"twoshot_allreduce_{n}r"}:
     wrong.append(f"served by {served}, expected both kernels and nothing else")
 
-# 200 calls back to back, nothing waiting for the host, inputs changing on the stream
-SIZES, CALLS = (3001, 17, 20001), 200
-srcs = [cp.asarray(cases.inputs(900 + i, n, SIZES[i % 3], "float32", "sum")[rank]) for i in range(CALLS)]
-results = [cp.zeros(SIZES[i % 3], cp.float32) for i in range(CALLS)]
+# 200 calls back to back, nothing waiting for the host, inputs changing on the stream, and
+# grids of 1 to the most blocks taking turns (every block must agree on the call number)
+SIZES, CALLS = (3001, 17, 20001, 400003), 200
+srcs = [cp.asarray(cases.inputs(900 + i, n, SIZES[i % 4], "float32", "sum")[rank]) for i in range(CALLS)]
+results = [cp.zeros(SIZES[i % 4], cp.float32) for i in range(CALLS)]
 cp.cuda.Device().synchronize()
 d2d = 3   # cudaMemcpyDeviceToDevice
 for i in range(CALLS):
-    count = SIZES[i % 3]
+    count = SIZES[i % 4]
     cp.cuda.runtime.memcpyAsync(xs.data.ptr, srcs[i].data.ptr, 4 * count, d2d, s.ptr)
     c.allReduce(xs.data.ptr, ys.data.ptr, count, NCCL_FLOAT32, NCCL_SUM, s.ptr)
     cp.cuda.runtime.memcpyAsync(results[i].data.ptr, ys.data.ptr, 4 * count, d2d, s.ptr)
@@ -123,7 +125,7 @@ s.synchronize()
 c.check_async_error()
 for i in range(CALLS):
     compare(f"back-to-back call {i}", results[i].get(),
-            cases.expected(cases.inputs(900 + i, n, SIZES[i % 3], "float32", "sum"), "sum", "float32"))
+            cases.expected(cases.inputs(900 + i, n, SIZES[i % 4], "float32", "sum"), "sum", "float32"))
 
 # graph capture: the epoch must advance per replay
 N = 30001

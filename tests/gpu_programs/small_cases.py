@@ -15,7 +15,7 @@ OPS = ("sum", "max", "avg")
 def counts(dtype: str):
     """Odd element counts from 1 up to the largest the kernels take for `dtype` (tails of every width)."""
     top = limits.SMALL_ALLREDUCE_MAX_BYTES // dtype_info(dtype).np.itemsize
-    out = [1, 3, 7, 255, 4099] + ([65537] if 65537 <= top else [])
+    out = [1, 3, 7, 255, 4099] + [c for c in (65537, 262147) if c <= top]
     return out + [top - 1 if top % 2 == 0 else top]
 
 
