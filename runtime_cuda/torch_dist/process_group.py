@@ -85,6 +85,9 @@ class Gc3ProcessGroup(ProcessGroup):
         self._device: Optional[torch.device] = None
         self._splits = None   # the host exchange uneven all-to-all sizes go through
         self._gemm = None     # runtime_cuda.fused's group for the GEMM fusions (ops.py), built on first use
+        # (raw stream, capturing) of the last _submit, for the _work that follows it: each costs
+        # about a microsecond to ask torch for, and a call needs both twice otherwise.
+        self._issued: Optional[tuple] = None
 
     def getBackendName(self) -> str:
         return names.NAME
@@ -186,6 +189,7 @@ class Gc3ProcessGroup(ProcessGroup):
 
     def _submit(self, comm, coll, send, recv, count, op=None, root=0, padded=False) -> None:
         """One call on contiguous tensors (None where the call has no such buffer)."""
+        self._issued = None
         if count == 0:
             return   # nothing moves (NCCL's count-0 calls are no-ops too)
         if self._size == 1 and coll in _BLOCKS:
@@ -198,9 +202,10 @@ class Gc3ProcessGroup(ProcessGroup):
         code = DTYPE_CODES[_DTYPES[t.dtype]]
         if t.dtype == torch.bool and op is not None:
             op = _BOOL_OPS.get(op, op)
-        stream = self._stream()
-        if self._capturing():
+        stream, capturing = self._stream(), self._capturing()
+        if capturing:
             comm.adopt_stream(stream)
+        self._issued = (stream, capturing)
         try:
             comm.submit(coll, 0 if send is None else send.data_ptr(), 0 if recv is None else recv.data_ptr(), count,
                         code, None if op is None else OP_CODES[op], stream, root)
@@ -253,8 +258,10 @@ class Gc3ProcessGroup(ProcessGroup):
                          "avg, premul_sum are)")
 
     def _work(self, result, cuda: bool = True):
+        issued, self._issued = self._issued, None
         if cuda and self._device is not None:
-            return _Enqueued(result, self._device.index, self._stream(), self._capturing())
+            stream, capturing = issued if issued is not None else (self._stream(), self._capturing())
+            return _Enqueued(result, self._device.index, stream, capturing)
         return _create_work_from_future(_done(result))
 
     # --- collectives ------------------------------------------------------------
