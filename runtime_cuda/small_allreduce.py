@@ -256,11 +256,15 @@ class SmallAllreduce:
 
     def _grid(self, fn) -> int:
         """Most blocks per rank a call may launch: every block of every rank in
-        the launch must be resident at once (each spins on lines that other blocks write)."""
+        the launch must be resident at once (each spins on lines that other blocks
+        write), and at most half the GPU's resident blocks go to one launch: a
+        launch that needs them all could wait, spinning, for blocks that another
+        spinning kernel on another stream keeps out (virtual ranks, where every
+        rank's blocks share one GPU)."""
         if self._blocks is None:
             dev = self.executor.device
             cap = _blocks_per_sm(fn, THREADS, dev) * dev.attributes["MultiProcessorCount"]
-            blocks = min(BLOCKS, _SA["MAX_BLOCKS"], cap // len(self._ranks))
+            blocks = min(BLOCKS, _SA["MAX_BLOCKS"], cap // (2 * len(self._ranks)))
             if blocks < 1:
                 raise LimitError(f"small allreduce: {len(self._ranks)} ranks' blocks of {THREADS} threads cannot "
                                  f"all be resident on device {dev.id} ({cap} at most)")

@@ -524,7 +524,8 @@ class VirtualRanksRunner:
         key = "kernel" if cand.kernel else cand.name
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = (SmallAllreduce.virtual(self.n) if cand.kernel
+            group = self.groups[key] = (SmallAllreduce.virtual(self.n, max_bytes=self.catalog.kernel_bytes(self.n))
+                                        if cand.kernel
                                         else VirtualRanks(cand.program))
         with st.on(spec):
             for r in range(self.n):

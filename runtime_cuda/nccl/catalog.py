@@ -151,6 +151,12 @@ class Catalog:
     candidates: Tuple[Candidate, ...]
     sources: Tuple[str, ...]     # what was read, for the "nothing matched" message
 
+    def kernel_bytes(self, ranks: int) -> int:
+        """The largest call a small-message kernel entry may serve on `ranks` ranks:
+        what a communicator's kernel scratch must hold (sized once, every peer maps it)."""
+        return max((c.max_bytes for c in self.candidates if c.kernel and c.ranks == ranks),
+                   default=limits.SMALL_ALLREDUCE_DEFAULT_BYTES)
+
 
 # ---------------------------------------------------------------------------
 # Settings shared by both config formats

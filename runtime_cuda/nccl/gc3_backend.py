@@ -52,10 +52,7 @@ class Gc3Backend:
         self._groups: Dict[Tuple, object] = {}
         self._failed: Dict[Tuple, str] = {}
         self._tables: Dict[Tuple, object] = {}
-        # The small-message kernels' scratch holds the largest call any kernel entry of the
-        # catalog may give this communicator: sized once, since every peer maps it.
-        self._small_bytes = max((c.max_bytes for c in (catalog.candidates if catalog else ())
-                                 if c.kernel and c.ranks == size), default=limits.SMALL_ALLREDUCE_DEFAULT_BYTES)
+        self._small_bytes = catalog.kernel_bytes(size) if catalog else limits.SMALL_ALLREDUCE_DEFAULT_BYTES
 
     # -- what the runtime can run ------------------------------------------------
     def check(self, cand: Candidate, call: Call) -> Optional[str]:
