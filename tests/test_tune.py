@@ -75,9 +75,19 @@ def test_provenance_says_model_only(tuned):
 
 
 def served(catalog, coll, inplace):
-    """Per size range, as the drop-in's first-match rule sees the entries."""
-    return [e for e in catalog["algorithms"] if e["collective"] == coll and
-            (e["inplace"] if inplace else e["outofplace"])]
+    """Per size range, as the drop-in's first-match rule sees the entries: an entry
+    whose whole range an earlier one of the placement already serves never matches
+    (an in-place IR listed for out-of-place calls, behind the in-place table)."""
+    out = []
+    for e in catalog["algorithms"]:
+        if e["collective"] != coll or not (e["inplace"] if inplace else e["outofplace"]):
+            continue
+        lo, hi = e["min_bytes"], e["max_bytes"]
+        if any(a <= lo and (b is None or (hi is not None and hi <= b)) for a, b in
+               ((k["min_bytes"], k["max_bytes"]) for k in out)):
+            continue
+        out.append(e)
+    return out
 
 
 def test_ranges_are_contiguous_and_disjoint(tuned):
@@ -190,6 +200,22 @@ def test_library_defaults_must_be_literal_ints(tmp_path):
     f.write_text("from gc3 import int_args\nN = 4\nint_args(ranks=N, instances=1)\n")
     with pytest.raises(Exception, match="ranks a default that is not a literal int"):
         library._int_args(f)
+
+
+def test_the_model_prices_the_input_copy_an_in_place_program_needs_out_of_place():
+    """An in-place-only program serves an out-of-place call behind a copy of the input;
+    the model adds that copy (so a faster in-place program, such as the two-node
+    hierarchical allreduce, still wins out-of-place calls when the copy is worth it)."""
+    from gc3.simulator.cost_model import input_copy_seconds
+
+    grid = tune.Grid(instances=(1,), protocols=("Simple",), pipeline_chunks=(1,))
+    cands = {c.label: c for c in tune.candidates("allreduce", 2, 1, grid)[0]}
+    timer = tune.ModelTimer("h200", 2)
+    ip, oop = cands["allreduce_ring_2r_inplace_Simple"], cands["allreduce_ring_2r_Simple"]
+    nbytes = 64 << 20
+    extra = timer.time(ip, nbytes, False) - timer.time(ip, nbytes, True)
+    assert extra == pytest.approx(input_copy_seconds(nbytes, timer.config)) and extra > 2 * nbytes / 5e12
+    assert timer.time(oop, nbytes, False) == timer.time(oop, nbytes, True)   # serves it as it is
 
 
 def test_candidates_respect_the_shape():

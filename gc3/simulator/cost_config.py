@@ -82,7 +82,8 @@ class CostConfig:
     measured_ranks: int = 0               # rank count of the calibration runs (0: none)
     # Compute steps of a fused IR (`compute_seconds` in cost_model.py).  The peak figures are
     # the vendor's (see _GPU_FACTS); the rest are assumptions until measured on the device.
-    hbm_Bps: float = 4.8e12               # HBM bandwidth: gemv and ebag are bound by it
+    hbm_Bps: float = 4.8e12               # HBM bandwidth: gemv, ebag and local copies are bound by it
+    copy_launch_s: float = 2e-6           # one device-to-device cudaMemcpyAsync before a launch (assumed)
     bf16_flops: float = 989e12            # dense bf16 tensor-core peak (no sparsity)
     sms: int = 132                        # SMs: one GEMM output tile each per wave
     gemm_efficiency: float = 0.7          # fraction of the peak a full cuBLAS wave reaches (assumed)

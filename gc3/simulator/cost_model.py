@@ -179,6 +179,13 @@ def compute_seconds(spec, out_elems: int, config: CostConfig) -> float:
     return read / config.hbm_Bps
 
 
+def input_copy_seconds(nbytes: int, config: CostConfig) -> float:
+    """The runtime's copy of a call's input into its output before an in-place
+    program serves an out-of-place call: one device-to-device copy, HBM-bound
+    (every byte read and written once)."""
+    return config.copy_launch_s + 2 * nbytes / config.hbm_Bps if nbytes else 0.0
+
+
 def gemm_seconds(spec, chunks: int, config: CostConfig) -> float:
     """The GEMM of `spec` cut into `chunks` row blocks, run one after another (what a fused
     program's compute stream does); chunks=1 is one cuBLAS call."""

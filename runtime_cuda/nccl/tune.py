@@ -192,7 +192,7 @@ class ModelTimer:
     """The simulator's cost model (`gc3 simulate --cost`): each candidate runs
     once on the CPU (data checked against numpy), then is re-timed per size."""
 
-    prices_inplace_copy = False
+    prices_inplace_copy = True
 
     def __init__(self, cost: str, ranks: int, nodes: int = 1):
         from gc3.simulator.cost_config import preset
@@ -200,7 +200,7 @@ class ModelTimer:
         self.config = preset(cost, gpus_per_node=ranks // nodes)
         self.cost, self.ranks = cost, ranks
         self._timed: Dict[str, object] = {}
-        self._times: Dict[Tuple[str, int], Optional[float]] = {}   # the copy is not priced: placement-free
+        self._times: Dict[Tuple[str, int], Optional[float]] = {}   # without the input copy: placement-free
 
     def _timed_program(self, cand: Candidate):
         from gc3.simulator import TimedProgram
@@ -220,7 +220,13 @@ class ModelTimer:
             except GC3Error:       # this size does not split into the program's chunks
                 t = None
             self._times[key] = t
-        return self._times[key]
+        t = self._times[key]
+        if t is not None and not inplace and not cand.serves(False):
+            # The runtime copies the input into the output first (as MSCCL does), then runs it in place.
+            from gc3.simulator.cost_model import input_copy_seconds
+            t += input_copy_seconds(call_elems(cand.collective, nbytes, self.ranks) * ITEMSIZE[DTYPE_CODES[DTYPE]],
+                                    self.config)
+        return t
 
     def baseline(self, coll: str, nbytes: int, inplace: bool) -> Optional[float]:
         return None
