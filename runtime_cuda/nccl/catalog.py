@@ -370,7 +370,7 @@ def _kernel_candidate(path: Path, origin: str, s: _Settings) -> Candidate:
     if s.max_unbounded or (s.max_bytes is not None and s.max_bytes > top):
         raise CatalogEntryError(f"{what} serves at most {top} bytes (its scratch is sized for that); "
                                 f"max_bytes={'unbounded' if s.max_unbounded else s.max_bytes}")
-    max_bytes = min(top, limits.SMALL_ALLREDUCE_DEFAULT_BYTES) if s.max_bytes is None else s.max_bytes
+    max_bytes = limits.SMALL_ALLREDUCE_DEFAULT_BYTES if s.max_bytes is None else s.max_bytes
     min_bytes = s.min_bytes or 0
     if min_bytes > max_bytes:
         raise CatalogEntryError(f"{what}: min_bytes={min_bytes} > max_bytes={max_bytes}: the entry serves no size")
