@@ -47,10 +47,11 @@ class Candidate:
     lo: int                          # serves sizes lo..hi (nccl-tests bytes)
     hi: int
     env: Tuple[Tuple[str, str], ...] = field(default=())
+    fusion: bool = True              # rrc+s -> rrcs etc. (off: sends and receives in separate blocks)
 
 
-def _c(label, coll, script, argv, proto, inst, lo, hi, **env):
-    return Candidate(label, coll, script, tuple(argv), proto, inst, lo, hi, tuple(sorted(env.items())))
+def _c(label, coll, script, argv, proto, inst, lo, hi, fusion=True, **env):
+    return Candidate(label, coll, script, tuple(argv), proto, inst, lo, hi, tuple(sorted(env.items())), fusion)
 
 
 SPLIT = "4:65536"        # >= 4 tiles per chunk, tiles >= 64 KiB
@@ -67,6 +68,10 @@ CANDIDATES: Tuple[Candidate, ...] = (
     _c("ring-S-i64", "allreduce", "allreduce_ring", ["2"], "Simple", 64, 256 * KiB, BIG),
     _c("ring-S-i64-split", "allreduce", "allreduce_ring", ["2"], "Simple", 64, 256 * KiB, BIG,
        GC3_TILE_SPLIT_SIMPLE=SPLIT),
+    # Unfused, each channel's sends and receives get blocks of their own (128 per rank at 64
+    # instances, as the reducescatter and allgather programs have) instead of one block doing both.
+    _c("ring-S-i64-nofuse", "allreduce", "allreduce_ring", ["2"], "Simple", 64, 256 * KiB, BIG, fusion=False),
+    _c("ring-S-i32-nofuse", "allreduce", "allreduce_ring", ["2"], "Simple", 32, 256 * KiB, BIG, fusion=False),
     _c("ring-S-i32-1M", "allreduce", "allreduce_ring", ["2"], "Simple", 32, 16 * MiB, BIG,
        GC3_SLOT_BYTES_SIMPLE=str(1 << 20), GC3_TILE_SPLIT_SIMPLE=SPLIT),
     _c("ring-LL128-i16", "allreduce", "allreduce_ring", ["2"], "LL128", 16, 256 * KiB, 64 * MiB),
@@ -132,7 +137,7 @@ def compile_candidate(c: Candidate):
     from gc3.dsl.program import run_script
 
     traced = run_script(str(ROOT / "algorithms" / f"{c.script}.py"), list(c.argv))
-    return lower(traced, instances=c.instances, protocol=c.proto)
+    return lower(traced, instances=c.instances, protocol=c.proto, instr_fusion=c.fusion)
 
 
 def nccl_call(nccl, comm, coll, sbuf, rbuf, n_in, stream, nranks):
@@ -197,33 +202,14 @@ def check_once(call, coll, sbuf, rbuf, n_in, mpi_comm, stream) -> Tuple[int, str
 
 
 def graph_timed(fn, reps, mpi_comm, stream) -> float:
-    """us per call when `reps` calls are replayed from one CUDA graph (nan if
-    either rank cannot capture); both ranks replay or neither does."""
-    import cupy
+    """us per call when `reps` calls are replayed from one CUDA graph, the
+    slower rank's (nan if either rank cannot capture)."""
     from mpi4py import MPI
 
-    graph = None
-    try:
-        stream.begin_capture()
-        try:
-            for _ in range(reps):
-                fn()
-        finally:
-            graph = stream.end_capture()
-    except Exception:  # capture unsupported here: report nan, never launch half of a pair
-        graph = None
-    if mpi_comm.allreduce(int(graph is not None), op=MPI.MIN) == 0:
-        return math.nan
-    graph.launch(stream)
-    stream.synchronize()
+    from runtime_cuda.nccl.perf_gpu import graph_us
+
     mpi_comm.Barrier()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record(stream)
-    for _ in range(5):
-        graph.launch(stream)
-    stop.record(stream)
-    stop.synchronize()
-    us = cupy.cuda.get_elapsed_time(start, stop) * 1e3 / (5 * reps)
+    us = graph_us(fn, reps, 5, stream, lambda ok: mpi_comm.allreduce(int(ok), op=MPI.MIN) == 1)
     return mpi_comm.allreduce(us, op=MPI.MAX)
 
 

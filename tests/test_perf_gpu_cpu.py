@@ -79,3 +79,80 @@ def test_bench_runtime_checks_every_call(fake_cupy, coll):
         wrong, first = br.check_once(stale, coll, sbuf, rbuf, 1000, OneRankMpi(), FakeStream(3))
         assert wrong == 1 and first.startswith("rank 0 output[999] = -5.0")
         assert FakeStream.current is user
+
+
+def test_case_time_is_the_median_round(fake_cupy, monkeypatch):
+    """Rounds of back-to-back calls, events between them: one slow round (a
+    clock ramp, a neighbour's burst) does not move the case's time."""
+    from runtime_cuda.nccl import perf_gpu
+    per_round_ms = iter([5.0, 1.0, 2.0, 90.0, 3.0])
+    monkeypatch.setattr(fake_cupy.cuda, "get_elapsed_time", lambda a, b: next(per_round_ms))
+    cfg = perf_gpu.BenchConfig(["allreduce"], [64], warmup=0, iters=2, check=False, rounds=5)
+    buf = np.zeros(64, np.uint8).view(DevArray)
+    t, _, _, _ = perf_gpu.run_case(copying_issue(), one_rank_host(), cfg, "allreduce", 64, False, buf,
+                                   buf.copy().view(DevArray), FakeStream(5))
+    assert t == pytest.approx(3.0 * 1000 / 2)      # median round 3 ms over 2 calls
+
+
+class CapturingStream(FakeStream):
+    """A stream whose graphs record how many calls were captured into them."""
+
+    def __init__(self, ptr, can_capture=True):
+        super().__init__(ptr)
+        self.can_capture, self.captured, self.graphs = can_capture, None, []
+
+    def begin_capture(self):
+        if not self.can_capture:
+            raise RuntimeError("capture unsupported")
+        self.captured = 0
+
+    def end_capture(self):
+        graph = type("Graph", (), {"launch": lambda g, stream: None, "calls": self.captured})()
+        self.graphs.append(graph)
+        self.captured = None
+        return graph
+
+
+@pytest.mark.parametrize("can_capture", [True, False])
+def test_graph_replay_is_timed_up_to_graph_max(fake_cupy, can_capture):
+    from runtime_cuda.nccl import perf_gpu
+    stream = CapturingStream(9, can_capture)
+
+    def issue(coll, send, recv, count, dtype, op, s, root):
+        if stream.captured is not None:
+            stream.captured += 1
+        return "fake"
+
+    cfg = perf_gpu.BenchConfig(["allreduce"], [64], warmup=0, iters=4, check=False, graph_max=64)
+    buf = np.zeros(64, np.uint8).view(DevArray)
+    graphs = {}
+    t, _, _, _ = perf_gpu.run_case(issue, one_rank_host(), cfg, "allreduce", 64, False, buf,
+                                   buf.copy().view(DevArray), stream, graphs)
+    if can_capture:
+        assert [g.calls for g in stream.graphs] == [perf_gpu.GRAPH_CALLS, 1]
+        # fake events read 1 ms between any two: 5 replays of 100 calls, then 4 of one call
+        assert graphs == pytest.approx({"graph100": 1000 / 500, "graph1": 1000 / 4})
+    else:   # nan, never a replay of calls that were not captured; the eager time stands
+        assert set(graphs) == {"graph100", "graph1"} and all(v != v for v in graphs.values())
+    assert t == pytest.approx(1000 / 4)
+    bigger = {}
+    perf_gpu.run_case(issue, one_rank_host(), cfg, "allreduce", 128, False, np.zeros(128, np.uint8).view(DevArray),
+                      np.zeros(128, np.uint8).view(DevArray), stream, bigger)
+    assert bigger == {}
+
+
+def test_graph_details_line():
+    from runtime_cuda.nccl.perf import Row, measure, graph_details
+    row = Row("allreduce", 1024, 256, "float32", "sum", 0, 2)
+    for impl, g in (("gc3", 2.5), ("nccl", 5.0)):
+        row.results[impl] = {}
+        for place in ("oop", "ip"):
+            m = measure("allreduce", 1024, 2, 6.0, 0, impl)
+            m.graph100_us, m.graph1_us = g, g * 2
+            row.results[impl][place] = m
+    (line,) = graph_details(row, ("gc3", "nccl"))
+    assert "gc3 oop 2.50/5.00 ip 2.50/5.00 | NCCL oop 5.00/10.00" in line
+    assert "oop vs NCCL 2.00x" in line
+    plain = Row("allreduce", 1024, 256, "float32", "sum", 0, 2)
+    plain.results["gc3"] = {"oop": measure("allreduce", 1024, 2, 6.0, 0)}
+    assert graph_details(plain, ("gc3",)) == []

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "ir_samples"
 
 GiB = 1 << 30
-RING = "allreduce_ring_2r_inplace_Simple_i64.xml"      # 128 blocks, Simple protocol
+RING = "allreduce_ring_2r_inplace_Simple_i64_unfused.xml"   # 128 blocks, Simple: what serves these sizes
 ONESHOT = "allreduce_oneshot_2r_LL_i16.xml"    # 32 blocks, LL protocol
 
 # (sample, dtype, elements, in place); every case is past 2**31 bytes, the

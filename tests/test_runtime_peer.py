@@ -20,7 +20,7 @@ main = cli()   # gc3's CLI with the runtime's commands, installed or not
 ROOT = Path(__file__).resolve().parent.parent
 TWO_RANK = [p for p in sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml")) + sorted((ROOT / "ir_samples").glob("*.xml"))
             if read_xml(p).ngpus == 2]
-RING = ROOT / "ir_samples" / "allreduce_ring_2r_inplace_Simple_i64.xml"
+RING = ROOT / "ir_samples" / "allreduce_ring_2r_inplace_Simple_i64_unfused.xml"
 ONESHOT = ROOT / "ir_samples" / "allreduce_oneshot_2r_LL_i16.xml"
 PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
 

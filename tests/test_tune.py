@@ -124,11 +124,14 @@ def allreduce_served_by(monkeypatch, catalog, count, inplace=True):
     return log[0][1]
 
 
-@pytest.mark.parametrize("count", [1 << 20, 1 << 28])
-def test_the_shipped_index_serves_large_out_of_place_allreduce_with_its_own_ring(monkeypatch, count):
-    # out of place, the ring adds the input into the output: no in-place IR behind a copy of the whole input
-    assert allreduce_served_by(monkeypatch, DEFAULT_INDEX, count, inplace=False) == "allreduce_ring_2r_Simple_i64.xml"
-    assert allreduce_served_by(monkeypatch, DEFAULT_INDEX, count) == "allreduce_ring_2r_inplace_Simple_i64.xml"
+@pytest.mark.parametrize("count, suffix", [(1 << 20, ""), (1 << 25, ""), (1 << 25 | 1, "_unfused"),
+                                           (1 << 28, "_unfused")])
+def test_the_shipped_index_serves_large_out_of_place_allreduce_with_its_own_ring(monkeypatch, count, suffix):
+    # out of place, the ring adds the input into the output: no in-place IR behind a copy of the whole input;
+    # fused up to 128 MiB (float32: 2**25 elements), unfused above
+    assert (allreduce_served_by(monkeypatch, DEFAULT_INDEX, count, inplace=False)
+            == f"allreduce_ring_2r_Simple_i64{suffix}.xml")
+    assert allreduce_served_by(monkeypatch, DEFAULT_INDEX, count) == f"allreduce_ring_2r_inplace_Simple_i64{suffix}.xml"
 
 
 def test_the_drop_in_serves_what_the_tuned_catalog_says(tmp_path, monkeypatch):

@@ -63,7 +63,13 @@ def impl_names(impl: str, peer: str):
 @click.option("-o", "--op", type=click.Choice(("sum", "prod", "max", "min", "avg")), default="sum", show_default=True)
 @click.option("-r", "--root", default=0, show_default=True, help="root of broadcast and reduce")
 @click.option("-w", "--warmup", "warmup", default=5, show_default=True, help="untimed calls per case")
-@click.option("-n", "--iters", default=20, show_default=True, help="timed calls per case")
+@click.option("-n", "--iters", default=20, show_default=True, help="timed calls per round")
+@click.option("-R", "--rounds", default=3, show_default=True,
+              help="timed rounds of --iters calls back to back per case; the case's time is the median round")
+@click.option("--graph", "graph_max", default="0", callback=_size, show_default=True,
+              help="also time CUDA-graph replay (a graph of 100 calls, and a graph of one) for sizes up to this")
+@click.option("--warm-s", default=0.5, show_default=True,
+              help="seconds of untimed calls before each implementation's first case (clocks ramp up)")
 @click.option("--hang-s", default=60.0, show_default=True,
               help="a case (one implementation, size and placement) still running after this many seconds "
                    "ends the run with status 3, naming it (0: wait forever)")
@@ -76,8 +82,8 @@ def impl_names(impl: str, peer: str):
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="write the rows as CSV (rank 0)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the rows as JSON (rank 0)")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG of busbw vs size (rank 0)")
-def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, hang_s, check,
-            impl, peer, xml_files, csv_path, json_path, plot_path):
+def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, rounds,
+            graph_max, warm_s, hang_s, check, impl, peer, xml_files, csv_path, json_path, plot_path):
     """Measure collectives like nccl-tests, gc3 beside NCCL (run under mpirun -np N)."""
     from runtime_cuda.nccl import perf
 
@@ -93,7 +99,10 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
     except ImportError as exc:
         raise click.ClickException(f"gc3 bench needs cupy with NCCL and a GPU ({exc})") from None
     impls = impl_names(impl, peer)
-    cfg = perf_gpu.BenchConfig(collectives, sizes, dtype, op, root, warmup, iters, check, impls, hang_s)
+    if rounds < 1 or iters < 1:
+        raise click.UsageError(f"--rounds ({rounds}) and --iters ({iters}) must be at least 1")
+    cfg = perf_gpu.BenchConfig(collectives, sizes, dtype, op, root, warmup, iters, check, impls, hang_s,
+                               rounds=rounds, graph_max=graph_max, warm_s=warm_s)
     host = perf_gpu.Host()
     if not 0 <= root < host.size:
         raise click.UsageError(f"--root {root} is not a rank of {host.size}")
@@ -107,6 +116,8 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
             current[0] = row.coll
             click.echo("\n".join(perf.header(row.coll, host.size, dtype, op, impls)))
         click.echo(perf.format_row(row, impls))
+        for line in perf.graph_details(row, impls):
+            click.echo(line)
         for line in perf.wrong_details(row):
             click.echo(line)
         sys.stdout.flush()
@@ -119,6 +130,7 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
         return
     click.echo("\n".join(perf.footer(rows, impls)))
     meta = {"nranks": host.size, "dtype": dtype, "op": op, "root": root, "warmup": warmup, "iters": iters,
+            "rounds": rounds, "graph_max": graph_max, "warm_s": warm_s,
             "impls": list(impls), "peer": peer, "GC3_XML_FILES": os.environ.get("GC3_XML_FILES", ""),
             "GC3_CONFIG": os.environ.get("GC3_CONFIG", "")}
     if csv_path:

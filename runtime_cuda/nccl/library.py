@@ -124,11 +124,12 @@ def args(name: str, **values: int) -> Tuple[str, Tuple[int, ...]]:
 
 
 def compile_program(name: str, argv: Tuple[int, ...], instances: Optional[int] = None,
-                    protocol: Optional[str] = None):
+                    protocol: Optional[str] = None, fusion: Optional[bool] = None):
     """(traced GC3Program, lowered ir.Program) of algorithms/<name>.py with `argv`,
-    through gc3's public entry points; GC3Error when it does not trace or lower."""
+    through gc3's public entry points; GC3Error when it does not trace or lower.
+    `fusion` False compiles without instruction fusion (gc3.lower's instr_fusion)."""
     from gc3 import lower
     from gc3.dsl.program import run_script
 
     traced = run_script(algorithm(name).path, [str(a) for a in argv])
-    return traced, lower(traced, instances=instances, protocol=protocol)
+    return traced, lower(traced, instances=instances, protocol=protocol, instr_fusion=fusion)

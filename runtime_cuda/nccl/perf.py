@@ -79,6 +79,8 @@ class Measure:
     wrong: Optional[int]   # None when not checked
     algorithm: str = ""    # which gc3 algorithm served it, or "NCCL"
     first_wrong: str = ""  # where the first wrong element is, when wrong
+    graph100_us: Optional[float] = None   # us per call replayed from a graph of 100 calls (when timed)
+    graph1_us: Optional[float] = None     # us per replay of a graph of one call
 
 
 @dataclass
@@ -157,6 +159,31 @@ def format_row(row: Row, impls: Sequence[str]) -> str:
     if any(m.wrong for side in row.results.values() for m in side.values()):
         line += "  <- WRONG"
     return line
+
+
+def graph_details(row: Row, impls: Sequence[str]) -> List[str]:
+    """A comment line with the row's CUDA-graph replay times, when it has any:
+    per implementation and placement, us per call in a graph of 100 calls / in
+    a graph of one call, and gc3's ratio on the 100-call graph against each peer."""
+    def us(x):
+        return "-" if x is None or x != x else f"{x:.2f}"
+
+    parts = []
+    for impl in impls:
+        side = row.results.get(impl, {})
+        if any(m.graph100_us is not None for m in side.values()):
+            parts.append(f"{label(impl)} " + " ".join(
+                f"{p} {us(side[p].graph100_us)}/{us(side[p].graph1_us)}" for p in PLACES if p in side))
+    if not parts:
+        return []
+    ratios = []
+    for peer in peers(impls):
+        for p in PLACES:
+            g, n = (row.results.get(i, {}).get(p) for i in ("gc3", peer))
+            if g and n and g.graph100_us and n.graph100_us and g.graph100_us == g.graph100_us:
+                ratios.append(f"{p} vs {label(peer)} {n.graph100_us / g.graph100_us:.2f}x")
+    return [f"#   graph us/call (100-call graph / 1-call graph): {' | '.join(parts)}"
+            + (f"  [{', '.join(ratios)}]" if ratios else "")]
 
 
 def wrong_details(row: Row) -> List[str]:

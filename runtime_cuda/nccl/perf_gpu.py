@@ -9,8 +9,17 @@ generated on the GPU from (rank, index), outputs are pre-filled with NaN/0xFF
 so a missed write shows, one call runs, and every output element is compared
 on the GPU with the value it must hold (runtime_cuda.nccl.datacheck: small
 integers, compared exactly; #wrong summed over ranks, and the first wrong
-element reported). Then `warmup` calls, and `iters` calls timed with CUDA
-events; the time is averaged over ranks, as nccl-tests does.
+element reported). Then `warmup` calls, and `rounds` rounds of `iters` calls
+back to back, timed with CUDA events between the rounds (nothing else between
+the calls): a case's time is the median of its rounds' per-call times, averaged
+over ranks as nccl-tests does.  With `graph_max`, cases up to that size are
+also replayed from CUDA graphs, two ways: a graph holding `GRAPH_CALLS` calls
+(per call = its replay time / GRAPH_CALLS) and a graph of one call replayed back
+to back; GPU time alone, no launch path on either side.
+
+Before the first case of each implementation, `warm_s` seconds of its calls run
+untimed: an idle GPU and CPU take that long to reach their clocks, and without it
+the first sizes of a sweep read 2-3 us slow for every implementation alike.
 
 The caller's current CuPy stream is never changed for longer than the data
 set-up and check, and is restored afterwards (runtime_cuda.streams.current).
@@ -41,6 +50,12 @@ class BenchConfig:
     check: bool = True
     impls: Sequence[str] = ("gc3", "nccl")
     hang_s: float = 60.0          # a case still running after this ends the process, naming it (0: never)
+    rounds: int = 3               # timed rounds of `iters` calls; the case's time is their median
+    graph_max: int = 0            # also time CUDA-graph replay for sizes up to this (0: never)
+    warm_s: float = 0.0           # untimed calls before an implementation's first case
+
+
+GRAPH_CALLS = 100                 # calls captured in the many-call graph
 
 
 class Host:
@@ -109,10 +124,43 @@ def place(coll: str, inplace: bool, sendbuf, recvbuf, count: int, rank: int, ite
 Issue = Callable[[str, int, int, int, int, Optional[int], int, int], str]
 
 
+def graph_us(call: Callable[[], object], calls: int, replays: int, stream, agree: Callable[[bool], bool]) -> float:
+    """us per call when `calls` calls captured in one CUDA graph are replayed
+    `replays` times back to back (this rank's figure), or nan where some rank
+    cannot capture: `agree(ok)` is True only when every rank's `ok` is, so a
+    rank never replays collectives its peers did not capture."""
+    import math
+
+    import cupy
+    graph = None
+    try:
+        stream.begin_capture()
+        try:
+            for _ in range(calls):
+                call()
+        finally:
+            graph = stream.end_capture()
+    except Exception:  # capture unsupported for this implementation: nan, never half a pair
+        graph = None
+    if not agree(graph is not None):
+        return math.nan
+    graph.launch(stream)
+    stream.synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(stream)
+    for _ in range(replays):
+        graph.launch(stream)
+    stop.record(stream)
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop) * 1e3 / (calls * replays)
+
+
 def run_case(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int, inplace: bool,
-             sendbuf, recvbuf, stream):
+             sendbuf, recvbuf, stream, graphs: Optional[Dict[str, float]] = None):
     """(time in us averaged over ranks, #wrong summed over ranks or None,
-    the first wrong element of the lowest rank that has one, route name)."""
+    the first wrong element of the lowest rank that has one, route name).
+    With `graphs` (a dict) and nbytes <= cfg.graph_max, it receives the graph
+    replay times, us per call averaged over ranks: "graph100" and "graph1"."""
     import cupy
     n, rank = host.size, host.rank
     code = DTYPE_CODES[cfg.dtype]
@@ -145,14 +193,40 @@ def run_case(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int,
         route = call()
     stream.synchronize()
     host.barrier()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record(stream)
-    for _ in range(cfg.iters):
-        route = call()
-    end.record(stream)
-    end.synchronize()
-    elapsed_us = cupy.cuda.get_elapsed_time(start, end) * 1000.0 / max(cfg.iters, 1)
+    marks = [cupy.cuda.Event() for _ in range(max(cfg.rounds, 1) + 1)]
+    marks[0].record(stream)
+    for mark in marks[1:]:
+        for _ in range(cfg.iters):
+            route = call()
+        mark.record(stream)
+    marks[-1].synchronize()
+    per_call = sorted(cupy.cuda.get_elapsed_time(a, b) * 1000.0 / max(cfg.iters, 1)
+                      for a, b in zip(marks, marks[1:]))
+    elapsed_us = per_call[(len(per_call) - 1) // 2]     # the median round (the lower one of an even count)
+    if graphs is not None and nbytes <= cfg.graph_max:
+        agree = (lambda ok: host.comm.allreduce(int(ok), op=_mpi_min()) == 1) if host.comm else bool
+        host.barrier()
+        graphs["graph100"] = host.mean(graph_us(call, GRAPH_CALLS, 5, stream, agree))
+        host.barrier()
+        graphs["graph1"] = host.mean(graph_us(call, 1, max(cfg.iters, 1), stream, agree))
     return host.mean(elapsed_us), wrong, first, route
+
+
+def _mpi_min():
+    from mpi4py import MPI
+    return MPI.MIN
+
+
+def warm_up(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int, sendbuf, recvbuf, stream) -> None:
+    """Untimed calls of one case until rank 0 has run them for cfg.warm_s
+    seconds (every rank makes the same calls: rank 0 says when to stop)."""
+    import time
+    quick = BenchConfig((), (), cfg.dtype, cfg.op, cfg.root, warmup=50, iters=1, check=False, rounds=1)
+    t0 = time.perf_counter()
+    while True:
+        run_case(issue, host, quick, coll, nbytes, False, sendbuf, recvbuf, stream)
+        if not host.bcast(time.perf_counter() - t0 < cfg.warm_s):
+            return
 
 
 def _nccl_comm(host: Host):
@@ -255,6 +329,7 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
         buffers["nccl-sym"] = (sym.sendbuf, sym.recvbuf)
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
+    warmed = set()
     es = ITEMSIZE[DTYPE_CODES[cfg.dtype]]
     for coll in cfg.collectives:
         for nbytes in cfg.sizes:
@@ -264,15 +339,21 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
             row = Row(coll, total * es, total, cfg.dtype, cfg.op, cfg.root, host.size)
             for name, issue in impls.items():
                 row.results[name] = {}
+                if name not in warmed and cfg.warm_s > 0:
+                    warmed.add(name)
+                    warm_up(issue, host, cfg, coll, total * es, *buffers[name], stream)
                 for place_name in PLACES:
                     what = (f"rank {host.rank}: gc3 bench: {name} {coll} {total * es} bytes "
                             f"{'in place' if place_name == 'ip' else 'out of place'} did not finish in "
                             f"{cfg.hang_s:g} s (--hang-s); the GPU work is stuck, so the run ends here")
+                    graphs: Dict[str, float] = {}
                     with stuck.deadline(cfg.hang_s, what):
                         t, wrong, first, route = run_case(issue, host, cfg, coll, total * es, place_name == "ip",
-                                                          *buffers[name], stream)
+                                                          *buffers[name], stream, graphs)
                     m = measure(coll, total * es, host.size, t, wrong, route)
                     m.first_wrong = first
+                    m.graph100_us = graphs.get("graph100")
+                    m.graph1_us = graphs.get("graph1")
                     row.results[name][place_name] = m
             rows.append(row)
             report(row)
