@@ -310,3 +310,30 @@ def test_an_instance_count_over_the_threadblock_limit_becomes_the_widest_that_fi
     assert not any(n.endswith("_i64") for n in names)
     assert any(s.startswith("alltoall_direct_4r_Simple_i64:") and "max_tbs=128" in s for s in skipped)
     assert all(c.program.ngpus == 4 and c.instances == 16 for c in cands if c.label.endswith("_i16"))
+
+
+def test_unfused_twins_only_where_fusion_changes_the_program():
+    """The grid's unfused candidates: a 2-rank ring's fused rrcs puts a channel's
+    sends and receives in one block; its unfused twin has no fused step and a
+    block each.  A program that fusion leaves alone gets no twin (the same IR)."""
+    grid = tune.Grid(instances=(64,), protocols=("Simple", "LL"), pipeline_chunks=(1,), unfused_instances=(64,))
+    cands = {c.label: c for c in tune.candidates("allreduce", 2, 1, grid)[0]}
+    fused, unfused = cands["allreduce_ring_2r_inplace_Simple_i64"], cands["allreduce_ring_2r_inplace_Simple_i64_unfused"]
+    assert fused.fusion and not unfused.fusion
+    steps = lambda c: {st.type for g in c.program.gpus for tb in g.threadblocks for st in tb.steps}  # noqa: E731
+    assert "rrcs" in steps(fused) and not steps(unfused) & {"rcs", "rrcs", "rrs"}
+    assert len(unfused.program.gpus[0].threadblocks) == 2 * len(fused.program.gpus[0].threadblocks) == 128
+    assert not any(l.endswith("_unfused") and "_LL" in l for l in cands)       # Simple only
+    assert not [c for c in tune.candidates("reducescatter", 2, 1, grid)[0] if not c.fusion]
+
+
+def test_the_model_keeps_the_fused_program_on_a_tie():
+    """The cost model prices the fused and unfused rings alike (the link bounds both):
+    a model-only catalog then names the fused one, listed first."""
+    grid = tune.Grid(instances=(64,), protocols=("Simple",), pipeline_chunks=(1,), unfused_instances=(64,))
+    cands = [c for c in tune.candidates("allreduce", 2, 1, grid)[0] if c.algorithm == "allreduce_ring" and c.inplace]
+    timer = tune.ModelTimer("h200", 2)
+    times = [timer.time(c, 1 << 30, True) for c in cands]
+    assert [c.fusion for c in cands] == [True, False] and times[0] == pytest.approx(times[1])
+    (choice,) = tune.choose(cands, [1 << 30], timer, True, "allreduce")
+    assert choice.winner is cands[0]

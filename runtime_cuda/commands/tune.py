@@ -33,7 +33,8 @@ def _collectives(ctx, param, value):
 @click.option("--ranks", type=int, help="rank count to tune for (--model-only)")
 @click.option("--nodes", type=int, default=1, show_default=True, help="nodes the ranks span (ranks = nodes x GPUs)")
 @click.option("--cost", default="h200", show_default=True, help="cost-model preset (gc3 simulate --cost)")
-@click.option("--quick", is_flag=True, help="a small grid (instances 1, 4 and 64; Simple and LL) and sizes x64 apart "
+@click.option("--quick", is_flag=True, help="a small grid (instances 1, 4, 16 and 64; Simple and LL; Simple at 64 also "
+                                            "unfused where fusion changes it) and sizes x64 apart "
                                             "(measured: up to 16 MiB unless -e says otherwise)")
 @click.option("-c", "--collective", "collectives", multiple=True, callback=_collectives,
               help="collective(s), comma-separated or repeated, or all (default: all)")

@@ -50,13 +50,23 @@ class Grid:
     instances: Tuple[int, ...]
     protocols: Tuple[str, ...]
     pipeline_chunks: Tuple[int, ...]    # chunk counts of pipelined algorithms (the others use 1)
+    # Instance counts at which Simple programs are also compiled without instruction fusion,
+    # where fusion changes them: an rrcs puts a channel's sends and receives in one block, and
+    # unfused they get one each.  2x H200: the 64-instance unfused 2-rank ring beats the fused
+    # one from 256 MiB (1 GiB: 2979 against 3111 us) and loses to 64 MiB
+    # (runtime_cuda/measured/ring_unfused_2xh200_2026-11-24.txt).  The cost model prices both
+    # alike (the link bounds them), so only a measured tune tells them apart.
+    unfused_instances: Tuple[int, ...] = ()
 
 
 # 64 instances: on 2x H200 the 64-channel Simple programs beat NCCL from 1-2 MiB up (1.1-1.7x,
 # runtime_cuda/measured/sweep_2xh200_2026-11-22_rows.txt), and a grid without them cannot find that.
 # 16: the LL programs that beat NCCL at 64-256 KiB there have 16 (4 and 64 both lose).
-FULL = Grid(instances=(1, 2, 4, 8, 16, 32, 64), protocols=PROTOCOLS, pipeline_chunks=(1, 4, 16))
-QUICK = Grid(instances=(1, 4, 16, 64), protocols=("Simple", "LL"), pipeline_chunks=(4,))
+FULL = Grid(instances=(1, 2, 4, 8, 16, 32, 64), protocols=PROTOCOLS, pipeline_chunks=(1, 4, 16),
+            unfused_instances=(16, 32, 64))
+QUICK = Grid(instances=(1, 4, 16, 64), protocols=("Simple", "LL"), pipeline_chunks=(4,), unfused_instances=(64,))
+UNFUSED = "unfused"             # the label's suffix of a candidate compiled without instruction fusion
+_FUSED_TYPES = frozenset({"rcs", "rrcs", "rrs"})
 SIZE_RANGE = (1 << 10, 1 << 30)       # 1 KiB .. 1 GiB
 SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
 
@@ -74,6 +84,7 @@ class Candidate:
     program: Optional[Program]  # verified by the simulator's run in ModelTimer, proven before writing
     root: Optional[int]
     kernel: Optional[str] = None
+    fusion: bool = True        # False: compiled without instruction fusion
 
     @property
     def collective(self) -> str:
@@ -97,20 +108,26 @@ def kernel_candidates(coll: str, ranks: int, nodes: int) -> List[Candidate]:
             for k in limits.SMALL_ALLREDUCE_KERNELS]
 
 
-def label(alg: library.Algorithm, values: Dict[str, int], instances: int, protocol: str) -> str:
+def label(alg: library.Algorithm, values: Dict[str, int], instances: int, protocol: str, fusion: bool = True) -> str:
     """ir_samples' naming: allreduce_ring_4r_Simple_i2 (out of place), reducescatter_ring_4r_inplace_Simple, .._2x4_..;
-    plus _c<C> for a pipelined algorithm's chunk count."""
+    plus _c<C> for a pipelined algorithm's chunk count, _unfused without instruction fusion."""
     where = f"{values['nodes']}x{values['gpus']}" if alg.multinode else f"{values['ranks']}r"
     parts = [alg.name, where] + (["inplace"] if values.get("inplace") else []) + [protocol]
     if alg.pipelined:
         parts.append(f"c{values['chunks']}")
     if instances > 1:
         parts.append(f"i{instances}")
+    if not fusion:
+        parts.append(UNFUSED)
     return "_".join(parts)
 
 
-def specs(coll: str, ranks: int, nodes: int, grid: Grid) -> List[Tuple[str, library.Algorithm, Dict[str, int], int, str]]:
-    """(label, algorithm, arguments by name, instances, protocol) of every candidate for `coll`."""
+Spec = Tuple[str, library.Algorithm, Dict[str, int], int, str, bool]
+
+
+def specs(coll: str, ranks: int, nodes: int, grid: Grid) -> List[Spec]:
+    """(label, algorithm, arguments by name, instances, protocol, fusion) of every candidate
+    for `coll`; an unfused one right after its fused twin, so that a tie keeps the fused."""
     out = []
     for alg in library.ALGORITHMS.values():
         if alg.collective != coll or not alg.fits(ranks, nodes):
@@ -126,7 +143,9 @@ def specs(coll: str, ranks: int, nodes: int, grid: Grid) -> List[Tuple[str, libr
         for values in combos:
             for proto in grid.protocols:
                 for k in grid.instances:
-                    out.append((label(alg, values, k, proto), alg, values, k, proto))
+                    out.append((label(alg, values, k, proto), alg, values, k, proto, True))
+                    if proto == "Simple" and k in grid.unfused_instances:
+                        out.append((label(alg, values, k, proto, False), alg, values, k, proto, False))
     return out
 
 
@@ -139,24 +158,32 @@ def candidates(coll: str, ranks: int, nodes: int, grid: Grid) -> Tuple[List[Cand
     good, skipped = [], []
     todo = specs(coll, ranks, nodes, grid)
     names = {s[0] for s in todo}
+    fused_types: Dict[str, bool] = {}      # fused twin's label -> whether it has fused instructions
     while todo:
-        name, alg, values, k, proto = todo.pop(0)
+        name, alg, values, k, proto, fusion = todo.pop(0)
         argv = alg.argv(**values)
+        twin = label(alg, values, k, proto)
+        if not fusion and not fused_types.get(twin, False):
+            continue       # fusion changed nothing (or the twin did not compile): the same program
         try:
-            traced, prog = library.compile_program(alg.name, argv, k, proto)
+            traced, prog = library.compile_program(alg.name, argv, k, proto, fusion=fusion)
         except TooManyThreadblocks as exc:
             skipped.append(f"{name}: {exc}")
             fit = 1 << ((exc.max_tbs // exc.per_instance).bit_length() - 1) if exc.max_tbs >= exc.per_instance else 0
-            wider = label(alg, values, fit, proto)
+            wider = label(alg, values, fit, proto, fusion)
             if fit and wider not in names:
                 names.add(wider)
-                todo.insert(0, (wider, alg, values, fit, proto))
+                todo.insert(0, (wider, alg, values, fit, proto, fusion))
             continue
         except GC3Error as exc:
             skipped.append(f"{name}: {exc}")
             continue
+        if fusion:
+            fused_types[name] = any(st.type in _FUSED_TYPES for g in prog.gpus for tb in g.threadblocks
+                                    for st in tb.steps)
         root = traced.collective.root
-        good.append(Candidate(name, alg.name, argv, k, proto, dataclasses.replace(prog, name=name), root))
+        good.append(Candidate(name, alg.name, argv, k, proto, dataclasses.replace(prog, name=name), root,
+                              fusion=fusion))
     return good, skipped
 
 
