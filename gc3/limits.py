@@ -93,11 +93,22 @@ INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, s
 # through the drop-in on 2x H200 (2026-11-23), 256 KiB took 7.4 us with 16
 # blocks and 5.8 with 64; 2 MiB 36 us with 16, 17.5 with 128 and 16.9 with 240.
 SMALL_ALLREDUCE_KERNELS = ("oneshot", "twoshot")
+# The same kernel and scratch serve allgather and reducescatter in one shot (a
+# rank puts its block, or each peer's segment, straight into that peer's
+# scratch); their sizes are nccl-tests' (the larger buffer), so one rank's block
+# is 1/n of it and the scratch holds blocks of up to its max bytes.
+SMALL_KERNELS = {"allreduce": SMALL_ALLREDUCE_KERNELS, "allgather": ("oneshot",), "reducescatter": ("oneshot",)}
 SMALL_ALLREDUCE_MAX_BYTES = 2 << 20
 SMALL_ALLREDUCE_DEFAULT_BYTES = 256 << 10
 SMALL_ALLREDUCE_BLOCKS = 128
 SMALL_ALLREDUCE_THREADS = 512
 SMALL_ALLREDUCE_LINE_DATA_BYTES = 8
+
+
+def small_kernel_block_bytes(collective: str, nbytes: int, nranks: int) -> int:
+    """Bytes of one rank's block in a small-kernel call of nccl-tests size `nbytes`:
+    what its scratch slots and its grid are sized by (allreduce: the whole buffer)."""
+    return nbytes if collective == "allreduce" else -(-nbytes // max(nranks, 1))
 
 
 def small_allreduce_blocks(nbytes: int, max_blocks: int = SMALL_ALLREDUCE_BLOCKS) -> int:

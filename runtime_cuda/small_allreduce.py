@@ -1,4 +1,5 @@
-"""The one-shot and two-shot allreduce kernels for small messages
+"""The one-shot and two-shot allreduce kernels for small messages, and the
+one-shot allgather and reducescatter on the same scratch
 (kernels/small_allreduce.cu, which says how the epoch-tagged LL lines work),
 as a launch group with the interface the drop-in uses (run_ptrs,
 executor.order, executor.check, close).
@@ -29,15 +30,18 @@ from .launcher import CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_
 from .streams import StreamOrder
 
 KERNEL_NAME = "gc3_small_allreduce"
-KINDS = {"oneshot": abi.C["GC3_SA_ONESHOT"], "twoshot": abi.C["GC3_SA_TWOSHOT"]}
-assert tuple(KINDS) == limits.SMALL_ALLREDUCE_KERNELS
+KINDS = {("allreduce", "oneshot"): abi.C["GC3_SA_ONESHOT"], ("allreduce", "twoshot"): abi.C["GC3_SA_TWOSHOT"],
+         ("allgather", "oneshot"): abi.C["GC3_SA_ALLGATHER"],
+         ("reducescatter", "oneshot"): abi.C["GC3_SA_REDUCESCATTER"]}
+assert set(KINDS) == {(c, k) for c, ks in limits.SMALL_KERNELS.items() for k in ks}
 THREADS = limits.SMALL_ALLREDUCE_THREADS
 BLOCKS = limits.SMALL_ALLREDUCE_BLOCKS   # per rank; fewer where the GPU cannot hold every rank's blocks at once
 LINE_BYTES, LINE_DATA = 16, limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
 HEADER_BYTES = abi.C["GC3_SA_HEADER_BYTES"]
 _SA = {name: abi.C[f"GC3_SA_{name}"] for name in ("ABORT", "ERR", "COUNTERS", "MAX_BLOCKS")}
 _PHASES = {0: "one-shot gather", 1: "two-shot phase 1 (segment to its owner)",
-           2: "two-shot phase 2 (reduced segment from its owner)"}
+           2: "two-shot phase 2 (reduced segment from its owner)", 3: "allgather (a peer's block)",
+           4: "reducescatter (a peer's part of this rank's segment)"}
 
 
 def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> Tuple[int, int, int]:
@@ -53,9 +57,16 @@ def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_B
     return max_lines, region, HEADER_BYTES + 2 * region * LINE_BYTES
 
 
+def block_elems(collective: str, in_elems: int, nranks: int) -> int:
+    """Elements of one rank's block (the kernel's `count`): an allreduce's or an
+    allgather's input, a reducescatter's output (its input is n of them)."""
+    return in_elems // nranks if collective == "reducescatter" else in_elems
+
+
 def refusal(dtype: str, op: str, in_elems: int, max_bytes: int = limits.SMALL_ALLREDUCE_MAX_BYTES) -> Optional[str]:
-    """None when the kernels, with scratch for calls of up to `max_bytes`, serve an
-    allreduce of `in_elems` elements of `dtype` with `op`; else why not."""
+    """None when the kernels, with scratch for blocks of up to `max_bytes`, serve a
+    call whose rank's block (block_elems) is `in_elems` elements of `dtype`, with
+    `op`; else why not."""
     name = dtype if isinstance(dtype, str) else dtype_info(dtype).name
     if name not in abi.DTYPE:
         return f"no build for {name} (have {', '.join(abi.DTYPE)})"
@@ -272,11 +283,15 @@ class SmallAllreduce:
         return self._blocks
 
     # -- calls -----------------------------------------------------------------------
-    def _prepare(self, in_ptrs, out_ptrs, in_elems: int, dtype: str, op: str, kind: str, stream: int,
+    def _prepare(self, in_ptrs, out_ptrs, in_elems: int, dtype: str, op: str, kind: str, coll: str, stream: int,
                  captured: bool) -> _Launch:
         n = len(self._ranks)
-        if kind not in KINDS:
-            raise GC3Error(f"small allreduce: unknown kernel {kind!r} (have {', '.join(KINDS)})")
+        if (coll, kind) not in KINDS:
+            raise GC3Error(f"small-message kernels: none is {kind!r} for {coll} "
+                           f"(have {', '.join(f'{c} {k}' for c, k in KINDS)})")
+        if coll == "reducescatter" and in_elems % self.nranks:
+            raise GC3Error(f"small reducescatter: {in_elems} input elements do not split into {self.nranks} segments")
+        in_elems = block_elems(coll, in_elems, self.nranks)
         if len(in_ptrs) != n or len(out_ptrs) != n:
             raise GC3Error(f"small allreduce: need {n} input and {n} output addresses (one per rank here), "
                            f"got {len(in_ptrs)} and {len(out_ptrs)}")
@@ -289,42 +304,43 @@ class SmallAllreduce:
         io = self.executor.buffer_table(tuple(p for pair in zip(in_ptrs, out_ptrs) for p in pair), stream, captured)
         most = self._grid(fn)
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
-                     in_elems, KINDS[kind], self.max_lines, self.region_lines, most)
+                     in_elems, KINDS[coll, kind], self.max_lines, self.region_lines, most)
         return _Launch(self.executor, fn.kernel.ptr, limits.small_allreduce_blocks(nbytes, most), n, args, io)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                 stream=None, kind: str = "oneshot") -> None:
-        """Enqueue one allreduce of `in_elems` elements per rank on raw device
-        addresses (one per rank of the group), on `stream`; a capturing stream
-        captures it.  Everything but the launch is cached per call."""
+                 stream=None, kind: str = "oneshot", coll: str = "allreduce") -> None:
+        """Enqueue one `coll` (allreduce by default) of `in_elems` input elements per
+        rank on raw device addresses (one per rank of the group), on `stream`; a
+        capturing stream captures it.  Everything but the launch is cached per call."""
         ptr = streams.handle(stream)
         captured = streams.is_capturing(ptr)
         self.executor.order.enter(ptr, captured)
-        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind)
+        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind, coll)
         call = self._prepared.get(key)
         if call is None:
             if len(self._prepared) >= PREPARED_CALLS_MAX:
                 self.executor.order.retire(self._prepared)
                 self._prepared = {}
                 self._epoch += 1
-            call = self._prepared[key] = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, kind, ptr, captured)
+            call = self._prepared[key] = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, kind, coll, ptr,
+                                                       captured)
         if captured:
             self._captured[id(call)] = call
         call(ptr)
 
     def reissue(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                kind: str = "oneshot"):
+                kind: str = "oneshot", coll: str = "allreduce"):
         """The drop-in's repeat path (runtime_cuda.group.Reissue) for a call run_ptrs made, or None."""
         from .group import Reissue
 
-        call = self._prepared.get((tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind))
+        call = self._prepared.get((tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind, coll))
         return None if call is None else Reissue(self, call)
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,
-                 stream=None, kind: str = "oneshot") -> List:
-        """Enqueue one allreduce on cupy arrays, one per rank here (bfloat16 travels as uint16: name it)."""
+                 stream=None, kind: str = "oneshot", coll: str = "allreduce") -> List:
+        """Enqueue one `coll` on cupy arrays, one per rank here (bfloat16 travels as uint16: name it)."""
         self.run_ptrs([a.data.ptr for a in inputs], [a.data.ptr for a in outputs], inputs[0].size,
-                      dtype_info(dtype or inputs[0].dtype).name, op, stream, kind)
+                      dtype_info(dtype or inputs[0].dtype).name, op, stream, kind, coll)
         return list(outputs)
 
     def check(self) -> None:

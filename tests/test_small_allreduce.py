@@ -49,13 +49,27 @@ def test_kernel_entry_loads_with_its_defaults(tmp_path):
     assert (two.kernel, two.max_bytes, two.serves_inplace, two.serves_outofplace) == ("twoshot", 64 << 10, False, True)
 
 
+def test_allgather_and_reducescatter_kernel_entries_size_the_scratch_by_a_rank_block(tmp_path):
+    """Their sizes are nccl-tests' (the larger buffer): on 4 ranks a 1 MiB allgather or
+    reducescatter moves blocks of 256 KiB, which is what the scratch must hold."""
+    from runtime_cuda.nccl.catalog import load_catalog
+    entries = [{"kernel": "oneshot", "collective": c, "ranks": 4, "max_bytes": "1MiB"}
+               for c in ("allgather", "reducescatter")]
+    good, problems = check_config(write_catalog(tmp_path, entries))
+    assert problems == [] and [(c.collective, c.name) for c in good] == [
+        ("allgather", "oneshot_allgather_4r"), ("reducescatter", "oneshot_reducescatter_4r")]
+    cat = load_catalog({"GC3_CONFIG": str(tmp_path / "c.json")})
+    assert cat.kernel_bytes(4) == 256 << 10
+
+
 @pytest.mark.parametrize("entry, words", [
     ({"kernel": "threeshot", "ranks": 2}, "expected one of oneshot, twoshot"),
     ({"kernel": "oneshot"}, "needs 'ranks'"),
     ({"kernel": "oneshot", "ranks": 2, "max_bytes": "4MiB"}, "serves at most 2097152 bytes"),
     ({"kernel": "oneshot", "ranks": 2, "max_bytes": None}, "max_bytes=unbounded"),
     ({"kernel": "oneshot", "ranks": 2, "protocol": "Simple"}, "moves LL lines"),
-    ({"kernel": "oneshot", "ranks": 2, "collective": "allgather"}, "is an allreduce"),
+    ({"kernel": "twoshot", "ranks": 2, "collective": "allgather"}, "no such kernel for collective='allgather'"),
+    ({"kernel": "oneshot", "ranks": 2, "collective": "alltoall"}, "no such kernel for collective='alltoall'"),
     ({"kernel": "oneshot", "ranks": 2, "root": 0}, "has no root"),
     ({"kernel": "oneshot", "ranks": 2, "min_bytes": 4096, "max_bytes": 1024}, "serves no size"),
     ({"kernel": "oneshot", "ranks": 2, "inplace": False, "outofplace": False}, "serves no call"),
@@ -162,7 +176,12 @@ def test_model_timer_times_kernel_candidates_only_where_they_serve():
 
     timer = tune.ModelTimer("h200", 4)
     one, two = tune.kernel_candidates("allreduce", 4, 1)
-    assert tune.kernel_candidates("allgather", 4, 1) == [] and tune.kernel_candidates("allreduce", 8, 2) == []
+    assert tune.kernel_candidates("alltoall", 4, 1) == [] and tune.kernel_candidates("allreduce", 8, 2) == []
+    (ag,) = tune.kernel_candidates("allgather", 4, 1)
+    assert (ag.collective, ag.label) == ("allgather", "oneshot_allgather_4r")
+    # an allgather of nccl-tests size 4 KiB on 4 ranks moves 1 KiB blocks: the one-shot's time for 1 KiB
+    assert timer.time(ag, 4096, True) == small_allreduce_seconds("oneshot", 1024, 4, timer.config)
+    assert timer.time(ag, MAX + 1, True) is None
     assert timer.time(one, 1024, True) == small_allreduce_seconds("oneshot", 1024, 4, timer.config)
     assert timer.time(two, MAX * 4, False) is None
     ranges = tune.served_ranges(tune.choose([one, two], [1 << 10, 1 << 20, 1 << 23], timer, True, "allreduce"))
@@ -425,3 +444,94 @@ def test_processes_sharing_one_gpu_direct_and_through_the_drop_in(nprocs):
     assert proc.returncode == 0, out[-4000:]
     lines = [line for line in out.splitlines() if line.startswith("SMALL rank")]
     assert len(lines) == nprocs and all("wrong: none" in line for line in lines), out[-4000:]
+
+
+# --- GPU: the one-shot allgather and reducescatter on virtual ranks ---------------------------
+
+def _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, stream):
+    """One allgather (`count` elements per rank's block) or reducescatter (`count`
+    out, n * count in) through the group, against numpy; "" when right."""
+    import cupy
+
+    from runtime_cuda import avg
+
+    n, info = group.nranks, cases.dtype_info(dtype)
+    st = cases.storage(np.zeros(1, dtype=info.np)).dtype
+    big = n * count
+    ins = cases.inputs(seed, n, count if coll == "allgather" else big, dtype, op)
+    bufs = [cupy.zeros(big + 1, dtype=st) for _ in range(n)]            # the larger buffer, in place
+    outs = [cupy.full(big + 1, 0x55, dtype=st) for _ in range(n)]       # poisoned: a missed element shows
+    cupy.cuda.Device().synchronize()
+    at = lambda a, e: a.data.ptr + (off + e) * st.itemsize  # noqa: E731
+    in_ptrs, out_ptrs = [], []
+    for r, (b, o, x) in enumerate(zip(bufs, outs, ins)):
+        if coll == "allgather":
+            # in place, rank r's input is block r of its output
+            b[off + (r * count if inplace else 0):][:count].set(cases.storage(x), stream=stream)
+            in_ptrs.append(at(b, r * count if inplace else 0))
+            out_ptrs.append(at(b, 0) if inplace else at(o, 0))
+        else:
+            b[off:off + big].set(cases.storage(x), stream=stream)
+            in_ptrs.append(at(b, 0))
+            out_ptrs.append(at(b, r * count) if inplace else at(o, 0))
+    in_elems = count if coll == "allgather" else big
+    group.run_ptrs(in_ptrs, out_ptrs, in_elems, dtype, "sum" if op == "avg" else op, stream, coll=coll)
+    if op == "avg":
+        for p in out_ptrs:
+            avg.divide(p, count, dtype, n, stream.ptr)
+    stream.synchronize()
+    group.check()
+    reduced = cases.expected(ins, op, dtype) if coll == "reducescatter" else None
+    for r in range(n):
+        if coll == "allgather":
+            want = np.concatenate(ins)
+            src, start, length = (bufs[r] if inplace else outs[r]), off, big
+        else:
+            want = reduced[r * count:(r + 1) * count]
+            src, start, length = (bufs[r], off + r * count, count) if inplace else (outs[r], off, count)
+        got = src[start:start + length].get().view(want.dtype)
+        bad = cases.first_wrong(got, want)
+        if bad:
+            return (f"{n} ranks {coll} {dtype} {op} count={count} {'in' if inplace else 'out-of'}-place "
+                    f"offset={off} rank {r}: {bad}")
+    return ""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_virtual_allgather_and_reducescatter_kernels(n):
+    """Every dtype, counts from one element to the scratch's limit, in and out of
+    place, offset by an element, with allreduce calls of both kernels between them
+    on the same group (their block counters must keep agreeing on the call number)."""
+    import cupy
+
+    from runtime_cuda.small_allreduce import SmallAllreduce
+
+    group = SmallAllreduce.virtual(n, timeout=10, max_bytes=MAX)
+    s = cupy.cuda.Stream(non_blocking=True)
+    wrong = []
+    allreduce_bufs = Bufs(n, "float32", 4099)
+    for d, dtype in enumerate(cases.DTYPES):
+        es = cases.dtype_info(dtype).np.itemsize
+        counts = [1, 3, 1000, 4097, MAX // es // n - 5, MAX // es]   # the last: a block of the whole scratch
+        for i, count in enumerate(counts):
+            for coll in ("allgather", "reducescatter"):
+                op = cases.OPS[(i + d) % len(cases.OPS)] if coll == "reducescatter" else "sum"
+                inplace, off = bool(i & 1), (i >> 1) & 1
+                seed = ((n * 10 + d) * 10 + i) * 10 + (coll == "allgather")
+                why = _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, s)
+                if why:
+                    wrong.append(why)
+            why = _run_case(group, allreduce_bufs, "float32", "sum", ("oneshot", "twoshot")[i & 1],
+                            (1, 4099)[i & 1], False, 0, seed, s)
+            if why:
+                wrong.append("allreduce between: " + why)
+    assert not wrong, "\n".join(wrong[:10])
+
+
+def test_gather_scatter_refusals_name_the_call():
+    from runtime_cuda.small_allreduce import KINDS, block_elems, refusal
+
+    assert ("allgather", "twoshot") not in KINDS and ("reducescatter", "oneshot") in KINDS
+    assert block_elems("reducescatter", 4096, 4) == 1024 and block_elems("allgather", 4096, 4) == 4096
+    assert "1 element to" in refusal("float32", "sum", block_elems("reducescatter", 3, 4))

@@ -51,8 +51,9 @@ def test_catalog_passes_catalog_check_and_every_ir_is_proven(tuned):
     assert problems == [] and len(good) == len(catalog["algorithms"])
     assert {c.collective for c in good} == set(tune.COLLECTIVES)
     kernels = [e for e in catalog["algorithms"] if "kernel" in e]
-    # the cost model gives the small-message kernels the small allreduce sizes
-    assert kernels and all(e["collective"] == "allreduce" and e["ranks"] == ranks and
+    # the cost model gives the small-message kernels the small sizes of the collectives they serve
+    assert {e["collective"] for e in kernels} == set(limits.SMALL_KERNELS)
+    assert all(e["kernel"] in limits.SMALL_KERNELS[e["collective"]] and e["ranks"] == ranks and
                            e["max_bytes"] <= limits.SMALL_ALLREDUCE_MAX_BYTES for e in kernels), kernels
     for e in catalog["algorithms"]:
         if "kernel" in e:

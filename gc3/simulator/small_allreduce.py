@@ -20,6 +20,10 @@ LL hop 1.31 us, 4.38 GB/s LL and 38.9 GB/s reduction per block, 128 blocks):
 2 ranks, 1 KiB: one-shot 5.3 us, two-shot 6.6 us; 256 KiB: 7.0 and 8.2 us;
 2 MiB: 18.6 and 19.5 us (one-shot measured on 2x H200: 5.8 us at 256 KiB,
 17.5 at 2 MiB); 8 ranks, 256 KiB: one-shot 16.7 us, two-shot 9.4 us.
+
+The one-shot allgather and reducescatter move one rank's block (1/n of
+nccl-tests' size) to each peer and write (or reduce) n blocks: the one-shot
+allreduce's estimate for a buffer of one block (small_kernel_seconds).
 """
 from __future__ import annotations
 
@@ -50,3 +54,17 @@ def small_allreduce_seconds(kind: str, nbytes: int, ranks: int, cfg: CostConfig,
     if kind == "oneshot":
         return cfg.launch_s + alpha + (n - 1) * nbytes / bw + n * nbytes / red
     return cfg.launch_s + 2 * alpha + 2 * (n - 1) / n * nbytes / bw + nbytes / red
+
+
+def small_kernel_seconds(collective: str, kind: str, nbytes: int, ranks: int, cfg: CostConfig,
+                         blocks: int = limits.SMALL_ALLREDUCE_BLOCKS) -> Optional[float]:
+    """Seconds per call of a small-message kernel (gc3.limits.SMALL_KERNELS) for
+    nccl-tests size `nbytes`; None where the kernels do not serve the size."""
+    if kind not in limits.SMALL_KERNELS.get(collective, ()):
+        raise GC3Error(f"no small-message kernel {kind!r} for {collective}")
+    if collective == "allreduce":
+        return small_allreduce_seconds(kind, nbytes, ranks, cfg, blocks)
+    if nbytes <= 0 or nbytes > limits.SMALL_ALLREDUCE_MAX_BYTES:
+        return None
+    return small_allreduce_seconds(kind, limits.small_kernel_block_bytes(collective, nbytes, ranks), ranks, cfg,
+                                   blocks)

@@ -209,3 +209,5 @@ struct Plan {
 #define GC3_SA_HEADER_BYTES 4096
 #define GC3_SA_ONESHOT 1
 #define GC3_SA_TWOSHOT 2
+#define GC3_SA_ALLGATHER 3         // the one-shot forms of allgather and reducescatter
+#define GC3_SA_REDUCESCATTER 4

@@ -1,4 +1,5 @@
-// One-shot and two-shot allreduce for small messages on epoch-tagged LL lines
+// One-shot and two-shot allreduce for small messages on epoch-tagged LL lines,
+// and the one-shot allgather and reducescatter on the same lines and scratch
 // (runtime_cuda/small_allreduce.py is the host side).
 //
 // Every rank's scratch (one allocation, mapped by its peers once) holds a
@@ -34,6 +35,9 @@
 // read every rank's phase-1 lines; at least one segment is non-empty), so
 // every rank had started call k - 1, hence finished call k - 2 and all of its
 // reads.  Two calls ahead would need call k - 1 to finish without them.
+//
+// Allgather and reducescatter read a line from every peer in every call too
+// (a rank's block, or its segment of every peer's input), so the same holds.
 //
 // Elements are reduced in rank order 0..n-1 by one rank (the owner, two-shot)
 // or identically by all (one-shot), so every rank gets the same bits.
@@ -116,7 +120,9 @@ __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int 
 // grid (blocks per rank, local ranks); blockIdx.y = local slot, rank rank0 + slot.
 // peers: [nlocal][nranks] scratch bases as this process addresses them.
 // io: [nlocal][2] input and output addresses of this call.
-// max_lines: lines of the largest call the scratch holds (per rank's input);
+// count: elements of a rank's input (allreduce), of its block (allgather: its
+// input; reducescatter: its output, one segment of its input).
+// max_lines: lines of the largest count the scratch holds;
 // region_lines: lines of one parity region; grid_max: the group's most blocks per rank.
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
 gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
@@ -142,7 +148,39 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   const long long stride = (long long)gridDim.x * blockDim.x;
   bool ok = true;
 
-  if (kind == GC3_SA_ONESHOT) {
+  if (kind == GC3_SA_ALLGATHER) {
+    // Slot r of every rank's region holds rank r's block, which lands at out + r * count.
+    for (long long g = t; g < L; g += stride) {
+      const uint2 d = sa::load_line(in, g, count);
+      for (int p = 0; p < nranks; ++p)
+        if (p != me) sa::put(lines_of(p) + (u64)me * max_lines + g, d, flag);
+      sa::store_line(out + (long long)me * count, g, count, d);
+    }
+    const uint4* mine = lines_of(me);
+    for (long long g = t; ok && g < L; g += stride) {
+      for (int p = 0; ok && p < nranks; ++p) {
+        if (p == me) continue;
+        uint2 x;
+        const Where w{me, (int)blockIdx.x, 3, (int)g, 0};
+        ok = ll_read(P, w, p, 0, mine + (u64)p * max_lines + g, flag, x);
+        if (ok) sa::store_line(out + (long long)p * count, g, count, x);
+      }
+    }
+  } else if (kind == GC3_SA_REDUCESCATTER) {
+    // Segment s of a rank's input (count elements from in + s * count) goes to
+    // slot `me` of rank s; a rank reduces its own segment over ranks 0..n-1.
+    for (long long g = t; g < L; g += stride)
+      for (int s = 0; s < nranks; ++s)
+        if (s != me) sa::put(lines_of(s) + (u64)me * max_lines + g, sa::load_line(in + (long long)s * count, g, count), flag);
+    const uint4* mine = lines_of(me);
+    const elem_t* own = in + (long long)me * count;
+    for (long long g = t; ok && g < L; g += stride) {
+      uint2 acc;
+      const Where w{me, (int)blockIdx.x, 4, (int)g, 0};
+      ok = sa::reduce_ranks(P, w, me, nranks, 0, own, g, count, mine + g, (u64)max_lines, flag, acc);
+      if (ok) sa::store_line(out, g, count, acc);
+    }
+  } else if (kind == GC3_SA_ONESHOT) {
     // Slot r of every rank's region holds rank r's whole input.
     for (long long g = t; g < L; g += stride) {
       const uint2 d = sa::load_line(in, g, count);

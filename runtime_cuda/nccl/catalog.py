@@ -33,12 +33,14 @@ JSON schema (``GC3_CONFIG`` *.json and ``ir_samples/index.json``)::
         "root": 0,                             # broadcast/reduce root the IR was built for
         "name": "label for logs"},
        {"kernel": "oneshot",                   # instead of "file": a dedicated small-message
-        "collective": "allreduce",             #   allreduce kernel (runtime_cuda/small_allreduce.py):
-        "ranks": 2,                            #   "oneshot" or "twoshot"; ranks required; it serves
-        "max_bytes": "256KiB"}],               #   in and out of place, max_bytes at most
+        "collective": "allreduce",             #   kernel (runtime_cuda/small_allreduce.py): allreduce
+        "ranks": 2,                            #   "oneshot" or "twoshot", allgather and reducescatter
+        "max_bytes": "256KiB"}],               #   "oneshot" (gc3.limits.SMALL_KERNELS; no collective:
+                                               #   allreduce); ranks required; it serves in and out of
+                                               #   place; max_bytes at most
                                                #   gc3.limits.SMALL_ALLREDUCE_MAX_BYTES (default
                                                #   SMALL_ALLREDUCE_DEFAULT_BYTES; the scratch is sized
-                                               #   for the largest); protocol, if given, must be LL
+                                               #   for the largest rank's block); protocol, if given, LL
      "provenance": {...}}                      # optional, any object: where the catalog came
                                                #   from (`gc3 tune` writes it); selection
                                                #   ignores it
@@ -116,7 +118,7 @@ class CatalogEntryError(InputError):
 class Candidate:
     """One algorithm that calls may select, with the conditions it serves: an IR
     (`program`) or a dedicated kernel (`kernel`, a name of
-    gc3.limits.SMALL_ALLREDUCE_KERNELS; then `program` is None)."""
+    gc3.limits.SMALL_KERNELS[kernel_collective]; then `program` is None)."""
     name: str
     origin: str                  # which variable or file listed it
     path: Path                   # the IR file; for a kernel, the catalog file naming it
@@ -131,10 +133,11 @@ class Candidate:
     count_multiple: int = 1      # input element count must be a multiple of it
     kernel: Optional[str] = None
     kernel_ranks: int = 0        # a kernel's communicator size (an IR has its own)
+    kernel_collective: str = "allreduce"
 
     @property
     def collective(self) -> str:
-        return "allreduce" if self.kernel else self.program.coll
+        return self.kernel_collective if self.kernel else self.program.coll
 
     @property
     def ranks(self) -> int:
@@ -154,7 +157,8 @@ class Catalog:
     def kernel_bytes(self, ranks: int) -> int:
         """The largest call a small-message kernel entry may serve on `ranks` ranks:
         what a communicator's kernel scratch must hold (sized once, every peer maps it)."""
-        return max((c.max_bytes for c in self.candidates if c.kernel and c.ranks == ranks),
+        return max((limits.small_kernel_block_bytes(c.collective, c.max_bytes, ranks)
+                    for c in self.candidates if c.kernel and c.ranks == ranks),
                    default=limits.SMALL_ALLREDUCE_DEFAULT_BYTES)
 
 
@@ -239,8 +243,9 @@ def _settings(raw: Mapping[str, object]) -> _Settings:
             elif key == "name":
                 s.name = str(value)
             elif key == "kernel":
-                if value not in limits.SMALL_ALLREDUCE_KERNELS:
-                    raise ValueError(f"expected one of {', '.join(limits.SMALL_ALLREDUCE_KERNELS)}")
+                kinds = sorted({k for ks in limits.SMALL_KERNELS.values() for k in ks})
+                if value not in kinds:
+                    raise ValueError(f"expected one of {', '.join(kinds)}")
                 s.kernel = str(value)
         except ValueError as exc:
             raise CatalogEntryError(f"{key}={value!r}: {exc}") from None
@@ -356,16 +361,18 @@ def _candidate(path: Path, origin: str, s: _Settings, cache: Optional[Path] = No
 
 
 def _kernel_candidate(path: Path, origin: str, s: _Settings) -> Candidate:
-    """A catalog entry naming a dedicated small-message allreduce kernel."""
+    """A catalog entry naming a dedicated small-message kernel (allreduce when the entry names no collective)."""
     what = f"{path}: kernel {s.kernel!r}"
-    if s.collective not in (None, "allreduce"):
-        raise CatalogEntryError(f"{what} is an allreduce, the entry says collective={s.collective!r}")
+    coll = s.collective or "allreduce"
+    if s.kernel not in limits.SMALL_KERNELS.get(coll, ()):
+        have = "; ".join(f"{c}: {', '.join(k)}" for c, k in limits.SMALL_KERNELS.items())
+        raise CatalogEntryError(f"{what}: no such kernel for collective={coll!r} (have {have})")
     if s.ranks is None:
         raise CatalogEntryError(f"{what} needs 'ranks' (the communicator size it serves)")
     if s.protocol not in (None, "LL"):
         raise CatalogEntryError(f"{what} moves LL lines; the entry asks for protocol {s.protocol}")
     if s.root is not None:
-        raise CatalogEntryError(f"{what}: an allreduce has no root")
+        raise CatalogEntryError(f"{what}: an {coll} has no root")
     top = limits.SMALL_ALLREDUCE_MAX_BYTES
     if s.max_unbounded or (s.max_bytes is not None and s.max_bytes > top):
         raise CatalogEntryError(f"{what} serves at most {top} bytes (its scratch is sized for that); "
@@ -378,10 +385,11 @@ def _kernel_candidate(path: Path, origin: str, s: _Settings) -> Candidate:
     outofplace = True if s.outofplace is None else s.outofplace
     if not (inplace or outofplace):
         raise CatalogEntryError(f"{what}: inplace and outofplace both false: the entry serves no call")
-    return Candidate(name=s.name or f"{s.kernel}_allreduce_{s.ranks}r", origin=origin, path=path, program=None,
+    return Candidate(name=s.name or f"{s.kernel}_{coll}_{s.ranks}r", origin=origin, path=path, program=None,
                      serves_inplace=inplace, serves_outofplace=outofplace, min_bytes=min_bytes,
                      max_bytes=max_bytes, dtypes=s.dtypes, ops=s.ops, root=None,
-                     count_multiple=s.count_multiple, kernel=s.kernel, kernel_ranks=s.ranks)
+                     count_multiple=s.count_multiple, kernel=s.kernel, kernel_ranks=s.ranks,
+                     kernel_collective=coll)
 
 
 # ---------------------------------------------------------------------------

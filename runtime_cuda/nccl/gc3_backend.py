@@ -33,7 +33,7 @@ def _group_op(call: Call) -> str:
 
 
 def _key(cand: Candidate) -> Tuple:
-    # Both small-message kernels share one group: one scratch per communicator.
+    # The small-message kernels share one group: one scratch per communicator.
     return ("kernel",) if cand.kernel else (str(cand.path), cand.name, cand.program.proto)
 
 
@@ -60,7 +60,11 @@ class Gc3Backend:
         if key in self._failed:
             return self._failed[key]
         if cand.kernel:
-            return self._small.refusal(call.dtype_name, _kernel_op(call), call.in_elems, self._small_bytes)
+            if call.coll == "reducescatter" and call.in_elems % call.nranks:
+                return f"a reducescatter input of {call.in_elems} elements does not split into {call.nranks}"
+            return self._small.refusal(call.dtype_name, _group_op(call),
+                                       self._small.block_elems(call.coll, call.in_elems, call.nranks),
+                                       self._small_bytes)
         if call.dtype_name not in self._abi.DTYPE:
             return f"the interpreter is not built for {call.dtype_name} (it has {', '.join(self._abi.DTYPE)})"
         if call.coll in REDUCING and _kernel_op(call) not in self._abi.REDOP:
@@ -106,7 +110,7 @@ class Gc3Backend:
     def run(self, decision: Decision) -> None:
         c = decision.call
         group = self._groups[_key(decision.candidate)]
-        kind = {"kind": decision.candidate.kernel} if decision.candidate.kernel else {}
+        kind = {"kind": decision.candidate.kernel, "coll": c.coll} if decision.candidate.kernel else {}
         group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, _group_op(c), c.stream, **kind)
         if c.coll in REDUCING and c.op_name == "avg" and (c.coll != "reduce" or c.rank == c.root):
             # A catalog program is a plain sum program: avg is its sum, then NCCL's division
@@ -122,7 +126,7 @@ class Gc3Backend:
         group = self._groups.get(_key(decision.candidate))
         if group is None or (c.coll in REDUCING and c.op_name == "avg"):
             return None
-        kind = {"kind": decision.candidate.kernel} if decision.candidate.kernel else {}
+        kind = {"kind": decision.candidate.kernel, "coll": c.coll} if decision.candidate.kernel else {}
         return group.reissue([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, _group_op(c), **kind)
 
     def adopt(self, stream: int) -> None:

@@ -74,7 +74,7 @@ SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
 @dataclass(frozen=True)
 class Candidate:
     """One compiled program that may serve a collective, or one of the dedicated
-    small-message allreduce kernels (`kernel`; `program` None): those serve in-place
+    small-message kernels (`kernel` for `kernel_collective`; `program` None): those serve in-place
     and out-of-place calls alike, up to gc3.limits.SMALL_ALLREDUCE_MAX_BYTES."""
     label: str                 # its name in the catalog and its file name (label.xml)
     algorithm: str
@@ -85,10 +85,11 @@ class Candidate:
     root: Optional[int]
     kernel: Optional[str] = None
     fusion: bool = True        # False: compiled without instruction fusion
+    kernel_collective: str = "allreduce"
 
     @property
     def collective(self) -> str:
-        return "allreduce" if self.kernel else self.program.coll
+        return self.kernel_collective if self.kernel else self.program.coll
 
     @property
     def inplace(self) -> bool:
@@ -100,12 +101,12 @@ class Candidate:
 
 
 def kernel_candidates(coll: str, ranks: int, nodes: int) -> List[Candidate]:
-    """The small-message kernels, for allreduce inside one node (they address every
-    peer's memory directly)."""
-    if coll != "allreduce" or nodes != 1:
+    """The small-message kernels for `coll` (gc3.limits.SMALL_KERNELS), inside one
+    node (they address every peer's memory directly)."""
+    if nodes != 1:
         return []
-    return [Candidate(f"{k}_allreduce_{ranks}r", k, (), 1, "LL", None, None, kernel=k)
-            for k in limits.SMALL_ALLREDUCE_KERNELS]
+    return [Candidate(f"{k}_{coll}_{ranks}r", k, (), 1, "LL", None, None, kernel=k, kernel_collective=coll)
+            for k in limits.SMALL_KERNELS.get(coll, ())]
 
 
 def label(alg: library.Algorithm, values: Dict[str, int], instances: int, protocol: str, fusion: bool = True) -> str:
@@ -238,8 +239,8 @@ class ModelTimer:
     def time(self, cand: Candidate, nbytes: int, inplace: bool) -> Optional[float]:
         key = (cand.label, nbytes)
         if cand.kernel and key not in self._times:
-            from gc3.simulator.small_allreduce import small_allreduce_seconds
-            self._times[key] = small_allreduce_seconds(cand.kernel, nbytes, self.ranks, self.config)
+            from gc3.simulator.small_allreduce import small_kernel_seconds
+            self._times[key] = small_kernel_seconds(cand.collective, cand.kernel, nbytes, self.ranks, self.config)
         if key not in self._times:
             elems = call_elems(cand.collective, nbytes, self.ranks)
             try:

@@ -84,7 +84,7 @@ class MeasuredTimer:
             try:
                 group.run_ptrs([send], [recv], call.in_elems, call.dtype_name,
                                call.op_name if coll in REDUCING else "sum", stream,
-                               **({"kind": cand.kernel} if cand.kernel else {}))
+                               **({"kind": cand.kernel, "coll": coll} if cand.kernel else {}))
             except Exception as exc:   # agreed on below, after the case's collectives
                 err.append(f"rank {self.host.rank}: {type(exc).__name__}: {exc}")
             return cand.label
@@ -138,8 +138,9 @@ class MeasuredTimer:
         if not elems:
             return False
         if cand.kernel:
-            from runtime_cuda.small_allreduce import refusal
-            return refusal(DTYPE, "sum", elems, limits.SMALL_ALLREDUCE_MAX_BYTES) is None
+            from runtime_cuda.small_allreduce import block_elems, refusal
+            return refusal(DTYPE, "sum", block_elems(cand.collective, elems, self.host.size),
+                           limits.SMALL_ALLREDUCE_MAX_BYTES) is None
         try:
             call_shape(cand.program, elems, ITEMSIZE[DTYPE_CODES[DTYPE]], group.proto, group.tables.max_cnt)
         except GC3Error:
