@@ -189,6 +189,12 @@ def index_entry(sample: Sample, traced, prog) -> dict:
 # 2 MiB; 4 and 8 ranks were not measured, so they keep the kernels' default range.
 KERNEL_RANKS: Tuple[int, ...] = (2, 4, 8)
 KERNEL_TOP = {2: 2 << 20}
+# The one-shot allgather and reducescatter, where measured: 2x H200 (2026-11-24, through the
+# drop-in, runtime_cuda/measured/bench_agrs_kernel_2xh200_2026-11-24.txt) 1.02-2.9x the faster
+# NCCL eager and 1.07-2.1x NCCL-sym replayed from graphs at 1 KiB-2 MiB (the IR programs
+# there, LL and Simple: 0.6-0.8x NCCL-sym from graphs).  They lead the index, so the 2-rank
+# allgather and reducescatter IRs serve from 2 MiB up.
+GATHER_SCATTER_TOP = {2: 2 << 20}
 
 
 def kernel_entries(ranks: int) -> List[dict]:
@@ -205,6 +211,9 @@ def kernel_entries(ranks: int) -> List[dict]:
     entries = [dict(base, kernel="oneshot", min_bytes=0, max_bytes=cut)]
     if cut < top:
         entries.append(dict(base, kernel="twoshot", min_bytes=cut + 1, max_bytes=top))
+    if ranks in GATHER_SCATTER_TOP:
+        entries += [dict(base, collective=c, kernel="oneshot", min_bytes=0, max_bytes=GATHER_SCATTER_TOP[ranks])
+                    for c in ("allgather", "reducescatter")]
     return entries
 
 

@@ -101,10 +101,15 @@ def test_the_small_message_kernels_lead_the_allreduce_entries_up_to_their_limit(
     from gc3.simulator.small_allreduce import small_allreduce_seconds
 
     assert KERNELS and ENTRIES[:len(KERNELS)] == KERNELS
+    gen = _generator()
+    for e in KERNELS:
+        if e["collective"] != "allreduce":   # the one-shot allgather/reducescatter, where measured, from 0
+            assert e["kernel"] == "oneshot" and e["min_bytes"] == 0, e
+            assert e["max_bytes"] == gen.GATHER_SCATTER_TOP[e["ranks"]] <= limits.SMALL_ALLREDUCE_MAX_BYTES
     for ranks in sorted({e["ranks"] for e in KERNELS}):
-        mine = [e for e in KERNELS if e["ranks"] == ranks]
+        mine = [e for e in KERNELS if e["ranks"] == ranks and e["collective"] == "allreduce"]
         assert mine[0]["kernel"] == "oneshot" and mine[0]["min_bytes"] == 0
-        assert mine[-1]["max_bytes"] == _generator().KERNEL_TOP.get(ranks, limits.SMALL_ALLREDUCE_DEFAULT_BYTES)
+        assert mine[-1]["max_bytes"] == gen.KERNEL_TOP.get(ranks, limits.SMALL_ALLREDUCE_DEFAULT_BYTES)
         for a, b in zip(mine, mine[1:]):
             assert b["min_bytes"] == a["max_bytes"] + 1
         for e in mine:   # the kernel the index names is the model's faster one at its range's top
