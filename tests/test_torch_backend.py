@@ -130,8 +130,8 @@ if "--hook" not in sys.argv:
     backend = "cpu:gloo,cuda:gc3"
 else:
     backend = "nccl"         # GC3_TORCH=1 and the startup hook make it gc3
-dist.init_process_group(backend, store=dist.FileStore(path, n), rank=rank, world_size=n,
-                        timeout=timedelta(seconds=60))
+store = dist.FileStore(path, n)
+dist.init_process_group(backend, store=store, rank=rank, world_size=n, timeout=timedelta(seconds=60))
 pg = dist.group.WORLD
 assert type(pg).__name__ == "Gc3ProcessGroup", type(pg)
 assert pg._get_backend(torch.device("cpu")).name() == "gloo"
@@ -145,6 +145,10 @@ assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(n)]
 dist.barrier()
 print("ok", rank, dist.get_backend(), flush=True)
 dist.destroy_process_group()
+# No rank exits (closing its gloo sockets) while another still tears its group down:
+# under load, a peer's gloo thread that sees the socket close mid-teardown aborts the process.
+store.set(f"done{rank}", "1")
+store.wait([f"done{r}" for r in range(n)])
 """
 
 
