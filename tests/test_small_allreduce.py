@@ -243,10 +243,21 @@ class Bufs:
         return ins, (ins if inplace else [a.data.ptr + off * self.itemsize for a in self.outs])
 
 
+def _issue_and_wait(group, in_ptrs, out_ptrs, in_elems, avg_elems, dtype, op, stream, **which):
+    """One call through the group (avg: the sum kernel, then the division pass over
+    `avg_elems` of each output, as the drop-in does), waited for and checked."""
+    from runtime_cuda import avg
+
+    group.run_ptrs(in_ptrs, out_ptrs, in_elems, dtype, "sum" if op == "avg" else op, stream, **which)
+    if op == "avg":
+        for p in out_ptrs:
+            avg.divide(p, avg_elems, dtype, group.nranks, stream.ptr)
+    stream.synchronize()
+    group.check()
+
+
 def _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, stream):
     import cupy
-
-    from runtime_cuda import avg
 
     n = group.nranks
     ins = cases.inputs(seed, n, count, dtype, op)
@@ -256,12 +267,7 @@ def _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, stream):
         for a in bufs.outs:      # poisoned, on the call's stream: a missed element shows
             cupy.cuda.runtime.memsetAsync(a.data.ptr, 0x55, a.nbytes, stream.ptr)
     in_ptrs, out_ptrs = bufs.ptrs(inplace, off)
-    group.run_ptrs(in_ptrs, out_ptrs, count, dtype, "sum" if op == "avg" else op, stream, kind=kind)
-    if op == "avg":
-        for p in out_ptrs:
-            avg.divide(p, count, dtype, n, stream.ptr)
-    stream.synchronize()
-    group.check()
+    _issue_and_wait(group, in_ptrs, out_ptrs, count, count, dtype, op, stream, kind=kind)
     want = cases.expected(ins, op, dtype)
     for r in range(n):
         src = bufs.ins[r] if inplace else bufs.outs[r]
@@ -453,8 +459,6 @@ def _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, stre
     out, n * count in) through the group, against numpy; "" when right."""
     import cupy
 
-    from runtime_cuda import avg
-
     n, info = group.nranks, cases.dtype_info(dtype)
     st = cases.storage(np.zeros(1, dtype=info.np)).dtype
     big = n * count
@@ -474,13 +478,8 @@ def _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, stre
             b[off:off + big].set(cases.storage(x), stream=stream)
             in_ptrs.append(at(b, 0))
             out_ptrs.append(at(b, r * count) if inplace else at(o, 0))
-    in_elems = count if coll == "allgather" else big
-    group.run_ptrs(in_ptrs, out_ptrs, in_elems, dtype, "sum" if op == "avg" else op, stream, coll=coll)
-    if op == "avg":
-        for p in out_ptrs:
-            avg.divide(p, count, dtype, n, stream.ptr)
-    stream.synchronize()
-    group.check()
+    _issue_and_wait(group, in_ptrs, out_ptrs, count if coll == "allgather" else big, count, dtype, op, stream,
+                    coll=coll)
     reduced = cases.expected(ins, op, dtype) if coll == "reducescatter" else None
     for r in range(n):
         if coll == "allgather":
