@@ -63,10 +63,14 @@ def block_elems(collective: str, in_elems: int, nranks: int) -> int:
     return in_elems // nranks if collective == "reducescatter" else in_elems
 
 
-def refusal(dtype: str, op: str, in_elems: int, max_bytes: int = limits.SMALL_ALLREDUCE_MAX_BYTES) -> Optional[str]:
+def refusal(dtype: str, op: str, in_elems: int, max_bytes: int = limits.SMALL_ALLREDUCE_MAX_BYTES,
+            coll: str = "allreduce", nranks: int = 1) -> Optional[str]:
     """None when the kernels, with scratch for blocks of up to `max_bytes`, serve a
-    call whose rank's block (block_elems) is `in_elems` elements of `dtype`, with
-    `op`; else why not."""
+    `coll` on `nranks` ranks of `in_elems` input elements of `dtype` with `op`;
+    else why not."""
+    if coll == "reducescatter" and in_elems % nranks:
+        return f"a reducescatter input of {in_elems} elements does not split into {nranks} segments"
+    in_elems = block_elems(coll, in_elems, nranks)
     name = dtype if isinstance(dtype, str) else dtype_info(dtype).name
     if name not in abi.DTYPE:
         return f"no build for {name} (have {', '.join(abi.DTYPE)})"
@@ -289,15 +293,13 @@ class SmallAllreduce:
         if (coll, kind) not in KINDS:
             raise GC3Error(f"small-message kernels: none is {kind!r} for {coll} "
                            f"(have {', '.join(f'{c} {k}' for c, k in KINDS)})")
-        if coll == "reducescatter" and in_elems % self.nranks:
-            raise GC3Error(f"small reducescatter: {in_elems} input elements do not split into {self.nranks} segments")
-        in_elems = block_elems(coll, in_elems, self.nranks)
         if len(in_ptrs) != n or len(out_ptrs) != n:
-            raise GC3Error(f"small allreduce: need {n} input and {n} output addresses (one per rank here), "
+            raise GC3Error(f"small {coll}: need {n} input and {n} output addresses (one per rank here), "
                            f"got {len(in_ptrs)} and {len(out_ptrs)}")
-        why = refusal(dtype, op, in_elems, self.max_bytes)
+        why = refusal(dtype, op, in_elems, self.max_bytes, coll, self.nranks)
         if why:
-            raise GC3Error(f"small allreduce: {why}")
+            raise GC3Error(f"small {coll}: {why}")
+        in_elems = block_elems(coll, in_elems, self.nranks)
         info = dtype_info(dtype)
         nbytes = in_elems * info.np.itemsize
         fn = kernel(info.name, op, self.executor.device.id)

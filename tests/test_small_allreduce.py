@@ -533,4 +533,7 @@ def test_gather_scatter_refusals_name_the_call():
 
     assert ("allgather", "twoshot") not in KINDS and ("reducescatter", "oneshot") in KINDS
     assert block_elems("reducescatter", 4096, 4) == 1024 and block_elems("allgather", 4096, 4) == 4096
-    assert "1 element to" in refusal("float32", "sum", block_elems("reducescatter", 3, 4))
+    assert "1 element to" in refusal("float32", "sum", 0, coll="reducescatter", nranks=4)
+    assert "does not split into 4 segments" in refusal("float32", "sum", 6, coll="reducescatter", nranks=4)
+    assert refusal("float32", "sum", 8, 8, coll="reducescatter", nranks=4) is None        # 2 elements a block
+    assert "serves 1 element to 4 B" in refusal("float32", "sum", 8, 4, coll="allgather", nranks=4)

@@ -60,11 +60,8 @@ class Gc3Backend:
         if key in self._failed:
             return self._failed[key]
         if cand.kernel:
-            if call.coll == "reducescatter" and call.in_elems % call.nranks:
-                return f"a reducescatter input of {call.in_elems} elements does not split into {call.nranks}"
-            return self._small.refusal(call.dtype_name, _group_op(call),
-                                       self._small.block_elems(call.coll, call.in_elems, call.nranks),
-                                       self._small_bytes)
+            return self._small.refusal(call.dtype_name, _group_op(call), call.in_elems, self._small_bytes,
+                                       call.coll, call.nranks)
         if call.dtype_name not in self._abi.DTYPE:
             return f"the interpreter is not built for {call.dtype_name} (it has {', '.join(self._abi.DTYPE)})"
         if call.coll in REDUCING and _kernel_op(call) not in self._abi.REDOP:

@@ -138,9 +138,9 @@ class MeasuredTimer:
         if not elems:
             return False
         if cand.kernel:
-            from runtime_cuda.small_allreduce import block_elems, refusal
-            return refusal(DTYPE, "sum", block_elems(cand.collective, elems, self.host.size),
-                           limits.SMALL_ALLREDUCE_MAX_BYTES) is None
+            from runtime_cuda.small_allreduce import refusal
+            return refusal(DTYPE, "sum", elems, limits.SMALL_ALLREDUCE_MAX_BYTES, cand.collective,
+                           self.host.size) is None
         try:
             call_shape(cand.program, elems, ITEMSIZE[DTYPE_CODES[DTYPE]], group.proto, group.tables.max_cnt)
         except GC3Error:
