@@ -43,20 +43,16 @@ class PreparedCall:
 class Reissue:
     """One prepared call of a launch group, bound for re-issue on a raw stream
     handle with no lookup at all: for a caller that caches it under its own key
-    (the drop-in's per-call fast path).  Calling it returns False, issuing
-    nothing, once the group has dropped its prepared calls (scratch grew, or the
-    cache was full): the caller then takes the full path and binds again."""
-    __slots__ = ("group", "call", "epoch", "_go", "_order", "_query")
+    (the drop-in's per-call fast path).  Calling it, or its `issue` (the same in
+    one Python frame: what the drop-in calls), returns False, issuing nothing,
+    once the group has dropped its prepared calls (scratch grew, or the cache
+    was full) or its executor is broken: the caller then takes the full path,
+    which binds again or raises why."""
+    __slots__ = ("group", "call", "epoch", "issue")
 
     def __init__(self, group: "LaunchGroup", call: PreparedCall):
         self.group, self.call, self.epoch = group, call, group._epoch
-        # A call with no copies around its launch is the launch itself: one Python call less.
-        # Bound methods: calling an instance goes through a lookup of __call__ each time.
-        go = call.launch if call.launch is not None and not call.pre and not call.post else call
-        self._go = go.__call__
-        # Bound once (an executor keeps its order for life): no lookups through the group per call.
-        self._order = group.executor.order
-        self._query = streams.capture_query()
+        self.issue = _issuer(group, call, self.epoch)
 
     @property
     def launch(self) -> Optional[Launch]:
@@ -65,21 +61,42 @@ class Reissue:
         return self.call.launch if self.group._epoch == self.epoch else None
 
     def __call__(self, stream_ptr: int) -> bool:
-        if self.group._epoch != self.epoch:
+        return self.issue(stream_ptr)
+
+
+def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int):
+    """run_ptrs' ordering and capture rules for one prepared call, without its
+    lookup, as one closure: everything it reads per call is bound here (an
+    executor keeps its order, a group its capture table, for life), and a call
+    with no copies around its launch goes straight to the launch's bound driver
+    calls, so a repeat is one Python frame above the driver."""
+    order, query, kept, key = group.executor.order, streams.capture_query(), group._captured, id(call)
+    launch = call.launch if call.launch is not None and not call.pre and not call.post else None
+    whole = None if launch is not None else call.__call__
+    plain, coop, params = launch.driver_calls() if launch is not None else (None, None, 0)
+    ex = launch.ex if launch is not None else group.executor
+
+    def issue(stream_ptr: int) -> bool:
+        if group._epoch != epoch or ex.broken:
             return False
-        # run_ptrs' ordering and capture rules, without its lookup.  The capture query runs on
-        # every repeat, even on an unchanged stream: the user may begin a capture on that very
-        # stream between two calls, and a call captured unawares would be launched cooperatively
-        # (not a plain kernel node) and not kept for the graph's life once the group drops its
-        # prepared calls.  The legacy stream never captures (streams.is_capturing).
-        captured = stream_ptr not in _LEGACY and self._query(stream_ptr) != 0
-        order = self._order
+        # The capture query runs on every repeat, even on an unchanged stream: the user may
+        # begin a capture on that very stream between two calls, and a call captured unawares
+        # would be launched cooperatively (not a plain kernel node) and not kept for the graph's
+        # life once the group drops its prepared calls.  The legacy stream never captures
+        # (streams.is_capturing).
+        captured = stream_ptr not in _LEGACY and query(stream_ptr) != 0
         if order._last != stream_ptr or order._graves:   # StreamOrder.enter is a no-op otherwise
             order.enter(stream_ptr, captured)
         if captured:
-            self.group._captured[id(self.call)] = self.call
-        self._go(stream_ptr, captured)
+            kept[key] = call
+        if whole is not None:
+            whole(stream_ptr, captured)
+        elif captured or coop is None:   # Launch.__call__'s choice: a capture takes a plain node
+            plain(stream_ptr, params, 0)
+        else:
+            coop(stream_ptr, params)
         return True
+    return issue
 
 
 class LaunchGroup:

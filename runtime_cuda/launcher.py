@@ -76,8 +76,8 @@ class _Args(ctypes.Structure):
 class Launch:
     """One call shape of one executor, ready to go: the parameter block is
     packed once and every call is a single driver launch on a stream."""
-    __slots__ = ("ex", "fn", "grid", "block", "coop", "args", "params", "params_ptr", "keep", "_driver", "_plain",
-                 "_coop")
+    __slots__ = ("ex", "fn", "grid", "block", "coop", "args", "params", "params_ptr", "keep", "head", "_driver",
+                 "_plain", "_coop")
 
     def __init__(self, ex: "Executor", k, nt: int, coop: bool, bufs, shape: Shape):
         from cupy_backends.cuda.api import driver
@@ -100,10 +100,18 @@ class Launch:
     def bind(self, driver) -> None:
         """Fix the driver calls' leading arguments (function, grid, block, no dynamic
         shared memory) once: a call then passes only the stream and parameters."""
-        head = (self.fn, self.grid, 1, 1, self.block, 1, 1, 0)
+        # The driver's leading arguments (function, grid x/y/z, block x/y/z, shared bytes), as
+        # every launch object has them: a bare launch of the same kernel (scripts/bench_host_time.py).
+        self.head = head = (self.fn, self.grid, 1, 1, self.block, 1, 1, 0)
         self._driver = driver
         self._plain = partial(driver.launchKernel, *head)
         self._coop = partial(driver.launchCooperativeKernel, *head) if self.coop else None
+
+    def driver_calls(self):
+        """(plain launch, cooperative launch or None, parameter block address): the
+        bound driver calls, taking (stream, params, 0) and (stream, params), for a
+        repeat path that issues them itself (group.Reissue)."""
+        return self._plain, self._coop, self.params_ptr
 
     def __call__(self, stream_ptr: int, captured: bool = False) -> None:
         """`captured`: the stream is capturing a graph; the launch goes in as a

@@ -102,7 +102,8 @@ class _Args(ctypes.Structure):
 
 class _Launch:
     """One call, packed once: each call is one driver launch."""
-    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "_launch")
+    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "head", "_launch")
+    coop = False    # a plain launch: each rank's blocks wait only on lines, never on a grid barrier
 
     def __init__(self, ex: "SmallExecutor", fn, grid: int, nlocal: int, args: _Args, keep):
         from cupy_backends.cuda.api import driver
@@ -113,7 +114,12 @@ class _Launch:
             *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
         self.params_ptr = ctypes.addressof(self.params)
         # Everything but the stream fixed once: a call passes only the stream.
-        self._launch = functools.partial(driver.launchKernel, fn, grid, nlocal, 1, THREADS, 1, 1, 0)
+        self.head = (fn, grid, nlocal, 1, THREADS, 1, 1, 0)     # as launcher.Launch.head
+        self._launch = functools.partial(driver.launchKernel, *self.head)
+
+    def driver_calls(self):
+        """As launcher.Launch.driver_calls: a plain launch only."""
+        return self._launch, None, self.params_ptr
 
     # What runtime_cuda.group.Reissue reads of a prepared call: no copies around the launch.
     pre = post = ()

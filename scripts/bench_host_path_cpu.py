@@ -95,6 +95,7 @@ def build(n_elems: int, buf: int, stream: int):
 
     class Executor:
         order = StreamOrder(_Events())
+        broken = None
 
     g = LaunchGroup.__new__(LaunchGroup)
     g.executor, g._prepared, g._captured, g._epoch = Executor(), {}, {}, 0

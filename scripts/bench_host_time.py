@@ -1,33 +1,45 @@
 """Host time per call on one GPU (issue 18, "small messages at the floor"):
 
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \\
-        mpirun -np 2 python scripts/bench_host_time.py [--size 1KiB] [--calls 40] [--rounds 7]
+        mpirun --bind-to none -np 2 python scripts/bench_host_time.py [--size 1KiB] [--calls 40] [--rounds 7]
 
-Processes may share a GPU (NcclCommunicator.from_mpi).  Per collective, one
-small-message candidate (the first LL one of the library, instances 1) is
-served through the drop-in from a catalog written for this run, and timed
-four ways, all on the same kernel and the same pre-packed parameter block:
+Processes may share a GPU (NcclCommunicator.from_mpi).  Every kind of launch
+the drop-in makes gets a row: per collective one interpreter program (the first
+LL candidate of the library, instances 1), and each small-message kernel
+(gc3.limits.SMALL_KERNELS: one-shot allreduce, allgather and reducescatter,
+two-shot allreduce), each served through the drop-in from a catalog written for
+this run (one communicator per catalog), and timed on the same kernel and the
+same pre-packed parameter block:
 
-  bare      the drop-in's own Launch (NcclCommunicator.prepared_launch),
+  bare      the drop-in's own launch (NcclCommunicator.prepared_launch),
             re-issued with cuLaunchKernel from Python, once through
             cuda.bindings when importable and once through CuPy's driver
             module -- no Python above the driver call;
-  eager     the drop-in call (`NcclCommunicator.submit`), back to back;
+  query     the stream-capture query alone (cudaStreamIsCapturing, as CuPy
+            wraps it; no launch): every repeat asks it;
+  launch    that launch object called (the broken-communicator check and the
+            driver call: what a prepared call adds to a bare launch);
+  reissue   the launch group's Reissue.issue (capture query, stream order,
+            the bound driver call): what the drop-in's repeat path calls under
+            the communicator's lookup;
+  eager     the drop-in call through cupy.cuda.nccl's named method
+            (comm.allReduce(...), comm.allGather(...), ...), back to back;
   graph100  a CUDA graph of 100 drop-in calls, replayed: per call = / 100;
   graph1    a CUDA graph of one drop-in call, replayed.
 
 "host" is the time the issuing loop takes per call (`--calls` calls, fewer
 than the launch queue holds, so the GPU does not throttle it); "gpu" is the
-time per call until the stream drains.  The bare and eager loops alternate,
-`--rounds` times (the order reversed every other round, so neither always
-goes first), so that a slow stretch of a shared machine hits both alike: each
-is reported as the median and the fastest of its rounds, and "eager-bare" is
-the median of the per-round differences against the bare launcher of the
-lower median, with their range.  Python's garbage collector is off while a
-loop runs; nothing is pinned (mpirun binds as it likes; the header says how
-many CPUs rank 0 may run on).  The graphs are timed once, for reference.
-Every collective's data is checked through the drop-in before and after the
-timed loops (perf_gpu.run_case, as `gc3 bench` does).
+time per call until the stream drains.  The loops alternate, `--rounds` times
+(the order reversed every other round, so none always goes first), so that a
+slow stretch of a shared machine hits all alike: each is reported as the median
+and the fastest of its rounds, and "eager-bare" is the median of the per-round
+differences against the bare launcher of the lower median, with their range.
+Python's garbage collector is off while a loop runs; nothing is pinned (run
+mpirun with --bind-to none: its default binds a rank to one core, where its
+launches and its spinning peers compete; the header says how many CPUs rank 0
+may run on).  The graphs are timed once, for reference.  Every row's data is
+checked through the drop-in before and after the timed loops
+(perf_gpu.run_case, as `gc3 bench` does).
 """
 from __future__ import annotations
 
@@ -45,21 +57,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
+# The layers of the drop-in's repeat path, timed alone between the bare launch and the named call.
+LAYERS = ("query", "launch", "reissue")
 
 
 def bare_launchers():
     """[(name, make(launch, stream) -> a no-argument launch)]: cuda.bindings'
     cuLaunchKernel when importable, and CuPy's driver module, each issuing the
-    drop-in's own Launch (the same function, grid, block and parameter block;
-    cooperative where the drop-in launches it so) with the handles converted
-    once, outside the timed loop."""
+    drop-in's own launch (`head`: the same function, grid and block; the same
+    parameter block; cooperative where the drop-in launches it so) with the
+    handles converted once, outside the timed loop."""
     from cupy_backends.cuda.api import driver
 
     def make_cupy(launch, stream):
-        fn, grid, block, params = launch.fn, launch.grid, launch.block, launch.params_ptr
+        head, params = launch.head, launch.params_ptr
         if launch.coop:
-            return lambda: driver.launchCooperativeKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params)
-        return lambda: driver.launchKernel(fn, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
+            return lambda: driver.launchCooperativeKernel(*head, stream, params)
+        return lambda: driver.launchKernel(*head, stream, params, 0)
 
     out = []
     try:
@@ -68,18 +82,19 @@ def bare_launchers():
         cb = None
     if cb is not None:
         def make_cb(launch, stream):
-            f, s = cb.CUfunction(launch.fn), cb.CUstream(stream)
-            grid, block, params = launch.grid, launch.block, launch.params_ptr
+            f, s = cb.CUfunction(launch.head[0]), cb.CUstream(stream)
+            gx, gy, gz, bx, by, bz, shmem = launch.head[1:]
+            params = launch.params_ptr
             ok = cb.CUresult.CUDA_SUCCESS
 
             if launch.coop:
                 def go():
-                    err, = cb.cuLaunchCooperativeKernel(f, grid, 1, 1, block, 1, 1, 0, s, params)
+                    err, = cb.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params)
                     if err != ok:
                         raise RuntimeError(f"cuLaunchCooperativeKernel failed: {err}")
             else:
                 def go():
-                    err, = cb.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, params, 0)
+                    err, = cb.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, 0)
                     if err != ok:
                         raise RuntimeError(f"cuLaunchKernel failed: {err}")
             return go
@@ -88,9 +103,28 @@ def bare_launchers():
     return out
 
 
-def write_catalog(folder: Path, nranks: int) -> dict:
-    """One LL candidate per collective, out of place where the library has one
-    (else in place, and called in place), every size: {collective: (label, inplace)}."""
+def named_call(comm, coll: str, send: int, recv: int, count: int, dtype: int, op, stream: int, root: int = 0):
+    """A no-argument call of cupy.cuda.nccl's own method for `coll`, as a user's program makes it."""
+    if coll == "allreduce":
+        return lambda: comm.allReduce(send, recv, count, dtype, op, stream)
+    if coll == "reducescatter":
+        return lambda: comm.reduceScatter(send, recv, count, dtype, op, stream)
+    if coll == "allgather":
+        return lambda: comm.allGather(send, recv, count, dtype, stream)
+    if coll == "alltoall":
+        return lambda: comm.allToAll(send, recv, count, dtype, stream)
+    if coll == "broadcast":
+        return lambda: comm.broadcast(send, recv, count, dtype, root, stream)
+    raise ValueError(f"no named call for {coll!r} (known: {', '.join(COLLS)})")
+
+
+def write_catalogs(folder: Path, nranks: int) -> list:
+    """The catalogs one run serves its rows from, each with at most one entry per
+    collective: [(catalog file name, {collective: (label, inplace)})].  First one
+    LL interpreter program per collective, out of place where the library has one
+    (else in place, and called in place), every size; then one catalog per
+    small-message kernel name, for the collectives that kernel serves."""
+    from gc3 import limits
     from gc3.ir.xml_io import write_xml
     from runtime_cuda.nccl import tune
 
@@ -105,8 +139,15 @@ def write_catalog(folder: Path, nranks: int) -> dict:
         entries.append({"file": f"{cand.label}.xml", "collective": coll, "ranks": nranks, "inplace": cand.inplace,
                         "name": cand.label, **({"root": 0} if coll == "broadcast" else {})})
         chosen[coll] = (cand.label, cand.inplace)
-    (folder / "catalog.json").write_text(json.dumps({"version": 1, "algorithms": entries}))
-    return chosen
+    out = [("interpreter.json", chosen, entries)]
+    for kernel in limits.SMALL_ALLREDUCE_KERNELS:
+        colls = [c for c in COLLS if kernel in limits.SMALL_KERNELS.get(c, ())]
+        cands = [k for c in colls for k in tune.kernel_candidates(c, nranks, 1) if k.kernel == kernel]
+        out.append((f"{kernel}.json", {k.collective: (k.label, False) for k in cands},
+                    [{"kernel": kernel, "collective": k.collective, "ranks": nranks, "name": k.label} for k in cands]))
+    for name, _, algorithms in out:
+        (folder / name).write_text(json.dumps({"version": 1, "algorithms": algorithms}))
+    return [(name, rows) for name, rows, _ in out]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -153,6 +194,7 @@ def format_table(rows, size: str, nprocs: int, device: str, rounds: int, calls: 
     """rows: (collective, algorithm, summarize(...) with the columns graph100 and graph1 added as
     (host us, gpu us), graph100 already per call)."""
     bares = [k for k in rows[0][2] if k.startswith("bare:")] if rows else []
+    timed = bares + [k for k in LAYERS if rows and k in rows[0][2]] + ["eager"]
     head = {"graph100": "graph100/100"}
     lines = [f"# host time per call, {size}, {nprocs} processes on {device}; {rounds} rounds of {calls} calls, "
              f"bare and eager alternating; rank 0 may run on {cpus} CPU(s)",
@@ -160,11 +202,11 @@ def format_table(rows, size: str, nprocs: int, device: str, rounds: int, calls: 
              "eager-bare: median of the per-round differences against the bare launcher of the lower median "
              "(marked *), and their range"]
     lines.append(f"{'collective':14} {'algorithm':34} "
-                 + " ".join(f"{head.get(c, c):>18}" for c in bares + ["eager", "graph100", "graph1"])
+                 + " ".join(f"{head.get(c, c):>18}" for c in timed + ["graph100", "graph1"])
                  + f" {'eager-bare':>10} {'range':>13}")
     for coll, label, t in rows:
         d = t["eager-bare"]
-        cells = [f"{t[c]['median']:.2f}/{t[c]['min']:.2f}" + ("*" if c == d["bare"] else "") for c in bares + ["eager"]]
+        cells = [f"{t[c]['median']:.2f}/{t[c]['min']:.2f}" + ("*" if c == d["bare"] else "") for c in timed]
         cells += [f"{t[c][0]:.2f}/{t[c][1]:.2f}" for c in ("graph100", "graph1")]
         spread = f"{d['min']:.2f}..{d['max']:.2f}"
         lines.append(f"{coll:14} {label:34} " + " ".join(f"{c:>18}" for c in cells)
@@ -192,18 +234,15 @@ def run(args) -> int:
     from mpi4py import MPI
 
     from runtime_cuda.nccl import NcclCommunicator
-    from runtime_cuda.nccl.constants import DTYPE_CODES, ITEMSIZE, OP_CODES
-    from runtime_cuda.nccl.perf import element_count, nccl_count
-    from runtime_cuda.nccl.perf_gpu import BenchConfig, Host, local_device, place, run_case
+    from runtime_cuda.nccl.constants import DTYPE_CODES
+    from runtime_cuda.nccl.perf_gpu import Host, local_device
 
     world = MPI.COMM_WORLD
     host = Host()
     cupy.cuda.Device(local_device(host.rank)).use()
     folder = Path(world.bcast(tempfile.mkdtemp(prefix="gc3-host-time-") if host.rank == 0 else None))
-    chosen = world.bcast(write_catalog(folder, host.size) if host.rank == 0 else None)
-    os.environ["GC3_CONFIG"] = str(folder / "catalog.json")
+    catalogs = world.bcast(write_catalogs(folder, host.size) if host.rank == 0 else None)
     os.environ.pop("GC3_DEBUG", None)   # TRACE would take every call through selection: not the hot path
-    comm = NcclCommunicator.from_mpi(world)
     launchers = bare_launchers()
     nbytes = args.nbytes
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -211,70 +250,88 @@ def run(args) -> int:
     send, recv = cupy.zeros(buf_bytes, cupy.uint8), cupy.zeros(buf_bytes, cupy.uint8)
     code = DTYPE_CODES["float32"]
     rows = []
-    for coll, (label, inplace) in chosen.items():
-        count = nccl_count(coll, element_count(coll, nbytes, ITEMSIZE[code], host.size), host.size)
-        op = OP_CODES["sum"] if coll in ("allreduce", "reducescatter") else None
-        _, wrong, first, route = run_case(comm.submit, host, BenchConfig((), (), warmup=2, iters=5), coll, nbytes,
-                                          inplace, send, recv, stream)
-        routes = world.allgather(route)
-        if wrong or any(r != label for r in routes):
-            raise SystemExit(f"{coll}: {wrong} wrong ({first}), served by {routes} (expected {label} everywhere)")
-        p = place(coll, inplace, send, recv, count, host.rank, ITEMSIZE[code])
-        args_ = (coll, p.send, p.recv, count, code, op, stream.ptr, 0)
-
-        def call():
-            comm.submit(*args_)
-
-        call()   # a repeat of exactly these arguments: prepared_launch knows its launch now
-        launch = comm.prepared_launch(*args_)
-        if launch is None:
-            raise SystemExit(f"{coll}: the drop-in keeps no prepared launch for a repeat of {label}")
-
-        def timed(fn, n):
-            stream.synchronize()
-            world.Barrier()
-            gc.disable()
-            try:
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    fn()
-                t1 = time.perf_counter()
-            finally:
-                gc.enable()
-            stream.synchronize()
-            return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
-
-        columns = [(f"bare:{name}", make(launch, stream.ptr)) for name, make in launchers] + [("eager", call)]
-        samples = {name: [] for name, _ in columns}
-        for r in range(args.rounds):
-            # Every rank runs the same order: each loop's kernels meet their peers'.
-            for name, fn in (columns if r % 2 == 0 else columns[::-1]):
-                samples[name].append(timed(fn, args.calls))
-        t = summarize(samples)
-        stream.begin_capture()
-        for _ in range(100):
-            call()
-        g100 = stream.end_capture()
-        stream.begin_capture()
-        call()
-        g1 = stream.end_capture()
-        h100 = timed(lambda: g100.launch(stream=stream), 1)
-        t["graph100"] = (h100[0] / 100, h100[1] / 100)
-        t["graph1"] = timed(lambda: g1.launch(stream=stream), args.calls)
-        rows.append((coll, label, t))
-        comm.check_async_error()
-        # Every timed launch ran the real collective: its data must still be right.
-        _, wrong, first, _ = run_case(comm.submit, host, BenchConfig((), (), warmup=0, iters=1), coll, nbytes,
-                                      inplace, send, recv, stream)
-        if wrong:
-            raise SystemExit(f"{coll}: {wrong} wrong after the timed loops ({first})")
-    comm.destroy()
+    for name, chosen in catalogs:
+        os.environ["GC3_CONFIG"] = str(folder / name)
+        comm = NcclCommunicator.from_mpi(world)
+        for coll, (label, inplace) in chosen.items():
+            rows.append((coll, label, time_row(args, comm, host, launchers, coll, label, inplace, send, recv,
+                                               stream, code)))
+        comm.destroy()
     if host.rank == 0:
         dev = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
         dev = dev.decode() if isinstance(dev, bytes) else dev
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         print("\n".join(format_table(rows, args.size, host.size, dev, args.rounds, args.calls, cpus)), flush=True)
     return 0
+
+
+def time_row(args, comm, host, launchers, coll, label, inplace, send, recv, stream, code) -> dict:
+    """One row: the collective served by `label` through `comm`, checked, then timed every way."""
+    from runtime_cuda import streams
+    from runtime_cuda.nccl.constants import ITEMSIZE, OP_CODES
+    from runtime_cuda.nccl.perf import element_count, nccl_count
+    from runtime_cuda.nccl.perf_gpu import BenchConfig, place, run_case
+
+    world = host.comm
+    nbytes = args.nbytes
+    count = nccl_count(coll, element_count(coll, nbytes, ITEMSIZE[code], host.size), host.size)
+    op = OP_CODES["sum"] if coll in ("allreduce", "reducescatter") else None
+    _, wrong, first, route = run_case(comm.submit, host, BenchConfig((), (), warmup=2, iters=5), coll, nbytes,
+                                      inplace, send, recv, stream)
+    routes = world.allgather(route)
+    if wrong or any(r != label for r in routes):
+        raise SystemExit(f"{coll}: {wrong} wrong ({first}), served by {routes} (expected {label} everywhere)")
+    p = place(coll, inplace, send, recv, count, host.rank, ITEMSIZE[code])
+    args_ = (coll, p.send, p.recv, count, code, op, stream.ptr, 0)
+    call = named_call(comm, *args_)
+    call()   # a repeat of exactly these arguments: prepared_launch knows its launch now
+    launch = comm.prepared_launch(*args_)
+    reissue = comm.prepared_reissue(*args_)
+    if launch is None or reissue is None:
+        raise SystemExit(f"{coll}: the drop-in keeps no prepared launch for a repeat of {label}")
+
+    def timed(fn, n):
+        stream.synchronize()
+        world.Barrier()
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            t1 = time.perf_counter()
+        finally:
+            gc.enable()
+        stream.synchronize()
+        return (t1 - t0) / n * 1e6, (time.perf_counter() - t0) / n * 1e6
+
+    ptr = stream.ptr
+    columns = [(f"bare:{name}", make(launch, ptr)) for name, make in launchers]
+    query, issue = streams.capture_query(), reissue.issue
+    columns += [("query", lambda: query(ptr)), ("launch", lambda: launch(ptr)), ("reissue", lambda: issue(ptr)),
+                ("eager", call)]
+    samples = {name: [] for name, _ in columns}
+    for r in range(args.rounds):
+        # Every rank runs the same order: each loop's kernels meet their peers'.
+        for name, fn in (columns if r % 2 == 0 else columns[::-1]):
+            samples[name].append(timed(fn, args.calls))
+    t = summarize(samples)
+    stream.begin_capture()
+    for _ in range(100):
+        call()
+    g100 = stream.end_capture()
+    stream.begin_capture()
+    call()
+    g1 = stream.end_capture()
+    h100 = timed(lambda: g100.launch(stream=stream), 1)
+    t["graph100"] = (h100[0] / 100, h100[1] / 100)
+    t["graph1"] = timed(lambda: g1.launch(stream=stream), args.calls)
+    comm.check_async_error()
+    # Every timed launch ran the real collective: its data must still be right.
+    _, wrong, first, _ = run_case(comm.submit, host, BenchConfig((), (), warmup=0, iters=1), coll, nbytes,
+                                  inplace, send, recv, stream)
+    if wrong:
+        raise SystemExit(f"{coll}: {wrong} wrong after the timed loops ({first})")
+    return t
 
 
 if __name__ == "__main__":

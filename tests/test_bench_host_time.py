@@ -13,16 +13,42 @@ import bench_host_time as bht  # noqa: E402
 
 
 @pytest.mark.parametrize("nranks", [2, 4])
-def test_catalog_has_one_ll_candidate_per_collective(tmp_path, nranks):
+def test_catalogs_hold_one_ll_program_per_collective_then_each_small_kernel(tmp_path, nranks):
+    from gc3 import limits
     from runtime_cuda.nccl.catalog import check_config
 
-    chosen = bht.write_catalog(tmp_path, nranks)
+    catalogs = bht.write_catalogs(tmp_path, nranks)
+    assert [name for name, _ in catalogs] == ["interpreter.json"] + [f"{k}.json" for k in limits.SMALL_ALLREDUCE_KERNELS]
+    (_, chosen), kernels = catalogs[0], catalogs[1:]
     assert set(chosen) == set(bht.COLLS)
-    good, problems = check_config(tmp_path / "catalog.json")
+    good, problems = check_config(tmp_path / "interpreter.json")
     assert problems == [] and {c.name: c.program.inplace for c in good} == dict(chosen.values())
     for c in good:
         assert c.program.proto == "LL" and c.ranks == nranks
         assert not c.program.inplace          # every collective of the library has an out-of-place program
+    # Every small kernel the drop-in can serve gets a row, from a catalog naming only that kernel.
+    rows = set()
+    for name, served in kernels:
+        good, problems = check_config(tmp_path / name)
+        assert problems == [] and {c.collective: c.name for c in good} == {k: v[0] for k, v in served.items()}
+        assert {c.kernel for c in good} == {name[:-len(".json")]} and all(c.ranks == nranks for c in good)
+        rows |= {(c.kernel, c.collective) for c in good}
+    assert rows == {(k, coll) for coll, ks in limits.SMALL_KERNELS.items() for k in ks}
+
+
+def test_named_calls_are_cupys_methods_with_their_own_argument_orders():
+    class Comm:
+        def __getattr__(self, name):
+            return lambda *a: (name, a)
+
+    c = Comm()
+    assert bht.named_call(c, "allreduce", 1, 2, 3, 4, 5, 6)() == ("allReduce", (1, 2, 3, 4, 5, 6))
+    assert bht.named_call(c, "reducescatter", 1, 2, 3, 4, 5, 6)() == ("reduceScatter", (1, 2, 3, 4, 5, 6))
+    assert bht.named_call(c, "allgather", 1, 2, 3, 4, None, 6)() == ("allGather", (1, 2, 3, 4, 6))
+    assert bht.named_call(c, "alltoall", 1, 2, 3, 4, None, 6)() == ("allToAll", (1, 2, 3, 4, 6))
+    assert bht.named_call(c, "broadcast", 1, 2, 3, 4, None, 6, 1)() == ("broadcast", (1, 2, 3, 4, 1, 6))
+    with pytest.raises(ValueError, match="no named call for 'gather'"):
+        bht.named_call(c, "gather", 1, 2, 3, 4, None, 6)
 
 
 def test_arguments_parse_sizes_and_refuse_bad_values(capsys):
@@ -57,6 +83,8 @@ def test_summary_refuses_uneven_or_missing_columns():
 
 def test_table_has_a_row_per_collective_and_the_drop_ins_margin_over_the_bare_launch():
     rounds = {"bare:cuda.bindings": [(2.5, 9.0), (2.75, 9.0)], "bare:cupy": [(2.0, 9.0), (2.25, 9.0)],
+              "query": [(0.25, 0.5), (0.5, 0.5)], "launch": [(2.25, 9.0), (2.5, 9.0)],
+              "reissue": [(2.75, 9.0), (2.5, 9.0)],
               "eager": [(3.25, 9.5), (3.0, 9.5)]}
     t = dict(bht.summarize(rounds), graph100=(0.5, 7.0), graph1=(4.0, 10.0))
     lines = bht.format_table([("allreduce", "allreduce_allpairs_2r_LL", t)], "1KiB", 2, "NVIDIA H100 80GB HBM3",
@@ -64,10 +92,11 @@ def test_table_has_a_row_per_collective_and_the_drop_ins_margin_over_the_bare_la
     assert lines[0] == ("# host time per call, 1KiB, 2 processes on NVIDIA H100 80GB HBM3; 2 rounds of 50 calls, "
                         "bare and eager alternating; rank 0 may run on 16 CPU(s)")
     head, rows = lines[2].split(), [l.split() for l in lines[3:]]
-    assert head == ["collective", "algorithm", "bare:cuda.bindings", "bare:cupy", "eager", "graph100/100",
-                    "graph1", "eager-bare", "range"]
-    assert rows == [["allreduce", "allreduce_allpairs_2r_LL", "2.62/2.50", "2.12/2.00*", "3.12/3.00", "0.50/7.00",
-                     "4.00/10.00", "1.00", "0.75..1.25"]]
+    assert head == ["collective", "algorithm", "bare:cuda.bindings", "bare:cupy", "query", "launch", "reissue",
+                    "eager", "graph100/100", "graph1", "eager-bare", "range"]
+    assert rows == [["allreduce", "allreduce_allpairs_2r_LL", "2.62/2.50", "2.12/2.00*", "0.38/0.25", "2.38/2.25",
+                     "2.62/2.50",
+                     "3.12/3.00", "0.50/7.00", "4.00/10.00", "1.00", "0.75..1.25"]]
 
 
 @pytest.mark.gpu
@@ -86,8 +115,13 @@ def test_runs_with_two_processes_sharing_a_gpu():
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
+    from gc3 import limits
+
     rows = [l.split() for l in proc.stdout.splitlines() if l.split() and l.split()[0] in bht.COLLS]
-    assert sorted(r[0] for r in rows) == sorted(bht.COLLS), out[-4000:]
+    kernel_rows = sum(len(ks) for ks in limits.SMALL_KERNELS.values())
+    assert sorted(r[0] for r in rows) == sorted(list(bht.COLLS) + [c for c, ks in limits.SMALL_KERNELS.items()
+                                                                   for _ in ks]), out[-4000:]
+    assert len([r for r in rows if r[1].startswith(limits.SMALL_ALLREDUCE_KERNELS)]) == kernel_rows, out[-4000:]
     for r in rows:
         host_us = [float(c.rstrip("*").split("/")[0]) for c in r[2:-2]]
         assert all(0 < h < 1e5 for h in host_us), r

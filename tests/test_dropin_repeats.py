@@ -218,7 +218,12 @@ def test_backend_binds_what_run_would_run_and_never_avg(monkeypatch, op, expect)
 
 
 class CountingCall:
-    """A PreparedCall (copies around a launch) that records its issues."""
+    """A PreparedCall (copies around a launch) that records its issues; as a launch,
+    its bound driver calls record too: the plain one as captured (Launch's choice for
+    a capture), the cooperative one as not."""
+
+    class ex:
+        broken = None
 
     def __init__(self, launch=None, pre=()):
         self.calls, self.launch, self.pre, self.post = [], launch, list(pre), []
@@ -226,8 +231,14 @@ class CountingCall:
     def __call__(self, ptr, captured=False):
         self.calls.append((ptr, captured))
 
+    def driver_calls(self):
+        return (lambda s, params, extra: self.calls.append((s, True)),
+                lambda s, params: self.calls.append((s, False)), 0x8000)
+
 
 class Executor:
+    broken = None
+
     def __init__(self, events):
         self.order = StreamOrder(events)
 
@@ -286,6 +297,20 @@ def test_reissue_goes_to_the_launch_itself_only_when_no_copy_surrounds_it(monkey
     assert again.launch is launch
     g._drop_prepared()
     assert again.launch is None
+
+
+def test_a_repeat_stops_once_the_executor_is_broken(monkeypatch):
+    """After a timeout the executor is broken: a repeat issues nothing and returns False, so
+    the drop-in takes the full path, whose launch raises CommunicatorBroken naming why."""
+    g, _ = bare_group(monkeypatch)
+    launch = CountingCall()
+    launch.ex = type("Ex", (), {"broken": None})()
+    call = CountingCall(launch=launch)
+    g._prepared[g._key([1], [2], 8, "float32", "sum")] = call
+    again = g.reissue([1], [2], 8, "float32", "sum")
+    assert again(5) and launch.calls == [(5, False)]
+    launch.ex.broken = "GPU wait timed out"
+    assert not again(5) and not again.issue(5) and launch.calls == [(5, False)]
 
 
 def test_an_unhashable_argument_int_accepts_is_served_but_never_repeated(monkeypatch):

@@ -1,4 +1,5 @@
 """`gc3 catalog check FILE`: validate a catalog (JSON or XML) as the NCCL drop-in loads it.
+`gc3 catalog plot FILE -o p.png`: draw what `gc3 tune` chose for a catalog it wrote.
 
 The drop-in (`runtime_cuda.nccl`) is imported only when the command runs, as
 `gc3 run` and `gc3 bench` import the runtime: the compiler never needs it.
@@ -7,8 +8,10 @@ from __future__ import annotations
 
 import click
 
-from gc3.errors import EXIT_WRONG, GC3Error
+from gc3.errors import EXIT_WRONG, GC3Error, InputError
 from gc3.cli._common import fail
+
+from .tune import choices_title, png_option
 
 
 @click.group("catalog")
@@ -40,3 +43,29 @@ def check(file: str) -> None:
                    f"of {len(problems) + len(good)}", err=True)
         raise SystemExit(EXIT_WRONG)
     click.echo(f"{file}: OK: {len(good)} entr{'y' if len(good) == 1 else 'ies'}")
+
+
+@command.command("plot")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), callback=png_option,
+              help="PNG to write")
+def plot(file: str, output) -> None:
+    """Draw, from the provenance `gc3 tune` wrote into catalog FILE (JSON), the
+    algorithm chosen per collective, placement and size, its time and its margin
+    over NCCL (where NCCL was measured), as `gc3 tune --plot` does.
+    Exit status: 0 written; 2 FILE unreadable or without tune's provenance."""
+    import json
+
+    from runtime_cuda.nccl.perf import plot_choices
+
+    try:
+        with open(file) as fh:
+            catalog = json.load(fh)
+    except (OSError, ValueError) as exc:
+        fail(file, InputError(f"cannot read it as a JSON catalog: {exc}"))
+    prov = catalog.get("provenance") if isinstance(catalog, dict) else None
+    if not isinstance(prov, dict) or not prov.get("choices"):
+        fail(file, InputError('no provenance "choices" to plot: only a catalog written by `gc3 tune` has them '
+                              "(its provenance records what won at each size)"))
+    plot_choices(prov["choices"], output, title=choices_title(prov))
+    click.echo(f"wrote {output}")

@@ -1,6 +1,7 @@
 """`gc3 tune`: write the drop-in's algorithm catalog from predicted or measured times.
 
     gc3 tune --model-only --ranks 4 -o catalog.json            # cost model, no GPU
+    gc3 tune --model-only --ranks 4 -o c.json --plot c.png     # and a plot of what was chosen per size
     mpirun -np 4 gc3 tune --quick -o catalog.json              # measured, one rank per process
     GC3_CONFIG=catalog.json python train.py                    # the drop-in uses it
 
@@ -28,6 +29,30 @@ def _collectives(ctx, param, value):
     return _colls(ctx, param, value) if value else None     # none given: every collective (bench: allreduce)
 
 
+def writable(value: str, suffix: str, kind: str, hint: str) -> Path:
+    """`value` as a path to write the `kind` to, checked before any work: its
+    suffix is `suffix` and its folder exists (click's usage error otherwise)."""
+    out = Path(value)
+    if out.suffix.lower() != suffix:
+        raise click.BadParameter(f"{value}: the {kind} is written as {suffix[1:].upper()}; name it *{suffix}",
+                                 param_hint=hint)
+    if not (out.parent if str(out.parent) else Path(".")).is_dir():
+        raise click.BadParameter(f"{value}: folder {out.parent} does not exist", param_hint=hint)
+    return out
+
+
+def png_option(ctx, param, value):
+    """click callback of a PNG to write (`--plot`, `gc3 catalog plot -o`)."""
+    return None if value is None else writable(value, ".png", "plot", param.opts[0])
+
+
+def choices_title(prov: dict) -> str:
+    """The plot's title: what the catalog was tuned for, how it was timed, when."""
+    how = (f"measured on {prov.get('device', '?')}" if prov.get("measured") else
+           f"cost model {prov.get('cost_model', {}).get('preset', '?')}")
+    return f"gc3 tune: {prov.get('ranks', '?')} ranks, {how}, {prov.get('date', '')[:10]}".rstrip(", ")
+
+
 @click.command("tune")
 @click.option("--model-only", is_flag=True, help="predict times with the simulator's cost model (no GPU)")
 @click.option("--ranks", type=int, help="rank count to tune for (--model-only)")
@@ -46,8 +71,10 @@ def _collectives(ctx, param, value):
               help="seconds of measuring; the sizes not reached by then go to NCCL, listed as not measured "
                    "in the catalog's provenance (0: no budget)")
 @click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: beside -o]")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=png_option,
+              help="PNG of the chosen algorithm's time and its margin over NCCL per size (rank 0, after -o)")
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, time_budget,
-            ir_dir):
+            ir_dir, plot_path):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     from gc3.simulator.cost_config import PRESETS
@@ -71,11 +98,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         raise click.UsageError("--model-only needs --ranks N")
     if cost not in PRESETS:
         raise click.BadParameter(f"unknown preset {cost!r}; known: {', '.join(PRESETS)}", param_hint="--cost")
-    out = Path(output)
-    if out.suffix.lower() != ".json":
-        raise click.BadParameter(f"{output}: the catalog is written as JSON; name it *.json", param_hint="-o")
-    if not (out.parent if str(out.parent) else Path(".")).is_dir():
-        raise click.BadParameter(f"{output}: folder {out.parent} does not exist", param_hint="-o")
+    out = writable(output, ".json", "catalog", "-o")
     try:
         tune.check_shape(ranks, nodes)
         sizes = perf.sweep(minbytes, maxbytes, stepfactor or (tune.QUICK_SIZE_FACTOR if quick else tune.SIZE_FACTOR))
@@ -119,6 +142,9 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         return
     try:
         _write(results, out, ranks, prov, ir_dir, output)
+        if plot_path is not None:
+            perf.plot_choices(prov["choices"], plot_path, title=choices_title(prov))
+            click.echo(f"wrote {plot_path}")
     finally:
         if host is not None:
             host.barrier()

@@ -239,6 +239,10 @@ class NcclCommunicator(ArrayCollectives):
     def reduce(self, *args, **kwargs):
         """cupy's reduce(sendbuf, recvbuf, count, datatype, op, root, stream), or the
         array form reduce(x, root=0, op="sum", out=None, stream=None)."""
+        if len(args) == 7:   # the pointer form, all positional (the array form takes at most 5): no test
+            sendbuf, recvbuf, count, datatype, op, root, stream = args
+            self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
+            return None
         if is_array(args, kwargs):
             return self.array_reduce(*args, **kwargs)
         return self._pointer_reduce(*args, **kwargs)
@@ -246,6 +250,10 @@ class NcclCommunicator(ArrayCollectives):
     def broadcast(self, *args, **kwargs):
         """cupy's broadcast(sendbuff, recvbuff, count, datatype, root, stream), or the
         array form broadcast(x, root=0, out=None, stream=None)."""
+        if len(args) == 6:   # the pointer form, all positional (the array form takes at most 4): no test
+            sendbuff, recvbuff, count, datatype, root, stream = args
+            self._submit("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root)
+            return None
         if is_array(args, kwargs):
             return self.array_broadcast(*args, **kwargs)
         return self._pointer_broadcast(*args, **kwargs)
@@ -331,9 +339,10 @@ class NcclCommunicator(ArrayCollectives):
             return
         if len(self._repeats) > 4096:   # addresses that come and go (a caching allocator): start over
             self._repeats = {}
-        # Called through a bound method where it is an object: calling an instance looks up its
-        # __call__ every time.
-        issue = go if isinstance(go, (FunctionType, MethodType, partial)) else go.__call__
+        # A launch group's Reissue has its one-frame `issue`; anything else is called through a
+        # bound method where it is an object: calling an instance looks up its __call__ every time.
+        issue = getattr(go, "issue", None) or (go if isinstance(go, (FunctionType, MethodType, partial))
+                                               else go.__call__)
         try:
             self._repeats[key] = (issue, decision.call.stream, route, go)
         except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
@@ -345,8 +354,14 @@ class NcclCommunicator(ArrayCollectives):
         call issues, once gc3 has served it; None when it has not (not called yet, served
         by NCCL, avg, or GC3_DEBUG=TRACE, which takes every call through selection).
         For measuring the drop-in's host path against a bare launch of the same kernel."""
+        return getattr(self.prepared_reissue(coll, sendbuf, recvbuf, count, datatype, op, stream, root),
+                       "launch", None)
+
+    def prepared_reissue(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0):
+        """What a repeat of exactly this call runs under the communicator's own lookup
+        (runtime_cuda.group.Reissue, called with the stream handle), or None as above."""
         hit = self._repeats.get((coll, sendbuf, recvbuf, count, datatype, op, stream, root))
-        return None if hit is None else getattr(hit[3], "launch", None)
+        return None if hit is None else hit[3]
 
     def _reject(self, coll, datatype, op, count, root):
         where = f"rank {self._rank}: {coll}"

@@ -1,5 +1,6 @@
 """The bookkeeping half of `gc3 bench`: sizes swept, nccl-tests' bandwidth
-formulas, the table, CSV/JSON and the plot.  No GPU needed; `perf_gpu` measures.
+formulas, the table, CSV/JSON and the plot; and the plot of `gc3 tune`'s choices.
+No GPU needed; `perf_gpu` measures.
 
 nccl-tests' definitions: `size` is the larger user buffer in bytes, algbw =
 size / time, busbw = algbw * factor, the factor being what each rank's link
@@ -237,17 +238,40 @@ def write_json(rows: Sequence[Row], path: Path, meta: Dict[str, object]) -> None
 _COLORS = {"gc3": "tab:red", "nccl": "tab:blue", "nccl-sym": "tab:green"}
 
 
-def plot(rows: Sequence[Row], path: Path, title: str = "", dpi: int = 120) -> None:
-    """Per collective (a column of panels): busbw vs size for gc3 and NCCL (and
-    NCCL-sym when measured) above, and below gc3's ratio to each NCCL (NCCL time
-    / gc3 time, 1 = parity); out-of-place solid, in-place dashed."""
+def _panels(ncols: int):
+    """pyplot (Agg) and a figure of two rows of panels per column: values above, ratios below."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colls = list(dict.fromkeys(r.coll for r in rows))
-    fig, axes = plt.subplots(2, len(colls), figsize=(4.5 * len(colls), 6.5), squeeze=False, sharex="col",
+    fig, axes = plt.subplots(2, ncols, figsize=(4.5 * ncols, 6.5), squeeze=False, sharex="col",
                              gridspec_kw={"height_ratios": (3, 2)})
+    return plt, fig, axes
+
+
+def _finish(plt, fig, axes, path: Path, title: str, dpi: int) -> None:
+    """Parity line, log2 sizes, grid and legends on every column; title; write the file."""
+    for ratio in axes[1]:
+        ratio.axhline(1.0, color="gray", linewidth=0.8)
+        ratio.set_xlabel("size (bytes)")
+    for ax in axes.flat:
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def plot(rows: Sequence[Row], path: Path, title: str = "", dpi: int = 120) -> None:
+    """Per collective (a column of panels): busbw vs size for gc3 and NCCL (and
+    NCCL-sym when measured) above, and below gc3's ratio to each NCCL (NCCL time
+    / gc3 time, 1 = parity); out-of-place solid, in-place dashed."""
+    colls = list(dict.fromkeys(r.coll for r in rows))
+    plt, fig, axes = _panels(len(colls))
     names = {"oop": "out-of-place", "ip": "in-place"}
     for k, coll in enumerate(colls):
         bw, ratio = axes[0][k], axes[1][k]
@@ -268,15 +292,65 @@ def plot(rows: Sequence[Row], path: Path, title: str = "", dpi: int = 120) -> No
                                label=f"vs {label(peer)} {names[place]}")
         bw.set_ylabel("busbw (GB/s)")
         bw.set_title(f"{coll}, {mine[0].nranks} ranks, {mine[0].dtype}")
-        ratio.axhline(1.0, color="gray", linewidth=0.8)
         ratio.set_ylabel("gc3 / NCCL (busbw)")
-        ratio.set_xlabel("size (bytes)")
-        for ax in (bw, ratio):
-            ax.set_xscale("log", base=2)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    _finish(plt, fig, axes, path, title, dpi)
+
+
+def _algorithm_colors(choices: Dict[str, Dict[str, List[dict]]]) -> Dict[str, tuple]:
+    """A colour (and marker) per chosen algorithm; whatever NCCL serves in NCCL's blue."""
+    from matplotlib import colormaps
+
+    palette = [c for i, c in enumerate(colormaps["tab10"].colors) if i not in (0, 3, 7)]   # not NCCL's blue, gc3's red, gray
+    algos = sorted({r["algorithm"] for per in choices.values() for recs in per.values() for r in recs})
+    ours = [a for a in algos if not a.startswith("NCCL")]
+    out = {a: (_COLORS["nccl"], "x") for a in algos if a.startswith("NCCL")}
+    out.update({a: (palette[i % len(palette)], "os^Dv"[i // len(palette) % 5]) for i, a in enumerate(ours)})
+    return out
+
+
+def plot_choices(choices: Dict[str, Dict[str, List[dict]]], path: Path, title: str = "", dpi: int = 120) -> None:
+    """`gc3 tune`'s decisions, from its provenance record (`tune.choices_record`,
+    a catalog's provenance "choices"): per collective (a column of panels) the
+    chosen algorithm's time per call and NCCL's where measured above, and below
+    the margin, NCCL time / chosen time (1 = parity: NCCL itself was chosen);
+    out-of-place solid, in-place dashed (hollow points), each point in its
+    algorithm's colour.
+    Sizes without a time (the time budget spent) are left out."""
+    if not choices:
+        raise ValueError("no choices to plot")
+    from matplotlib.lines import Line2D
+
+    plt, fig, axes = _panels(len(choices))
+    colors = _algorithm_colors(choices)
+    names = {"outofplace": "out-of-place", "inplace": "in-place"}
+    for k, (coll, per) in enumerate(choices.items()):
+        top, margin = axes[0][k], axes[1][k]
+        seen = {}
+        for place, style, dot in (("outofplace", "-", {"markersize": 4}),
+                                  ("inplace", "--", {"markersize": 7, "markerfacecolor": "none"})):
+            timed = [r for r in per.get(place, []) if r["time_us"] is not None]
+            vs = [r for r in timed if r["nccl_us"] is not None and r["time_us"] > 0]
+            for ax, pts, color, what in (
+                    (top, [(r, r["time_us"]) for r in timed], _COLORS["gc3"], "chosen"),
+                    (top, [(r, r["nccl_us"]) for r in per.get(place, []) if r["nccl_us"] is not None],
+                     _COLORS["nccl"], "NCCL"),
+                    (margin, [(r, r["nccl_us"] / r["time_us"]) for r in vs], "black", "NCCL / chosen")):
+                if pts:
+                    ax.plot([r["bytes"] for r, _ in pts], [y for _, y in pts], style, color=color,
+                            linewidth=1, label=f"{what} {names[place]}")
+                    if what != "NCCL":
+                        for r, y in pts:
+                            c, m = seen[r["algorithm"]] = colors[r["algorithm"]]
+                            ax.plot(r["bytes"], y, m, color=c, zorder=3, **dot)
+        handles, labels = top.get_legend_handles_labels()
+        handles += [Line2D([], [], linestyle="", marker=m, color=c) for c, m in seen.values()]
+        top.legend(handles, labels + list(seen), fontsize=6)
+        top.set_yscale("log")
+        top.set_ylabel("time per call (us)")
+        top.set_title(coll)
+        margin.set_ylabel("margin (NCCL time / chosen time)")
+        if not any(r["nccl_us"] is not None for recs in per.values() for r in recs):
+            margin.text(0.5, 0.5, "NCCL not measured (cost model)", transform=margin.transAxes,
+                        ha="center", va="center", color="gray")
+            margin.set_yticks([])
+    _finish(plt, fig, axes, path, title, dpi)
