@@ -533,8 +533,8 @@ class VirtualRanksRunner:
         if not indep:
             st.join(cs, cur)
         op = OP_NAMES[spec.op] if spec.op is not None else "sum"
-        kind = {"kind": cand.kernel} if cand.kernel else {}
-        group.run_ptrs(sends, recvs, calls[0].in_elems, DTYPE_NAMES[spec.dtype], op, cs, **kind)
+        # As the drop-in's backend runs it: a kernel entry names its collective too.
+        group.run_ptrs(sends, recvs, calls[0].in_elems, DTYPE_NAMES[spec.dtype], op, cs, **cand.run_kwargs)
         if not indep:
             st.join(cur, cs)
         if cp.cuda.get_current_stream().ptr != cur:

@@ -93,3 +93,20 @@ def test_catalog_check_command(tmp_path):
 def test_the_shipped_index_passes_catalog_check():
     r = gc3("catalog", "check", ROOT / "ir_samples" / "index.json")
     assert r.exit_code == 0, r.output
+
+
+def test_each_entry_says_what_its_launch_group_runs(tmp_path):
+    """A small-kernel entry names its kernel and its collective to the one kernel group
+    (run without the collective, an allgather would run as an allreduce: the virtual fuzz
+    once did so); an IR entry adds nothing, its group runs its own program."""
+    from gc3 import limits
+
+    entries = [{"kernel": k, "collective": c, "ranks": 2, "name": f"{k}_{c}"}
+               for c, ks in limits.SMALL_KERNELS.items() for k in ks]
+    (tmp_path / "k.json").write_text(json.dumps({"version": 1, "algorithms": entries}))
+    good, problems = check_config(tmp_path / "k.json")
+    assert problems == [] and len(good) == len(entries)
+    assert {(c.run_kwargs["kind"], c.run_kwargs["coll"]) for c in good} == \
+        {(e["kernel"], e["collective"]) for e in entries}
+    ir = load_catalog({"GC3_XML_FILES": str(Path(__file__).parent / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml")})
+    assert ir.candidates and all(c.run_kwargs == {} for c in ir.candidates)

@@ -148,6 +148,13 @@ class Candidate:
         """The protocol it runs with (the small kernels move LL lines)."""
         return "LL" if self.kernel else self.program.proto
 
+    @property
+    def run_kwargs(self) -> Dict[str, str]:
+        """What a launch group's run_ptrs/reissue take besides the call to run this entry: a
+        small-message kernel's name and collective (one SmallAllreduce group serves them all),
+        nothing for an IR (its group runs its own program)."""
+        return {"kind": self.kernel, "coll": self.kernel_collective} if self.kernel else {}
+
 
 @dataclass(frozen=True)
 class Catalog:

@@ -107,8 +107,8 @@ class Gc3Backend:
     def run(self, decision: Decision) -> None:
         c = decision.call
         group = self._groups[_key(decision.candidate)]
-        kind = {"kind": decision.candidate.kernel, "coll": c.coll} if decision.candidate.kernel else {}
-        group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, _group_op(c), c.stream, **kind)
+        group.run_ptrs([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, _group_op(c), c.stream,
+                       **decision.candidate.run_kwargs)
         if c.coll in REDUCING and c.op_name == "avg" and (c.coll != "reduce" or c.rank == c.root):
             # A catalog program is a plain sum program: avg is its sum, then NCCL's division
             # in a second pass on the same stream (only where the call defines the output).
@@ -123,8 +123,8 @@ class Gc3Backend:
         group = self._groups.get(_key(decision.candidate))
         if group is None or (c.coll in REDUCING and c.op_name == "avg"):
             return None
-        kind = {"kind": decision.candidate.kernel, "coll": c.coll} if decision.candidate.kernel else {}
-        return group.reissue([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, _group_op(c), **kind)
+        return group.reissue([c.sendbuf], [c.recvbuf], c.in_elems, c.dtype_name, _group_op(c),
+                             **decision.candidate.run_kwargs)
 
     def adopt(self, stream: int) -> None:
         """Every launch group takes `stream` as its last one with no event hand-over
