@@ -239,24 +239,18 @@ class NcclCommunicator(ArrayCollectives):
     def reduce(self, *args, **kwargs):
         """cupy's reduce(sendbuf, recvbuf, count, datatype, op, root, stream), or the
         array form reduce(x, root=0, op="sum", out=None, stream=None)."""
-        if len(args) == 7:   # the pointer form, all positional (the array form takes at most 5): no test
-            sendbuf, recvbuf, count, datatype, op, root, stream = args
-            self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
-            return None
-        if is_array(args, kwargs):
-            return self.array_reduce(*args, **kwargs)
-        return self._pointer_reduce(*args, **kwargs)
+        # cupy's pointer form passes all seven arguments (the array form takes at most five): no
+        # array test then, whose failing hasattr on an int costs more than a repeat's lookup.
+        if len(args) == 7 or not is_array(args, kwargs):
+            return self._pointer_reduce(*args, **kwargs)
+        return self.array_reduce(*args, **kwargs)
 
     def broadcast(self, *args, **kwargs):
         """cupy's broadcast(sendbuff, recvbuff, count, datatype, root, stream), or the
         array form broadcast(x, root=0, out=None, stream=None)."""
-        if len(args) == 6:   # the pointer form, all positional (the array form takes at most 4): no test
-            sendbuff, recvbuff, count, datatype, root, stream = args
-            self._submit("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root)
-            return None
-        if is_array(args, kwargs):
-            return self.array_broadcast(*args, **kwargs)
-        return self._pointer_broadcast(*args, **kwargs)
+        if len(args) == 6 or not is_array(args, kwargs):   # as reduce: six arguments, the pointer form
+            return self._pointer_broadcast(*args, **kwargs)
+        return self.array_broadcast(*args, **kwargs)
 
     def _pointer_reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
         self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
