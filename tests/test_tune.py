@@ -257,7 +257,17 @@ def test_progress_reports_each_decided_size_with_the_time_left(tuned):
     decided = sum(len(per) for c in catalog["provenance"]["choices"].values() for per in c.values())
     assert len(lines) == decided, output[-2000:]
     last = lines[-1]
-    assert last.startswith(f"[{len(lines)}/{len(lines)}]") and "about 0 s left" in last, last
+    assert last.startswith(f"[{len(lines)}/{len(lines)}] {'#' * 20} 100%") and "about 0 s left" in last, last
+    assert "\r" not in output          # not a terminal: one line per decided size, no redrawing
+
+
+def test_progress_bar_fills_with_the_share_done():
+    from runtime_cuda.nccl.tune import bar
+
+    assert bar(0, 8) == "." * 20 + "   0%"
+    assert bar(3, 8) == "#" * 7 + "." * 13 + "  38%"
+    assert bar(8, 8) == "#" * 20 + " 100%"
+    assert bar(9, 8) == bar(8, 8) and bar(0, 0) == bar(1, 1)     # never past full, never a division by zero
 
 
 def test_time_budget_hands_the_sizes_it_did_not_reach_to_nccl_unmeasured(tmp_path):

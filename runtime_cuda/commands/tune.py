@@ -120,10 +120,21 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         timer = MeasuredTimer(host, max(sizes))
     lead = host is None or host.rank == 0     # measured: rank 0 speaks and writes
 
+    # On a terminal the per-size lines (they start with "[k/n]") redraw one line, a progress bar with
+    # the time left; elsewhere (a log, CI) each stays a line of its own.
+    redraw = lead and sys.stderr.isatty()
+    pending = [False]
+
     def progress(line):
-        if lead:
-            click.echo(line, err=True)
-            sys.stderr.flush()
+        if not lead:
+            return
+        if redraw and line.startswith("["):
+            click.echo("\r\033[K" + line, err=True, nl=False)
+            pending[0] = True
+        else:
+            click.echo(("\n" if pending[0] else "") + line, err=True)
+            pending[0] = False
+        sys.stderr.flush()
 
     if time_budget < 0:
         raise click.BadParameter(f"{time_budget:g}: a time budget is >= 0 seconds", param_hint="--time-budget")
@@ -131,6 +142,8 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     try:
         results = tune.tune(ranks, nodes, colls, sizes, grid, timer, progress, budget)
     finally:
+        if pending[0]:
+            click.echo("", err=True)      # end the redrawn line
         if host is not None:
             timer.close()
     words = ["gc3 tune", "--model-only" if host is None else f"(mpirun -np {ranks})", f"--ranks {ranks}"] + \

@@ -382,6 +382,13 @@ class Budget:
         return self.agree(self.seconds > 0 and self.clock() > self.deadline)
 
 
+def bar(done: int, total: int, width: int = 20) -> str:
+    """A text progress bar: `done` of `total` as #s in `width` cells, and the percentage."""
+    frac = min(max(done / total, 0.0), 1.0) if total > 0 else 1.0
+    full = int(frac * width)
+    return f"{'#' * full}{'.' * (width - full)} {frac * 100:3.0f}%"
+
+
 def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int], grid: Grid, timer: Timer,
          progress: Callable[[str], None] = lambda line: None, budget: Optional[Budget] = None) -> List[Tuned]:
     """`progress` gets a line per collective, and one per (collective, placement,
@@ -398,7 +405,7 @@ def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int
         left = spent / steps[0] * (total - steps[0])
         what = c.winner.label if c.winner else ("NCCL (time budget spent, not measured)" if c.unmeasured else "NCCL")
         at = f" {c.time_s * 1e6:.1f} us" if c.time_s is not None else ""
-        progress(f"[{steps[0]}/{total}] {coll} {place} {format_size(c.nbytes)}: {what}{at} "
+        progress(f"[{steps[0]}/{total}] {bar(steps[0], total)} {coll} {place} {format_size(c.nbytes)}: {what}{at} "
                  f"({c.timed} timed); {spent:.0f} s spent, about {left:.0f} s left")
 
     for ci, coll in enumerate(collectives):
