@@ -348,3 +348,49 @@ def test_the_model_keeps_the_fused_program_on_a_tie():
     assert [c.fusion for c in cands] == [True, False] and times[0] == pytest.approx(times[1])
     (choice,) = tune.choose(cands, [1 << 30], timer, True, "allreduce")
     assert choice.winner is cands[0]
+
+
+TOPO_4 = """\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
+GPU0\t X \tNV18\tNV18\tNV18\t0-63\t0\t\tN/A
+GPU1\tNV18\t X \tNV18\tNV18\t0-63\t0\t\tN/A
+GPU2\tNV18\tNV18\t X \tSYS\t0-63\t0\t\tN/A
+GPU3\tNV18\tNV18\tSYS\t X \t0-63\t0\t\tN/A
+
+Legend:
+
+  X    = Self
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+
+def test_topology_names_every_gpu_pairs_link():
+    from runtime_cuda.nccl.tune_gpu import parse_topology
+
+    t = parse_topology(TOPO_4)
+    assert t["gpus"] == 4 and len(t["links"]) == 6
+    assert t["links"]["GPU0-GPU1"] == "NV18" and t["links"]["GPU2-GPU3"] == "SYS"
+    assert t["summary"] == "NV18 between 5 GPU pairs; SYS between 1 GPU pair"
+    one = parse_topology("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-15\t0\n")
+    assert one["gpus"] == 1 and one["links"] == {} and one["summary"] == "1 GPU, no pairs"
+    assert "unknown" in parse_topology("NVIDIA-SMI has failed because it couldn't communicate with the driver")
+
+
+def test_topology_says_why_when_nvidia_smi_cannot_answer():
+    import subprocess
+
+    from runtime_cuda.nccl.tune_gpu import topology
+
+    def missing(*a, **k):
+        raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")
+
+    def slow(*a, **k):
+        raise subprocess.TimeoutExpired("nvidia-smi", 20)
+
+    def failing(*a, **k):
+        return subprocess.CompletedProcess(a[0], 9, "", "Failed to initialize NVML")
+
+    assert "No such file" in topology(missing)["unknown"]
+    assert "timed out" in topology(slow)["unknown"]
+    assert topology(failing)["unknown"] == "nvidia-smi topo -m exited 9: Failed to initialize NVML"
+    ok = topology(lambda *a, **k: subprocess.CompletedProcess(a[0], 0, TOPO_4, ""))
+    assert ok["links"]["GPU1-GPU3"] == "NV18"

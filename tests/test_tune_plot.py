@@ -120,3 +120,15 @@ def test_plot_choices_model_only_says_nccl_was_not_measured(monkeypatch, tmp_pat
     assert [t.get_text() for t in margin.texts] == ["NCCL not measured (cost model)"]
     assert not [l for l in margin.get_lines() if not l.get_label().startswith("_")]
     assert "NCCL in-place" not in [l.get_label() for l in axes[0][0].get_lines()]
+
+
+def test_the_title_says_what_the_catalog_was_tuned_on():
+    from runtime_cuda.commands.tune import choices_title
+
+    measured = {"ranks": 4, "measured": True, "device": "NVIDIA H200", "date": "2026-11-25T19:00:00+00:00",
+                "topology": {"summary": "NV18 between all 6 GPU pairs"}}
+    assert choices_title(measured) == "gc3 tune: 4 ranks, measured on NVIDIA H200 (NV18 between all 6 GPU pairs), 2026-11-25"
+    assert choices_title(dict(measured, topology={"unknown": "no nvidia-smi"})) == \
+        "gc3 tune: 4 ranks, measured on NVIDIA H200, 2026-11-25"
+    assert choices_title({"ranks": 8, "cost_model": {"preset": "h200"}, "date": "2026-11-25"}) == \
+        "gc3 tune: 8 ranks, cost model h200, 2026-11-25"

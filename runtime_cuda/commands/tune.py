@@ -48,7 +48,8 @@ def png_option(ctx, param, value):
 
 def choices_title(prov: dict) -> str:
     """The plot's title: what the catalog was tuned for, how it was timed, when."""
-    how = (f"measured on {prov.get('device', '?')}" if prov.get("measured") else
+    links = (prov.get("topology") or {}).get("summary")
+    how = (f"measured on {prov.get('device', '?')}" + (f" ({links})" if links else "") if prov.get("measured") else
            f"cost model {prov.get('cost_model', {}).get('preset', '?')}")
     return f"gc3 tune: {prov.get('ranks', '?')} ranks, {how}, {prov.get('date', '')[:10]}".rstrip(", ")
 

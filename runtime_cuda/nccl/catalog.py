@@ -150,10 +150,15 @@ class Candidate:
 
     @property
     def run_kwargs(self) -> Dict[str, str]:
-        """What a launch group's run_ptrs/reissue take besides the call to run this entry: a
-        small-message kernel's name and collective (one SmallAllreduce group serves them all),
-        nothing for an IR (its group runs its own program)."""
-        return {"kind": self.kernel, "coll": self.kernel_collective} if self.kernel else {}
+        return run_kwargs(self.kernel, self.kernel_collective)
+
+
+def run_kwargs(kernel: Optional[str], collective: str) -> Dict[str, str]:
+    """What a launch group's run_ptrs/reissue take besides the call, to run an entry: a
+    small-message kernel's name and collective (one SmallAllreduce group serves them all;
+    without the collective it would run an allreduce), nothing for an IR (its group runs
+    its own program)."""
+    return {"kind": kernel, "coll": collective} if kernel else {}
 
 
 @dataclass(frozen=True)

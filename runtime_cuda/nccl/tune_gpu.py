@@ -19,13 +19,17 @@ unavailable" and is marked never to be shipped.
 """
 from __future__ import annotations
 
+import re
 import socket
-from typing import Dict, Optional, Tuple
+import subprocess
+from collections import Counter
+from typing import Callable, Dict, Optional, Tuple
 
 from gc3 import limits
 from gc3.errors import GC3Error
 
 from .call import REDUCING, Call
+from .catalog import run_kwargs
 from .perf_gpu import BenchConfig, Host, local_device, nccl_issue, run_case
 from .tune import DTYPE, Candidate, call_elems
 
@@ -84,7 +88,7 @@ class MeasuredTimer:
             try:
                 group.run_ptrs([send], [recv], call.in_elems, call.dtype_name,
                                call.op_name if coll in REDUCING else "sum", stream,
-                               **({"kind": cand.kernel, "coll": coll} if cand.kernel else {}))
+                               **run_kwargs(cand.kernel, coll))
             except Exception as exc:   # agreed on below, after the case's collectives
                 err.append(f"rank {self.host.rank}: {type(exc).__name__}: {exc}")
             return cand.label
@@ -119,6 +123,8 @@ class MeasuredTimer:
             "timer": "measured", "measured": True, "device": self.gpu_name, "processes": self.host.size,
             "gpus": self.gpus, "nccl": self.nccl_note, "warmup": self.cfg.warmup, "iters": self.cfg.iters,
             "shippable": self._nccl is not None and self.gpus == self.host.size}
+        if self.host.rank == 0:     # the lead writes the catalog: the links as its node sees them
+            out["topology"] = topology()
         if not out["shippable"]:
             out["not_shippable"] = (self.nccl_note if self._nccl is None else
                                     f"{self.host.size} processes on {self.gpus} GPU(s)") + \
@@ -177,3 +183,36 @@ class MeasuredTimer:
         groups, self._groups = self._groups, {}
         for label in sorted(groups):            # the same order on every rank: close is collective
             groups[label].close()
+
+
+def topology(run: Callable = subprocess.run) -> Dict[str, object]:
+    """How this machine's GPUs are linked, as `nvidia-smi topo -m` says (what a tuned
+    catalog was measured over: NV18 everywhere is not the same machine as PCIe pairs);
+    {"unknown": why} where it cannot be asked."""
+    cmd = ["nvidia-smi", "topo", "-m"]
+    try:
+        res = run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"unknown": f"{' '.join(cmd)}: {exc}"}
+    if res.returncode != 0:
+        return {"unknown": f"{' '.join(cmd)} exited {res.returncode}: {(res.stderr or '').strip()[:200]}"}
+    return parse_topology(res.stdout)
+
+
+def parse_topology(text: str) -> Dict[str, object]:
+    """The GPU-to-GPU link of every pair in `nvidia-smi topo -m` output ({"GPU0-GPU1": "NV18", ...})
+    and a one-line summary; {"unknown": why} when the output has no GPU matrix."""
+    rows = [line.split() for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()]
+    head = next((r for r in rows if r and re.fullmatch(r"GPU\d+", r[0])
+                 and (len(r) == 1 or not re.fullmatch(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC", r[1]))), None)
+    if head is None:
+        return {"unknown": "no GPU matrix in `nvidia-smi topo -m` output"}
+    gpus = [c for c in head if re.fullmatch(r"GPU\d+", c)]
+    matrix = {r[0]: r[1:1 + len(gpus)] for r in rows if len(r) > len(gpus) and r[0] in gpus and r is not head}
+    links = {f"{a}-{b}": matrix[a][j] for i, a in enumerate(gpus) for j, b in enumerate(gpus)
+             if j > i and a in matrix}
+    kinds = Counter(links.values())
+    summary = "; ".join(f"{k} between {'all ' if n == len(links) else ''}{n} GPU pair{'s' if n > 1 else ''}"
+                        for k, n in kinds.most_common())
+    return {"source": "nvidia-smi topo -m", "gpus": len(gpus), "links": links,
+            "summary": summary or f"{len(gpus)} GPU, no pairs"}
