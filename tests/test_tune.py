@@ -394,3 +394,70 @@ def test_topology_says_why_when_nvidia_smi_cannot_answer():
     assert topology(failing)["unknown"] == "nvidia-smi topo -m exited 9: Failed to initialize NVML"
     ok = topology(lambda *a, **k: subprocess.CompletedProcess(a[0], 0, TOPO_4, ""))
     assert ok["links"]["GPU1-GPU3"] == "NV18"
+
+
+class _TableTimer:
+    """A timer answering from a table {label: seconds} (None: cannot price), recording what it timed."""
+    prices_inplace_copy = True
+
+    def __init__(self, table, nccl=None):
+        self.table, self.nccl, self.asked = table, nccl, []
+
+    def time(self, cand, nbytes, inplace):
+        self.asked.append((cand.label, nbytes))
+        t = self.table.get(cand.label)
+        return None if t is None else t * nbytes
+
+    def baseline(self, coll, nbytes, inplace):
+        return self.nccl
+
+    def provenance(self):
+        return {"timer": "table"}
+
+
+def _cands(n):
+    from runtime_cuda.nccl.tune import Candidate
+
+    return [Candidate(f"c{i}", "x", (), 1, "LL", None, None, kernel="oneshot") for i in range(n)]
+
+
+def test_the_prior_shortlists_what_it_predicts_near_its_fastest_and_keeps_what_it_cannot_price():
+    from runtime_cuda.nccl.tune import Prior
+
+    cands = _cands(7)
+    model = _TableTimer({"c0": 5.0, "c1": 1.0, "c2": 1.9, "c3": 2.5, "c4": 30.0, "c6": 2.1})   # c5 unpriced
+    pick = lambda p: [c.label for c in p.shortlist(cands, 1, True)]                          # noqa: E731
+    assert pick(Prior(model, ratio=2.0, keep=1)) == ["c1", "c2", "c5"]       # within 2x of c1, and c5
+    assert pick(Prior(model, ratio=2.0, keep=4)) == ["c1", "c2", "c3", "c5", "c6"]   # its 4 fastest kept
+    assert pick(Prior(_TableTimer({}), ratio=2.0, keep=1)) == [c.label for c in cands]  # nothing priced
+
+
+def test_a_measured_tune_never_times_what_the_prior_rules_out():
+    from runtime_cuda.nccl import tune
+
+    cands = _cands(5)
+    model = _TableTimer({"c0": 1.0, "c1": 1.2, "c2": 9.0, "c3": 50.0, "c4": 1.5})
+    measured = _TableTimer({"c0": 2.0, "c1": 1.0, "c2": 0.5, "c3": 0.1, "c4": 3.0}, nccl=None)
+    prior = tune.Prior(model, ratio=2.0, keep=2)
+    chosen = tune.choose(cands, [1 << 10, 1 << 20], measured, True, "allreduce", prior=prior)
+    timed = {label for label, _ in measured.asked}
+    assert timed == {"c0", "c1", "c4"}                  # c2 and c3 predicted > 2x the fastest: never measured
+    assert [c.winner.label for c in chosen] == ["c1", "c1"] and [c.ruled_out for c in chosen] == [2, 2]
+    # Without a prior the truly fastest (which the model mispriced) is found: the prior trades that risk for time.
+    plain = tune.choose(cands, [1 << 10], _TableTimer(measured.table), True, "allreduce")
+    assert plain[0].winner.label == "c3" and plain[0].ruled_out == 0
+    t = tune.Tuned("allreduce", cands, [], {"inplace": chosen})
+    prov = tune.provenance(measured, 2, 1, [1 << 10, 1 << 20], tune.QUICK, [t], "gc3 tune", prior)
+    assert prov["prior"] == {"ratio": 2.0, "keep": 2, "timer": "table", "ruled_out": 4}
+    assert "prior" not in tune.provenance(measured, 2, 1, [1 << 10], tune.QUICK, [t], "gc3 tune")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model-only", "--ranks", 2, "--prior", 2, "-o", "x.json"], "--prior rules out candidates"),
+    (["--model-only", "--ranks", 2, "--prior", 0.5, "-o", "x.json"], "--prior rules out candidates"),
+])
+def test_prior_with_the_model_alone_is_refused(args, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = run(*args)
+    assert res.exit_code == 2 and needle in res.output, res.output
+    assert not (tmp_path / "x.json").exists()

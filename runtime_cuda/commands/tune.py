@@ -72,10 +72,14 @@ def choices_title(prov: dict) -> str:
               help="seconds of measuring; the sizes not reached by then go to NCCL, listed as not measured "
                    "in the catalog's provenance (0: no budget)")
 @click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: beside -o]")
+@click.option("--prior", "prior_ratio", type=float, default=None,
+              help="measured tunes: at each size, time only the candidates the cost model (--cost) predicts within "
+                   "this factor of its fastest prediction (and at least its 4 fastest); 0 times every candidate "
+                   "[default: 2]")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=png_option,
               help="PNG of the chosen algorithm's time and its margin over NCCL per size (rank 0, after -o)")
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, time_budget,
-            ir_dir, plot_path):
+            ir_dir, prior_ratio, plot_path):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     from gc3.simulator.cost_config import PRESETS
@@ -113,6 +117,14 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         raise click.UsageError(f"no algorithm in the library for {', '.join(collectives or tune.COLLECTIVES)} on {ranks} ranks"
                                + (f" and {nodes} nodes" if nodes > 1 else ""))
     grid = tune.QUICK if quick else tune.FULL
+    if prior_ratio is not None and model_only:
+        raise click.UsageError("--prior rules out candidates before measuring them; with --model-only the cost model "
+                               "times every candidate itself")
+    if prior_ratio is not None and not (prior_ratio == 0 or 1 <= prior_ratio <= 1000):
+        raise click.BadParameter(f"{prior_ratio:g}: 0 (no prior) or a factor in 1..1000", param_hint="--prior")
+    prior = None
+    if not model_only and prior_ratio != 0:
+        prior = tune.Prior(tune.ModelTimer(cost, ranks, nodes), ratio=prior_ratio or tune.PRIOR_RATIO)
     if host is None:
         timer = tune.ModelTimer(cost, ranks, nodes)
     else:
@@ -141,7 +153,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         raise click.BadParameter(f"{time_budget:g}: a time budget is >= 0 seconds", param_hint="--time-budget")
     budget = tune.Budget(time_budget, agree=(lambda spent: spent) if host is None else host.bcast)
     try:
-        results = tune.tune(ranks, nodes, colls, sizes, grid, timer, progress, budget)
+        results = tune.tune(ranks, nodes, colls, sizes, grid, timer, progress, budget, prior)
     finally:
         if pending[0]:
             click.echo("", err=True)      # end the redrawn line
@@ -149,8 +161,9 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
             timer.close()
     words = ["gc3 tune", "--model-only" if host is None else f"(mpirun -np {ranks})", f"--ranks {ranks}"] + \
         ([f"--nodes {nodes}"] if nodes > 1 else []) + ([f"--cost {cost}"] if host is None else []) + \
-        (["--quick"] if quick else []) + ([f"--time-budget {time_budget:g}"] if time_budget else [])
-    prov = tune.provenance(timer, ranks, nodes, sizes, grid, results, " ".join(words))
+        (["--quick"] if quick else []) + ([f"--time-budget {time_budget:g}"] if time_budget else []) + \
+        ([f"--prior {prior.ratio:g} --cost {cost}"] if prior is not None else [])
+    prov = tune.provenance(timer, ranks, nodes, sizes, grid, results, " ".join(words), prior)
     if not lead:
         host.barrier()      # rank 0 writes the catalog
         return

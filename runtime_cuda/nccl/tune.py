@@ -279,15 +279,48 @@ class Choice:
     nccl_s: Optional[float]
     timed: int                      # candidates timed at this size (the rest were pruned)
     unmeasured: bool = False        # the time budget ran out before this size: NCCL, untimed
+    ruled_out: int = 0              # candidates the prior (cost model) left untimed at this size
+
+
+# A measured tune times, at each size, only the candidates the cost model predicts within this
+# factor of its fastest prediction (and at least its PRIOR_KEEP fastest): the model's median error
+# is a few per cent where it is calibrated, but it prices a program's fused and unfused forms alike
+# and extrapolates rank counts, so the margin is wide.
+PRIOR_RATIO, PRIOR_KEEP = 2.0, 4
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A timer's say on which candidates are worth timing with another (`gc3 tune --prior`: the
+    cost model's, before measuring): at a size, those it predicts within `ratio` x of its fastest
+    prediction, at least its `keep` fastest, and every candidate it cannot price.  It must answer
+    alike on every rank (the cost model is deterministic), so the ranks time the same candidates."""
+    timer: "Timer"
+    ratio: float = PRIOR_RATIO
+    keep: int = PRIOR_KEEP
+
+    def shortlist(self, cands: Sequence[Candidate], nbytes: int, inplace: bool) -> List[Candidate]:
+        """`cands` worth timing at `nbytes`, in their own order."""
+        predicted = [self.timer.time(c, nbytes, inplace) for c in cands]
+        priced = sorted((t, i) for i, t in enumerate(predicted) if t is not None)
+        if not priced:
+            return list(cands)
+        fastest = {i for _, i in priced[:self.keep]}
+        limit = self.ratio * priced[0][0]
+        return [c for i, (c, t) in enumerate(zip(cands, predicted)) if t is None or t <= limit or i in fastest]
+
+    def provenance(self) -> Dict[str, object]:
+        return {"ratio": self.ratio, "keep": self.keep, **self.timer.provenance()}
 
 
 def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inplace: bool,
            coll: str, done: Callable[[Choice], None] = lambda choice: None,
-           out_of_time: Callable[[], bool] = lambda: False) -> List[Choice]:
+           out_of_time: Callable[[], bool] = lambda: False, prior: Optional[Prior] = None) -> List[Choice]:
     """The fastest of `cands` at each size.  Sizes go up, and a candidate's time at
     a smaller size bounds its time at this one from below (a call does not get
     faster as it grows), so candidates whose bound is already slower than the
     best found are not timed: the slow protocols at large sizes cost nothing.
+    With a `prior`, only its shortlist at each size is timed at all.
     Once `out_of_time()` (asked before each size; under mpirun every rank must get
     the same answer) the remaining sizes go to NCCL untimed."""
     bound: Dict[str, float] = {}
@@ -299,7 +332,8 @@ def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inpla
             continue
         best: Optional[Tuple[float, Candidate]] = None
         timed = 0
-        for cand in sorted(cands, key=lambda c: bound.get(c.label, 0.0)):   # stable: grid order breaks ties
+        here = prior.shortlist(cands, nbytes, inplace) if prior is not None else list(cands)
+        for cand in sorted(here, key=lambda c: bound.get(c.label, 0.0)):   # stable: grid order breaks ties
             if best is not None and bound.get(cand.label, 0.0) >= best[0]:
                 break
             t = timer.time(cand, nbytes, inplace)
@@ -310,10 +344,11 @@ def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inpla
             if best is None or t < best[0]:
                 best = (t, cand)
         nccl = timer.baseline(coll, nbytes, inplace)
+        ruled_out = len(cands) - len(here)
         if best is None or (nccl is not None and nccl < best[0]):
-            out.append(Choice(nbytes, None, nccl, nccl, timed))
+            out.append(Choice(nbytes, None, nccl, nccl, timed, ruled_out=ruled_out))
         else:
-            out.append(Choice(nbytes, best[1], best[0], nccl, timed))
+            out.append(Choice(nbytes, best[1], best[0], nccl, timed, ruled_out=ruled_out))
         done(out[-1])
     return out
 
@@ -390,10 +425,12 @@ def bar(done: int, total: int, width: int = 20) -> str:
 
 
 def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int], grid: Grid, timer: Timer,
-         progress: Callable[[str], None] = lambda line: None, budget: Optional[Budget] = None) -> List[Tuned]:
+         progress: Callable[[str], None] = lambda line: None, budget: Optional[Budget] = None,
+         prior: Optional[Prior] = None) -> List[Tuned]:
     """`progress` gets a line per collective, and one per (collective, placement,
     size) decided with the time left (at the pace so far).  What the `budget`
-    cuts off (see `choose`) is NCCL's in the catalog and listed as unmeasured."""
+    cuts off (see `choose`) is NCCL's in the catalog and listed as unmeasured;
+    what the `prior` rules out at a size is never timed there."""
     budget = budget or Budget(0)
     out = []
     begin = time.monotonic()
@@ -421,12 +458,14 @@ def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int
             if own:
                 tuned.choices[place] = choose(own, sizes, timer, inplace, coll,
                                               lambda c, coll=coll, place=place: decided(coll, place, c),
-                                              budget.out_of_time)
+                                              budget.out_of_time, prior)
             else:
                 total -= len(sizes)
+        ruled_out = sum(ch.ruled_out for cs in tuned.choices.values() for ch in cs)
         progress(f"{coll}: {len(cands)} candidates compiled, {len(skipped)} skipped, "
-                 f"{sum(ch.timed for cs in tuned.choices.values() for ch in cs)} timings, "
-                 f"{time.monotonic() - start:.1f} s")
+                 f"{sum(ch.timed for cs in tuned.choices.values() for ch in cs)} timings"
+                 + (f" ({ruled_out} ruled out by the prior)" if prior is not None else "")
+                 + f", {time.monotonic() - start:.1f} s")
         out.append(tuned)
     return out
 
@@ -506,8 +545,10 @@ def write_catalog(results: Sequence[Tuned], out: Path, ranks: int, provenance: D
 
 
 def provenance(timer: Timer, ranks: int, nodes: int, sizes: Sequence[int], grid: Grid,
-               results: Sequence[Tuned], command: str) -> Dict[str, object]:
-    return {"command": command, **timer.provenance(), "ranks": ranks, "nodes": nodes,
+               results: Sequence[Tuned], command: str, prior: Optional[Prior] = None) -> Dict[str, object]:
+    pruned = {} if prior is None else {"prior": dict(prior.provenance(), ruled_out=sum(
+        c.ruled_out for t in results for cs in t.choices.values() for c in cs))}
+    return {"command": command, **timer.provenance(), **pruned, "ranks": ranks, "nodes": nodes,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "dtype": DTYPE, "root": ROOT, "sizes": list(sizes), "grid": dataclasses.asdict(grid),
             "choices": choices_record(results),
@@ -547,5 +588,5 @@ def check_shape(ranks: int, nodes: int) -> None:
         raise InputError(f"--nodes {nodes}: must divide --ranks {ranks} (ranks = nodes x GPUs per node)")
 
 
-__all__ = ["COLLECTIVES", "FULL", "QUICK", "Budget", "Candidate", "Choice", "Grid", "ModelTimer", "Timer", "Tuned",
-           "applicable", "candidates", "choose", "ranges", "tune", "write_catalog"]
+__all__ = ["COLLECTIVES", "FULL", "QUICK", "Budget", "Candidate", "Choice", "Grid", "ModelTimer", "Prior", "Timer",
+           "Tuned", "applicable", "candidates", "choose", "ranges", "tune", "write_catalog"]
