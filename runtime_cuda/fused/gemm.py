@@ -44,6 +44,8 @@ from runtime_cuda import streams
 from runtime_cuda.nccl.log import get_logger
 
 from .groups import ARRIVE, DONE, ShapeState, VirtualGemmGroup, _Group, _LocalRank
+from . import schedule
+from .schedule import arrival_order, chunk_schedule, peers_first
 
 # storage dtype -> (dtype name, cudaDataType, output kind of gc3_sum_round)
 TYPES = {"uint16": ("bfloat16", 14, 1), "float16": ("float16", 2, 2), "float32": ("float32", 0, 0)}
@@ -91,25 +93,6 @@ def fuse_decision(op: str, rows_per_chunk: int, fused: Optional[bool] = None, en
         return False, (f"{rows_per_chunk} rows per chunk < GC3_FUSED_MIN_ROWS={min_rows}: chunked GEMMs would cost "
                        "more than the overlap saves")
     return True, f"{rows_per_chunk} rows per chunk >= GC3_FUSED_MIN_ROWS={min_rows}"
-
-
-def peers_first(r: int, n: int) -> List[int]:
-    """Destination order of rank r's chunks: r+1, r+2, ..., then its own."""
-    return [(r + i) % n for i in range(1, n + 1)]
-
-
-def arrival_order(r: int, n: int) -> List[int]:
-    """Source order of rank r's AG chunks: its own, then r-1, r-2, ... (the
-    order in which peers, each pushing to its successors first, deliver)."""
-    return [(r - i) % n for i in range(n)]
-
-
-def chunk_schedule(op: str, r: int, n: int) -> List[Tuple[int, Optional[int]]]:
-    """Rank r's fused GEMM chunks in issue order: (row block, the rank its result goes to, or for
-    all_gather_gemm the rank its A block comes from; None where it stays on r).  schedule.py
-    checks it against the compiled program."""
-    order = arrival_order(r, n) if op == "all_gather_gemm" else peers_first(r, n)
-    return [(b, None if b == r else b) for b in order]
 
 
 def row_bounds(m: int, n: int) -> List[int]:
@@ -331,9 +314,7 @@ def _decided(op: str, n: int, shape: str, fused: bool, why: str, return_a: bool 
     (all_gather_gemm with return_a: the variant whose IR returns the gathered A too)."""
     get_logger().info("%s %s: %s (%s)", op, shape, "fused" if fused else "sequential", why)
     if fused:
-        from .schedule import require   # schedule.py imports this module: import it once this one is loaded
-
-        require(op, n, return_a)
+        schedule.require(op, n, return_a)
 
 
 def _operands(op: str, a, b, comm: _Group, stream):

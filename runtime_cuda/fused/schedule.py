@@ -1,7 +1,7 @@
 """Which GEMM chunk feeds which transfer, read from the compiled program.
 
-The executor (gemm.py) issues each rank's GEMM chunks in `gemm.chunk_schedule`
-order; the IR of the matching algorithms/fused program says the same thing
+The executor (gemm.py) issues each rank's GEMM chunks in `chunk_schedule`
+order (stated here, beside the check); the IR of the matching algorithms/fused program says the same thing
 as a partial order: a rank's GEMM steps sit on threadblocks, each chain of
 steps on one threadblock ordered, and each GEMM chunk is carried by the send
 that follows it on its threadblock (GEMM+RS/AR/A2A) or computed from the
@@ -24,13 +24,31 @@ from typing import Dict, List, Optional, Tuple
 from gc3.errors import GC3Error
 
 from ..nccl.library import ALGORITHMS_DIR
-from .gemm import chunk_schedule
 
 # operator -> its DSL program in algorithms/fused
 PROGRAMS = {"gemm_reduce_scatter": "gemm_reducescatter", "gemm_all_reduce": "gemm_allreduce",
             "gemm_all_to_all": "gemm_alltoall", "all_gather_gemm": "allgather_gemm"}
 
 Chunk = Tuple[int, Optional[int]]   # (row block, peer it goes to / comes from; None: stays on the rank)
+
+
+def peers_first(r: int, n: int) -> List[int]:
+    """Destination order of rank r's chunks: r+1, r+2, ..., then its own."""
+    return [(r + i) % n for i in range(1, n + 1)]
+
+
+def arrival_order(r: int, n: int) -> List[int]:
+    """Source order of rank r's AG chunks: its own, then r-1, r-2, ... (the
+    order in which peers, each pushing to its successors first, deliver)."""
+    return [(r - i) % n for i in range(n)]
+
+
+def chunk_schedule(op: str, r: int, n: int) -> List[Chunk]:
+    """Rank r's fused GEMM chunks in issue order: (row block, the rank its result goes to, or for
+    all_gather_gemm the rank its A block comes from; None where it stays on r).  The executor
+    (gemm.py) issues them so; `check_executor` holds it against the compiled program."""
+    order = arrival_order(r, n) if op == "all_gather_gemm" else peers_first(r, n)
+    return [(b, None if b == r else b) for b in order]
 
 
 @functools.lru_cache(maxsize=None)
