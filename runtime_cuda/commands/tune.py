@@ -74,8 +74,8 @@ def choices_title(prov: dict) -> str:
 @click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: beside -o]")
 @click.option("--prior", "prior_ratio", type=float, default=None,
               help="measured tunes: at each size, time only the candidates the cost model (--cost) predicts within "
-                   "this factor of its fastest prediction (and at least its 4 fastest); 0 times every candidate "
-                   "[default: 2]")
+                   "this factor of its fastest prediction (and its few fastest); 0 times every candidate "
+                   "[default: runtime_cuda.nccl.tune.PRIOR_RATIO, with PRIOR_KEEP kept]")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=png_option,
               help="PNG of the chosen algorithm's time and its margin over NCCL per size (rank 0, after -o)")
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, time_budget,
