@@ -54,6 +54,14 @@ class Reissue:
         self.group, self.call, self.epoch = group, call, group._epoch
         self.issue = _issuer(group, call, self.epoch)
 
+    def bind(self, stream_ptr: int, outer: Optional[streams.StreamOrder] = None, tally: Optional[List[int]] = None):
+        """`issue` for a caller that keys it by the stream too (the drop-in's repeat
+        cache): callable with no argument for `stream_ptr`; it enters the caller's own
+        StreamOrder `outer` before the group's (with the capture state it queried
+        anyway) and adds 1 to tally[0] per call issued, so the caller's bookkeeping
+        costs no frame of its own."""
+        return _issuer(self.group, self.call, self.epoch, stream_ptr, outer, tally)
+
     @property
     def launch(self) -> Optional[Launch]:
         """The kernel launch this re-issues (its function, grid, block and packed
@@ -64,19 +72,21 @@ class Reissue:
         return self.issue(stream_ptr)
 
 
-def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int):
+def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Optional[int] = None,
+            outer: Optional[streams.StreamOrder] = None, tally: Optional[List[int]] = None):
     """run_ptrs' ordering and capture rules for one prepared call, without its
     lookup, as one closure: everything it reads per call is bound here (an
     executor keeps its order, a group its capture table, for life), and a call
     with no copies around its launch goes straight to the launch's bound driver
-    calls, so a repeat is one Python frame above the driver."""
+    calls, so a repeat is one Python frame above the driver.  `stream`, `outer`,
+    `tally`: see Reissue.bind."""
     order, query, kept, key = group.executor.order, streams.capture_query(), group._captured, id(call)
     launch = call.launch if call.launch is not None and not call.pre and not call.post else None
     whole = None if launch is not None else call.__call__
     plain, coop, params = launch.driver_calls() if launch is not None else (None, None, 0)
     ex = launch.ex if launch is not None else group.executor
 
-    def issue(stream_ptr: int) -> bool:
+    def issue(stream_ptr: int = stream) -> bool:
         if group._epoch != epoch or ex.broken:
             return False
         # The capture query runs on every repeat, even on an unchanged stream: the user may
@@ -85,7 +95,10 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int):
         # life once the group drops its prepared calls.  The legacy stream never captures
         # (streams.is_capturing).
         captured = stream_ptr not in _LEGACY and query(stream_ptr) != 0
-        if order._last != stream_ptr or order._graves:   # StreamOrder.enter is a no-op otherwise
+        # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
+        if outer is not None and (outer._last != stream_ptr or outer._graves):
+            outer.enter(stream_ptr, captured)
+        if order._last != stream_ptr or order._graves:
             order.enter(stream_ptr, captured)
         if captured:
             kept[key] = call
@@ -95,6 +108,8 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int):
             plain(stream_ptr, params, 0)
         else:
             coop(stream_ptr, params)
+        if tally is not None:
+            tally[0] += 1
         return True
     return issue
 

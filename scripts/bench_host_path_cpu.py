@@ -146,6 +146,7 @@ def main(argv=None) -> int:
         comm._repeats.clear()
 
     rows = [("repeat", per_call_us(lambda: comm.submit(*a), args.calls)),
+            ("named", per_call_us(lambda: comm.allReduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream), args.calls)),
             ("full", per_call_us(full, args.calls // 4) - per_call_us(clear_only, args.calls // 4)),
             ("stub", per_call_us(lambda: drv(0x7000, 4, 1, 1, 512, 1, 1, 0, stream, 0x8000), args.calls))]
     print(f"# Python host path per call, launch and capture query stubbed ({sys.version.split()[0]})")

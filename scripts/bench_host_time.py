@@ -34,6 +34,12 @@ time per call until the stream drains.  The loops alternate, `--rounds` times
 slow stretch of a shared machine hits all alike: each is reported as the median
 and the fastest of its rounds, and "eager-bare" is the median of the per-round
 differences against the bare launcher of the lower median, with their range.
+A second estimate pairs single calls: the bare launches and the eager call
+take turns call by call (the order rotating), each timed alone, `--rounds` x
+`--calls` turns in all, and "paired" is the median of the per-turn differences
+eager - bare for each bare launcher, with their quartiles: the pairs see the
+same moment of the machine, so the GPU's time-slicing and the launch queue's
+state, which swing a 40-call loop by microseconds, mostly cancel.
 Python's garbage collector is off while a loop runs; nothing is pinned (run
 mpirun with --bind-to none: its default binds a rank to one core, where its
 launches and its spinning peers compete; the header says how many CPUs rank 0
@@ -190,6 +196,24 @@ def summarize(rounds: dict) -> dict:
     return out
 
 
+def paired_summary(turns: dict) -> dict:
+    """turns: {column: [host us of one call per turn]} for the bare:<launcher> columns and eager,
+    all of one length (turn k of each column ran in the same turn).  Per bare launcher: the
+    median of eager - bare over the turns and the quartiles of those differences."""
+    counts = {k: len(v) for k, v in turns.items()}
+    if len(set(counts.values())) != 1 or min(counts.values(), default=0) < 4:
+        raise ValueError(f"every column needs the same number of turns, at least 4, got {counts}")
+    if "eager" not in turns or not any(k.startswith("bare:") for k in turns):
+        raise ValueError(f"need eager and at least one bare:<launcher> column, got {sorted(turns)}")
+    out = {}
+    for k in turns:
+        if k.startswith("bare:"):
+            diffs = [e - b for e, b in zip(turns["eager"], turns[k])]
+            q1, med, q3 = statistics.quantiles(diffs, n=4)
+            out[k] = {"median": statistics.median(diffs), "q1": q1, "q3": q3}
+    return out
+
+
 def format_table(rows, size: str, nprocs: int, device: str, rounds: int, calls: int, cpus: int) -> list:
     """rows: (collective, algorithm, summarize(...) with the columns graph100 and graph1 added as
     (host us, gpu us), graph100 already per call)."""
@@ -200,17 +224,21 @@ def format_table(rows, size: str, nprocs: int, device: str, rounds: int, calls: 
              f"bare and eager alternating; rank 0 may run on {cpus} CPU(s)",
              "# bare, eager: host us per call as median/fastest of the rounds; graphs: host/gpu us, timed once; "
              "eager-bare: median of the per-round differences against the bare launcher of the lower median "
-             "(marked *), and their range"]
+             "(marked *), and their range; paired-<launcher>: median [quartiles] of eager - bare over single "
+             "calls taking turns"]
     lines.append(f"{'collective':14} {'algorithm':34} "
                  + " ".join(f"{head.get(c, c):>18}" for c in timed + ["graph100", "graph1"])
-                 + f" {'eager-bare':>10} {'range':>13}")
+                 + f" {'eager-bare':>10} {'range':>13}"
+                 + "".join(f" {'paired-' + b[len('bare:'):]:>22}" for b in bares))
     for coll, label, t in rows:
         d = t["eager-bare"]
         cells = [f"{t[c]['median']:.2f}/{t[c]['min']:.2f}" + ("*" if c == d["bare"] else "") for c in timed]
         cells += [f"{t[c][0]:.2f}/{t[c][1]:.2f}" for c in ("graph100", "graph1")]
         spread = f"{d['min']:.2f}..{d['max']:.2f}"
+        pairs = [t["paired"][b] for b in bares]
         lines.append(f"{coll:14} {label:34} " + " ".join(f"{c:>18}" for c in cells)
-                     + f" {d['median']:10.2f} {spread:>13}")
+                     + f" {d['median']:10.2f} {spread:>13}"
+                     + "".join(f" {p['median']:7.2f} [{p['q1']:5.2f},{p['q3']:5.2f}]" for p in pairs))
     return lines
 
 
@@ -265,6 +293,30 @@ def run(args) -> int:
     return 0
 
 
+def turns(stream, world, columns, n: int, per_sync: int) -> dict:
+    """{column: [host us]}: `n` turns in which every column's call runs once, timed alone,
+    in an order that rotates by one each turn; the stream is drained every `per_sync` turns
+    (each turn queues one kernel per column: the launch queue must not fill)."""
+    clock = time.perf_counter_ns
+    out = {name: [] for name, _ in columns}
+    stream.synchronize()
+    world.Barrier()
+    gc.disable()
+    try:
+        for k in range(n):
+            if k and k % per_sync == 0:
+                stream.synchronize()
+            j = k % len(columns)
+            for name, fn in columns[j:] + columns[:j]:
+                t0 = clock()
+                fn()
+                out[name].append((clock() - t0) / 1e3)
+    finally:
+        gc.enable()
+    stream.synchronize()
+    return out
+
+
 def time_row(args, comm, host, launchers, coll, label, inplace, send, recv, stream, code) -> dict:
     """One row: the collective served by `label` through `comm`, checked, then timed every way."""
     from runtime_cuda import streams
@@ -315,6 +367,8 @@ def time_row(args, comm, host, launchers, coll, label, inplace, send, recv, stre
         for name, fn in (columns if r % 2 == 0 else columns[::-1]):
             samples[name].append(timed(fn, args.calls))
     t = summarize(samples)
+    t["paired"] = paired_summary(turns(stream, world, [(n, f) for n, f in columns if n.startswith("bare:")]
+                                       + [("eager", call)], args.rounds * args.calls, args.calls))
     stream.begin_capture()
     for _ in range(100):
         call()

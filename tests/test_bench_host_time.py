@@ -86,17 +86,35 @@ def test_table_has_a_row_per_collective_and_the_drop_ins_margin_over_the_bare_la
               "query": [(0.25, 0.5), (0.5, 0.5)], "launch": [(2.25, 9.0), (2.5, 9.0)],
               "reissue": [(2.75, 9.0), (2.5, 9.0)],
               "eager": [(3.25, 9.5), (3.0, 9.5)]}
-    t = dict(bht.summarize(rounds), graph100=(0.5, 7.0), graph1=(4.0, 10.0))
+    t = dict(bht.summarize(rounds), graph100=(0.5, 7.0), graph1=(4.0, 10.0),
+             paired={"bare:cuda.bindings": {"median": 0.5, "q1": 0.25, "q3": 0.75},
+                     "bare:cupy": {"median": 1.0, "q1": 0.5, "q3": 1.5}})
     lines = bht.format_table([("allreduce", "allreduce_allpairs_2r_LL", t)], "1KiB", 2, "NVIDIA H100 80GB HBM3",
                              2, 50, 16)
     assert lines[0] == ("# host time per call, 1KiB, 2 processes on NVIDIA H100 80GB HBM3; 2 rounds of 50 calls, "
                         "bare and eager alternating; rank 0 may run on 16 CPU(s)")
     head, rows = lines[2].split(), [l.split() for l in lines[3:]]
     assert head == ["collective", "algorithm", "bare:cuda.bindings", "bare:cupy", "query", "launch", "reissue",
-                    "eager", "graph100/100", "graph1", "eager-bare", "range"]
+                    "eager", "graph100/100", "graph1", "eager-bare", "range", "paired-cuda.bindings", "paired-cupy"]
     assert rows == [["allreduce", "allreduce_allpairs_2r_LL", "2.62/2.50", "2.12/2.00*", "0.38/0.25", "2.38/2.25",
                      "2.62/2.50",
-                     "3.12/3.00", "0.50/7.00", "4.00/10.00", "1.00", "0.75..1.25"]]
+                     "3.12/3.00", "0.50/7.00", "4.00/10.00", "1.00", "0.75..1.25",
+                     "0.50", "[", "0.25,", "0.75]", "1.00", "[", "0.50,", "1.50]"]]
+
+
+def test_paired_summary_is_the_median_of_per_turn_differences():
+    # Turn by turn eager - cupy is 1, 1, 1, 5, 1 (turn 2 was slow for both and cancels; the median
+    # ignores turn 4's outlier) and eager - cuda.bindings is 0, 0, 0, 4, -1.
+    turns = {"bare:cupy": [1.0, 5.0, 1.0, 1.0, 2.0], "bare:cuda.bindings": [2.0, 6.0, 2.0, 2.0, 4.0],
+             "eager": [2.0, 6.0, 2.0, 6.0, 3.0]}
+    p = bht.paired_summary(turns)
+    assert p["bare:cupy"]["median"] == 1.0 and p["bare:cuda.bindings"]["median"] == 0.0
+    assert p["bare:cupy"]["q1"] <= 1.0 <= p["bare:cupy"]["q3"]
+    assert "eager" not in p
+    with pytest.raises(ValueError, match="same number of turns, at least 4"):
+        bht.paired_summary({"bare:cupy": [1.0] * 4, "eager": [1.0] * 5})
+    with pytest.raises(ValueError, match="need eager"):
+        bht.paired_summary({"bare:cupy": [1.0] * 4})
 
 
 @pytest.mark.gpu

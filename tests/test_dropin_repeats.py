@@ -426,3 +426,64 @@ def test_launch_issues_the_packed_call_plain_when_captured_and_refuses_once_brok
     with pytest.raises(CommunicatorBroken, match="rank 1 timed out"):
         launch(0x77)
     assert len(drv.log) == 2
+
+
+S2, C, D, OP, ROOT = R + 4096, 8, NCCL_FLOAT32, NCCL_SUM, 1
+# Every named call with cupy.cuda.nccl's arguments, and the submit call it is (stated here, apart
+# from the communicator's own table, so that a wrong entry there fails).
+_NAMED_CALLS = {
+    "allReduce": ((R, S2, C, D, OP, ST), ("allreduce", R, S2, C, D, OP, ST, 0)),
+    "reduceScatter": ((R, S2, C, D, OP, ST), ("reducescatter", R, S2, C, D, OP, ST, 0)),
+    "allGather": ((R, S2, C, D, ST), ("allgather", R, S2, C, D, None, ST, 0)),
+    "allToAll": ((R, S2, C, D, ST), ("alltoall", R, S2, C, D, None, ST, 0)),
+    "bcast": ((R, C, D, ROOT, ST), ("broadcast", R, R, C, D, None, ST, ROOT)),
+    "broadcast": ((R, S2, C, D, ROOT, ST), ("broadcast", R, S2, C, D, None, ST, ROOT)),
+    "reduce": ((R, S2, C, D, OP, ROOT, ST), ("reduce", R, S2, C, D, OP, ST, ROOT)),
+    "send": ((R, C, D, ROOT, ST), ("send", R, 0, C, D, None, ST, ROOT)),
+    "recv": ((R, C, D, ROOT, ST), ("recv", 0, R, C, D, None, ST, ROOT)),
+}
+
+
+def test_the_named_calls_table_is_every_generated_method():
+    assert set(cm._NAMED) - {"_pointer_reduce", "_pointer_broadcast"} | {"broadcast", "reduce"} == set(_NAMED_CALLS)
+
+
+@pytest.mark.parametrize("name", sorted(_NAMED_CALLS))
+@pytest.mark.parametrize("inplace", [True, False])
+def test_every_named_call_is_submit_with_its_arguments_and_repeats_as_submit_does(monkeypatch, name, inplace):
+    # The generated methods inline submit's repeat lookup: they must build the same key and
+    # fall back to the same call, first call and repeats alike, served by gc3 (the all-pairs
+    # IR: allreduce in place) or by NCCL.
+    named_args, submit_args = _NAMED_CALLS[name]
+    if inplace:
+        named_args = tuple(R if a == S2 else a for a in named_args)
+        submit_args = tuple(R if a == S2 else a for a in submit_args)
+    logs, served, chosen = [], [], []
+    from runtime_cuda.nccl.fallback import NcclFallback   # its alltoall stages through CuPy: record it instead
+    monkeypatch.setattr(NcclFallback, "_alltoall", lambda self, c: self.comm.allToAll(c.sendbuf, c.recvbuf, c.count,
+                                                                                         c.dtype, c.stream))
+    for how in ("named", "submit"):
+        log, picks = [], []
+        comm, _ = make(monkeypatch, log)
+        choose = comm._dispatch.selector.choose
+        monkeypatch.setattr(comm._dispatch.selector, "choose", lambda call: picks.append(call) or choose(call))
+        for _ in range(3):
+            if how == "named":
+                assert getattr(comm, name)(*named_args) is None   # cupy's methods return nothing
+            else:
+                comm.submit(*submit_args)
+        logs.append(log)
+        served.append(dict(comm.served))
+        chosen.append(len(picks))
+    assert logs[0] == logs[1] and len(logs[0]) == 3
+    assert served[0] == served[1] and sum(served[0].values()) == 3
+    assert chosen[0] == chosen[1]
+
+
+def test_a_named_repeat_is_one_lookup_and_the_prepared_call(monkeypatch):
+    log = []
+    comm, _ = make(monkeypatch, log)
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    monkeypatch.setattr(comm, "_submit", lambda *a: pytest.fail("a repeat left the named call's own lookup"))
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
+    assert log[-1] == ("again", R, 1000, ST) and comm.served == {PAIRS.name: 2}

@@ -18,8 +18,6 @@ import logging
 import os
 import threading
 from collections import Counter
-from functools import partial
-from types import FunctionType, MethodType
 from typing import Dict, List, Tuple
 
 from gc3.errors import CommunicatorError
@@ -178,21 +176,23 @@ class NcclCommunicator(ArrayCollectives):
         self._dispatch = Dispatcher(Selector(catalog, log, self._backend.check),
                                     fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)
         self._order, self._log = order, log
-        # Repeats of calls gc3 served, by the call's own arguments: (what to call, stream, route, Reissue).
+        # Repeats of calls served before, by the call's own arguments, the stream included:
+        # (what issues it again, taking no argument and returning False where it cannot;
+        # route; what it was made from).
         self._repeats: Dict[tuple, tuple] = {}
         self._served: Counter = Counter()
-        # Repeats counted per route in a plain dict, folded into `served` when it is read:
-        # a Counter's item update costs more than a dict's on the repeat path.
-        self._tally: Dict[str, int] = {}
+        # Repeats counted per route in one-item lists, which the repeat itself bumps; folded
+        # into `served` when that is read.
+        self._tally: Dict[str, List[int]] = {}
 
     @property
     def served(self) -> Counter:
         """How many calls each gc3 algorithm (by name) and NCCL ("NCCL") served."""
         tally, served = self._tally, self._served
-        for route, n in tally.items():
-            if n:
-                served[route] += n
-                tally[route] = 0
+        for route, cell in tally.items():
+            if cell[0]:
+                served[route] += cell[0]
+                cell[0] = 0
         return served
 
     # --- what cupy's communicator reports --------------------------------
@@ -233,8 +233,8 @@ class NcclCommunicator(ArrayCollectives):
             adopt(int(stream))
 
     # --- collectives, cupy.cuda.nccl's signatures ---------------------------
-    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
-        self._submit("allreduce", sendbuf, recvbuf, count, datatype, op, stream)
+    # allReduce, reduceScatter, allGather, allToAll, bcast, send, recv and the pointer
+    # forms of broadcast/reduce are made by _named_calls below, from one template.
 
     def reduce(self, *args, **kwargs):
         """cupy's reduce(sendbuf, recvbuf, count, datatype, op, root, stream), or the
@@ -252,31 +252,6 @@ class NcclCommunicator(ArrayCollectives):
             return self._pointer_broadcast(*args, **kwargs)
         return self.array_broadcast(*args, **kwargs)
 
-    def _pointer_reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
-        self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
-
-    def _pointer_broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
-        self._submit("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root)
-
-    def bcast(self, buff, count, datatype, root, stream):
-        self._submit("broadcast", buff, buff, count, datatype, None, stream, root)
-
-    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
-        self._submit("reducescatter", sendbuf, recvbuf, recvcount, datatype, op, stream)
-
-    def allGather(self, sendbuf, recvbuf, count, datatype, stream):
-        self._submit("allgather", sendbuf, recvbuf, count, datatype, None, stream)
-
-    def allToAll(self, sendbuf, recvbuf, count, datatype, stream):
-        """gc3 extension (cupy.cuda.nccl has none): `count` elements to and from each peer."""
-        self._submit("alltoall", sendbuf, recvbuf, count, datatype, None, stream)
-
-    def send(self, sendbuf, count, datatype, peer, stream):
-        self._submit("send", sendbuf, 0, count, datatype, None, stream, peer)
-
-    def recv(self, recvbuf, count, datatype, peer, stream):
-        self._submit("recv", 0, recvbuf, count, datatype, None, stream, peer)
-
     def submit(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
         """Any call by collective name (what `gc3 bench` drives); returns what served it:
         a gc3 algorithm's name, "NCCL", or "group" while a group is open."""
@@ -291,14 +266,8 @@ class NcclCommunicator(ArrayCollectives):
         except TypeError:   # an unhashable argument: the checks below say what is wrong with it
             hit = None
         if hit is not None and not (_open_groups and _group.depth):
-            go, ptr, route, _ = hit
-            order = self._order
-            # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
-            if order._last != ptr or order._graves:
-                order.enter(ptr)
-            if go(ptr) is not False:     # NCCL's bound methods return None
-                self._tally[route] += 1
-                return route
+            if hit[0]():
+                return hit[1]
             del self._repeats[key]   # the launch group dropped that prepared call: bind again below
         # A first call: plain lookups; the wordy checks run only once one fails.
         datatype, count, root = int(datatype), int(count), int(root)
@@ -333,15 +302,16 @@ class NcclCommunicator(ArrayCollectives):
             return
         if len(self._repeats) > 4096:   # addresses that come and go (a caching allocator): start over
             self._repeats = {}
-        # A launch group's Reissue has its one-frame `issue`; anything else is called through a
-        # bound method where it is an object: calling an instance looks up its __call__ every time.
-        issue = getattr(go, "issue", None) or (go if isinstance(go, (FunctionType, MethodType, partial))
-                                               else go.__call__)
+        ptr, tally = decision.call.stream, self._tally.setdefault(route, [0])
+        bind = getattr(go, "bind", None)
+        if bind is not None:   # a launch group's Reissue: the order and the tally ride in its one frame
+            issue = bind(ptr, self._order, tally)
+        else:
+            issue = _repeat_plain(go, ptr, self._order, tally)
         try:
-            self._repeats[key] = (issue, decision.call.stream, route, go)
+            self._repeats[key] = (issue, route, go)
         except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
             return
-        self._tally.setdefault(route, 0)
 
     def prepared_launch(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0):
         """The kernel launch (runtime_cuda.launcher.Launch) that a repeat of exactly this
@@ -355,7 +325,7 @@ class NcclCommunicator(ArrayCollectives):
         """What a repeat of exactly this call runs under the communicator's own lookup
         (runtime_cuda.group.Reissue, called with the stream handle), or None as above."""
         hit = self._repeats.get((coll, sendbuf, recvbuf, count, datatype, op, stream, root))
-        return None if hit is None else hit[3]
+        return None if hit is None else hit[2]
 
     def _reject(self, coll, datatype, op, count, root):
         where = f"rank {self._rank}: {coll}"
@@ -376,3 +346,71 @@ class NcclCommunicator(ArrayCollectives):
         route = decision.candidate.name if decision is not None and decision.uses_gc3 else "NCCL"
         self._served[route] += 1
         return route
+
+
+def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
+    """A repeat through a callable taking the stream (NCCL's method with all else bound;
+    a backend's re-issue without Reissue.bind), in the shape the repeat cache holds: no
+    argument, False where `go` refused (it returned False; NCCL's methods return None)."""
+    def issue() -> bool:
+        # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
+        if order._last != ptr or order._graves:
+            order.enter(ptr)
+        if go(ptr) is False:
+            return False
+        tally[0] += 1
+        return True
+    return issue
+
+
+# cupy.cuda.nccl's pointer-form methods (and allToAll, which it lacks): name -> (collective, parameters, the submit arguments
+# after the collective's name: sendbuf, recvbuf, count, datatype, op, stream, root).
+_NAMED = {
+    "allReduce": ("allreduce", "sendbuf, recvbuf, count, datatype, op, stream",
+                  "sendbuf, recvbuf, count, datatype, op, stream, 0"),
+    "reduceScatter": ("reducescatter", "sendbuf, recvbuf, recvcount, datatype, op, stream",
+                      "sendbuf, recvbuf, recvcount, datatype, op, stream, 0"),
+    "allGather": ("allgather", "sendbuf, recvbuf, count, datatype, stream",
+                  "sendbuf, recvbuf, count, datatype, None, stream, 0"),
+    "allToAll": ("alltoall", "sendbuf, recvbuf, count, datatype, stream",
+                 "sendbuf, recvbuf, count, datatype, None, stream, 0"),
+    "bcast": ("broadcast", "buff, count, datatype, root, stream", "buff, buff, count, datatype, None, stream, root"),
+    "send": ("send", "sendbuf, count, datatype, peer, stream", "sendbuf, 0, count, datatype, None, stream, peer"),
+    "recv": ("recv", "recvbuf, count, datatype, peer, stream", "0, recvbuf, count, datatype, None, stream, peer"),
+    "_pointer_reduce": ("reduce", "sendbuf, recvbuf, count, datatype, op, root, stream",
+                        "sendbuf, recvbuf, count, datatype, op, stream, root"),
+    "_pointer_broadcast": ("broadcast", "sendbuff, recvbuff, count, datatype, root, stream",
+                           "sendbuff, recvbuff, count, datatype, None, stream, root"),
+}
+
+# Each named method looks its repeat up itself and calls what the cache holds, so a repeat
+# is two Python frames above the driver (this one and the launch group's): calling submit
+# from here would add a third, and the generic entry points this replaced (*args) cost as
+# much as that frame.  Named parameters need the source, hence the template.  While any
+# thread has a group open, the call takes submit's path, which reads this thread's depth.
+_TEMPLATE = """
+def {name}(self, {params}):
+    if not _open_groups:
+        try:
+            hit = self._repeats.get(({coll!r}, {args}))
+        except TypeError:
+            hit = None
+        if hit is not None and hit[0]():
+            return
+    self._submit({coll!r}, {args})
+"""
+
+
+def _named_calls() -> None:
+    for name, (coll, params, args) in _NAMED.items():
+        where: dict = {}
+        source = _TEMPLATE.format(name=name, params=params, coll=coll, args=args)
+        exec(compile(source, f"<gc3 drop-in: NcclCommunicator.{name}>", "exec"), globals(), where)
+        fn = where[name]
+        fn.__qualname__ = f"NcclCommunicator.{name}"
+        fn.__doc__ = (f"{name}({params}): {coll} on this communicator, with cupy.cuda.nccl's arguments "
+                      "(raw pointers, NCCL codes, a stream pointer).")
+        setattr(NcclCommunicator, name, fn)
+
+
+_named_calls()
