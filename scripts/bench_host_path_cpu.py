@@ -10,8 +10,11 @@ without CUDA.  Both stand-ins are C builtins taking the driver's arguments,
 so what is timed is the Python above them, as CuPy's Cython wrappers see it.  Timed per call (the fastest of 21
 loops: the one least disturbed by other work on the machine):
 
-  repeat   a repeat of the same call (the fast path: one dictionary hit,
-           StreamOrder, the group's Reissue);
+  repeat   a repeat of the same call through `submit` (the fast path: one
+           dictionary hit, then the group's Reissue with the communicator's
+           StreamOrder and tally bound in);
+  named    the same repeat through cupy.cuda.nccl's named method
+           (comm.allReduce: what users call; it looks the repeat up itself);
   full     the same call with the repeat cache emptied before each call
            (argument checks, Call, selection's cache, set-up's cache,
            Gc3Backend.run, LaunchGroup.run_ptrs);

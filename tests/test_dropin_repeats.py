@@ -487,3 +487,15 @@ def test_a_named_repeat_is_one_lookup_and_the_prepared_call(monkeypatch):
     monkeypatch.setattr(comm, "_submit", lambda *a: pytest.fail("a repeat left the named call's own lookup"))
     comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST)
     assert log[-1] == ("again", R, 1000, ST) and comm.served == {PAIRS.name: 2}
+
+
+@pytest.mark.parametrize("name", ["broadcast", "reduce", "bcast", "allGather", "reduceScatter"])
+def test_a_repeat_routed_to_nccl_is_looked_up_in_the_named_call_too(monkeypatch, name):
+    log = []
+    comm, _ = make(monkeypatch, log)
+    args = _NAMED_CALLS[name][0]
+    getattr(comm, name)(*args)
+    for path in ("_submit", "_pointer_broadcast", "_pointer_reduce"):
+        monkeypatch.setattr(comm, path, lambda *a, **k: pytest.fail("a repeat left the named call's own lookup"))
+    getattr(comm, name)(*args)
+    assert len(log) == 2 and log[0] == log[1] and comm.served == {"NCCL": 2}

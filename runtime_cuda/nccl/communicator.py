@@ -14,6 +14,7 @@ as NCCL's is.
 """
 from __future__ import annotations
 
+import linecache
 import logging
 import os
 import threading
@@ -233,24 +234,8 @@ class NcclCommunicator(ArrayCollectives):
             adopt(int(stream))
 
     # --- collectives, cupy.cuda.nccl's signatures ---------------------------
-    # allReduce, reduceScatter, allGather, allToAll, bcast, send, recv and the pointer
-    # forms of broadcast/reduce are made by _named_calls below, from one template.
-
-    def reduce(self, *args, **kwargs):
-        """cupy's reduce(sendbuf, recvbuf, count, datatype, op, root, stream), or the
-        array form reduce(x, root=0, op="sum", out=None, stream=None)."""
-        # cupy's pointer form passes all seven arguments (the array form takes at most five): no
-        # array test then, whose failing hasattr on an int costs more than a repeat's lookup.
-        if len(args) == 7 or not is_array(args, kwargs):
-            return self._pointer_reduce(*args, **kwargs)
-        return self.array_reduce(*args, **kwargs)
-
-    def broadcast(self, *args, **kwargs):
-        """cupy's broadcast(sendbuff, recvbuff, count, datatype, root, stream), or the
-        array form broadcast(x, root=0, out=None, stream=None)."""
-        if len(args) == 6 or not is_array(args, kwargs):   # as reduce: six arguments, the pointer form
-            return self._pointer_broadcast(*args, **kwargs)
-        return self.array_broadcast(*args, **kwargs)
+    # allReduce, reduceScatter, allGather, allToAll, bcast, send, recv, broadcast and reduce
+    # are made by _named_calls below, from one template.
 
     def submit(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
         """Any call by collective name (what `gc3 bench` drives); returns what served it:
@@ -383,34 +368,62 @@ _NAMED = {
                            "sendbuff, recvbuff, count, datatype, None, stream, root"),
 }
 
+# broadcast and reduce take cupy's pointer form or the array form (arrays.ArrayCollectives); with
+# all of the pointer form's arguments (the array form takes fewer) they are that form, and a
+# hasattr on an int would cost more than a repeat's lookup.  name -> (pointer-form method, docstring).
+_POINTER_OR_ARRAY = {
+    "broadcast": ("_pointer_broadcast", """cupy's broadcast(sendbuff, recvbuff, count, datatype, root, stream), or the
+        array form broadcast(x, root=0, out=None, stream=None)."""),
+    "reduce": ("_pointer_reduce", """cupy's reduce(sendbuf, recvbuf, count, datatype, op, root, stream), or the
+        array form reduce(x, root=0, op="sum", out=None, stream=None)."""),
+}
+
 # Each named method looks its repeat up itself and calls what the cache holds, so a repeat
 # is two Python frames above the driver (this one and the launch group's): calling submit
 # from here would add a third, and the generic entry points this replaced (*args) cost as
-# much as that frame.  Named parameters need the source, hence the template.  While any
+# much as that frame.  Named parameters need the source, hence the templates.  While any
 # thread has a group open, the call takes submit's path, which reads this thread's depth.
-_TEMPLATE = """
-def {name}(self, {params}):
-    if not _open_groups:
-        try:
+_REPEAT = """    if {guard}:
+{unpack}        try:
             hit = self._repeats.get(({coll!r}, {args}))
         except TypeError:
             hit = None
         if hit is not None and hit[0]():
             return
-    self._submit({coll!r}, {args})
 """
+_NAMED_METHOD = """def {name}(self, {params}):
+{repeat}    self._submit({coll!r}, {args})
+"""
+_EITHER_FORM = """def {name}(self, *args, **kwargs):
+{repeat}    if len(args) == {n} or not is_array(args, kwargs):
+        return self.{pointer}(*args, **kwargs)
+    return self.array_{name}(*args, **kwargs)
+"""
+
+
+def _define(name: str, source: str, doc: str) -> None:
+    where: dict = {}
+    filename = f"<gc3 drop-in: NcclCommunicator.{name}>"
+    # A traceback through the method shows its source lines, as for a method written out.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), globals(), where)
+    fn = where[name]
+    fn.__qualname__, fn.__doc__ = f"NcclCommunicator.{name}", doc
+    setattr(NcclCommunicator, name, fn)
 
 
 def _named_calls() -> None:
     for name, (coll, params, args) in _NAMED.items():
-        where: dict = {}
-        source = _TEMPLATE.format(name=name, params=params, coll=coll, args=args)
-        exec(compile(source, f"<gc3 drop-in: NcclCommunicator.{name}>", "exec"), globals(), where)
-        fn = where[name]
-        fn.__qualname__ = f"NcclCommunicator.{name}"
-        fn.__doc__ = (f"{name}({params}): {coll} on this communicator, with cupy.cuda.nccl's arguments "
-                      "(raw pointers, NCCL codes, a stream pointer).")
-        setattr(NcclCommunicator, name, fn)
+        repeat = _REPEAT.format(guard="not _open_groups", unpack="", coll=coll, args=args)
+        _define(name, _NAMED_METHOD.format(name=name, params=params, repeat=repeat, coll=coll, args=args),
+                f"{name}({params}): {coll} on this communicator, with cupy.cuda.nccl's arguments "
+                "(raw pointers, NCCL codes, a stream pointer).")
+    for name, (pointer, doc) in _POINTER_OR_ARRAY.items():
+        coll, params, args = _NAMED[pointer]
+        n = len(params.split(","))
+        repeat = _REPEAT.format(guard=f"len(args) == {n} and not kwargs and not _open_groups",
+                                unpack=f"        {params} = args\n", coll=coll, args=args)
+        _define(name, _EITHER_FORM.format(name=name, repeat=repeat, n=n, pointer=pointer), doc)
 
 
 _named_calls()
