@@ -238,7 +238,7 @@ def format_table(rows, size: str, nprocs: int, device: str, rounds: int, calls: 
         pairs = [t["paired"][b] for b in bares]
         lines.append(f"{coll:14} {label:34} " + " ".join(f"{c:>18}" for c in cells)
                      + f" {d['median']:10.2f} {spread:>13}"
-                     + "".join(f" {p['median']:7.2f} [{p['q1']:5.2f},{p['q3']:5.2f}]" for p in pairs))
+                     + "".join(f" {p['median']:.2f}[{p['q1']:.2f},{p['q3']:.2f}]".rjust(23) for p in pairs))
     return lines
 
 
