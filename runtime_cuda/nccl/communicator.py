@@ -415,9 +415,11 @@ def _define(name: str, source: str, doc: str) -> None:
 def _named_calls() -> None:
     for name, (coll, params, args) in _NAMED.items():
         repeat = _REPEAT.format(guard="not _open_groups", unpack="", coll=coll, args=args)
+        extra = (" A gc3 extension (cupy.cuda.nccl has none): `count` elements to and from each peer."
+                 if name == "allToAll" else "")
         _define(name, _NAMED_METHOD.format(name=name, params=params, repeat=repeat, coll=coll, args=args),
                 f"{name}({params}): {coll} on this communicator, with cupy.cuda.nccl's arguments "
-                "(raw pointers, NCCL codes, a stream pointer).")
+                "(raw pointers, NCCL codes, a stream pointer)." + extra)
     for name, (pointer, doc) in _POINTER_OR_ARRAY.items():
         coll, params, args = _NAMED[pointer]
         n = len(params.split(","))
