@@ -46,6 +46,33 @@ def _colls(ctx, param, value):
     return names
 
 
+FUSED_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a")
+FUSED_RECORD = Path(__file__).resolve().parent.parent / "measured" / "fused.txt"
+
+
+def fused_op_names(value: str, param: str) -> list:
+    names = [o.strip() for o in value.split(",") if o.strip()]
+    if names == ["all"]:
+        return list(FUSED_OPS)
+    bad = [o for o in names if o not in FUSED_OPS]
+    if bad or not names:
+        raise click.BadParameter(f"unknown operator(s) {', '.join(bad) or '(none)'}; choose from "
+                                 f"{', '.join(FUSED_OPS)} or all", param_hint=param)
+    return names
+
+
+def _fused(ops: str, quick: bool, chunks, record, iters: int, rounds: int) -> None:
+    names = fused_op_names(ops, "--ops")
+    try:
+        from runtime_cuda.torch_dist import bench_fused
+    except ImportError as exc:
+        raise click.ClickException(f"gc3 bench --fused needs torch and a GPU ({exc})") from None
+    failed = bench_fused.bench(names, quick, Path(record) if record else FUSED_RECORD, iters, rounds, chunks,
+                               click.echo)
+    if failed:
+        raise click.ClickException(f"{failed} shape(s) failed the check against the fp32 reference")
+
+
 def impl_names(impl: str, peer: str):
     """The sides of the table, in column order, for --impl and --peer."""
     names = ("gc3", "nccl") if impl == "both" else (impl,)
@@ -82,9 +109,22 @@ def impl_names(impl: str, peer: str):
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="write the rows as CSV (rank 0)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the rows as JSON (rank 0)")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG of busbw vs size (rank 0)")
+@click.option("--fused", is_flag=True, help="time the fused operators instead (torch; under torchrun or mpirun, "
+              "one process per GPU) against matmul + NCCL and PyTorch's symm_mem ops; a line per shape goes to "
+              "--record")
+@click.option("--ops", "fused_ops", default="all", show_default=True,
+              help="--fused: operators, comma-separated: " + ", ".join(FUSED_OPS) + ", or all")
+@click.option("--quick", is_flag=True, help="--fused: a third of the shape grid")
+@click.option("--chunks", type=click.IntRange(1, 64), help="--fused: the fused path's chunk count "
+              "[default: the measured table's, else runtime_cuda.fused.choice.DEFAULT_CHUNKS]")
+@click.option("--record", type=click.Path(dir_okay=False), default=None,
+              help="--fused: measured-lines file to append to [default: runtime_cuda/measured/fused.txt]")
 def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, rounds,
-            graph_max, warm_s, hang_s, check, impl, peer, xml_files, csv_path, json_path, plot_path):
+            graph_max, warm_s, hang_s, check, impl, peer, xml_files, csv_path, json_path, plot_path,
+            fused, fused_ops, quick, chunks, record):
     """Measure collectives like nccl-tests, gc3 beside NCCL (run under mpirun -np N)."""
+    if fused:
+        return _fused(fused_ops, quick, chunks, record, iters, rounds)
     from runtime_cuda.nccl import perf
 
     try:

@@ -4,14 +4,20 @@ GEMM + all_reduce, GEMM + all_to_all, GEMV + all_reduce and embedding-bag +
 all_to_all, taking a process group or its name.
 
 On a gc3 group (Gc3ProcessGroup: backend "gc3", or "nccl" under GC3_TORCH=1)
-with operands the fused kernels take, the call runs runtime_cuda.fused on
-zero-copy DLPack views of the tensors, on torch's current stream.  Anything
-else (another backend, a single rank, a dtype or layout the kernels refuse,
-CUDA-graph capture, which the kernels' host-side set-up cannot join) runs the
-matmul and then the collective through the group's backend, which is also the
-reference a fused call must equal; GC3_DEBUG=INFO names the path and why.
-Every rank of a correct program passes the same shapes and dtypes, so every
-rank takes the same path.
+the GEMM operators take the path measured faster on this machine for the
+shape (runtime_cuda.fused.choice: `gc3 tune --fused` writes the table into the
+machine's catalog): fused is overlap.py's stream pipeline (GEMM chunks on
+torch's current stream, each chunk's collective on a high-priority side
+stream, capturable in a CUDA graph); sequential is torch.matmul then the
+group's collective on the current stream.  Where nothing was measured the call
+is sequential, which is what the user would have run.  `path=` ("fused",
+"sequential", "auto") or GC3_FUSED=0/1 forces one; `chunks=` sets the chunk
+count.  GEMV + all_reduce and embedding-bag + all_to_all run
+runtime_cuda.fused on DLPack views.  Another backend, a single rank, or a
+dtype or layout the fused path refuses runs the sequential path, which is
+also the reference a fused call must equal; GC3_DEBUG=INFO names the path and
+why.  Every rank of a correct program passes the same shapes and dtypes, so
+every rank takes the same path.
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
+
+from . import overlap
 
 Group = Union[dist.ProcessGroup, str, None]
 
@@ -59,8 +67,9 @@ def _log():
 
 
 # --- the fused path's gate and glue ----------------------------------------------
-def _refusal(pg, tensors: Sequence[torch.Tensor], dtypes=_FUSED_DTYPES) -> str:
-    """Why the fused kernels cannot serve this call on `pg` ('' when they can)."""
+def _refusal(pg, tensors: Sequence[torch.Tensor], dtypes=_FUSED_DTYPES, capturable: bool = False) -> str:
+    """Why the fused kernels cannot serve this call on `pg` ('' when they can).
+    `capturable`: the fused path is a stream pipeline a CUDA graph can hold."""
     from .process_group import Gc3ProcessGroup
 
     if not isinstance(pg, Gc3ProcessGroup):
@@ -73,9 +82,25 @@ def _refusal(pg, tensors: Sequence[torch.Tensor], dtypes=_FUSED_DTYPES) -> str:
     if len({t.dtype for t in tensors}) != 1 or tensors[0].dtype not in dtypes:
         return f"dtypes {sorted({str(t.dtype) for t in tensors})}; the fused kernels take one of " \
                f"{[str(d) for d in dtypes]}"
-    if torch.cuda.is_current_stream_capturing():
+    if not capturable and torch.cuda.is_current_stream_capturing():
         return "CUDA graph capture (the fused kernels set up buffers on the host)"
     return ""
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _mkn(A: torch.Tensor, B: torch.Tensor) -> dict:
+    return {"M": A.shape[0], "K": A.shape[1], "N": B.shape[1]}
+
+
+def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int]):
+    from runtime_cuda.fused import choice
+    return choice.choose(op, pg.size(), _DTYPE_NAMES[dtype], shape, path=path, chunks=chunks)
+
+
+def _decided(what: str, pick) -> None:
+    _log().info("gc3 torch %s: fused, %d chunks: %s", what, pick.chunks, pick.why)
 
 
 def _sequential(what: str, why: str) -> None:
@@ -90,13 +115,6 @@ def _cupy(t: torch.Tensor):
     if t.dtype == torch.bfloat16:
         return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
     return cupy.from_dlpack(t)
-
-
-def _torch(a, dtype: torch.dtype) -> torch.Tensor:
-    """A zero-copy torch view of a CuPy array the fused kernels returned."""
-    if dtype == torch.bfloat16:
-        return torch.from_dlpack(a.view("int16")).view(torch.bfloat16)
-    return torch.from_dlpack(a)
 
 
 @contextlib.contextmanager
@@ -117,7 +135,8 @@ def _fused_call(pg, tensors: Sequence[torch.Tensor], what: str):
 
 # --- the operators -----------------------------------------------------------------
 def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_dim: int, group_name: Group,
-                            *, return_A: bool = True) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
+                            *, return_A: bool = True, path: Optional[str] = None,
+                            chunks: Optional[int] = None) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
     """A = all_gather(A_shard) along gather_dim, then [A @ B for B in Bs]."""
     what = "fused_all_gather_matmul"
     pg = _group(group_name)
@@ -125,7 +144,7 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
     Bs = list(Bs)
     if not Bs:
         raise ValueError(f"{what}: Bs is empty")
-    why = _refusal(pg, [A_shard] + Bs)
+    why = _refusal(pg, [A_shard] + Bs, capturable=True)
     if not why and d != 0:
         why = f"gather_dim {gather_dim} (the fused kernel gathers along dim 0)"
     if not why and (A_shard.dim() < 2 or any(B.dim() != 2 or B.shape[0] != A_shard.shape[-1] for B in Bs)):
@@ -133,17 +152,17 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
     if not why and A_shard.numel() == 0:
         why = "an empty A_shard"
     if not why:
-        from runtime_cuda.fused import all_gather_gemm
         n, K = pg.size(), A_shard.shape[-1]
-        a = A_shard.reshape(-1, K).contiguous()     # gathering dim 0 = gathering its rows
-        bs = [B.contiguous() for B in Bs]
-        outs = [a.new_empty((n * a.shape[0], B.shape[1])) for B in bs]
-        with _fused_call(pg, [a] + bs + outs, what) as torch_queue:
-            got = all_gather_gemm(_cupy(a), [_cupy(B) for B in bs], pg.gemm_group(), return_a=return_A,
-                                  out=[_cupy(o) for o in outs], stream=torch_queue)
-            A = _torch(got[0], a.dtype) if return_A else None
-        lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
-        return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
+        a = A_shard.reshape(-1, K)
+        pick = _choose("ag_gemm", pg, a.dtype, {"M": n * a.shape[0], "K": K, "N": sum(B.shape[1] for B in Bs)},
+                       path, chunks)
+        if pick.fused:
+            _decided(what, pick)
+            A, outs = overlap.all_gather_matmul(pg, a.contiguous(), [B.contiguous() for B in Bs], pick.chunks,
+                                                return_A, what)
+            lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
+            return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
+        why = pick.why
     _sequential(what, why)
     shard = A_shard.movedim(d, 0).contiguous()
     gathered = shard.new_empty((shard.shape[0] * pg.size(),) + tuple(shard.shape[1:]))
@@ -153,7 +172,7 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
 
 
 def _gemm_refusal(pg, A, B, rows_divide: bool) -> str:
-    why = _refusal(pg, [A, B])
+    why = _refusal(pg, [A, B], capturable=True)
     if not why and (A.dim() != 2 or B.dim() != 2):
         why = f"A {tuple(A.shape)} @ B {tuple(B.shape)} (fused: two matrices)"
     if not why and A.numel() * B.numel() == 0:
@@ -164,7 +183,8 @@ def _gemm_refusal(pg, A, B, rows_divide: bool) -> str:
 
 
 def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
-                                group_name: Group) -> torch.Tensor:
+                                group_name: Group, *, path: Optional[str] = None,
+                                chunks: Optional[int] = None) -> torch.Tensor:
     """reduce_scatter(A @ B) along scatter_dim (reduce_op "sum" or "avg")."""
     what = "fused_matmul_reduce_scatter"
     pg = _group(group_name)
@@ -173,12 +193,12 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     if not why and _dim_of(2, scatter_dim, what) != 0:
         why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
     if not why:
-        from runtime_cuda.fused import gemm_reduce_scatter
-        a, b = A.contiguous(), B.contiguous()
-        out = a.new_empty((a.shape[0] // pg.size(), b.shape[1]))
-        with _fused_call(pg, [a, b, out], what) as torch_queue:
-            gemm_reduce_scatter(_cupy(a), _cupy(b), pg.gemm_group(), out=_cupy(out), stream=torch_queue)
-        return out.div_(pg.size()) if reduce_op == "avg" else out
+        pick = _choose("gemm_rs", pg, A.dtype, _mkn(A, B), path, chunks)
+        if pick.fused:
+            _decided(what, pick)
+            out = overlap.matmul_reduce_scatter(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
+            return out.div_(pg.size()) if reduce_op == "avg" else out
+        why = pick.why
     _sequential(what, why)
     C = A @ B
     d = _dim(C, scatter_dim, what)
@@ -192,40 +212,39 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
 
 
 def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
-                            reduce_op: str = "sum") -> torch.Tensor:
+                            reduce_op: str = "sum", *, path: Optional[str] = None,
+                            chunks: Optional[int] = None) -> torch.Tensor:
     """all_reduce(A @ B): a row-parallel linear layer (GEMM + AR)."""
     what = "fused_matmul_all_reduce"
     pg = _group(group_name)
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=False)
     if not why:
-        from runtime_cuda.fused import gemm_all_reduce
-        a, b = A.contiguous(), B.contiguous()
-        out = a.new_empty((a.shape[0], b.shape[1]))
-        with _fused_call(pg, [a, b, out], what) as torch_queue:
-            gemm_all_reduce(_cupy(a), _cupy(b), pg.gemm_group(), out=_cupy(out), stream=torch_queue)
-        return out.div_(pg.size()) if reduce_op == "avg" else out
+        pick = _choose("gemm_ar", pg, A.dtype, _mkn(A, B), path, chunks)
+        if pick.fused:
+            _decided(what, pick)
+            out = overlap.matmul_all_reduce(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
+            return out.div_(pg.size()) if reduce_op == "avg" else out
+        why = pick.why
     _sequential(what, why)
     C = (A @ B).contiguous()
     dist.all_reduce(C, op=op, group=pg)
     return C
 
 
-def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group) -> torch.Tensor:
+def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group, *, path: Optional[str] = None,
+                            chunks: Optional[int] = None) -> torch.Tensor:
     """all_to_all_single(A @ B): row block p of the product goes to rank p, and
     the result's block q came from rank q (GEMM + A2A, an expert layer's exchange)."""
     what = "fused_matmul_all_to_all"
     pg = _group(group_name)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
     if not why:
-        from runtime_cuda.fused import gemm_all_to_all
-        a, b = A.contiguous(), B.contiguous()
-        n = pg.size()
-        out = a.new_empty((a.shape[0], b.shape[1]))
-        with _fused_call(pg, [a, b, out], what) as torch_queue:
-            gemm_all_to_all(_cupy(a), _cupy(b), [a.shape[0] // n] * n, pg.gemm_group(), out=_cupy(out),
-                            stream=torch_queue)
-        return out
+        pick = _choose("gemm_a2a", pg, A.dtype, _mkn(A, B), path, chunks)
+        if pick.fused:
+            _decided(what, pick)
+            return overlap.matmul_all_to_all(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
+        why = pick.why
     _sequential(what, why)
     C = (A @ B).contiguous()
     if C.shape[0] % pg.size():

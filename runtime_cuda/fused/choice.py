@@ -1,0 +1,155 @@
+"""Which path a fused operator takes for one shape, decided by what was measured.
+
+A machine's catalog (the JSON the drop-in loads) may carry a `fused` section,
+written by `gc3 tune --fused` on that machine:
+
+    "fused": {"provenance": {...},
+              "entries": [{"op": "gemm_rs", "gpus": 4, "dtype": "bfloat16",
+                           "shape": {"M": 8192, "K": 7168, "N": 8192},
+                           "path": "fused", "chunks": 4,
+                           "fused_us": 1234.5, "sequential_us": 1400.1}, ...]}
+
+`choose` answers, in this order: the caller's `path`, GC3_FUSED=0/1, the entry
+measured for this shape, the entry of the nearest measured M (within a factor
+of 2, every other dimension equal), and otherwise the sequential path: fusing
+where nobody measured it could be the slower choice, and the sequential path is
+what the user would run anyway.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+from gc3.errors import InputError
+
+OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a", "gemv_ar", "ebag_a2a", "ar_epilogue")
+PATHS = ("fused", "sequential")
+# The chunk count a forced fused call takes where nothing was measured.
+DEFAULT_CHUNKS = 4
+# How far (as a factor of M) a measured shape may stand in for an unmeasured one.
+NEAREST_M_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    fused: bool
+    chunks: int
+    why: str
+
+
+def entry_key(op: str, gpus: int, dtype: str, shape: Mapping[str, int]) -> Tuple:
+    return (op, int(gpus), dtype, tuple(sorted((k, int(v)) for k, v in shape.items())))
+
+
+class FusedTable:
+    """The measured entries of one catalog, by (op, gpus, dtype, shape)."""
+
+    def __init__(self, entries: List[dict], source: str):
+        self.source = source
+        self.entries: Dict[Tuple, dict] = {}
+        for i, e in enumerate(entries):
+            where = f"{source}: fused.entries[{i}]"
+            try:
+                op, gpus, dtype, shape, path = e["op"], e["gpus"], e["dtype"], e["shape"], e["path"]
+                chunks = int(e.get("chunks", DEFAULT_CHUNKS))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InputError(f"{where}: malformed entry ({exc!r}); expected op, gpus, dtype, shape, path")
+            if op not in OPS or path not in PATHS or chunks < 1 or not isinstance(shape, dict):
+                raise InputError(f"{where}: op {op!r} (one of {OPS}), path {path!r} (one of {PATHS}), "
+                                 f"chunks {chunks} (>= 1) and shape {shape!r} (a dict)")
+            self.entries[entry_key(op, gpus, dtype, shape)] = dict(e, chunks=chunks)
+
+    @classmethod
+    def from_catalog(cls, path: Path) -> "FusedTable":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: cannot read the catalog's fused section: {exc}")
+        section = data.get("fused") if isinstance(data, dict) else None
+        if section is None:
+            return cls([], str(path))
+        if not isinstance(section, dict) or not isinstance(section.get("entries"), list):
+            raise InputError(f"{path}: 'fused' must be an object with an 'entries' list")
+        return cls(section["entries"], str(path))
+
+    def lookup(self, op: str, gpus: int, dtype: str, shape: Mapping[str, int]) -> Tuple[Optional[dict], str]:
+        hit = self.entries.get(entry_key(op, gpus, dtype, shape))
+        if hit is not None:
+            return hit, "measured at this shape"
+        if "M" not in shape:
+            return None, "not measured at this shape"
+        rest = {k: v for k, v in shape.items() if k != "M"}
+        best, gap = None, None
+        for (o, g, d, s), e in self.entries.items():
+            s = dict(s)
+            if (o, g, d) != (op, gpus, dtype) or "M" not in s or {k: v for k, v in s.items() if k != "M"} != rest:
+                continue
+            dist = abs(math.log(s["M"] / shape["M"])) if s["M"] > 0 and shape["M"] > 0 else math.inf
+            if dist <= math.log(NEAREST_M_FACTOR) and (gap is None or dist < gap):
+                best, gap = e, dist
+        if best is None:
+            return None, "not measured at this shape or within a factor of 2 in M"
+        return best, f"nearest measured M={best['shape']['M']}"
+
+
+_loaded: Dict[Tuple[str, float], FusedTable] = {}
+
+
+def _default_catalog() -> Optional[Path]:
+    raw = os.environ.get("GC3_CONFIG", "").strip()
+    if raw and raw.endswith(".json") and Path(raw).is_file():
+        return Path(raw)
+    return None
+
+
+# Where the catalog of this machine is; the drop-in's machine selection replaces it.
+catalog_path: Callable[[], Optional[Path]] = _default_catalog
+
+
+def table() -> Optional[FusedTable]:
+    path = catalog_path()
+    if path is None:
+        return None
+    try:
+        stamp = os.stat(path).st_mtime
+    except OSError:
+        return None
+    key = (str(path), stamp)
+    got = _loaded.get(key)
+    if got is None:
+        got = _loaded[key] = FusedTable.from_catalog(path)
+    return got
+
+
+def forced(path: Optional[str], env=None) -> Optional[bool]:
+    """True/False where the caller or GC3_FUSED forces a path, None for auto."""
+    if path is not None:
+        if path not in PATHS + ("auto",):
+            raise InputError(f"path must be one of fused, sequential, auto; got {path!r}")
+        return None if path == "auto" else path == "fused"
+    raw = (os.environ if env is None else env).get("GC3_FUSED", "").strip()
+    if raw in ("", "auto"):
+        return None
+    if raw in ("0", "1", "fused", "sequential"):
+        return raw in ("1", "fused")
+    raise InputError(f"environment variable GC3_FUSED={raw!r}: expected 0/sequential, 1/fused or auto")
+
+
+def choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optional[str] = None,
+           chunks: Optional[int] = None, env=None) -> Choice:
+    force = forced(path, env)
+    measured = table()
+    hit, how = (None, "no measured catalog for this machine") if measured is None else \
+        measured.lookup(op, gpus, dtype, shape)
+    n = chunks or (hit["chunks"] if hit else DEFAULT_CHUNKS)
+    if force is not None:
+        return Choice(force, n, f"{'fused' if force else 'sequential'} forced (path= or GC3_FUSED)")
+    if hit is None:
+        return Choice(False, n, f"sequential: {how}")
+    fused = hit["path"] == "fused"
+    return Choice(fused, n, f"{hit['path']} ({how} in {measured.source}: fused {hit.get('fused_us')} us, "
+                            f"sequential {hit.get('sequential_us')} us)")

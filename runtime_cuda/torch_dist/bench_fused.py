@@ -1,0 +1,456 @@
+"""`gc3 bench --fused` and `gc3 tune --fused`: the GEMM operators timed against
+what a PyTorch user runs, in one job, one process per GPU (torchrun, or mpirun).
+
+Every time is a CUDA-event median of `rounds` rounds of `calls` back-to-back
+calls, the maximum over ranks, in microseconds per call:
+
+    seq_nccl   torch.matmul then the NCCL collective on an NCCL group, one stream
+    symm       PyTorch's own fused op (torch.ops.symm_mem) on that NCCL group, where it exists
+    fused      gc3's fused path, forced, on a gc3 group
+    auto       what a gc3 group does by default (the measured table, else sequential)
+    gemm       the matmul alone;  comm_nccl: the NCCL collective alone
+    comm_fused the fused path's exchange alone (its chunked collectives, no GEMM)
+    host       host time per call, a timer around `calls` calls with no synchronisation
+               (host: the fused path; seq_host: the sequential path on the NCCL group)
+    graph_*    the same calls replayed from a CUDA graph
+
+`check` compares sampled output rows of the fused path with an fp32 reference
+built from every rank's inputs (each rank regenerates them from the seed) and
+requires its error to be no larger than the sequential path's (+ a rounding
+allowance), and the all-reduce's result to be bit-identical on every rank.
+
+Each shape's result is one line of the measured-lines schema, appended to the
+record file (rank 0).  `tune` times the sequential path and the fused path at
+several chunk counts on the gc3 group and writes the faster into a catalog's
+`fused` section (runtime_cuda.fused.choice reads it).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+# The grid: (K, N) of the full layer, sharded over the G ranks as tensor parallelism does.
+AG_KN = ((4096, 14336), (8192, 28672), (16384, 53248))
+RS_KN = ((14336, 4096), (28672, 8192), (53248, 16384))
+GRID_M = (1024, 2048, 4096, 8192, 16384)
+AR_M = (256, 1024, 4096, 8192)
+A2A_KN = ((4096, 4096), (7168, 2048))
+A2A_M = (2048, 8192, 16384)
+OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a")
+TUNE_CHUNKS = (2, 4, 8)
+# auto goes fused only where fused beat the sequential path by this much.
+FUSED_MARGIN = 0.98
+FIELDS = ("auto_us", "fused_us", "seq_nccl_us", "symm_us", "gemm_us", "comm_nccl_us", "comm_fused_us", "host_us",
+          "seq_host_us", "graph_fused_us", "graph_seq_nccl_us")
+
+
+def grid(ops: Sequence[str], quick: bool) -> List[Tuple[str, int, int, int]]:
+    shapes = []
+    for op in ops:
+        if op == "ag_gemm":
+            shapes += [(op, M, K, N) for K, N in AG_KN for M in GRID_M]
+        elif op == "gemm_rs":
+            shapes += [(op, M, K, N) for K, N in RS_KN for M in GRID_M]
+        elif op == "gemm_ar":
+            shapes += [(op, M, K, N) for K, N in RS_KN for M in AR_M]
+        elif op == "gemm_a2a":
+            shapes += [(op, M, K, N) for K, N in A2A_KN for M in A2A_M]
+        else:
+            raise ValueError(f"unknown fused op {op!r}; choose from {', '.join(OPS)}")
+    return shapes[::3] if quick else shapes
+
+
+@dataclass
+class Job:
+    rank: int
+    size: int
+    device: torch.device
+    gc3: dist.ProcessGroup
+    nccl: Optional[dist.ProcessGroup]
+    hw: str
+
+
+def start() -> Job:
+    """Both groups of the job: the default group is gc3's, an NCCL group beside it."""
+    import runtime_cuda.torch_dist as gc3_torch
+
+    env = os.environ
+    if "RANK" not in env and "OMPI_COMM_WORLD_RANK" in env:      # mpirun instead of torchrun
+        env["RANK"], env["WORLD_SIZE"] = env["OMPI_COMM_WORLD_RANK"], env["OMPI_COMM_WORLD_SIZE"]
+        env["LOCAL_RANK"] = env.get("OMPI_COMM_WORLD_LOCAL_RANK", env["RANK"])
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", "29517")
+    if "RANK" not in env:
+        raise RuntimeError("gc3 bench --fused runs one process per GPU under torchrun or mpirun")
+    local = int(env.get("LOCAL_RANK", env["RANK"]))
+    device = torch.device("cuda", local % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    gc3_torch.register()
+    dist.init_process_group("cpu:gloo,cuda:gc3", timeout=datetime.timedelta(seconds=300))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    nccl = None
+    if torch.cuda.device_count() >= size:
+        nccl = dist.new_group(backend="nccl")
+    name = torch.cuda.get_device_name(device).replace("NVIDIA ", "").split()[0]
+    return Job(rank, size, device, dist.group.WORLD, nccl, f"{size}x{name}")
+
+
+# --- inputs and references ---------------------------------------------------------
+def _tensor(seed: Tuple, shape, device, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator(device=device)
+    g.manual_seed(hash(seed) & 0x7FFFFFFF)
+    return (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * scale).to(torch.bfloat16)
+
+
+@dataclass
+class Case:
+    op: str
+    M: int
+    K: int
+    N: int
+    G: int
+    device: torch.device
+    inputs: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def operands(self, r: int):
+        """Rank r's (A, B) as the operator takes them."""
+        op, M, K, N, G, dev = self.op, self.M, self.K, self.N, self.G, self.device
+        if op == "ag_gemm":
+            return _tensor((op, M, K, N, "A", r), (M // G, K), dev), _tensor((op, M, K, N, "B", r), (K, N // G), dev,
+                                                                              K ** -0.5)
+        if op in ("gemm_rs", "gemm_ar"):
+            return _tensor((op, M, K, N, "A", r), (M, K // G), dev), _tensor((op, M, K, N, "B", r), (K // G, N), dev,
+                                                                             K ** -0.5)
+        return _tensor((op, M, K, N, "A", r), (M, K), dev), _tensor((op, M, K, N, "B", 0), (K, N), dev, K ** -0.5)
+
+    def reference_rows(self, rank: int, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 reference of output rows `rows` of this rank's result."""
+        op, G = self.op, self.G
+        if op == "ag_gemm":
+            _, B = self.operands(rank)
+            A = torch.cat([self.operands(s)[0].float() for s in range(G)])
+            return A[rows] @ B.float()
+        if op in ("gemm_rs", "gemm_ar"):
+            base = rank * (self.M // G) if op == "gemm_rs" else 0
+            total = None
+            for s in range(G):
+                A, B = self.operands(s)
+                part = A[rows + base].float() @ B.float()
+                total = part if total is None else total + part
+            return total
+        mp = self.M // G         # gemm_a2a: rows block q of the result came from rank q's rows block `rank`
+        blocks = []
+        for q in range(G):
+            A, B = self.operands(q)
+            blocks.append(A[rank * mp:(rank + 1) * mp].float() @ B.float())
+        return torch.cat(blocks)[rows]
+
+
+def _error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+# --- the calls -----------------------------------------------------------------------
+def _ops():
+    from . import ops
+    return ops
+
+
+def fused_call(case: Case, A, B, pg, path: Optional[str], chunks: Optional[int] = None) -> Callable:
+    ops = _ops()
+    if case.op == "ag_gemm":
+        return lambda: ops.fused_all_gather_matmul(A, [B], 0, pg, path=path, chunks=chunks)[1][0]
+    if case.op == "gemm_rs":
+        return lambda: ops.fused_matmul_reduce_scatter(A, B, "sum", 0, pg, path=path, chunks=chunks)
+    if case.op == "gemm_ar":
+        return lambda: ops.fused_matmul_all_reduce(A, B, pg, path=path, chunks=chunks)
+    return lambda: ops.fused_matmul_all_to_all(A, B, pg, path=path, chunks=chunks)
+
+
+def seq_call(case: Case, A, B, pg) -> Callable:
+    """What a PyTorch user runs: torch.matmul, then the group's collective."""
+    G = case.G
+    if case.op == "ag_gemm":
+        def run():
+            full = A.new_empty((A.shape[0] * G, A.shape[1]))
+            dist.all_gather_into_tensor(full, A, group=pg)
+            return full @ B
+    elif case.op == "gemm_rs":
+        def run():
+            C = A @ B
+            out = C.new_empty((C.shape[0] // G, C.shape[1]))
+            dist.reduce_scatter_tensor(out, C, group=pg)
+            return out
+    elif case.op == "gemm_ar":
+        def run():
+            C = A @ B
+            dist.all_reduce(C, group=pg)
+            return C
+    else:
+        def run():
+            C = A @ B
+            out = torch.empty_like(C)
+            dist.all_to_all_single(out, C, group=pg)
+            return out
+    return run
+
+
+def comm_call(case: Case, A, B, pg, chunks: int = 1) -> Callable:
+    """The operator's exchange alone: `chunks` collectives of the bytes the GEMM's
+    chunks produce (1: one collective of the whole)."""
+    from .overlap import _pieces, bounds
+
+    G = case.G
+    if case.op == "ag_gemm":
+        pieces = _pieces(bounds(A.shape[0], chunks))
+        outs = [A.new_empty((G, hi - lo, A.shape[1])) for lo, hi in pieces]
+        return lambda: [dist.all_gather_into_tensor(o, A[lo:hi], group=pg) for (lo, hi), o in zip(pieces, outs)]
+    M, N = A.shape[0], B.shape[1]
+    if case.op == "gemm_ar":
+        C = A.new_zeros((M, N))
+        pieces = _pieces(bounds(M, chunks))
+        return lambda: [dist.all_reduce(C[lo:hi], group=pg) for lo, hi in pieces]
+    pieces = _pieces(bounds(N, chunks))
+    src = [A.new_zeros((M, hi - lo)) for lo, hi in pieces]
+    if case.op == "gemm_rs":
+        dst = [A.new_empty((M // G, hi - lo)) for lo, hi in pieces]
+        return lambda: [dist.reduce_scatter_tensor(d, s, group=pg) for s, d in zip(src, dst)]
+    dst = [torch.empty_like(s) for s in src]
+    return lambda: [dist.all_to_all_single(d, s, group=pg) for s, d in zip(src, dst)]
+
+
+def symm_call(case: Case, A, B, pg) -> Optional[Callable]:
+    if pg is None or case.op not in ("ag_gemm", "gemm_rs"):
+        return None
+    try:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        enable_symm_mem_for_group(pg.group_name)
+        symm = torch.ops.symm_mem
+    except Exception:       # this torch has no symmetric memory: the column says n/a
+        return None
+    if case.op == "ag_gemm":
+        return lambda: symm.fused_all_gather_matmul(A, [B], 0, pg.group_name)[1][0]
+    return lambda: symm.fused_matmul_reduce_scatter(A, B, "sum", 0, pg.group_name)
+
+
+# --- timing ----------------------------------------------------------------------------
+class Timer:
+    def __init__(self, job: Job, calls: int, rounds: int, warmup: int = 2):
+        self.job, self.calls, self.rounds, self.warmup = job, calls, rounds, warmup
+
+    def _max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.job.gc3)   # CPU tensor: the group's gloo half
+        return float(t.item())
+
+    def _sync(self):
+        torch.cuda.synchronize()
+        self._max(0.0)          # a CPU all-reduce: every rank starts the round together
+
+    def device(self, fn: Optional[Callable]) -> Optional[float]:
+        if fn is None:
+            return None
+        for _ in range(self.warmup):
+            fn()
+        per = []
+        for _ in range(self.rounds):
+            self._sync()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(self.calls):
+                fn()
+            e.record()
+            e.synchronize()
+            per.append(s.elapsed_time(e) * 1000.0 / self.calls)
+        return self._max(statistics.median(per))
+
+    def host(self, fn: Optional[Callable]) -> Optional[float]:
+        if fn is None:
+            return None
+        fn()
+        per = []
+        for _ in range(self.rounds):
+            self._sync()
+            t0 = time.perf_counter()
+            for _ in range(self.calls):
+                fn()
+            per.append((time.perf_counter() - t0) * 1e6 / self.calls)
+            torch.cuda.synchronize()
+        return self._max(statistics.median(per))
+
+    def graph(self, fn: Optional[Callable]) -> Optional[float]:
+        if fn is None:
+            return None
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()                        # warm up on a side stream, as torch's docs ask before capture
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(self.calls):
+                    fn()
+        except Exception:        # a path that cannot be captured: its column says n/a
+            torch.cuda.synchronize()
+            return None
+        t = self.device(g.replay)
+        return None if t is None else t / self.calls
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+def line(case: Case, values: Dict[str, Optional[float]], path: str, check: str, hw: str) -> str:
+    shape = f"M={case.M} K={case.K} N={case.N}"
+    cells = " ".join(f"{k}={_fmt(values.get(k))}" for k in FIELDS)
+    return (f"fused op={case.op} gpus={case.G} {shape} dtype=bfloat16 {cells} path={path} check={check} hw={hw} "
+            f"date={datetime.date.today().isoformat()}")
+
+
+def _check(job: Job, case: Case, got: torch.Tensor, seq: torch.Tensor) -> str:
+    """'ok', or what was wrong."""
+    rows_total = got.shape[0]
+    idx = torch.linspace(0, rows_total - 1, min(rows_total, 64), device=job.device).long()
+    ref = case.reference_rows(job.rank, idx)
+    e_fused, e_seq = _error(got[idx], ref), _error(seq[idx], ref)
+    # bf16 keeps 8 bits: rounding alone may move an element by 2^-8 of the largest.
+    bad = e_fused > max(1.25 * e_seq, e_seq + 2 ** -8)
+    if case.op == "gemm_ar":
+        sig = torch.tensor([int(got.view(torch.int16).to(torch.int64).sum())], dtype=torch.int64)
+        sigs = [torch.zeros_like(sig) for _ in range(job.size)]
+        dist.all_gather(sigs, sig, group=job.gc3)
+        if len({int(s) for s in sigs}) != 1:
+            return "ranks-differ"
+    flags = torch.tensor([1 if bad else 0], dtype=torch.int64)
+    dist.all_reduce(flags, group=job.gc3)
+    if int(flags.item()):
+        return f"error({e_fused:.2e}>seq {e_seq:.2e})"
+    return "ok"
+
+
+def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[Dict[str, Optional[float]], str, str]:
+    from runtime_cuda.fused import choice
+
+    A, B = case.operands(job.rank)
+    nccl = job.nccl
+    fused = fused_call(case, A, B, job.gc3, "fused", chunks)
+    auto = fused_call(case, A, B, job.gc3, None)
+    seq = seq_call(case, A, B, nccl) if nccl is not None else None
+    shape = {"M": case.M, "K": A.shape[1], "N": B.shape[1]}
+    pick = choice.choose(case.op, case.G, "bfloat16", shape)
+    n = chunks or pick.chunks
+    v = {
+        "fused_us": timer.device(fused),
+        "auto_us": timer.device(auto),
+        "seq_nccl_us": timer.device(seq),
+        "symm_us": timer.device(symm_call(case, A, B, nccl)),
+        "gemm_us": timer.device(lambda: A @ B),
+        "comm_nccl_us": timer.device(comm_call(case, A, B, nccl) if nccl is not None else None),
+        "comm_fused_us": timer.device(comm_call(case, A, B, job.gc3, n)),
+        "host_us": timer.host(fused),
+        "seq_host_us": timer.host(seq),
+        "graph_fused_us": timer.graph(fused),
+        "graph_seq_nccl_us": timer.graph(seq),
+    }
+    got = fused()
+    reference = (seq or seq_call(case, A, B, job.gc3))()
+    return v, ("fused" if pick.fused else "sequential"), _check(job, case, got, reference)
+
+
+def header() -> str:
+    return (f"{'op':9} {'G':>2} {'M':>6} {'K':>6} {'N':>6} {'seq_nccl':>9} {'symm':>8} {'fused':>8} {'auto':>8} "
+            f"{'gemm':>8} {'c_nccl':>8} {'c_fused':>8} {'host':>7} {'s_host':>7} {'seq/auto':>8} {'seq/fused':>9} "
+            f"{'E':>5} {'path':>10} check")
+
+
+def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str:
+    def f(k, w=8):
+        x = v.get(k)
+        return f"{'n/a':>{w}}" if x is None else f"{x:{w}.1f}"
+
+    seq, fused, auto = v.get("seq_nccl_us"), v.get("fused_us"), v.get("auto_us")
+    limit = None if v.get("gemm_us") is None or v.get("comm_nccl_us") is None else max(v["gemm_us"], v["comm_nccl_us"])
+    ratio = lambda a, b: f"{a / b:8.2f}x" if a and b else f"{'n/a':>9}"
+    eff = f"{(seq - fused) / (seq - limit):5.2f}" if seq and fused and limit and seq - limit > 1e-9 else "  n/a"
+    return (f"{case.op:9} {case.G:>2} {case.M:>6} {case.K:>6} {case.N:>6} {f('seq_nccl_us', 9)} {f('symm_us')} "
+            f"{f('fused_us')} {f('auto_us')} {f('gemm_us')} {f('comm_nccl_us')} {f('comm_fused_us')} "
+            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {path:>10} {check}")
+
+
+def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, rounds: int, chunks: Optional[int],
+          echo: Callable[[str], None]) -> int:
+    """Returns the number of shapes whose check failed."""
+    job = start()
+    timer = Timer(job, calls, rounds)
+    lead = job.rank == 0
+    if lead:
+        echo(f"# gc3 bench --fused: {job.hw}, torch {torch.__version__}, bf16, CUDA-event medians of {rounds} "
+             f"rounds x {calls} calls, max over ranks (us per call)")
+        echo(header())
+    failed = 0
+    for op, M, K, N in grid(ops, quick):
+        case = Case(op, M, K, N, job.size, job.device)
+        v, path, check = measure(job, case, timer, chunks)
+        failed += check != "ok"
+        if lead:
+            echo(row(case, v, path, check))
+            if record is not None:
+                with open(record, "a") as fh:
+                    fh.write(line(case, v, path, check, job.hw) + "\n")
+        torch.cuda.empty_cache()
+    dist.destroy_process_group()
+    return failed
+
+
+def tune(ops: Sequence[str], quick: bool, output: Path, calls: int, rounds: int,
+         echo: Callable[[str], None]) -> None:
+    """The fused section of `output` (a catalog JSON, created or updated): per shape,
+    the faster of the sequential path and the fused path at TUNE_CHUNKS, on the gc3 group."""
+    job = start()
+    timer = Timer(job, calls, rounds)
+    entries = []
+    for op, M, K, N in grid(ops, quick):
+        case = Case(op, M, K, N, job.size, job.device)
+        A, B = case.operands(job.rank)
+        seq_us = timer.device(fused_call(case, A, B, job.gc3, "sequential"))
+        best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in TUNE_CHUNKS))
+        path = "fused" if best[0] < FUSED_MARGIN * seq_us else "sequential"
+        entries.append({"op": op, "gpus": job.size, "dtype": "bfloat16",
+                        "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]}, "path": path, "chunks": best[1],
+                        "fused_us": round(best[0], 1), "sequential_us": round(seq_us, 1)})
+        if job.rank == 0:
+            echo(f"{op:9} M={M:<6} K={K:<6} N={N:<6} sequential {seq_us:9.1f} us, fused {best[0]:9.1f} us "
+                 f"({best[1]} chunks): {path}")
+        torch.cuda.empty_cache()
+    if job.rank == 0:
+        write_section(output, entries, {"hw": job.hw, "date": datetime.date.today().isoformat(),
+                                        "torch": torch.__version__, "calls": calls, "rounds": rounds,
+                                        "margin": FUSED_MARGIN, "chunks": list(TUNE_CHUNKS)})
+        echo(f"wrote the fused section of {output}: {len(entries)} shapes, "
+             f"{sum(e['path'] == 'fused' for e in entries)} fused")
+    dist.destroy_process_group()
+
+
+def write_section(output: Path, entries: List[dict], provenance: dict) -> None:
+    """Replace the entries of the same (op, gpus) in `output`'s fused section, atomically."""
+    data = json.loads(output.read_text()) if output.exists() else {}
+    section = data.setdefault("fused", {"provenance": {}, "entries": []})
+    done = {(e["op"], e["gpus"]) for e in entries}
+    section["entries"] = [e for e in section.get("entries", []) if (e["op"], e["gpus"]) not in done] + entries
+    section.setdefault("provenance", {})[f"{provenance['hw']}"] = provenance
+    tmp = output.with_name(output.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, output)

@@ -1,0 +1,197 @@
+"""The GEMM operators' overlap on a gc3 group: a stream pipeline of GEMM chunks
+and their collectives.
+
+The GEMM runs as a few cuBLAS calls on the caller's stream; as soon as a chunk's
+product exists, that chunk's collective runs on a high-priority side stream
+through the group's own communicator (the catalog's algorithm or NCCL, whatever
+the group serves at that size).  For all-gather + GEMM the order is reversed: a
+chunk of the input is gathered on the side stream and its GEMM waits only for
+that chunk.  The caller's stream waits for the side stream at the end.
+
+Why this shape: the exchange is then exactly as fast as the group's collective
+(it *is* that collective), cuBLAS keeps every SM it wants, and the comm kernels
+get the SMs that free up first because their stream has the higher priority.
+Everything is enqueued: no host synchronisation, no allocation outside torch's
+caching allocator, no DLPack, and the side stream forks from and joins the
+caller's stream through events, so a call is capturable in a CUDA graph.
+
+Host cost per call: one cuBLAS call, one event record and one collective per
+chunk, and one stream switch (every GEMM chunk is issued first, then every
+collective; the GPU runs them interleaved all the same).
+
+Chunks split the columns of B (reduce-scatter, all-to-all: every chunk's
+collective then covers every rank's rows, so each call is a whole collective at
+full width) or the rows of A (all-reduce, all-gather).  Column chunks need one
+concatenation of the (small) result at the end.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+# Chunk boundaries are multiples of this many rows or columns: cuBLAS's tiles
+# (64-256 wide) then stay whole, and bf16 rows stay 128-byte aligned.
+ALIGN = 64
+
+
+class _Lanes:
+    """The side stream of one device and the events the pipeline records."""
+
+    def __init__(self, device: int):
+        _, high = torch.cuda.Stream.priority_range()
+        self.side = torch.cuda.Stream(device=device, priority=high)
+        self.events: List[torch.cuda.Event] = []
+
+    def event(self, i: int) -> torch.cuda.Event:
+        # An event may be recorded again once the waits that read it are enqueued:
+        # a wait captures the record it sees when it is issued.
+        while len(self.events) <= i:
+            self.events.append(torch.cuda.Event())
+        return self.events[i]
+
+
+_LANES: Dict[int, _Lanes] = {}
+
+
+def lanes(device: int) -> _Lanes:
+    got = _LANES.get(device)
+    if got is None:
+        got = _LANES[device] = _Lanes(device)
+    return got
+
+
+def bounds(total: int, chunks: int, align: int = ALIGN) -> List[int]:
+    """Split [0, total) into at most `chunks` near-equal pieces whose inner
+    boundaries are multiples of `align` (fewer pieces when total is small)."""
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks}")
+    units = -(-total // align)
+    chunks = max(1, min(chunks, units))
+    cuts = [min(total, (units * i // chunks) * align) for i in range(chunks + 1)]
+    cuts[-1] = total
+    return [c for i, c in enumerate(cuts) if i == 0 or c > cuts[i - 1]]
+
+
+def _pieces(cuts: Sequence[int]) -> List[Tuple[int, int]]:
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+class _Pipeline:
+    """One call's streams: `main` is the caller's, `side` the collectives'."""
+
+    def __init__(self, pg, tensors, what: str):
+        self.pg = pg
+        self.comm = pg._cuda(list(tensors), what)
+        device = pg._device.index
+        self.main = torch.cuda.current_stream(device)
+        self.lanes = lanes(device)
+        self.side = self.lanes.side
+
+    def mark(self, i: int, stream) -> torch.cuda.Event:
+        ev = self.lanes.event(i)
+        ev.record(stream)
+        return ev
+
+    def collectives(self, calls, after: Optional[List[torch.cuda.Event]] = None) -> None:
+        """Issue `calls` [(coll, send, recv, count, op)] on the side stream, the
+        i-th after event after[i] (or all after the caller's stream as it is now)."""
+        if after is None:
+            self.side.wait_stream(self.main)
+        pg, comm = self.pg, self.comm
+        torch.cuda.set_stream(self.side)
+        try:
+            for i, (coll, send, recv, count, op) in enumerate(calls):
+                if after is not None:
+                    self.side.wait_event(after[i])
+                pg._submit(comm, coll, send, recv, count, op)
+        finally:
+            torch.cuda.set_stream(self.main)
+
+    def join(self) -> None:
+        self.main.wait_stream(self.side)
+
+
+def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+    """rows r of sum_s A_s @ B_s (sum over ranks), [M/G, N]; A [M, K_r], B [K_r, N] contiguous."""
+    G = pg.size()
+    M, N = A.shape[0], B.shape[1]
+    m = M // G
+    p = _Pipeline(pg, [A, B], what)
+    parts, outs, marks = [], [], []
+    for i, (lo, hi) in enumerate(_pieces(bounds(N, chunks))):
+        c = torch.mm(A, B[:, lo:hi])
+        parts.append(c)
+        outs.append(c.new_empty((m, hi - lo)))
+        marks.append(p.mark(i, p.main))
+    p.collectives([("reducescatter", c, o, o.numel(), "sum") for c, o in zip(parts, outs)], marks)
+    p.join()
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+    """sum_s A_s @ B_s on every rank, [M, N]."""
+    M, N = A.shape[0], B.shape[1]
+    out = A.new_empty((M, N))
+    p = _Pipeline(pg, [A, B, out], what)
+    rows, marks = [], []
+    for i, (lo, hi) in enumerate(_pieces(bounds(M, chunks))):
+        torch.mm(A[lo:hi], B, out=out[lo:hi])
+        rows.append(out[lo:hi])
+        marks.append(p.mark(i, p.main))
+    p.collectives([("allreduce", r, r, r.numel(), "sum") for r in rows], marks)
+    p.join()
+    return out
+
+
+def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+    """all_to_all_single(A @ B): row block q of the result came from rank q."""
+    M, N = A.shape[0], B.shape[1]
+    p = _Pipeline(pg, [A, B], what)
+    parts, outs, marks = [], [], []
+    G = pg.size()
+    for i, (lo, hi) in enumerate(_pieces(bounds(N, chunks))):
+        c = torch.mm(A, B[:, lo:hi])
+        parts.append(c)
+        outs.append(c.new_empty((M, hi - lo)))
+        marks.append(p.mark(i, p.main))
+    p.collectives([("alltoall", c, o, o.numel() // G, None) for c, o in zip(parts, outs)], marks)
+    p.join()
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chunks: int, return_A: bool,
+                      what: str) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
+    """A = all_gather(A_shard) (rank-major rows), [A @ B for B in Bs]; A_shard [m, K]."""
+    G = pg.size()
+    m, K = A_shard.shape
+    outs = [A_shard.new_empty((G * m, B.shape[1])) for B in Bs]
+    A = A_shard.new_empty((G * m, K)) if return_A else None
+    p = _Pipeline(pg, [A_shard] + list(Bs) + outs, what)
+    pieces = _pieces(bounds(m, chunks))
+    if len(pieces) == 1:
+        # One chunk: the gather lands in A itself, as the sequential path does.
+        g = A if A is not None else A_shard.new_empty((G * m, K))
+        p.collectives([("allgather", A_shard, g, A_shard.numel(), None)])
+        p.join()
+        return A, [torch.mm(g, B, out=o) for B, o in zip(Bs, outs)]
+    gathered = [A_shard.new_empty((G, hi - lo, K)) for lo, hi in pieces]
+    p.side.wait_stream(p.main)
+    pg_, comm = p.pg, p.comm
+    torch.cuda.set_stream(p.side)
+    marks = []
+    try:
+        for i, ((lo, hi), g) in enumerate(zip(pieces, gathered)):
+            pg_._submit(comm, "allgather", A_shard[lo:hi], g, (hi - lo) * K, None)
+            marks.append(p.mark(i, p.side))
+            if A is not None:     # the returned A is assembled off the GEMM's stream
+                A.view(G, m, K)[:, lo:hi].copy_(g)
+    finally:
+        torch.cuda.set_stream(p.main)
+    for (lo, hi), g, ev in zip(pieces, gathered, marks):
+        p.main.wait_event(ev)
+        rows = g.view(G * (hi - lo), K)
+        for B, o in zip(Bs, outs):
+            o.view(G, m, B.shape[1])[:, lo:hi].copy_(torch.mm(rows, B).view(G, hi - lo, B.shape[1]))
+    p.join()
+    return A, outs

@@ -1,0 +1,180 @@
+"""One rank of the GEMM operators' check on a gc3 group (runtime_cuda/torch_dist/ops.py,
+overlap.py), run with every rank in its own process (ranks may share one GPU):
+
+- each operator, forced fused at several chunk counts, against an fp32
+  reference (error no larger than the sequential path's) and bit-identical
+  across ranks where every rank holds the same result;
+- CUDA-graph capture and replay of each fused operator, on new inputs;
+- back-to-back calls of alternating shapes with no synchronisation;
+- auto: a shape the measured table (GC3_CONFIG's fused section) marks fused
+  runs the pipeline, a shape it marks sequential and an unmeasured one do not.
+
+    python torch_fused.py RANK WORLD STORE_PATH TABLE_JSON
+
+Prints "PASS <name>" per check and "ALL OK rank=R" at the end; any failure raises.
+"""
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import runtime_cuda.torch_dist as gc3_torch
+from runtime_cuda.torch_dist import ops, overlap
+
+rank, world, store_path, table_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dev = torch.device("cuda", 0)
+torch.cuda.set_device(dev)
+gc3_torch.register()
+dist.init_process_group("cpu:gloo,cuda:gc3", store=dist.FileStore(store_path, world), rank=rank,
+                        world_size=world, timeout=timedelta(seconds=120))
+pg = dist.group.WORLD
+G = world
+# The test's own stream, not the default one: the pipeline must order itself after the caller's stream.
+user = torch.cuda.Stream()
+torch.cuda.set_stream(user)
+
+
+def passed(name):
+    print(f"PASS {name} rank={rank}", flush=True)
+
+
+def inputs(seed, r, shape, dtype=torch.bfloat16, scale=1.0):
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed * 1000 + r)
+    return (torch.randn(shape, generator=g, device=dev) * scale).to(dtype)
+
+
+def same_on_all_ranks(name, t):
+    sig = torch.tensor([int(t.contiguous().view(torch.int16).to(torch.int64).sum()),
+                        int((t.contiguous().view(torch.int16).to(torch.int64) * 7919).remainder(65521).sum())])
+    sigs = [torch.zeros_like(sig) for _ in range(world)]
+    dist.all_gather(sigs, sig)
+    if any(not torch.equal(s, sigs[0]) for s in sigs):
+        raise AssertionError(f"rank {rank}: {name}: ranks hold different bits: {[s.tolist() for s in sigs]}")
+
+
+def close(name, got, ref, seq):
+    """got's error against the fp32 reference is no larger than the sequential path's (+ bf16 rounding)."""
+    scale = ref.abs().max().clamp_min(1e-30)
+    e_got = float((got.float() - ref).abs().max() / scale)
+    e_seq = float((seq.float() - ref).abs().max() / scale)
+    if not e_got <= max(1.25 * e_seq, e_seq + 2 ** -8):
+        raise AssertionError(f"rank {rank}: {name}: error {e_got:.3e} against fp32, sequential path {e_seq:.3e}")
+    passed(name)
+
+
+# --- the operators, as (name, operands(seed), fused call, sequential call, fp32 reference) --------------------
+M, K, N = 8 * 97, 200, 3 * 64 + 40      # odd sizes: chunk bounds fall on and off the 64-row alignment
+
+
+def ag(seed):
+    return inputs(seed, rank, (M // G, K)), inputs(seed + 1, 0, (K, N), scale=K ** -0.5)
+
+
+def ag_ref(seed):
+    A = torch.cat([inputs(seed, r, (M // G, K)) for r in range(world)]).float()
+    return A @ inputs(seed + 1, 0, (K, N), scale=K ** -0.5).float()
+
+
+def rs(seed):
+    return inputs(seed, rank, (M, K)), inputs(seed + 1, rank, (K, N), scale=K ** -0.5)
+
+
+def rs_sum(seed):
+    return sum(inputs(seed, r, (M, K)).float() @ inputs(seed + 1, r, (K, N), scale=K ** -0.5).float()
+               for r in range(world))
+
+
+def a2a_ref(seed):
+    m = M // G
+    B = inputs(seed + 1, 0, (K, N), scale=K ** -0.5).float()
+    return torch.cat([inputs(seed, q, (M, K))[rank * m:(rank + 1) * m].float() @ B for q in range(world)])
+
+
+def a2a(seed):
+    return inputs(seed, rank, (M, K)), inputs(seed + 1, 0, (K, N), scale=K ** -0.5)
+
+
+OPS = {
+    "ag_gemm": (ag, lambda a, b, **kw: ops.fused_all_gather_matmul(a, [b], 0, pg, **kw)[1][0], ag_ref),
+    "gemm_rs": (rs, lambda a, b, **kw: ops.fused_matmul_reduce_scatter(a, b, "sum", 0, pg, **kw),
+                lambda s: rs_sum(s)[rank * (M // G):(rank + 1) * (M // G)]),
+    "gemm_ar": (rs, lambda a, b, **kw: ops.fused_matmul_all_reduce(a, b, pg, **kw), rs_sum),
+    "gemm_a2a": (a2a, lambda a, b, **kw: ops.fused_matmul_all_to_all(a, b, pg, **kw), a2a_ref),
+}
+
+dist.barrier()
+for name, (operands, call, reference) in OPS.items():
+    a, b = operands(1)
+    ref = reference(1)
+    seq = call(a, b, path="sequential")
+    for chunks in (1, 3, 4):
+        got = call(a, b, path="fused", chunks=chunks)
+        close(f"{name} fused chunks={chunks}", got, ref, seq)
+        if name in ("gemm_ar", "ag_gemm"):
+            same_on_all_ranks(f"{name} chunks={chunks}", got)
+    if name == "ag_gemm":     # the gathered A comes back too, exactly
+        A, _ = ops.fused_all_gather_matmul(a, [b], 0, pg, path="fused", chunks=3)
+        want = torch.cat([inputs(1, r, (M // G, K)) for r in range(world)])
+        assert torch.equal(A, want), f"rank {rank}: ag_gemm returned A differs"
+        passed("ag_gemm returned A")
+
+# CUDA graph: capture each fused operator on static inputs, refill them, replay.
+for name, (operands, call, reference) in OPS.items():
+    a, b = operands(2)
+    call(a, b, path="fused", chunks=3)          # warm: the communicator's set-up runs outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=user):
+        out = call(a, b, path="fused", chunks=3)
+    a2, b2 = operands(3)
+    a.copy_(a2)
+    b.copy_(b2)
+    g.replay()
+    g.replay()
+    seq = call(a2, b2, path="sequential")
+    close(f"{name} cuda graph replay", out, reference(3), seq)
+    del g
+
+# Back to back: alternating operators and shapes, no synchronisation until the end.
+results, wanted = [], []
+for i in range(6):
+    name = ("gemm_rs", "ag_gemm", "gemm_ar", "gemm_a2a")[i % 4]
+    operands, call, reference = OPS[name]
+    a, b = operands(10 + i)
+    results.append((name, call(a, b, path="fused", chunks=2 + i % 3), call(a, b, path="sequential"), 10 + i))
+torch.cuda.synchronize()
+for name, got, seq, seed in results:
+    close(f"back to back {name} seed {seed}", got, OPS[name][2](seed), seq)
+
+# auto: the measured table decides; counted through the pipeline's entry points.
+calls = {"n": 0}
+real = overlap.matmul_reduce_scatter
+
+
+def counted(*args, **kw):
+    calls["n"] += 1
+    return real(*args, **kw)
+
+
+overlap.matmul_reduce_scatter = counted
+table = json.loads(open(table_path).read())
+measured = {e["shape"]["M"]: e["path"] for e in table["fused"]["entries"] if e["op"] == "gemm_rs"}
+assert os.environ.get("GC3_CONFIG") == table_path
+for m_rows, expect in sorted(measured.items()) + [(M * 8, "sequential")]:   # M * 8: nothing within 2x
+    a = inputs(5, rank, (m_rows, K))
+    b = inputs(6, rank, (K, N), scale=K ** -0.5)
+    before = calls["n"]
+    ops.fused_matmul_reduce_scatter(a, b, "sum", 0, pg)
+    took = "fused" if calls["n"] > before else "sequential"
+    if took != expect:
+        raise AssertionError(f"rank {rank}: auto took {took} at M={m_rows}, the table says {expect}")
+    passed(f"auto M={m_rows} {took}")
+overlap.matmul_reduce_scatter = real
+
+torch.cuda.synchronize()
+dist.destroy_process_group()
+print(f"ALL OK rank={rank}", flush=True)

@@ -1,0 +1,190 @@
+"""The GEMM operators' stream pipeline and the measured choice between it and the
+sequential path: CPU tests of the choice table, the chunking and the benchmark's
+record format, and a GPU test that runs every operator on ranks sharing one GPU
+(tests/gpu_programs/torch_fused.py)."""
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from gc3.errors import InputError
+from runtime_cuda.fused import choice
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import torch
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch not installed")
+
+
+def table_file(tmp_path, entries, rest=None):
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(dict(rest or {"version": 1, "algorithms": []}, fused={"entries": entries})))
+    return path
+
+
+def entry(M, path, op="gemm_rs", gpus=4, K=7168, N=8192, chunks=4):
+    return {"op": op, "gpus": gpus, "dtype": "bfloat16", "shape": {"M": M, "K": K, "N": N}, "path": path,
+            "chunks": chunks, "fused_us": 1.0, "sequential_us": 2.0}
+
+
+@pytest.fixture
+def catalog(tmp_path, monkeypatch):
+    def use(entries):
+        path = table_file(tmp_path, entries)
+        monkeypatch.setattr(choice, "catalog_path", lambda: path)
+        return path
+    monkeypatch.delenv("GC3_FUSED", raising=False)
+    return use
+
+
+def test_an_unmeasured_machine_runs_the_sequential_path(monkeypatch):
+    monkeypatch.setattr(choice, "catalog_path", lambda: None)
+    monkeypatch.delenv("GC3_FUSED", raising=False)
+    got = choice.choose("gemm_rs", 4, "bfloat16", {"M": 8192, "K": 7168, "N": 8192})
+    assert not got.fused and "no measured catalog" in got.why
+
+
+def test_the_measured_path_and_chunks_win(catalog):
+    catalog([entry(8192, "fused", chunks=8), entry(1024, "sequential")])
+    got = choice.choose("gemm_rs", 4, "bfloat16", {"M": 8192, "K": 7168, "N": 8192})
+    assert got.fused and got.chunks == 8 and "measured at this shape" in got.why
+    assert not choice.choose("gemm_rs", 4, "bfloat16", {"M": 1024, "K": 7168, "N": 8192}).fused
+
+
+def test_a_near_m_stands_in_only_within_a_factor_of_two(catalog):
+    catalog([entry(8192, "fused")])
+    assert choice.choose("gemm_rs", 4, "bfloat16", {"M": 12000, "K": 7168, "N": 8192}).fused
+    assert choice.choose("gemm_rs", 4, "bfloat16", {"M": 4096, "K": 7168, "N": 8192}).fused
+    for other in ({"M": 4000, "K": 7168, "N": 8192}, {"M": 8192, "K": 7168, "N": 4096}):
+        assert not choice.choose("gemm_rs", 4, "bfloat16", other).fused, other
+    assert not choice.choose("gemm_rs", 2, "bfloat16", {"M": 8192, "K": 7168, "N": 8192}).fused
+    assert not choice.choose("gemm_ar", 4, "bfloat16", {"M": 8192, "K": 7168, "N": 8192}).fused
+    assert not choice.choose("gemm_rs", 4, "float16", {"M": 8192, "K": 7168, "N": 8192}).fused
+
+
+def test_the_caller_and_the_environment_force_a_path(catalog, monkeypatch):
+    catalog([entry(8192, "fused")])
+    shape = {"M": 8192, "K": 7168, "N": 8192}
+    assert not choice.choose("gemm_rs", 4, "bfloat16", shape, path="sequential").fused
+    monkeypatch.setenv("GC3_FUSED", "0")
+    assert not choice.choose("gemm_rs", 4, "bfloat16", shape).fused
+    got = choice.choose("gemm_rs", 4, "bfloat16", {"M": 64, "K": 1, "N": 1}, path="fused", chunks=3)
+    assert got.fused and got.chunks == 3
+    monkeypatch.setenv("GC3_FUSED", "maybe")
+    with pytest.raises(InputError, match="GC3_FUSED='maybe'"):
+        choice.choose("gemm_rs", 4, "bfloat16", shape)
+    with pytest.raises(InputError, match="path must be"):
+        choice.choose("gemm_rs", 4, "bfloat16", shape, path="fast")
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"op": "gemm_rs"}, "malformed entry"),
+    (dict(entry(1, "fused"), op="gemm_xx"), "op 'gemm_xx'"),
+    (dict(entry(1, "fused"), path="maybe"), "path 'maybe'"),
+    (dict(entry(1, "fused"), chunks=0), "chunks 0"),
+])
+def test_a_malformed_table_names_the_entry(tmp_path, bad, words):
+    path = table_file(tmp_path, [entry(2, "fused"), bad])
+    with pytest.raises(InputError, match=r"fused\.entries\[1\]") as err:
+        choice.FusedTable.from_catalog(path)
+    assert words in str(err.value)
+
+
+def test_a_catalog_without_a_fused_section_measures_nothing(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"version": 1, "algorithms": []}))
+    assert choice.FusedTable.from_catalog(path).lookup("gemm_rs", 2, "bfloat16", {"M": 1})[0] is None
+
+
+@needs_torch
+@pytest.mark.parametrize("total, chunks", [(1, 4), (64, 4), (100, 3), (776, 4), (8192, 8), (8192, 1), (130, 64)])
+def test_chunk_bounds_cover_the_range_aligned(total, chunks):
+    from runtime_cuda.torch_dist.overlap import ALIGN, bounds
+    cuts = bounds(total, chunks)
+    assert cuts[0] == 0 and cuts[-1] == total and all(a < b for a, b in zip(cuts, cuts[1:]))
+    assert len(cuts) - 1 <= chunks and all(c % ALIGN == 0 for c in cuts[1:-1])
+    if total >= chunks * ALIGN:
+        assert len(cuts) - 1 == chunks
+
+
+@needs_torch
+def test_the_record_line_has_every_field_of_the_schema():
+    from runtime_cuda.torch_dist import bench_fused as bf
+    case = bf.Case("gemm_rs", 8192, 28672, 8192, 4, torch.device("cpu"))
+    text = bf.line(case, {"fused_us": 12.34, "seq_nccl_us": None}, "fused", "ok", "4xH100")
+    fields = dict(cell.split("=", 1) for cell in text.split()[1:])
+    assert text.startswith("fused op=gemm_rs gpus=4 M=8192 K=28672 N=8192 dtype=bfloat16 ")
+    assert fields["fused_us"] == "12.3" and fields["seq_nccl_us"] == "n/a" and fields["path"] == "fused"
+    assert set(bf.FIELDS) <= set(fields) and fields["hw"] == "4xH100"
+
+
+@needs_torch
+def test_the_grid_is_the_issue_grid_and_quick_is_a_third():
+    from runtime_cuda.torch_dist import bench_fused as bf
+    full = bf.grid(bf.OPS, quick=False)
+    assert len(full) == 15 + 15 + 12 + 6
+    assert ("gemm_rs", 16384, 53248, 16384) in full and ("gemm_ar", 256, 14336, 4096) in full
+    assert len(bf.grid(bf.OPS, quick=True)) == -(-len(full) // 3)
+    with pytest.raises(ValueError, match="unknown fused op"):
+        bf.grid(["gemm_xx"], quick=False)
+
+
+def _write(args):
+    path, i = args
+    from runtime_cuda.torch_dist import bench_fused as bf
+    bf.write_section(Path(path), [entry(1024 * (i + 1), "fused", op="gemm_rs", gpus=i + 2)],
+                     {"hw": f"{i + 2}xH100", "date": "d"})
+
+
+@needs_torch
+def test_the_fused_section_merges_into_a_catalog_and_keeps_the_rest(tmp_path):
+    from runtime_cuda.torch_dist import bench_fused as bf
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"version": 1, "algorithms": [{"name": "x"}]}))
+    bf.write_section(path, [entry(1024, "fused"), entry(2048, "sequential")], {"hw": "4xH100"})
+    bf.write_section(path, [entry(4096, "fused")], {"hw": "4xH100"})         # same (op, gpus): replaced
+    bf.write_section(path, [entry(4096, "fused", op="gemm_ar")], {"hw": "4xH100"})
+    data = json.loads(path.read_text())
+    assert data["algorithms"] == [{"name": "x"}]
+    assert sorted((e["op"], e["shape"]["M"]) for e in data["fused"]["entries"]) == [("gemm_ar", 4096),
+                                                                                     ("gemm_rs", 4096)]
+    assert choice.FusedTable.from_catalog(path).lookup("gemm_ar", 4, "bfloat16",
+                                                       {"M": 4096, "K": 7168, "N": 8192})[0]["path"] == "fused"
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_the_cli_refuses_unknown_fused_ops():
+    from click.testing import CliRunner
+    from runtime_cuda.commands import cli
+    out = CliRunner().invoke(cli(), ["bench", "--fused", "--ops", "gemm_rs,gemv_xx"])
+    assert out.exit_code == 2 and "gemv_xx" in out.output
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_fused_operator_on_ranks_sharing_one_gpu(n, tmp_path):
+    """Each GEMM operator fused at several chunk counts against fp32 and the sequential
+    path, bit-identical across ranks, CUDA-graph replay, back-to-back calls, and auto
+    following the measured table (tests/gpu_programs/torch_fused.py)."""
+    pytest.importorskip("cupy")
+    from test_torch_backend import spawn_ranks, tuned_catalog
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    catalog = tuned_catalog(n, tmp_path)
+    data = json.loads(catalog.read_text())
+    M, K, N = 8 * 97, 200, 3 * 64 + 40
+    data["fused"] = {"entries": [entry(M * 2, "fused", gpus=n, K=K, N=N, chunks=3),
+                                 entry(M * 4, "sequential", gpus=n, K=K, N=N)]}
+    catalog.write_text(json.dumps(data))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0", GC3_TIMEOUT_S="90",
+               GC3_CONFIG=str(catalog), GC3_CACHE_DIR=str(tmp_path / "cache"))
+    outs = spawn_ranks([str(ROOT / "tests" / "gpu_programs" / "torch_fused.py")], n, tmp_path, env, str(catalog),
+                       says="ALL OK rank={rank}", timeout=300)
+    for needed in ("gemm_a2a fused chunks=4", "ag_gemm cuda graph replay", "back to back gemm_ar",
+                   f"auto M={M * 2} fused", f"auto M={M * 4} sequential", f"auto M={M * 8} sequential"):
+        assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
