@@ -1,0 +1,99 @@
+"""Where the fused GEMM pipeline's time goes, one shape at a time (dev tooling).
+
+    torchrun --nproc-per-node G scripts/probe_fused_overlap.py OP M K N [--profile]
+
+Times, on the same inputs: the GEMM alone, the GEMM in column/row chunks, the
+sequential path on the NCCL and the gc3 group, the pipeline on each group
+(overlap.py's functions take any group whose collectives run on torch's current
+stream: the NCCL group goes through dist), and the host time of each; with
+--profile, rank 0 prints a cProfile of 20 fused calls on the gc3 group.
+"""
+import cProfile
+import pstats
+import sys
+
+import torch
+import torch.distributed as dist
+
+from runtime_cuda.torch_dist import bench_fused as bf
+from runtime_cuda.torch_dist import overlap
+
+op, M, K, N = sys.argv[1], *map(int, sys.argv[2:5])
+job = bf.start()
+timer = bf.Timer(job, 10, 3)
+case = bf.Case(op, M, K, N, job.size, job.device)
+A, B = case.operands(job.rank)
+out = {}
+
+
+class _DistPG:
+    """The NCCL group, driven the way overlap.py drives a gc3 group (_cuda/_submit)."""
+
+    def __init__(self, pg):
+        self.pg, self._device = pg, job.device
+
+    def size(self):
+        return self.pg.size()
+
+    def _cuda(self, tensors, what):
+        return None
+
+    def _submit(self, comm, coll, send, recv, count, op):
+        if coll == "reducescatter":
+            dist.reduce_scatter_tensor(recv, send, group=self.pg)
+        elif coll == "allreduce":
+            dist.all_reduce(recv, group=self.pg)
+        elif coll == "allgather":
+            dist.all_gather_into_tensor(recv, send, group=self.pg)
+        else:
+            dist.all_to_all_single(recv, send, group=self.pg)
+
+
+fn = {"gemm_rs": overlap.matmul_reduce_scatter, "gemm_ar": overlap.matmul_all_reduce,
+      "gemm_a2a": overlap.matmul_all_to_all}.get(op)
+for chunks in (1, 2, 4, 8):
+    cuts = overlap._pieces(overlap.bounds(N if op in ("gemm_rs", "gemm_a2a") else M, chunks))
+    if op in ("gemm_rs", "gemm_a2a"):
+        out[f"gemm_cols{chunks}"] = timer.device(lambda: [torch.mm(A, B[:, lo:hi]) for lo, hi in cuts])
+    else:
+        out[f"gemm_rows{chunks}"] = timer.device(lambda: [torch.mm(A[lo:hi], B) for lo, hi in cuts])
+    if fn is not None:
+        nccl = _DistPG(job.nccl)
+        out[f"pipe_nccl{chunks}"] = timer.device(lambda: fn(nccl, A, B, chunks, "probe"))
+        out[f"pipe_gc3_{chunks}"] = timer.device(lambda: fn(job.gc3, A, B, chunks, "probe"))
+        out[f"host_pipe_gc3_{chunks}"] = timer.host(lambda: fn(job.gc3, A, B, chunks, "probe"))
+        out[f"host_pipe_nccl{chunks}"] = timer.host(lambda: fn(nccl, A, B, chunks, "probe"))
+out["seq_nccl"] = timer.device(bf.seq_call(case, A, B, job.nccl))
+out["seq_gc3"] = timer.device(bf.seq_call(case, A, B, job.gc3))
+out["host_seq_nccl"] = timer.host(bf.seq_call(case, A, B, job.nccl))
+out["host_seq_gc3"] = timer.host(bf.seq_call(case, A, B, job.gc3))
+out["comm_nccl"] = timer.device(bf.comm_call(case, A, B, job.nccl))
+out["comm_gc3"] = timer.device(bf.comm_call(case, A, B, job.gc3))
+out["host_comm_gc3"] = timer.host(bf.comm_call(case, A, B, job.gc3))
+out["host_comm_nccl"] = timer.host(bf.comm_call(case, A, B, job.nccl))
+if job.rank == 0:
+    print(f"probe {op} M={M} K={K} N={N} G={job.size}: " + " ".join(f"{k}={v:.1f}" for k, v in out.items()))
+    print("served:", job.gc3.served)
+if "--profile" in sys.argv:
+    call = bf.fused_call(case, A, B, job.gc3, "fused", 4)
+    call()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    seq = bf.seq_call(case, A, B, job.gc3)
+    seq()
+    torch.cuda.synchronize()
+    prof2 = cProfile.Profile()
+    prof2.enable()
+    for _ in range(20):
+        seq()
+    prof2.disable()
+    torch.cuda.synchronize()
+    if job.rank == 0:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        pstats.Stats(prof2).sort_stats("tottime").print_stats(12)
+dist.destroy_process_group()
