@@ -97,13 +97,13 @@ class FusedTable:
 
 
 _loaded: Dict[Tuple[str, float], FusedTable] = {}
+# choose() on the hot path: one dictionary hit per call once a shape has been decided.
+_decided: Dict[Tuple, Choice] = {}
 
 
 def _default_catalog() -> Optional[Path]:
     raw = os.environ.get("GC3_CONFIG", "").strip()
-    if raw and raw.endswith(".json") and Path(raw).is_file():
-        return Path(raw)
-    return None
+    return Path(raw) if raw.endswith(".json") else None
 
 
 # Where the catalog of this machine is; the drop-in's machine selection replaces it.
@@ -141,6 +141,19 @@ def forced(path: Optional[str], env=None) -> Optional[bool]:
 
 def choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optional[str] = None,
            chunks: Optional[int] = None, env=None) -> Choice:
+    source = catalog_path()
+    key = (source, op, gpus, dtype, tuple(shape.items()), path, chunks,
+           (os.environ if env is None else env).get("GC3_FUSED", ""))
+    got = _decided.get(key)
+    if got is None:
+        if len(_decided) > 4096:
+            _decided.clear()
+        got = _decided[key] = _choose(op, gpus, dtype, shape, path, chunks, env)
+    return got
+
+
+def _choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optional[str], chunks: Optional[int],
+            env) -> Choice:
     force = forced(path, env)
     measured = table()
     hit, how = (None, "no measured catalog for this machine") if measured is None else \

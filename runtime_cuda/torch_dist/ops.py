@@ -61,9 +61,15 @@ def _reduce_op(reduce_op: str, what: str):
     return _REDUCE[reduce_op]
 
 
+_logger = None
+
+
 def _log():
-    from runtime_cuda.nccl.log import get_logger
-    return get_logger()
+    global _logger
+    if _logger is None:
+        from runtime_cuda.nccl.log import get_logger
+        _logger = get_logger()
+    return _logger
 
 
 # --- the fused path's gate and glue ----------------------------------------------
