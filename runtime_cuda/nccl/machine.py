@@ -343,13 +343,13 @@ def choose(fingerprint: Fingerprint, env=None, nccl: bool = True, log=None) -> D
 
 
 def agree(exchange, device: int, env=None, nccl: bool = True, log=None,
-          describe: Callable[[int], Device] = local_device) -> Default:
+          describe: Optional[Callable[[int], Device]] = None) -> Default:
     """`choose` for a communicator: collective over `exchange` (every rank calls it);
     rank 0 fingerprints the ranks' GPUs and chooses, tuning first under GC3_AUTOTUNE=1,
     and every rank takes its answer, so all serve the same catalog."""
     env = os.environ if env is None else env
     try:
-        mine = describe(device)
+        mine = (describe or local_device)(device)
     except Exception as exc:   # no CUDA to ask: the fingerprint says unknown, the rule then sends calls to NCCL
         mine = Device(socket.gethostname(), f"{UNKNOWN} ({type(exc).__name__}: {exc})", UNKNOWN)
     devices = exchange.allgather(mine)
