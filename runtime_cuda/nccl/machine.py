@@ -334,6 +334,11 @@ def choose(fingerprint: Fingerprint, env=None, nccl: bool = True, log=None) -> D
         return Default(fp, "no NCCL", DEFAULT_INDEX, f"{none}; no NCCL behind this communicator, so the sample "
                                                      f"index {DEFAULT_INDEX} serves what it has")
     tune = "; GC3_AUTOTUNE=1 or `gc3 tune --install` measures one"
+    proven = sorted({e.get("ranks") for e in json.loads(SAFE_CATALOG.read_text())["algorithms"]})
+    if fingerprint.all_nvlink and fingerprint.ranks not in proven:
+        return Default(fp, "unknown machine", None, f"{none}; no small-message kernel is proven faster than NCCL at "
+                                                    f"{fingerprint.ranks} ranks ({SAFE_CATALOG} covers "
+                                                    f"{', '.join(map(str, proven))}): every call goes to NCCL{tune}")
     if fingerprint.all_nvlink:
         return Default(fp, "unknown machine", SAFE_CATALOG,
                        f"{none}; serving only the small-message kernels proven faster than NCCL on any NVLink set "
