@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROGRAM = ROOT / "tests" / "gpu_programs" / "autotune_first_use.py"
+PROGRAM = ROOT / "tests" / "gpu_programs" / "dropin_served.py"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")]
 ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
        "PYTHONUNBUFFERED": "1"}
@@ -28,8 +28,10 @@ def run(cache: Path):
                           capture_output=True, text=True, timeout=540)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
-    line = next(l for l in out.splitlines() if l.startswith("MACHINE"))
-    return dict(f.split("=", 1) for f in line.split()[1:]), out
+    lines = out.splitlines()
+    machine = next(l for l in lines if l.startswith("MACHINE"))
+    served = next(l for l in lines if l.startswith("SERVED")).split()     # SERVED <route> wrong=<n>
+    return dict([f.split("=", 1) for f in machine.split()[1:]] + [("route", served[1]), served[2].split("=")]), out
 
 
 def test_a_catalog_tuned_on_first_use_is_picked_up_by_the_next_process(tmp_path):
