@@ -467,3 +467,27 @@ def test_the_readme_lists_every_shipped_catalog():
     readme = (ROOT / "README.md").read_text()
     for fingerprint in m.shipped_catalogs():
         assert f"`{fingerprint}`" in readme, f"README.md does not list the shipped catalog for {fingerprint}"
+
+
+def test_a_host_over_a_rendezvous_sums_as_mpi_would():
+    """What autotune measures over: perf_gpu.Host on the communicator's exchange, not on MPI."""
+    from runtime_cuda.nccl.perf_gpu import Host
+
+    class TwoRanks:
+        def Get_rank(self):
+            return 1
+
+        def Get_size(self):
+            return 2
+
+        def allgather(self, obj):
+            return [3, obj]
+
+        def bcast(self, obj, root=0):
+            return "rank 0's"
+
+    host = Host.over(TwoRanks())
+    assert (host.rank, host.size) == (1, 2)
+    assert host.total(4) == 7 and host.mean(5.0) == 4.0 and host.bcast("mine") == "rank 0's"
+    with pytest.raises(NotImplementedError):
+        host.comm.allreduce(1, op="min")
