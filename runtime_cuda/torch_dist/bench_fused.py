@@ -350,7 +350,9 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     auto = fused_call(case, A, B, job.gc3, None)
     seq = seq_call(case, A, B, nccl) if nccl is not None else None
     shape = {"M": case.M, "K": A.shape[1], "N": B.shape[1]}
-    pick = choice.choose(case.op, case.G, "bfloat16", shape)
+    auto()          # the group's communicator exists from here on: its machine catalog decides auto
+    machine = getattr(getattr(job.gc3, "_comm", None), "machine", None)
+    pick = choice.choose(case.op, case.G, "bfloat16", shape, catalog=getattr(machine, "path", None))
     n = chunks or pick.chunks
     v = {
         "fused_us": timer.device(fused),

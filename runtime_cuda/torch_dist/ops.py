@@ -100,9 +100,14 @@ def _mkn(A: torch.Tensor, B: torch.Tensor) -> dict:
     return {"M": A.shape[0], "K": A.shape[1], "N": B.shape[1]}
 
 
-def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int]):
+def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int],
+            tensors: Sequence[torch.Tensor]):
+    """The measured choice for this shape, in the catalog the group's communicator serves."""
     from runtime_cuda.fused import choice
-    return choice.choose(op, pg.size(), _DTYPE_NAMES[dtype], shape, path=path, chunks=chunks)
+    comm = pg._cuda(list(tensors), op)      # built here on a group's first CUDA call
+    machine = getattr(comm, "machine", None)
+    return choice.choose(op, pg.size(), _DTYPE_NAMES[dtype], shape, path=path, chunks=chunks,
+                         catalog=getattr(machine, "path", None))
 
 
 def _decided(what: str, pick) -> None:
@@ -161,7 +166,7 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
         n, K = pg.size(), A_shard.shape[-1]
         a = A_shard.reshape(-1, K)
         pick = _choose("ag_gemm", pg, a.dtype, {"M": n * a.shape[0], "K": K, "N": sum(B.shape[1] for B in Bs)},
-                       path, chunks)
+                       path, chunks, [a])
         if pick.fused:
             _decided(what, pick)
             A, outs = overlap.all_gather_matmul(pg, a.contiguous(), [B.contiguous() for B in Bs], pick.chunks,
@@ -199,7 +204,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     if not why and _dim_of(2, scatter_dim, what) != 0:
         why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
     if not why:
-        pick = _choose("gemm_rs", pg, A.dtype, _mkn(A, B), path, chunks)
+        pick = _choose("gemm_rs", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
         if pick.fused:
             _decided(what, pick)
             out = overlap.matmul_reduce_scatter(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
@@ -226,7 +231,7 @@ def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=False)
     if not why:
-        pick = _choose("gemm_ar", pg, A.dtype, _mkn(A, B), path, chunks)
+        pick = _choose("gemm_ar", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
         if pick.fused:
             _decided(what, pick)
             out = overlap.matmul_all_reduce(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
@@ -246,7 +251,7 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     pg = _group(group_name)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
     if not why:
-        pick = _choose("gemm_a2a", pg, A.dtype, _mkn(A, B), path, chunks)
+        pick = _choose("gemm_a2a", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
         if pick.fused:
             _decided(what, pick)
             return overlap.matmul_all_to_all(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
