@@ -38,6 +38,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from runtime_cuda.fused import records
+
 # The grid: (K, N) of the full layer, sharded over the G ranks as tensor parallelism does.
 AG_KN = ((4096, 14336), (8192, 28672), (16384, 53248))
 RS_KN = ((14336, 4096), (28672, 8192), (53248, 16384))
@@ -49,8 +51,7 @@ OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a")
 TUNE_CHUNKS = (2, 4, 8)
 # auto goes fused only where fused beat the sequential path by this much.
 FUSED_MARGIN = 0.98
-FIELDS = ("auto_us", "fused_us", "seq_nccl_us", "symm_us", "gemm_us", "comm_nccl_us", "comm_fused_us", "host_us",
-          "seq_host_us", "graph_fused_us", "graph_seq_nccl_us")
+FIELDS = records.FIELDS
 
 
 def grid(ops: Sequence[str], quick: bool) -> List[Tuple[str, int, int, int]]:
@@ -307,17 +308,9 @@ class Timer:
         return None if t is None else t / self.calls
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v:.1f}" if isinstance(v, float) else str(v)
-
-
 def line(case: Case, values: Dict[str, Optional[float]], path: str, check: str, hw: str) -> str:
-    shape = f"M={case.M} K={case.K} N={case.N}"
-    cells = " ".join(f"{k}={_fmt(values.get(k))}" for k in FIELDS)
-    return (f"fused op={case.op} gpus={case.G} {shape} dtype=bfloat16 {cells} path={path} check={check} hw={hw} "
-            f"date={datetime.date.today().isoformat()}")
+    return records.format_line(case.op, case.G, {"M": case.M, "K": case.K, "N": case.N}, "bfloat16", values, path,
+                               check, hw)
 
 
 def _check(job: Job, case: Case, got: torch.Tensor, seq: torch.Tensor) -> str:
@@ -354,12 +347,14 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     machine = getattr(getattr(job.gc3, "_comm", None), "machine", None)
     pick = choice.choose(case.op, case.G, "bfloat16", shape, catalog=getattr(machine, "path", None))
     n = chunks or pick.chunks
+    # The GEMM half: all-gather + GEMM multiplies the gathered [M, K], the others their own A.
+    G_A = torch.randn((case.M, A.shape[1]), device=A.device).to(A.dtype) if case.op == "ag_gemm" else A
     v = {
         "fused_us": timer.device(fused),
         "auto_us": timer.device(auto),
         "seq_nccl_us": timer.device(seq),
         "symm_us": timer.device(symm_call(case, A, B, nccl)),
-        "gemm_us": timer.device(lambda: A @ B),
+        "gemm_us": timer.device(lambda: G_A @ B),
         "comm_nccl_us": timer.device(comm_call(case, A, B, nccl) if nccl is not None else None),
         "comm_fused_us": timer.device(comm_call(case, A, B, job.gc3, n)),
         "host_us": timer.host(fused),
