@@ -186,7 +186,8 @@ def test_every_fused_operator_on_ranks_sharing_one_gpu(n, tmp_path):
     outs = spawn_ranks([str(ROOT / "tests" / "gpu_programs" / "torch_fused.py")], n, tmp_path, env, str(catalog),
                        says="ALL OK rank={rank}", timeout=300)
     for needed in ("gemm_a2a fused chunks=4", "ag_gemm cuda graph replay", "back to back gemm_ar",
-                   f"auto M={M * 2} fused", f"auto M={M * 4} sequential", f"auto M={M * 8} sequential"):
+                   f"auto M={M * 2} fused", f"auto M={M * 4} sequential", f"auto M={M * 8} sequential",
+                   "trace overlap"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
 
 

@@ -48,6 +48,8 @@ AR_M = (256, 1024, 4096, 8192)
 A2A_KN = ((4096, 4096), (7168, 2048))
 A2A_M = (2048, 8192, 16384)
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a")
+# The M at which the benchmark also traces one fused call and reports its overlap.
+TRACE_M = 8192
 TUNE_CHUNKS = (2, 4, 8)
 # auto goes fused only where fused beat the sequential path by this much.
 FUSED_MARGIN = 0.98
@@ -334,6 +336,23 @@ def _check(job: Job, case: Case, got: torch.Tensor, seq: torch.Tensor) -> str:
     return "ok"
 
 
+def _overlap(fused: Callable) -> Optional[float]:
+    """The share of the fused call's transfer time inside its GEMM chunks (GC3_FUSED_TRACE's timing events)."""
+    from . import overlap
+
+    before = os.environ.get("GC3_FUSED_TRACE")
+    os.environ["GC3_FUSED_TRACE"] = "1"
+    try:
+        fused()
+        trace = overlap.last_trace
+        return None if trace is None else trace.overlap()
+    finally:
+        if before is None:
+            del os.environ["GC3_FUSED_TRACE"]
+        else:
+            os.environ["GC3_FUSED_TRACE"] = before
+
+
 def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[Dict[str, Optional[float]], str, str]:
     from runtime_cuda.fused import choice
 
@@ -362,6 +381,7 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
         "graph_fused_us": timer.graph(fused),
         "graph_seq_nccl_us": timer.graph(seq),
     }
+    v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
     got = fused()
     reference = (seq or seq_call(case, A, B, job.gc3))()
     return v, ("fused" if pick.fused else "sequential"), _check(job, case, got, reference)
@@ -370,7 +390,7 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
 def header() -> str:
     return (f"{'op':9} {'G':>2} {'M':>6} {'K':>6} {'N':>6} {'seq_nccl':>9} {'symm':>8} {'fused':>8} {'auto':>8} "
             f"{'gemm':>8} {'c_nccl':>8} {'c_fused':>8} {'host':>7} {'s_host':>7} {'seq/auto':>8} {'seq/fused':>9} "
-            f"{'E':>5} {'path':>10} check")
+            f"{'E':>5} {'ovl':>4} {'path':>10} check")
 
 
 def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str:
@@ -382,9 +402,12 @@ def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str
     limit = None if v.get("gemm_us") is None or v.get("comm_nccl_us") is None else max(v["gemm_us"], v["comm_nccl_us"])
     ratio = lambda a, b: f"{a / b:8.2f}x" if a and b else f"{'n/a':>9}"
     eff = f"{(seq - fused) / (seq - limit):5.2f}" if seq and fused and limit and seq - limit > 1e-9 else "  n/a"
+    ovl = v.get("overlap")
+    ovl = f"{ovl:4.2f}" if ovl is not None else " n/a"
     return (f"{case.op:9} {case.G:>2} {case.M:>6} {case.K:>6} {case.N:>6} {f('seq_nccl_us', 9)} {f('symm_us')} "
             f"{f('fused_us')} {f('auto_us')} {f('gemm_us')} {f('comm_nccl_us')} {f('comm_fused_us')} "
-            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {path:>10} {check}")
+            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {ovl} {path:>10} "
+            f"{check}")
 
 
 def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, rounds: int, chunks: Optional[int],

@@ -42,6 +42,39 @@ ALIGN = 64
 SCRATCH_SHAPES = 16
 
 
+class Trace:
+    """GC3_FUSED_TRACE=1: timing events around each GEMM chunk (caller's stream) and
+    each collective (side stream) of the last call, read after it completes."""
+
+    def __init__(self):
+        self.gemm: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.comm: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.origin = torch.cuda.Event(enable_timing=True)
+
+    @staticmethod
+    def pair(stream) -> Tuple[torch.cuda.Event, torch.cuda.Event]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        return start, end
+
+    def intervals(self, pairs) -> List[Tuple[float, float]]:
+        """(start, end) in microseconds after the call's first event; synchronizes."""
+        for _, end in pairs:
+            end.synchronize()
+        return [(self.origin.elapsed_time(a) * 1e3, self.origin.elapsed_time(b) * 1e3) for a, b in pairs]
+
+    def overlap(self) -> float:
+        """The share of the collectives' time spent while a GEMM chunk ran."""
+        gemm, comm = self.intervals(self.gemm), self.intervals(self.comm)
+        total = sum(b - a for a, b in comm)
+        inside = sum(max(0.0, min(b, d) - max(a, c)) for a, b in comm for c, d in gemm)
+        return inside / total if total > 0 else 0.0
+
+
+# The last traced call's timing events (GC3_FUSED_TRACE=1), for the benchmark and the tests.
+last_trace: Optional[Trace] = None
+
+
 class _Lanes:
     """The side stream of one device and the events the pipeline records."""
 
@@ -59,6 +92,11 @@ class _Lanes:
 
 
 _LANES: Dict[int, _Lanes] = {}
+
+
+def _tracing() -> bool:
+    from runtime_cuda.fused.gemm_signal import trace_enabled
+    return trace_enabled()
 
 
 def lanes(device: int) -> _Lanes:
@@ -110,6 +148,21 @@ class _Pipeline:
         self.main = torch.cuda.current_stream(device)
         self.lanes = lanes(device)
         self.side = self.lanes.side
+        global last_trace
+        self.trace = None
+        if _tracing():
+            self.trace = last_trace = Trace()
+            self.trace.origin.record(self.main)
+
+    def gemm(self, fn: Callable[[], object]):
+        """One GEMM chunk on the caller's stream (timed under GC3_FUSED_TRACE)."""
+        if self.trace is None:
+            return fn()
+        start, end = Trace.pair(self.main)
+        got = fn()
+        end.record(self.main)
+        self.trace.gemm.append((start, end))
+        return got
 
     def key(self, *parts) -> Tuple:
         return (self.main.cuda_stream,) + parts
@@ -132,7 +185,11 @@ class _Pipeline:
             for i, (coll, send, recv, count, op) in enumerate(calls):
                 if after is not None:
                     self.side.wait_event(after[i])
+                timed = Trace.pair(self.side) if self.trace is not None else None
                 pg._submit(comm, coll, send, recv, count, op)
+                if timed is not None:
+                    timed[1].record(self.side)
+                    self.trace.comm.append(timed)
                 if then is not None:
                     then(i)
         finally:
@@ -157,7 +214,7 @@ def _by_columns(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str, co
         [A.new_empty((M, hi - lo)) for lo, hi in pieces], [A.new_empty((rows_out, hi - lo)) for lo, hi in pieces]))
     marks = []
     for i, ((lo, hi), c) in enumerate(zip(pieces, parts)):
-        torch.mm(A, B[:, lo:hi], out=c)
+        p.gemm(lambda: torch.mm(A, B[:, lo:hi], out=c))
         marks.append(p.mark(i, p.main))
     per = pg.size() if coll == "alltoall" else 1
     p.collectives([(coll, c, o, o.numel() // per, op) for c, o in zip(parts, outs)], marks)
@@ -175,7 +232,7 @@ def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: s
     out = A.new_empty((M, N))
     marks = []
     for i, (lo, hi) in enumerate(pieces):
-        torch.mm(A[lo:hi], B, out=C[lo:hi])
+        p.gemm(lambda: torch.mm(A[lo:hi], B, out=C[lo:hi]))
         marks.append(p.mark(i, p.main))
     p.collectives([("allreduce", C[lo:hi], C[lo:hi], (hi - lo) * N, "sum") for lo, hi in pieces], marks,
                   then=lambda i: out[pieces[i][0]:pieces[i][1]].copy_(C[pieces[i][0]:pieces[i][1]]))
@@ -211,6 +268,6 @@ def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chu
             A.view(G, m, K)[:, lo:hi].copy_(g)
         rows = g.view(G * (hi - lo), K)
         for B, o in zip(Bs, outs):
-            o.view(G, m, B.shape[1])[:, lo:hi].copy_(torch.mm(rows, B).view(G, hi - lo, B.shape[1]))
+            o.view(G, m, B.shape[1])[:, lo:hi].copy_(p.gemm(lambda: torch.mm(rows, B)).view(G, hi - lo, B.shape[1]))
     p.join()
     return A, outs
