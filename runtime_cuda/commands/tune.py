@@ -83,23 +83,25 @@ def choices_title(prov: dict) -> str:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=png_option,
               help="PNG of the chosen algorithm's time and its margin over NCCL per size (rank 0, after -o)")
 @click.option("--fused", is_flag=True, help="tune the fused operators instead (torch; under torchrun or mpirun, one "
-              "process per GPU): per shape, the faster of the sequential and the fused path goes into -o's 'fused' "
-              "section (created, or updated in place), which the fused operators' auto path reads")
+              "process per GPU): per shape, the faster of the sequential and the fused path goes into the 'fused' "
+              "section of -o (default: the catalog the drop-in serves on these GPUs), created or updated in "
+              "place, which the fused operators' auto path reads")
 @click.option("--ops", "fused_ops", default="all", show_default=True, help="--fused: operators, comma-separated, or all")
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, install,
             time_budget, ir_dir, prior_ratio, plot_path, fused, fused_ops):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     if fused:
-        if not output:
-            raise click.UsageError("--fused writes the fused section of the catalog named by -o FILE")
         from .bench import fused_op_names
         names = fused_op_names(fused_ops, "--ops")
         try:
             from runtime_cuda.torch_dist import bench_fused
         except ImportError as exc:
             raise click.ClickException(f"gc3 tune --fused needs torch and a GPU ({exc})") from None
-        bench_fused.tune(names, quick, Path(output), 10, 3, click.echo)
+        try:
+            bench_fused.tune(names, quick, Path(output) if output else None, 10, 3, click.echo)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
         return
     from gc3.simulator.cost_config import PRESETS
     from runtime_cuda.nccl import library, perf, tune

@@ -435,12 +435,22 @@ def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, r
     return failed
 
 
-def tune(ops: Sequence[str], quick: bool, output: Path, calls: int, rounds: int,
+def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, rounds: int,
          echo: Callable[[str], None]) -> None:
-    """The fused section of `output` (a catalog JSON, created or updated): per shape,
-    the faster of the sequential path and the fused path at TUNE_CHUNKS, on the gc3 group."""
+    """The fused section of `output` (a catalog JSON, created or updated; None: the
+    catalog the gc3 group's communicator serves on these GPUs): per shape, the faster
+    of the sequential path and the fused path at TUNE_CHUNKS, on the gc3 group."""
     job = start()
     timer = Timer(job, calls, rounds)
+    if output is None:
+        probe = torch.zeros(1, device=job.device)
+        dist.all_reduce(probe, group=job.gc3)        # builds the communicator, which knows its machine catalog
+        machine = getattr(getattr(job.gc3, "_comm", None), "machine", None)
+        if getattr(machine, "path", None) is None:
+            dist.destroy_process_group()
+            raise RuntimeError("no measured catalog serves these GPUs (the unknown-machine rule): measure one "
+                               "first with `gc3 tune --install`, or name the catalog to write with -o")
+        output = Path(machine.path)
     entries = []
     for op, M, K, N in grid(ops, quick):
         case = Case(op, M, K, N, job.size, job.device)
