@@ -17,13 +17,14 @@ def fail(source: str, exc: GC3Error) -> NoReturn:
     raise SystemExit(exit_status(exc))
 
 
-def output_path(path: Optional[str], option: str, extensions: Sequence[str] = IMAGE_EXTENSIONS) -> Optional[str]:
-    """`path` if a file can be written there with one of `extensions`; checked
-    before any work so that a typo does not cost a whole run."""
+def output_path(path: Optional[str], option: str,
+                extensions: Optional[Sequence[str]] = IMAGE_EXTENSIONS) -> Optional[str]:
+    """`path` if a file can be written there with one of `extensions` (None: any);
+    checked before any work so that a typo does not cost a whole run."""
     if path is None:
         return None
     p = Path(path)
-    if p.suffix.lower() not in extensions:
+    if extensions is not None and p.suffix.lower() not in extensions:
         raise InputError(f"{option} {path}: unknown extension {p.suffix or '(none)'!r}; expected one of "
                          f"{', '.join(extensions)}")
     parent = p.parent if str(p.parent) else Path(".")

@@ -8,8 +8,8 @@ from typing import List, Optional
 import click
 
 from .. import limits
-from ..errors import GC3Error
-from ._common import fail
+from ..errors import GC3Error, InputError
+from ._common import fail, output_path
 
 
 def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[str]:
@@ -66,6 +66,7 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
 
     start = time.perf_counter()
     try:
+        output_path(output, "-o", extensions=None)
         program = run_script(file, list(args))
         # The program's own postcondition, checked on the trace first: its
         # errors name the user's file and line.  A collective that declares
@@ -82,7 +83,6 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
     except GC3Error as exc:
         fail(file, exc)
     except OSError as exc:
-        click.echo(f"{output}: cannot write: {exc.strerror}", err=True)
-        raise SystemExit(1)
+        fail(output, InputError(f"cannot write: {exc.strerror}"))
     for line in summary(prog, out=output, seconds=time.perf_counter() - start, verified=verified):
         click.echo(line)

@@ -145,7 +145,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
         asked = None if size is None and count is None else \
             _element_count(size, count, dtype_info(spec.dtype).np.itemsize)
         if asked is not None and asked != want:
-            raise SimulationError(f"{prog.name} is a fused {spec.op} whose output holds {want} elements; "
+            raise SizeError(f"{prog.name} is a fused {spec.op} whose output holds {want} elements; "
                                   f"a size of {asked} elements was asked for")
         size, count, dtype = None, want, spec.buffer_dtype
     epi = prog.epilogue

@@ -97,7 +97,10 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
         import cupy  # noqa: F401
         from runtime_cuda.nccl import perf_gpu
     except ImportError as exc:
-        raise click.ClickException(f"gc3 bench needs cupy with NCCL and a GPU ({exc})") from None
+        # exit 2, as `gc3 run` without a GPU: the environment cannot be used, nothing is wrong
+        from gc3.cli._common import fail
+        from gc3.errors import InputError
+        fail("gc3 bench", InputError(f"needs cupy with NCCL and a GPU ({exc})"))
     impls = impl_names(impl, peer)
     if rounds < 1 or iters < 1:
         raise click.UsageError(f"--rounds ({rounds}) and --iters ({iters}) must be at least 1")

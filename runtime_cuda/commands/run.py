@@ -12,7 +12,7 @@ import os
 import click
 
 from gc3 import limits
-from gc3.errors import GC3Error
+from gc3.errors import GC3Error, InputError
 from gc3.units import env_number
 from gc3.cli._common import fail
 
@@ -25,27 +25,28 @@ def _world_size() -> int:
 
 
 def _mode(mode: str, world: int) -> str:
-    """The mode to run in, or a ClickException when it contradicts how the process was started."""
+    """The mode to run in, or a usage error (exit 2) when it contradicts how the process was started."""
     if mode == "auto":
         return "ipc" if world > 1 else "virtual"
     if mode == "ipc" and world < 2:
-        raise click.ClickException("--mode ipc needs one process per GPU: start it with mpirun -np N")
+        raise click.UsageError("--mode ipc needs one process per GPU: start it with mpirun -np N")
     if mode != "ipc" and world > 1:
-        raise click.ClickException(f"--mode {mode} runs every rank in one process; start it without mpirun "
+        raise click.UsageError(f"--mode {mode} runs every rank in one process; start it without mpirun "
                                    f"(this is process {os.environ.get('OMPI_COMM_WORLD_RANK', '?')} of {world})")
     return mode
 
 
 def _need_gpu() -> None:
+    """Exit 2 (an environment that cannot be used, as the README's contract says) without a GPU."""
     try:
         import cupy
 
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no cupy, no driver: all mean the same to the user
-        raise click.ClickException(f"gc3 run needs a CUDA GPU and cupy (found none: {exc}); "
-                                   f"use `gc3 simulate` on a machine without one") from None
+        fail("gc3 run", InputError(f"needs a CUDA GPU and cupy (found none: {exc}); "
+                                   f"use `gc3 simulate` on a machine without one"))
     if n < 1:
-        raise click.ClickException("gc3 run needs a CUDA GPU; cupy sees none")
+        fail("gc3 run", InputError("needs a CUDA GPU; cupy sees none"))
 
 
 @click.command("run")

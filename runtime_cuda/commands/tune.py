@@ -71,7 +71,7 @@ def choices_title(prov: dict) -> str:
 @click.option("--time-budget", type=float, default=0, show_default=True,
               help="seconds of measuring; the sizes not reached by then go to NCCL, listed as not measured "
                    "in the catalog's provenance (0: no budget)")
-@click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: beside -o]")
+@click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: X.d/ beside -o X.json]")
 @click.option("--prior", "prior_ratio", type=float, default=None,
               help="measured tunes: at each size, time only the candidates the cost model (--cost) predicts within "
                    "this factor of its fastest prediction (and its few fastest); 0 times every candidate "
@@ -180,7 +180,9 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
 def _write(results, out: Path, ranks: int, prov: dict, ir_dir, output: str) -> None:
     from runtime_cuda.nccl import tune
 
-    catalog = tune.write_catalog(results, out, ranks, prov, Path(ir_dir) if ir_dir else None)
+    # The IRs get a folder named after the catalog, so that a catalog written into /tmp or a project
+    # folder does not scatter its dozens of IR files there.
+    catalog = tune.write_catalog(results, out, ranks, prov, Path(ir_dir) if ir_dir else out.with_suffix(".d"))
     for line in tune.summary(results):
         click.echo(line)
     click.echo(f"wrote {output}: {len(catalog['algorithms'])} entries, "
