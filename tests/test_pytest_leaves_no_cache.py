@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_pytest_run_leaves_no_cache_dir_behind(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path))
     env.pop("GC3_CACHE_DIR", None)
-    # a test that does write into the cache: the catalog check caches proofs there
+    # conftest makes the cache folder in every run, whatever the tests are
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "tests/test_units.py::test_bus_factor_is_nccl_tests"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
