@@ -83,6 +83,8 @@ class Progress:
             self._thread.join()
             if self._drawn and self.tty:
                 self._write("\r\033[K")     # the result lines start on a clean line
+            elif not self._drawn and not self.tty and time.monotonic() - self.start >= SHOW_AFTER_S:
+                self._write(self.text() + "\n")   # it ended between two of the thread's looks
 
     def text(self) -> str:
         """One status line: label, phase, fraction done, elapsed and estimated time left."""
