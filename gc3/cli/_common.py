@@ -31,3 +31,16 @@ def output_path(path: Optional[str], option: str,
     if not parent.is_dir():
         raise InputError(f"{option} {path}: folder {parent} does not exist")
     return path
+
+
+def existing_file(ctx, param, value):
+    """Click callback: a DSL program `value` if it exists; else a usage error (exit 2) which, for
+    a path into algorithms/, says where the algorithm library comes from (an installed wheel has
+    none).  Other files are left to their reader, whose error names what it expected."""
+    if value is not None and Path(value).suffix == ".py" and not Path(value).exists():
+        hint = ""
+        if Path(value).parts[:1] == ("algorithms",):
+            hint = ("; the algorithm library (algorithms/) comes with a checkout of gc3 (git clone), not with an "
+                    "installed package: run gc3 from the checkout's folder")
+        raise click.BadParameter(f"{value} does not exist{hint}")
+    return value

@@ -4,12 +4,12 @@ from __future__ import annotations
 import click
 
 from ..errors import GC3Error, IRFormatError
-from ._common import fail
+from ._common import existing_file, fail
 from ._progress import Progress, quiet_option
 
 
 @click.command("check")
-@click.argument("xml", type=click.Path(dir_okay=False))
+@click.argument("xml", type=click.Path(dir_okay=False), callback=existing_file)
 @click.option("--slots", type=click.IntRange(min=1), default=None,
               help="FIFO slots per connection (default: gc3.limits.FIFO_SLOTS for the protocol).")
 @click.option("--max-tbs", type=click.IntRange(min=1), default=None,

@@ -9,7 +9,7 @@ import click
 
 from .. import limits
 from ..errors import GC3Error, InputError
-from ._common import fail, output_path
+from ._common import existing_file, fail, output_path
 from ._progress import Progress, quiet_option
 
 
@@ -38,7 +38,7 @@ def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[
 
 
 @click.command("compile", context_settings={"ignore_unknown_options": True})
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), callback=existing_file)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the XML IR.")
 @click.option("--instances", type=click.IntRange(min=1, max=limits.MAX_INSTANCES), default=None,

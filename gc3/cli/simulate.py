@@ -5,13 +5,13 @@ import click
 
 from ..dtypes import DTYPES, OPS
 from ..errors import GC3Error
-from ._common import fail, output_path
+from ._common import existing_file, fail, output_path
 from ._progress import Progress, quiet_option
 from ..simulator.cost_config import DEFAULT, PRESETS
 
 
 @click.command("simulate", context_settings={"ignore_unknown_options": True})
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), callback=existing_file)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--size", default=None,
               help="Bytes of each rank's input buffer: 4096, 64K, 1MiB, 1.5MB ... [default: 1MiB; a fused "

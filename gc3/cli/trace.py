@@ -6,7 +6,7 @@ from collections import Counter
 import click
 
 from ..errors import GC3Error
-from ._common import fail, output_path
+from ._common import existing_file, fail, output_path
 from ._progress import Progress, quiet_option
 
 
@@ -36,7 +36,7 @@ def summary(prog) -> str:
 
 
 @click.command("trace", context_settings={"ignore_unknown_options": True})
-@click.argument("program", type=click.Path(exists=True, dir_okay=False))
+@click.argument("program", type=click.Path(dir_okay=False), callback=existing_file)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--dag", "dag_path", type=click.Path(dir_okay=False), default=None,
               help="also draw the Chunk DAG to this image file (small programs)")
