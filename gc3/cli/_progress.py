@@ -26,6 +26,11 @@ BAR_WIDTH = 24
 _quiet = [False]
 
 
+def quiet() -> bool:
+    """Whether the running command was given -q (commands with a progress report of their own)."""
+    return _quiet[0]
+
+
 def _set_quiet(ctx, param, value):
     _quiet[0] = bool(value)
     return value

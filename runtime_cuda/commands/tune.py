@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from gc3.errors import GC3Error
+from gc3.cli._progress import quiet, quiet_option
 
 from .bench import _colls, _size
 
@@ -78,6 +79,7 @@ def choices_title(prov: dict) -> str:
                    "[default: runtime_cuda.nccl.tune.PRIOR_RATIO, with PRIOR_KEEP kept]")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=png_option,
               help="PNG of the chosen algorithm's time and its margin over NCCL per size (rank 0, after -o)")
+@quiet_option
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, time_budget,
             ir_dir, prior_ratio, plot_path):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
@@ -139,7 +141,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     pending = [False]
 
     def progress(line):
-        if not lead:
+        if not lead or quiet():
             return
         if redraw and line.startswith("["):
             click.echo("\r\033[K" + line, err=True, nl=False)
