@@ -13,26 +13,24 @@ from gc3.ir.xml_io import read_xml
 ROOT = Path(__file__).resolve().parents[1]
 ALLTONEXT = ROOT / "tests" / "data" / "alltonext_custom_16r.xml"
 
-# Two ranks, rank 0 sends its chunk to rank 1 twice over one connection while a
-# second threadblock of rank 1 copies into the same output chunk without a
-# dependency on the receive: a write/write race, in a custom collective.
-RACY = '''<algo name="racy" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="2" coll="custom" inplace="0"
- gc3version="0.1.0">
-  <gpu id="0" i_chunks="1" o_chunks="1" s_chunks="0">
-    <tb id="0" send="1" recv="-1" chan="0">
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-  </gpu>
-  <gpu id="1" i_chunks="1" o_chunks="1" s_chunks="0">
-    <tb id="0" send="-1" recv="0" chan="0">
-      <step s="0" type="r" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-    <tb id="1" send="-1" recv="-1" chan="0">
-      <step s="0" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-  </gpu>
-</algo>
-'''
+
+
+def racy_program():
+    """Two ranks of a custom collective: rank 1 receives rank 0's chunk into o[0] while a
+    second threadblock of rank 1 copies its own input there, with no dependency between
+    the two: a write/write race."""
+    from gc3.ir import Gpu, Program, Step, Threadblock
+
+    def step(typ):
+        return Step(s=0, type=typ, srcbuf="i", srcoff=0, dstbuf="o", dstoff=0, cnt=1)
+
+    return Program(name="racy", proto="Simple", nchannels=1, nchunksperloop=1, ngpus=2, coll="custom",
+                   inplace=False, gc3version="0.1.0", gpus=[
+                       Gpu(id=0, i_chunks=1, o_chunks=1, s_chunks=0,
+                           threadblocks=[Threadblock(id=0, send=1, recv=-1, chan=0, steps=[step("s")])]),
+                       Gpu(id=1, i_chunks=1, o_chunks=1, s_chunks=0,
+                           threadblocks=[Threadblock(id=0, send=-1, recv=0, chan=0, steps=[step("r")]),
+                                         Threadblock(id=1, send=-1, recv=-1, chan=0, steps=[step("cpy")])])])
 
 
 def gc3(*args):
@@ -65,8 +63,10 @@ def test_simulate_unproven_still_moves_the_data_as_the_ir_says():
 
 
 def test_unproven_still_finds_races_and_deadlocks(tmp_path):
+    from gc3.ir.xml_io import write_xml
+
     racy = tmp_path / "racy.xml"
-    racy.write_text(RACY)
+    write_xml(racy_program(), racy)
     res = gc3("simulate", racy, "--unproven", "--size", "4K")
     assert res.exit_code == 1 and "write/write race" in res.output, res.output
     run = gc3("run", racy, "--unproven")

@@ -129,26 +129,6 @@ def _simulated_case(prog, n, dtype, op, inplace):
     return res.inputs, res.outputs
 
 
-def _run_simulated_checked(group, case, n, dtype, op, inplace):
-    """One call on `case`'s inputs, each rank's output compared with `case`'s (run_checked's loop,
-    with the simulator's buffers for the reference's)."""
-    from runtime_cuda.checking import CheckResult, compare, device_buffers
-    import cupy
-
-    from gc3.dtypes import dtype_info
-
-    inputs, expected = case
-    ins, outs = device_buffers(group, inputs, n, dtype, inplace)
-    group(ins, outs, op=op, dtype=dtype)
-    group.check()
-    res = CheckResult()
-    for r, out in zip(group.ranks, outs):
-        with cupy.cuda.Device(group.rank_device(r)):
-            got = out.get()
-        res.add(compare(r, got.view(dtype_info(dtype).np), expected[r], dtype))
-    return res
-
-
 def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode, unproven=False):
     from runtime_cuda.checking import device_buffers, reference_case, run_checked
     from gc3.units import bus_factor, parse_size
@@ -184,18 +164,16 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
     if unproven:
         say("check: against gc3 simulate's buffers, not a postcondition (nothing proven)")
         case = _simulated_case(prog, n, dtype, op, inplace)
-        checked = lambda: _run_simulated_checked(group, case, n, dtype, op, inplace)  # noqa: E731
     else:
         case = reference_case(prog, n, dtype, op)
-        checked = lambda: run_checked(group, n, dtype, op, inplace)  # noqa: E731
     ins, outs = device_buffers(group, case[0], n, dtype, inplace)
 
     def report(us):
         algbw = nbytes / us / 1e3
         say(f"time {us:.1f} us  algbw {algbw:.2f} GB/s  busbw {algbw * bus_factor(prog.coll, prog.ngpus):.2f} "
             f"GB/s ({iters} iterations)")
-    _check_and_time(group, lead, checked, lambda: group(ins, outs, op=op, dtype=dtype), report, iters, warmup,
-                    check)
+    _check_and_time(group, lead, lambda: run_checked(group, n, dtype, op, inplace, case=case),
+                    lambda: group(ins, outs, op=op, dtype=dtype), report, iters, warmup, check)
 
 
 def _check_and_time(group, lead, checked, call, report, iters, warmup, check) -> None:
