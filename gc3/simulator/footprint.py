@@ -1,8 +1,8 @@
 """How much memory `simulate` will need, estimated from the IR and the call size
 before anything is allocated, and the limit it is held to.
 
-The estimate adds what stays alive through a run (every rank's input, kept for
-the check; the rank buffers; the expected outputs; the race detector's vector
+The estimate adds what stays alive through a run (the IR as read; every rank's
+input, kept for the check; the rank buffers; the expected outputs; the race detector's vector
 clocks and per-chunk access records; the trace of executed steps; the tiles
 in flight in the FIFOs) to the largest short-lived allocation of one phase
 (drawing one rank's inputs, the reference's float64 accumulator, the
@@ -37,6 +37,9 @@ CHECK_SLICE = 1 << 20
 RECORD_BYTES = 400
 CELL_BYTES = 700
 AGENT_BYTES = 1024
+# The IR itself per step: its Step object, and what reading the XML (lxml's tree, the text) left
+# behind in the allocator; measured 2.7 KB per step on a 65024-step ring.
+IR_STEP_BYTES = 3000
 
 
 def max_bytes() -> int:
@@ -115,6 +118,7 @@ def estimate(prog: Program, layouts: Sequence[Layout], itemsize: int, *, aliased
     fp.lasting["messages in flight"] = chunks * cs * itemsize
     steps = sum(len(tb.steps) for g in prog.gpus for tb in g.threadblocks)
     agents = sum(len(g.threadblocks) for g in prog.gpus)
+    fp.lasting["the IR"] = steps * IR_STEP_BYTES
     fp.lasting["trace"] = steps * RECORD_BYTES + agents * AGENT_BYTES
     if detect_races:
         total_chunks = sum(g.i_chunks + g.o_chunks + g.s_chunks for g in prog.gpus)
