@@ -22,7 +22,6 @@ from .cost_model import Schedule, Timing, format_time, predict
 from .executor import Executed, Simulator, hasdep_warnings, static_errors
 from .memory import RankMemory
 from .races import Race
-
 from .footprint import CHECK_SLICE, ENV as MAX_BYTES_ENV, estimate, format_bytes, max_bytes
 
 DEFAULT_SIZE = 1 << 20
@@ -160,7 +159,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
             _element_count(size, count, dtype_info(spec.dtype).np.itemsize)
         if asked is not None and asked != want:
             raise SizeError(f"{prog.name} is a fused {spec.op} whose output holds {want} elements; "
-                                  f"a size of {asked} elements was asked for")
+                            f"a size of {asked} elements was asked for")
         size, count, dtype = None, want, spec.buffer_dtype
     epi = prog.epilogue
     if epi is not None and (spec is not None or op != "sum"):
