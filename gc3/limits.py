@@ -80,7 +80,7 @@ MAX_CHUNKS = 1 << 16           # chunks of one buffer of one rank (i/o/s_chunks,
 MAX_TOTAL_CHUNKS = 1 << 20     # chunks of all buffers of all ranks together
 MAX_INSTANCES = 64             # instances= / --instances
 MAX_BYTES = 1 << 40            # bytes of one call's buffer (sizes, minBytes/maxBytes, --size)
-MAX_SIMULATED_BYTES = 8 << 30  # all ranks' buffers `gc3 simulate` may allocate
+MAX_SIMULATED_BYTES = 8 << 30  # default of GC3_SIM_MAX_BYTES: `gc3 simulate`'s estimated peak memory
 INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, step numbers)
 
 # --- Small-message allreduce kernels (runtime_cuda/small_allreduce.py) -----------

@@ -2,8 +2,8 @@
 bench, catalog): byte sizes with units, ints checked once, environment numbers;
 the user's file:line of a DSL call; and nccl-tests' bus-bandwidth factor.
 
-Sizes: K, M, G (and KiB, MiB, GiB) are binary, as nccl-tests reads `-b 8 -e 128M`;
-KB, MB, GB are decimal (1 MB = 10**6 bytes).  Case does not matter; a fraction
+Sizes: K, M, G, T (and KiB, MiB, GiB, TiB) are binary, as nccl-tests reads `-b 8 -e 128M`;
+KB, MB, GB, TB are decimal (1 MB = 10**6 bytes).  Case does not matter; a fraction
 is fine when the bytes come out whole ("1.5M")."""
 from __future__ import annotations
 
@@ -92,7 +92,8 @@ def env_number(name: str, raw: str, low, high, kind=int):
 
 SIZE_UNITS = {"": 1, "b": 1,
               "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
-              "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3}
+              "t": 1 << 40, "tib": 1 << 40,
+              "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3, "tb": 1000 ** 4}
 
 
 def parse_size(value) -> int:
@@ -112,7 +113,7 @@ def parse_size(value) -> int:
     # [0-9], not \d: \d takes any script's digits, which no one means in a size.
     m = re.fullmatch(r"\s*([0-9]{0,15}\.?[0-9]{1,15})\s*([A-Za-z]*)\s*", str(value))
     if not m or m.group(2).lower() not in SIZE_UNITS:
-        raise SizeError(f"cannot read size {value!r}; use e.g. 4096, 64K, 1MiB or 1.5MB")
+        raise SizeError(f"cannot read size {value!r}; use e.g. 4096, 64K, 1MiB, 1.5MB or 1TiB")
     nbytes = float(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
     if nbytes > MAX_BYTES:
         raise SizeError(f"size {value!r} is more than gc3.limits.MAX_BYTES={MAX_BYTES} bytes")

@@ -90,13 +90,15 @@ def device_buffers(group, inputs: Sequence[np.ndarray], in_elems: int, dtype: st
 
 
 def run_checked(group, in_elems: int, dtype: str, op: str, inplace: bool, seed: int = 0,
-                repeat: int = 1) -> CheckResult:
+                repeat: int = 1, case=None) -> CheckResult:
     """Checked calls on a launch group (virtual ranks or this process's rank):
     `repeat` times, from fresh buffers each time (FIFO counters and progress
     flags carry over between calls).  Every process draws all ranks' inputs
-    from the same seed and checks its own ranks."""
+    from the same seed and checks its own ranks.  `case`: (inputs, expected)
+    to use instead of `reference_case`'s (an IR with no postcondition: the
+    simulator's buffers)."""
     prog = group.prog
-    inputs, expected = reference_case(prog, in_elems, dtype, op, seed)
+    inputs, expected = reference_case(prog, in_elems, dtype, op, seed) if case is None else case
     import cupy
 
     res = CheckResult()

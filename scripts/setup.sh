@@ -24,3 +24,5 @@ fi
 # Without a registry pip cannot upgrade itself; what is installed already serves.
 .venv/bin/python -m pip install -q --upgrade pip || echo "setup: pip not upgraded (no registry?); continuing"
 .venv/bin/python -m pip install -q -e '.[test]' || .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
+# The README's command table uses bare `gc3`: say how to get it on PATH.
+echo "setup: done; put gc3 on your PATH with: source .venv/bin/activate"

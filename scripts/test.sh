@@ -10,6 +10,8 @@ bash scripts/setup.sh
 # (2.14 lets monitored_barrier through where 2.11 refuses it).  GC3_SKIP_TORCH=1 leaves it out;
 # GC3_TEST_TORCH=VERSION picks another.
 if [ "${GC3_SKIP_TORCH:-0}" != 1 ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    echo "test: installing torch ${GC3_TEST_TORCH:-2.11.0} for the torch backend's CPU tests: about 2.7 GB" \
+         "to download with its CUDA libraries (about 95 s); GC3_SKIP_TORCH=1 leaves it out"
     .venv/bin/python -m pip install -q -e '.[torch]' "torch==${GC3_TEST_TORCH:-2.11.0}" \
         || echo "test: torch not installed (no registry?); its tests skip"
 fi

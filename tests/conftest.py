@@ -1,4 +1,5 @@
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -9,9 +10,19 @@ from gpu_availability import GpuProbeError, probe_cupy
 _GPU_MARKERS = (("gpu", 1), ("multigpu", 2))
 
 
+_CACHE_DIR = []
+
+
 def pytest_configure(config):
     # The NCCL catalog caches verification verdicts; tests keep theirs out of ~/.cache.
-    os.environ["GC3_CACHE_DIR"] = tempfile.mkdtemp(prefix="gc3-test-cache-")
+    _CACHE_DIR.append(tempfile.mkdtemp(prefix="gc3-test-cache-"))
+    os.environ["GC3_CACHE_DIR"] = _CACHE_DIR[-1]
+
+
+def pytest_unconfigure(config):
+    # ... and leave nothing behind in /tmp once the session is over.
+    while _CACHE_DIR:
+        shutil.rmtree(_CACHE_DIR.pop(), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

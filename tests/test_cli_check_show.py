@@ -64,7 +64,7 @@ def test_check_reports_malformed_and_missing_files(tmp_path):
     bad = tmp_path / "bad.xml"
     bad.write_text('<algo name="x" proto="LL" nchannels="1" nchunksperloop="1" ngpus="1" coll="c" inplace="1">\n<tbx/></algo>')
     r = gc3("check", bad)
-    assert r.exit_code == 2 and "IRFormatError" in r.output and "bad.xml:2: <tbx>" in r.output
+    assert r.exit_code == 2 and "IRFormatError" in r.output and "bad.xml:2: `<tbx>`: unknown element" in r.output
     r = gc3("check", tmp_path / "missing.xml")
     assert r.exit_code == 2 and "cannot read" in r.output
 

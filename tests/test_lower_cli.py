@@ -68,4 +68,5 @@ def test_unwritable_output_is_a_clean_error(tmp_path):
     src = tmp_path / "ring.py"
     src.write_text(RING)
     res = run(src, 3, "-o", tmp_path / "missing" / "x.xml")
-    assert res.exit_code == 1 and "cannot write" in res.output
+    assert res.exit_code == 2 and "folder" in res.output and "does not exist" in res.output
+    assert "x.xml" in res.output

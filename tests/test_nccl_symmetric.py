@@ -297,7 +297,7 @@ def test_the_option_is_parsed():
         import cupy  # noqa: F401
     except ImportError:
         out = runner.invoke(main, ["bench", "--peer", "symmetric", "-b", "1K", "-e", "4K"])
-        assert out.exit_code == 1 and "needs cupy" in out.output
+        assert out.exit_code == 2 and "needs cupy" in out.output
 
 
 # --- on two GPUs --------------------------------------------------------------------------------

@@ -202,7 +202,7 @@ def test_cli_simulate_out_of_memory_is_a_clear_failure(monkeypatch):
 
     monkeypatch.setattr(sim, "simulate", too_big)
     res = CliRunner().invoke(main, ["simulate", str(SAMPLE), "--size", "10GiB"])
-    assert res.exit_code == 1 and not isinstance(res.exception, MemoryError), res.output
+    assert res.exit_code == 2 and not isinstance(res.exception, MemoryError), res.output
     assert "FAILED" in res.output and "memory" in res.output and "--size" in res.output
 
 

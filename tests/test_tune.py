@@ -461,3 +461,16 @@ def test_prior_with_the_model_alone_is_refused(args, needle, tmp_path, monkeypat
     res = run(*args)
     assert res.exit_code == 2 and needle in res.output, res.output
     assert not (tmp_path / "x.json").exists()
+
+
+def test_irs_go_to_a_folder_named_after_the_catalog(tmp_path):
+    """Without --ir-dir, `-o X.json` puts its IRs into X.d/, not loose beside X.json."""
+    out = tmp_path / "cat.json"
+    res = run("--model-only", "--ranks", 2, "-c", "allgather", *QUICK, "-o", out)
+    assert res.exit_code == 0, res.output
+    files = [e["file"] for e in json.loads(out.read_text())["algorithms"] if "file" in e]
+    assert files and all(f.startswith("cat.d/") for f in files), files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cat.d", "cat.json"]
+    assert all((tmp_path / f).is_file() for f in files)
+    good, problems = check_config(out)      # the drop-in finds them there
+    assert problems == [] and good

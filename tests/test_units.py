@@ -8,8 +8,10 @@ from gc3.errors import GC3Error, SizeError
 from gc3.units import bus_factor, parse_size
 
 BINARY = [("8", 8), ("64K", 64 << 10), ("64k", 64 << 10), ("64KiB", 64 << 10), ("128M", 128 << 20),
-          ("1MiB", 1 << 20), ("1G", 1 << 30), (" 2 GiB ", 2 << 30), ("1.5M", 3 << 19), ("3B", 3)]
-DECIMAL = [("1KB", 1000), ("1MB", 10 ** 6), ("1.5MB", 1_500_000), ("2GB", 2 * 10 ** 9), ("4kb", 4000)]
+          ("1MiB", 1 << 20), ("1G", 1 << 30), (" 2 GiB ", 2 << 30), ("1.5M", 3 << 19), ("3B", 3),
+          # up to the documented limit of 1 TiB per call
+          ("1TiB", 1 << 40), ("1T", 1 << 40), ("1t", 1 << 40), ("0.5TiB", 1 << 39)]
+DECIMAL = [("1KB", 1000), ("1MB", 10 ** 6), ("1.5MB", 1_500_000), ("2GB", 2 * 10 ** 9), ("4kb", 4000), ("1TB", 10 ** 12)]
 NUMBERS = [(4096, 4096), (np.int64(12), 12), (0, 0)]
 
 
@@ -19,7 +21,8 @@ def test_units_mean_the_same_everywhere(text, nbytes):
 
 
 @pytest.mark.parametrize("bad", ["", "-1", "1X", "1 parsec", "1\u0661K", "0.5", "1.0000001K", "2T", -5, True,
-                                 "2048GiB"])
+                                 "2048GiB",
+                                 "1.1TB", "1025GiB"])
 def test_bad_sizes_are_a_size_error_and_a_value_error(bad):
     with pytest.raises(SizeError) as info:
         parse_size(bad)

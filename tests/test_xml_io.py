@@ -43,7 +43,7 @@ def test_msccl_rrc_reads_its_destination_gc3_reads_its_source():
      '<gpu id="0" i_chunks="1" o_chunks="0" s_chunks="0">\n<tb id="0" send="-1" recv="-1" chan="0">\n'
      '<step s="0" type="jump" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="1"/></tb></gpu></algo>', ":4: <step> attribute type='jump'"),
     ('<algo name="x" proto="LL" nchannels="1" nchunksperloop="1" ngpus="1" coll="allreduce" inplace="1">\n<tbx/></algo>',
-     ":2: <tbx> unexpected inside <algo>"),
+     ":2: `<tbx>`: unknown element inside `<algo>`"),
 ])
 def test_malformed_xml_names_element_attribute_and_line(text, needle):
     with pytest.raises(IRFormatError) as err:

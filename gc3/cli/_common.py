@@ -17,16 +17,30 @@ def fail(source: str, exc: GC3Error) -> NoReturn:
     raise SystemExit(exit_status(exc))
 
 
-def output_path(path: Optional[str], option: str, extensions: Sequence[str] = IMAGE_EXTENSIONS) -> Optional[str]:
-    """`path` if a file can be written there with one of `extensions`; checked
-    before any work so that a typo does not cost a whole run."""
+def output_path(path: Optional[str], option: str,
+                extensions: Optional[Sequence[str]] = IMAGE_EXTENSIONS) -> Optional[str]:
+    """`path` if a file can be written there with one of `extensions` (None: any);
+    checked before any work so that a typo does not cost a whole run."""
     if path is None:
         return None
     p = Path(path)
-    if p.suffix.lower() not in extensions:
+    if extensions is not None and p.suffix.lower() not in extensions:
         raise InputError(f"{option} {path}: unknown extension {p.suffix or '(none)'!r}; expected one of "
                          f"{', '.join(extensions)}")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{option} {path}: folder {parent} does not exist")
     return path
+
+
+def existing_file(ctx, param, value):
+    """Click callback: a DSL program `value` if it exists; else a usage error (exit 2) which, for
+    a path into algorithms/, says where the algorithm library comes from (an installed wheel has
+    none).  Other files are left to their reader, whose error names what it expected."""
+    if value is not None and Path(value).suffix == ".py" and not Path(value).exists():
+        hint = ""
+        if Path(value).parts[:1] == ("algorithms",):
+            hint = ("; the algorithm library (algorithms/) comes with a checkout of gc3 (git clone), not with an "
+                    "installed package: run gc3 from the checkout's folder")
+        raise click.BadParameter(f"{value} does not exist{hint}")
+    return value

@@ -8,8 +8,9 @@ from typing import List, Optional
 import click
 
 from .. import limits
-from ..errors import GC3Error
-from ._common import fail
+from ..errors import GC3Error, InputError
+from ._common import existing_file, fail, output_path
+from ._progress import Progress, quiet_option
 
 
 def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[str]:
@@ -37,7 +38,7 @@ def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[
 
 
 @click.command("compile", context_settings={"ignore_unknown_options": True})
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), callback=existing_file)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the XML IR.")
 @click.option("--instances", type=click.IntRange(min=1, max=limits.MAX_INSTANCES), default=None,
@@ -51,6 +52,7 @@ def summary(prog, *, out: str, seconds: float, verified: Optional[str]) -> List[
               help="Keep a channel's lone send and lone receive threadblocks apart (merged by default for LL).")
 @click.option("--max-tbs", type=click.IntRange(min=1), default=None,
               help="Threadblocks allowed per rank (default: gc3.limits.MAX_TBS).")
+@quiet_option
 def command(file: str, args, output: str, instances, protocol, no_fusion: bool, no_absorption: bool,
             no_tb_merge: bool, max_tbs) -> None:
     """Run FILE as a script with ARGS (as `python FILE ARGS`), lower the last
@@ -66,23 +68,29 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
 
     start = time.perf_counter()
     try:
-        program = run_script(file, list(args))
-        # The program's own postcondition, checked on the trace first: its
-        # errors name the user's file and line.  A collective that declares
-        # none is refused here (TraceError), since nothing could be proven.
-        program.check()
-        prog = lower(program, instances=instances, protocol=protocol,
-                     instr_fusion=False if no_fusion else None, max_tbs=max_tbs,
-                     absorption=False if no_absorption else None, tb_merge=False if no_tb_merge else None)
-        checked = verify(prog, max_tbs=max_tbs)
-        verified = (f"verified: FIFO order of {checked.pairs} send/receive pairs, no deadlock with "
-                    f"{checked.slots} slots per connection, within runtime limits, {prog.coll} postcondition "
-                    f"proven on {checked.proven} output chunks")
-        write_xml(prog, output)
+        output_path(output, "-o", extensions=None)
+        with Progress("compile") as progress:
+            progress.phase(f"running {file}")
+            program = run_script(file, list(args))
+            # The program's own postcondition, checked on the trace first: its
+            # errors name the user's file and line.  A collective that declares
+            # none is refused here (TraceError), since nothing could be proven.
+            progress.phase("checking the trace")
+            program.check()
+            progress.phase("lowering")
+            prog = lower(program, instances=instances, protocol=protocol,
+                         instr_fusion=False if no_fusion else None, max_tbs=max_tbs,
+                         absorption=False if no_absorption else None, tb_merge=False if no_tb_merge else None)
+            progress.phase("verifying")
+            checked = verify(prog, max_tbs=max_tbs)
+            verified = (f"verified: FIFO order of {checked.pairs} send/receive pairs, no deadlock with "
+                        f"{checked.slots} slots per connection, within runtime limits, {prog.coll} postcondition "
+                        f"proven on {checked.proven} output chunks")
+            progress.phase(f"writing {output}")
+            write_xml(prog, output)
     except GC3Error as exc:
         fail(file, exc)
     except OSError as exc:
-        click.echo(f"{output}: cannot write: {exc.strerror}", err=True)
-        raise SystemExit(1)
+        fail(output, InputError(f"cannot write: {exc.strerror}"))
     for line in summary(prog, out=output, seconds=time.perf_counter() - start, verified=verified):
         click.echo(line)

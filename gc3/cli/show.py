@@ -8,7 +8,7 @@ from typing import List, Optional
 import click
 
 from ..errors import GC3Error
-from ._common import fail, output_path
+from ._common import existing_file, fail, output_path
 from ..ir import STEP_TYPES, Program
 
 _OPS_WIDTH = 60
@@ -69,7 +69,7 @@ def _show_script(path: str, args, dag: Optional[str]) -> List[str]:
 
 
 @click.command("show", context_settings={"ignore_unknown_options": True})
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), callback=existing_file)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--dag", type=click.Path(dir_okay=False), default=None,
               help="For a DSL program (FILE.py): draw its Chunk DAG into this image.")

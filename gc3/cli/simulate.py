@@ -5,12 +5,13 @@ import click
 
 from ..dtypes import DTYPES, OPS
 from ..errors import GC3Error
-from ._common import fail, output_path
+from ._common import existing_file, fail, output_path
+from ._progress import Progress, quiet_option
 from ..simulator.cost_config import DEFAULT, PRESETS
 
 
 @click.command("simulate", context_settings={"ignore_unknown_options": True})
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), callback=existing_file)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--size", default=None,
               help="Bytes of each rank's input buffer: 4096, 64K, 1MiB, 1.5MB ... [default: 1MiB; a fused "
@@ -34,34 +35,46 @@ from ..simulator.cost_config import DEFAULT, PRESETS
                    "uncalibrated.")
 @click.option("--timeline", type=click.Path(dir_okay=False), default=None,
               help="Draw the predicted per-threadblock timeline into this image.")
+@click.option("--unproven", is_flag=True,
+              help="Run a custom collective whose IR has no <postcondition>: structure, deadlocks and races are "
+                   "still checked, its outputs cannot be (nothing is proven).")
+@quiet_option
 def command(file: str, args, size, count, dtype, op, seed, slots, inplace, root, interleave_seed, cost,
-            timeline) -> None:
+            timeline, unproven) -> None:
     """Execute an XML IR (or a DSL program FILE.py [ARGS], lowered first) on numpy
     buffers of every rank; check outputs, report deadlocks and races, predict time.
-    Exits 1 on any failure."""
+
+    Memory is estimated from the IR and the size before anything is allocated, and a run
+    over GC3_SIM_MAX_BYTES (default 8 GiB) is refused.
+    Exit status: 0 correct; 1 wrong (outputs, deadlock, races); 2 an input that cannot be used."""
     from ..simulator import load_program, simulate
     from ..simulator.driver import program_root
 
     try:
         output_path(timeline, "--timeline")
-        if file.endswith(".py"):
-            from ..dsl.program import run_script
-            source = run_script(file, list(args))
-        elif args:
-            raise click.UsageError(f"unexpected arguments {' '.join(args)} (only a DSL program FILE.py takes them)")
-        else:
-            source = file
-        if root is None:
-            root = program_root(source)
-        prog = load_program(source)
-        res = simulate(prog, size=size if count is None else None, count=count, dtype=dtype, op=op, seed=seed,
-                       slots=slots, inplace=inplace, root=root, interleave_seed=interleave_seed, cost=cost)
+        with Progress("simulate") as progress:
+            if file.endswith(".py"):
+                from ..dsl.program import run_script
+                progress.phase(f"running {file}")
+                source = run_script(file, list(args))
+            elif args:
+                raise click.UsageError(f"unexpected arguments {' '.join(args)} (only a DSL program FILE.py takes them)")
+            else:
+                source = file
+            if root is None:
+                root = program_root(source)
+            progress.phase("lowering" if file.endswith(".py") else "reading the IR")
+            prog = load_program(source)
+            res = simulate(prog, size=size if count is None else None, count=count, dtype=dtype, op=op, seed=seed,
+                           slots=slots, inplace=inplace, root=root, interleave_seed=interleave_seed, cost=cost,
+                           unproven=unproven, progress=progress)
     except GC3Error as exc:
         fail(file, exc)
     except MemoryError as exc:
+        # the estimate was too low for this machine: still a size the user must lower, as for the limit
         click.echo(f"{file}: FAILED: not enough memory to simulate every rank's buffers ({exc}); "
                    f"use a smaller --size or --count", err=True)
-        raise SystemExit(1)
+        raise SystemExit(2)
     click.echo(res.summary())
     if timeline:
         if res.timing is None:

@@ -6,7 +6,8 @@ from collections import Counter
 import click
 
 from ..errors import GC3Error
-from ._common import fail, output_path
+from ._common import existing_file, fail, output_path
+from ._progress import Progress, quiet_option
 
 
 def summary(prog) -> str:
@@ -35,22 +36,29 @@ def summary(prog) -> str:
 
 
 @click.command("trace", context_settings={"ignore_unknown_options": True})
-@click.argument("program", type=click.Path(exists=True, dir_okay=False))
+@click.argument("program", type=click.Path(dir_okay=False), callback=existing_file)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--dag", "dag_path", type=click.Path(dir_okay=False), default=None,
               help="also draw the Chunk DAG to this image file (small programs)")
+@quiet_option
 def command(program, args, dag_path):
     """Run PROGRAM (a gc3 .py file) with ARGS, check it, print a summary."""
     from ..dsl.program import run_script
 
     try:
         output_path(dag_path, "--dag")
-        prog = run_script(program, list(args))
-        prog.check()
-        click.echo(summary(prog))
+        with Progress("trace") as progress:
+            progress.phase(f"running {program}")
+            prog = run_script(program, list(args))
+            progress.phase("checking the postcondition")
+            prog.check()
+            text = summary(prog)
+            if dag_path:
+                from ..dsl.chunk_dag import draw
+                progress.phase(f"drawing {dag_path}")
+                draw(prog.chunk_dag, dag_path)
+        click.echo(text)
         if dag_path:
-            from ..dsl.chunk_dag import draw
-            draw(prog.chunk_dag, dag_path)
             click.echo(f"dag          drawn to {dag_path}")
     except GC3Error as err:
         fail(program, err)

@@ -178,6 +178,7 @@ def depth(dag) -> int:
 
 
 MAX_DRAWN_NODES = 300
+DRAWN_ROW_MIN, DRAWN_ROW_MAX = 16, 24    # nodes in one drawn row
 
 
 def draw(dag, path) -> None:
@@ -194,7 +195,12 @@ def draw(dag, path) -> None:
         raise GC3Error(f"the chunk DAG has {dag.number_of_nodes()} nodes; drawing is limited to "
                        f"{MAX_DRAWN_NODES} (trace a smaller instance of the program)")
     levels = list(nx.topological_generations(dag))
-    pos = {n: (i - (len(nodes) - 1) / 2, -row) for row, nodes in enumerate(levels) for i, n in enumerate(nodes)}
+    # A level wider than the operations' widest (the input chunks: ranks x chunks) is wrapped
+    # into rows of that width, so the image keeps a readable aspect instead of one long row.
+    ops_widest = max((sum(dag.nodes[n]["kind"] != "source" for n in nodes) for nodes in levels), default=1)
+    per_row = min(max(ops_widest, DRAWN_ROW_MIN), DRAWN_ROW_MAX)
+    rows = [nodes[k:k + per_row] for nodes in levels for k in range(0, len(nodes), per_row)]
+    pos = {n: (i - (len(nodes) - 1) / 2, -row) for row, nodes in enumerate(rows) for i, n in enumerate(nodes)}
     labels = {}
     for n, data in dag.nodes(data=True):
         if data["kind"] == "source":
@@ -202,8 +208,8 @@ def draw(dag, path) -> None:
         else:
             op = data["op"]
             labels[n] = f"{op.id} {dict(copy='cp', reduce='rd').get(op.kind, op.kind)}\n{op.src.rank}->{op.dst.rank}"
-    widest = max((len(nodes) for nodes in levels), default=1)
-    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.9 * widest), 60.0), min(max(4.0, 0.9 * len(levels)), 60.0)))
+    widest = max((len(nodes) for nodes in rows), default=1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * widest), min(max(4.0, 0.9 * len(rows)), 60.0)))
     styles = {"true": ("black", "solid"), "war": ("tab:red", "dashed"), "waw": ("tab:orange", "dotted")}
     for kind, (color, style) in styles.items():
         edges = [(a, b) for a, b, k in dag.edges(data="kind") if k == kind]

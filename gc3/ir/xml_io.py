@@ -43,6 +43,44 @@ FUSED = "fused"
 
 _ALGO_REQUIRED = ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace")
 _ALGO_OPTIONAL = ("outofplace", "minBytes", "maxBytes", "redop", "gc3version")
+# <algo root="r">: a broadcast/reduce's root, which gc3 writes and the drop-in reads; kept in Program.extra.
+_ALGO_EXTRA = ("root",)
+
+# Every attribute each element may carry.  The MSCCL ones are all that MSCCL's
+# reader and msccl-tools' writers use (<algo>: name proto nchannels nchunksperloop
+# ngpus coll inplace outofplace minBytes maxBytes redop); the rest are gc3's.  A
+# name outside these is a typo far more often than an extension, and a misspelt
+# optional attribute (maxbytes) would otherwise take its default silently.
+_ATTRIBUTES = {
+    "algo": frozenset(_ALGO_REQUIRED + _ALGO_OPTIONAL + _ALGO_EXTRA + (FUSED,)),
+    "gpu": frozenset(("id", "i_chunks", "o_chunks", "s_chunks")),
+    "tb": frozenset(("id", "send", "recv", "chan")),
+    "step": frozenset(("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep",
+                       "inputs", "col0", "col1", "epilogue")),
+    POSTCONDITION: frozenset(),
+    _TERM: frozenset(("rank", "out", "src", "in", "cnt")),
+    COMPUTE_EL: frozenset(("op", "dtype", "accum", "splits", "return_a")),
+    _INPUT: frozenset(("name", "shape", "dtype")),
+    EPILOGUE_EL: frozenset(("ops", "cols")),
+}
+
+
+def closest(name: str, known, shape: str = "{}") -> str:
+    """"; did you mean `x`?" for the known name nearest to `name` (case aside),
+    written as `shape` says ("<{}>" for an element), or ""."""
+    from difflib import get_close_matches
+
+    by_lower = {k.lower(): k for k in known}
+    match = get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean `{shape.format(by_lower[match[0]])}`?" if match else ""
+
+
+def _known_attributes(el, source: str) -> None:
+    known = _ATTRIBUTES[el.tag]
+    for name in el.attrib:
+        if name not in known:
+            raise IRFormatError(f"{source}:{el.sourceline}: `{name}`: unknown attribute of `<{el.tag}>`"
+                                + (closest(name, known) or f" (it takes {', '.join(sorted(known)) or 'none'})"))
 
 
 def _where(el, source: str) -> str:
@@ -101,9 +139,13 @@ def _children(el, tag: str, source: str, also=()):
         if not isinstance(child.tag, str):  # comments, processing instructions
             continue
         if child.tag in also:
+            _known_attributes(child, source)
             continue
         if child.tag != tag:
-            raise IRFormatError(f"{_where(child, source)} unexpected inside <{el.tag}> (expected <{tag}>)")
+            known = (tag,) + tuple(also)
+            raise IRFormatError(f"{source}:{child.sourceline}: `<{child.tag}>`: unknown element inside `<{el.tag}>`"
+                                + (closest(str(child.tag), known, "<{}>") or f" (expected <{tag}>)"))
+        _known_attributes(child, source)
         out.append(child)
     return out
 
@@ -172,7 +214,7 @@ def _read_gpu(el, source: str) -> Gpu:
 def from_element(root, source: str = "<xml>") -> Program:
     if root.tag != "algo":
         raise IRFormatError(f"{_where(root, source)} root element must be <algo>")
-    known = set(_ALGO_REQUIRED) | set(_ALGO_OPTIONAL) | {FUSED}
+    _known_attributes(root, source)
     prog = Program(
         name=_attr(root, "name", source),
         proto=_attr(root, "proto", source, _choice(PROTOCOLS)),
@@ -186,7 +228,7 @@ def from_element(root, source: str = "<xml>") -> Program:
         maxBytes=_attr(root, "maxBytes", source, _nbytes, required=False),
         redop=_attr(root, "redop", source, required=False),
         gc3version=_attr(root, "gc3version", source, required=False),
-        extra={k: v for k, v in root.attrib.items() if k not in known},
+        extra={k: root.get(k) for k in _ALGO_EXTRA if root.get(k) is not None},
     )
     gpus = _children(root, "gpu", source, also=(POSTCONDITION, COMPUTE_EL, EPILOGUE_EL))
     if len(gpus) > prog.ngpus:

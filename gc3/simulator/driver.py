@@ -22,14 +22,19 @@ from .cost_model import Schedule, Timing, format_time, predict
 from .executor import Executed, Simulator, hasdep_warnings, static_errors
 from .memory import RankMemory
 from .races import Race
+from .footprint import CHECK_SLICE, ENV as MAX_BYTES_ENV, estimate, format_bytes, max_bytes
 
 DEFAULT_SIZE = 1 << 20
 
-def format_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
+
+class _Quiet:
+    """What `simulate` reports progress to when nobody listens."""
+
+    def phase(self, name: str, total: Optional[int] = None) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
 
 
 @dataclass
@@ -64,6 +69,7 @@ class Result:
     slots: int = 0
     aliased: bool = False
     seed: int = 0
+    unproven: bool = False           # run with unproven=True and nothing to check the outputs against
 
     def summary(self) -> str:
         return format_summary(self)
@@ -117,7 +123,7 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
              reference: Union[None, Callable, Sequence] = None, *, count: Optional[int] = None,
              root: Optional[int] = None, inputs: Optional[Sequence[np.ndarray]] = None,
              interleave_seed: Optional[int] = None, detect_races: bool = True,
-             cost: Union[str, CostConfig] = DEFAULT_COST) -> Result:
+             cost: Union[str, CostConfig] = DEFAULT_COST, unproven: bool = False, progress=None) -> Result:
     """Execute `program_or_xml` on every rank's numpy buffers and check it.
 
     size: bytes of each rank's input buffer (int or "1MiB"); or `count`
@@ -129,7 +135,14 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
     reduce; None takes a traced GC3Program's own root (XML records none: 0).
     dtype: None is float32, or a fused program's own (whose operator also
     fixes the size: its output's elements; its inputs are made from `seed`).
+    unproven: a custom collective with no postcondition and no `reference` runs
+    (every check but the outputs': structure, deadlock, races) instead of failing;
+    `Result.unproven` then says its outputs were not checked.
+    progress: an object with phase(name, total) and advance(n) (gc3.cli's Progress).
+    Refuses (SizeError) a run whose estimated memory (`footprint.estimate`) is
+    over GC3_SIM_MAX_BYTES before allocating anything.
     """
+    progress = progress or _Quiet()
     if root is None:
         root = program_root(program_or_xml)
     prog = load_program(program_or_xml)
@@ -145,8 +158,8 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
         asked = None if size is None and count is None else \
             _element_count(size, count, dtype_info(spec.dtype).np.itemsize)
         if asked is not None and asked != want:
-            raise SimulationError(f"{prog.name} is a fused {spec.op} whose output holds {want} elements; "
-                                  f"a size of {asked} elements was asked for")
+            raise SizeError(f"{prog.name} is a fused {spec.op} whose output holds {want} elements; "
+                            f"a size of {asked} elements was asked for")
         size, count, dtype = None, want, spec.buffer_dtype
     epi = prog.epilogue
     if epi is not None and (spec is not None or op != "sum"):
@@ -170,11 +183,15 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
         return result
     layouts = {r: layout_for(prog, in_elems, r) for r in range(nranks)}
     result.layout = layouts[0]
-    total = sum((L.in_elems + L.out_elems + L.scratch_elems) * info.np.itemsize for L in layouts.values())
-    if total > limits.MAX_SIMULATED_BYTES:
-        raise SizeError(f"simulating {nranks} ranks at this size needs {format_bytes(total)} of buffers, more "
-                              f"than gc3.limits.MAX_SIMULATED_BYTES={format_bytes(limits.MAX_SIMULATED_BYTES)}; "
-                              f"use a smaller --size or --count")
+    need = estimate(prog, [layouts[r] for r in range(nranks)], info.np.itemsize, aliased=aliased, slots=slots,
+                    detect_races=detect_races, op=op)
+    limit = max_bytes()
+    if need.total > limit:
+        raise SizeError(f"simulating {nranks} ranks at {format_bytes(in_elems * info.np.itemsize)} per rank needs "
+                        f"about {format_bytes(need.total)} of memory ({need.describe()}), more than "
+                        f"{MAX_BYTES_ENV}={format_bytes(limit)} (default gc3.limits.MAX_SIMULATED_BYTES); "
+                        f"use a smaller --size or --count, or raise {MAX_BYTES_ENV}")
+    progress.phase("drawing inputs")
     compute_inputs = None
     if spec is not None:
         from .compute import make_compute_inputs
@@ -209,7 +226,10 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
         return result
     result.warnings.extend(hasdep_warnings(prog))
 
-    run = Simulator(prog, memories, ufunc, slots, interleave_seed=interleave_seed, detect_races=detect_races).run()
+    progress.phase("executing", total=sum(len(tb.steps) for g in prog.gpus for tb in g.threadblocks))
+    run = Simulator(prog, memories, ufunc, slots, interleave_seed=interleave_seed, detect_races=detect_races,
+                    on_step=progress.advance).run()
+    progress.phase("checking against numpy")
     result.records = run.records
     result.races = run.races
     result.races_more = run.races_truncated
@@ -241,9 +261,10 @@ def simulate(program_or_xml, size=None, dtype: Optional[str] = None, op: str = "
     if compute_inputs is not None:
         _check_fused(result, prog, compute_inputs, layouts[0].chunks_per_block)
     else:
-        _check(result, prog, inputs, op, root, reference, epilogue_inputs)
+        _check(result, prog, inputs, op, root, reference, epilogue_inputs, unproven)
 
     if run.completed:
+        progress.phase("predicting time")
         cfg = preset(cost) if isinstance(cost, str) else cost
         L = layouts[0]
         result.timing = predict(run.records, proto=prog.proto, coll=prog.coll, nranks=nranks,
@@ -289,21 +310,46 @@ class TimedProgram:
 
 
 def _changed(now: np.ndarray, before: np.ndarray) -> np.ndarray:
-    a = now.view(np.uint8).reshape(now.size, now.itemsize)
-    b = before.view(np.uint8).reshape(before.size, before.itemsize)
-    return np.flatnonzero((a != b).any(axis=1))
+    """Indices of elements whose bits differ, compared a slice at a time (bounded temporaries)."""
+    bits = np.dtype(f"u{now.itemsize}") if now.itemsize in (1, 2, 4, 8) else None
+    found = []
+    for lo in range(0, now.size, CHECK_SLICE):
+        a, b = now[lo:lo + CHECK_SLICE], before[lo:lo + CHECK_SLICE]
+        if bits is not None:
+            diff = a.view(bits) != b.view(bits)
+        else:
+            diff = (a.view(np.uint8).reshape(a.size, a.itemsize) != b.view(np.uint8).reshape(b.size, b.itemsize)).any(1)
+        found.append(np.flatnonzero(diff) + lo)
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def _check(result: Result, prog: Program, inputs, op: str, root: int, reference, epilogue_inputs=None) -> None:
+def _mismatches(got: np.ndarray, exp: np.ndarray, dtype) -> np.ndarray:
+    """`mismatches` a slice at a time, so that its float64 copies stay small."""
+    if got.shape != exp.shape or got.size <= CHECK_SLICE:
+        return mismatches(got, exp, dtype)
+    return np.concatenate([mismatches(got[lo:lo + CHECK_SLICE], exp[lo:lo + CHECK_SLICE], dtype) + lo
+                           for lo in range(0, got.size, CHECK_SLICE)])
+
+
+UNPROVEN = ("nothing was proven: a custom collective without <postcondition> says nothing about what it must "
+            "compute, so its outputs were not checked (structure, deadlock and races were)")
+
+
+def _check(result: Result, prog: Program, inputs, op: str, root: int, reference, epilogue_inputs=None,
+           unproven: bool = False) -> None:
     nranks = prog.ngpus
     if reference is None:
         if prog.coll in COLLECTIVES:
             expected = builtin_reference(prog.coll, inputs, op, nranks, root=root)
         elif prog.postcondition is not None:     # a custom collective's IR says what it computes
             expected = from_postcondition(prog, inputs, op, result.outputs)
+        elif unproven:
+            result.unproven = True
+            return
         else:
             result.errors.append(f"cannot check outputs: no built-in reference for collective {prog.coll!r} and "
-                                 "no <postcondition> in the IR; pass reference=")
+                                 "no <postcondition> in the IR; pass reference= (or --unproven to run it "
+                                 "without checking its outputs)")
             return
     elif callable(reference):
         expected = reference(list(inputs), op, nranks)
@@ -329,7 +375,7 @@ def _check(result: Result, prog: Program, inputs, op: str, root: int, reference,
         if exp.shape != got.shape:
             result.errors.append(f"rank {r}: output has {got.size} elements, reference {exp.size}")
             continue
-        rows.append((r, mismatches(got, exp, got.dtype), exp, got))
+        rows.append((r, _mismatches(got, exp, got.dtype), exp, got))
     _tally(result, rows, what)
 
 
@@ -392,6 +438,8 @@ def format_summary(res: Result) -> str:
                          f"index {fw.index}: expected {fw.expected}, got {fw.got}")
         elif not res.deadlock:
             lines.append(f"result     OK: all {checked} checked element(s) match the numpy reference")
+    if res.unproven:
+        lines.append(f"result     NOT PROVEN: {UNPROVEN}")
     nraces = len(res.races) + res.races_more
     lines.append(f"races      {nraces}" + ("" if not res.races else ":"))
     lines += [f"  {r}" for r in res.races[:8]]

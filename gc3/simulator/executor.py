@@ -185,8 +185,10 @@ def hasdep_warnings(prog: Program) -> List[str]:
 
 class Simulator:
     def __init__(self, prog: Program, memories: Dict[int, RankMemory], ufunc: np.ufunc, slots: int,
-                 interleave_seed: Optional[int] = None, detect_races: bool = True):
+                 interleave_seed: Optional[int] = None, detect_races: bool = True, on_step=None):
+        """`on_step(1)` is called after each executed step (progress reports)."""
         self.prog = prog
+        self.on_step = on_step
         self.conv = prog.convention
         self.ufunc = ufunc
         self.slots = slots
@@ -244,6 +246,8 @@ class Simulator:
                     sleepers = waiting.pop(key, None)
                     if sleepers:
                         queue.extend(sleepers)
+                if self.on_step is not None:
+                    self.on_step(1)
                 if a.pc < len(a.steps):
                     queue.append(a)
         except _Fatal as exc:

@@ -31,18 +31,28 @@ Outputs = List[Optional[np.ndarray]]
 
 
 def _reduced(inputs: Sequence[np.ndarray], op) -> np.ndarray:
+    # One rank at a time into one accumulator, in rank order as a reduction along
+    # the ranks' axis would go, so that memory stays two buffers, not nranks.
     ufunc = reduce_op(op) if isinstance(op, str) else op
     dt = inputs[0].dtype
     info = dtype_info(dt)
-    stack = np.stack([np.asarray(x) for x in inputs])
-    if info.is_float:
-        out = ufunc.reduce(stack.astype(np.float64), axis=0).astype(dt)
-    else:
-        out = ufunc.reduce(stack, axis=0)
+    # integers: the type numpy's own reduction would accumulate in (add and multiply widen small ones)
+    wide = np.float64 if info.is_float else ufunc.reduce(np.stack([np.asarray(x)[:1] for x in inputs]), axis=0).dtype
+    acc = np.array(inputs[0], dtype=wide, copy=True)
+    for x in inputs[1:]:
+        ufunc(acc, np.asarray(x), out=acc, casting="unsafe")
+    out = acc.astype(dt) if info.is_float else acc
     if op == "avg":
         from ..ir.epilogue import avg_divide
         out = avg_divide(out.astype(dt), len(inputs))   # NCCL divides the wrapped sum
     return out
+
+
+def _shared(x: np.ndarray, n: int) -> List[np.ndarray]:
+    """The same expected buffer for `n` ranks: one array, read-only so that no
+    caller can change one rank's expectation through another's."""
+    x.flags.writeable = False
+    return [x] * n
 
 
 def _blocks(x: np.ndarray, n: int) -> List[np.ndarray]:
@@ -52,13 +62,11 @@ def _blocks(x: np.ndarray, n: int) -> List[np.ndarray]:
 
 
 def _allreduce(inputs, op, n, root):
-    r = _reduced(inputs, op)
-    return [r.copy() for _ in range(n)]
+    return _shared(_reduced(inputs, op), n)
 
 
 def _allgather(inputs, op, n, root):
-    g = np.concatenate(inputs)
-    return [g.copy() for _ in range(n)]
+    return _shared(np.concatenate(inputs), n)
 
 
 def _reducescatter(inputs, op, n, root):
@@ -71,7 +79,7 @@ def _alltoall(inputs, op, n, root):
 
 
 def _broadcast(inputs, op, n, root):
-    return [inputs[root].copy() for _ in range(n)]
+    return _shared(inputs[root].copy(), n)
 
 
 def _reduce(inputs, op, n, root):
@@ -146,23 +154,26 @@ def make_inputs(coll: str, nranks: int, in_elems: int, dtype="float32", seed: in
     info = dtype_info(dtype)
     rng = np.random.default_rng([seed, nranks, in_elems])
     n = max(nranks, 1)
-    shape = (n, in_elems)
     signed = info.signed
+    # Drawn one rank at a time (the generator's stream is the same as for one
+    # (n, in_elems) draw), so that only one rank's int64 draw is alive at once.
     if op == "prod":
         # Magnitudes 1 or 2 with at most `cap` twos per element: products are
         # powers of two no larger than 2**cap, exact and finite everywhere.
         cap = min(14, info.exact.bit_length() - 2)
-        twos = rng.random(shape) < 0.5
-        twos &= np.cumsum(twos, axis=0) <= cap
-        vals = np.where(twos, 2, 1)
+        seen = np.zeros(in_elems, dtype=np.int16)
+        twos = []
+        for _ in range(n):
+            t = rng.random(in_elems) < 0.5
+            seen += t
+            twos.append(t & (seen <= cap))
+        vals = [np.where(t, 2, 1) for t in twos]
         if signed:
-            vals = vals * rng.choice([-1, 1], size=shape)
-    else:
-        # sum: partial sums of n values stay within the exact integer range.
-        bound = info.exact // n if op in ("sum", "avg") else info.exact
-        m = max(1, min(bound, 2048))
-        lo = -(m // 2) if signed else 0
-        hi = m // 2 if signed else m
-        vals = rng.integers(lo, hi + 1, size=shape)
-    out = vals.astype(info.np)
-    return [out[r].copy() for r in range(nranks)]
+            vals = [v * rng.choice([-1, 1], size=in_elems) for v in vals]
+        return [v.astype(info.np) for v in vals[:nranks]]
+    # sum: partial sums of n values stay within the exact integer range.
+    bound = info.exact // n if op in ("sum", "avg") else info.exact
+    m = max(1, min(bound, 2048))
+    lo = -(m // 2) if signed else 0
+    hi = m // 2 if signed else m
+    return [rng.integers(lo, hi + 1, size=in_elems).astype(info.np) for _ in range(nranks)]

@@ -61,15 +61,24 @@ def fused_op_names(value: str, param: str) -> list:
     return names
 
 
+def fused_runtime(what: str):
+    """The torch-side benchmark module, or exit 2 naming what this machine lacks."""
+    try:
+        import torch
+        from runtime_cuda.torch_dist import bench_fused
+    except ImportError as exc:
+        raise click.UsageError(f"{what} needs torch, cupy and CUDA GPUs ({exc})") from None
+    if not torch.cuda.is_available():
+        raise click.UsageError(f"{what} needs CUDA GPUs, one per process; torch sees no GPU here")
+    return bench_fused
+
+
 def _fused(ops: str, quick: bool, chunks, record: Path, iters: int, rounds: int, plot_path, report: bool) -> None:
     from runtime_cuda.fused import records
 
     names = fused_op_names(ops, "--ops")
     if not report:
-        try:
-            from runtime_cuda.torch_dist import bench_fused
-        except ImportError as exc:
-            raise click.ClickException(f"gc3 bench --fused needs torch and a GPU ({exc})") from None
+        bench_fused = fused_runtime("gc3 bench --fused")
         failed = bench_fused.bench(names, quick, record, iters, rounds, chunks, click.echo)
         if failed:
             raise click.ClickException(f"{failed} shape(s) failed the check against the fp32 reference")
@@ -157,7 +166,10 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
         import cupy  # noqa: F401
         from runtime_cuda.nccl import perf_gpu
     except ImportError as exc:
-        raise click.ClickException(f"gc3 bench needs cupy with NCCL and a GPU ({exc})") from None
+        # exit 2, as `gc3 run` without a GPU: the environment cannot be used, nothing is wrong
+        from gc3.cli._common import fail
+        from gc3.errors import InputError
+        fail("gc3 bench", InputError(f"needs cupy with NCCL and a GPU ({exc})"))
     impls = impl_names(impl, peer)
     if rounds < 1 or iters < 1:
         raise click.UsageError(f"--rounds ({rounds}) and --iters ({iters}) must be at least 1")

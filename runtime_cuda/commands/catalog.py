@@ -10,6 +10,7 @@ import click
 
 from gc3.errors import EXIT_WRONG, GC3Error, InputError
 from gc3.cli._common import fail
+from gc3.cli._progress import Progress, quiet_option
 
 from .tune import choices_title, png_option
 
@@ -21,6 +22,7 @@ def command() -> None:
 
 @command.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
+@quiet_option
 def check(file: str) -> None:
     """Load FILE exactly as the drop-in would (every entry's fields, every IR it
     lists, each IR proven by `gc3 check`); list what it would skip.
@@ -30,7 +32,9 @@ def check(file: str) -> None:
     from runtime_cuda.nccl.catalog import check_config
 
     try:
-        good, problems = check_config(Path(file))
+        with Progress("catalog check") as progress:
+            progress.phase("loading and proving every entry")
+            good, problems = check_config(Path(file))
     except GC3Error as exc:      # the file itself: missing, not JSON/XML, wrong schema
         fail(file, exc)
     for c in good:
@@ -49,6 +53,7 @@ def check(file: str) -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), callback=png_option,
               help="PNG to write")
+@quiet_option
 def plot(file: str, output) -> None:
     """Draw, from the provenance `gc3 tune` wrote into catalog FILE (JSON), the
     algorithm chosen per collective, placement and size, its time and its margin
@@ -67,5 +72,7 @@ def plot(file: str, output) -> None:
     if not isinstance(prov, dict) or not prov.get("choices"):
         fail(file, InputError('no provenance "choices" to plot: only a catalog written by `gc3 tune` has them '
                               "(its provenance records what won at each size)"))
-    plot_choices(prov["choices"], output, title=choices_title(prov))
+    with Progress("catalog plot") as progress:
+        progress.phase(f"drawing {output}")
+        plot_choices(prov["choices"], output, title=choices_title(prov))
     click.echo(f"wrote {output}")

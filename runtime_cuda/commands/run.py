@@ -12,7 +12,7 @@ import os
 import click
 
 from gc3 import limits
-from gc3.errors import GC3Error
+from gc3.errors import GC3Error, InputError, PostconditionUnprovableError
 from gc3.units import env_number
 from gc3.cli._common import fail
 
@@ -25,27 +25,28 @@ def _world_size() -> int:
 
 
 def _mode(mode: str, world: int) -> str:
-    """The mode to run in, or a ClickException when it contradicts how the process was started."""
+    """The mode to run in, or a usage error (exit 2) when it contradicts how the process was started."""
     if mode == "auto":
         return "ipc" if world > 1 else "virtual"
     if mode == "ipc" and world < 2:
-        raise click.ClickException("--mode ipc needs one process per GPU: start it with mpirun -np N")
+        raise click.UsageError("--mode ipc needs one process per GPU: start it with mpirun -np N")
     if mode != "ipc" and world > 1:
-        raise click.ClickException(f"--mode {mode} runs every rank in one process; start it without mpirun "
+        raise click.UsageError(f"--mode {mode} runs every rank in one process; start it without mpirun "
                                    f"(this is process {os.environ.get('OMPI_COMM_WORLD_RANK', '?')} of {world})")
     return mode
 
 
 def _need_gpu() -> None:
+    """Exit 2 (an environment that cannot be used, as the README's contract says) without a GPU."""
     try:
         import cupy
 
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no cupy, no driver: all mean the same to the user
-        raise click.ClickException(f"gc3 run needs a CUDA GPU and cupy (found none: {exc}); "
-                                   f"use `gc3 simulate` on a machine without one") from None
+        fail("gc3 run", InputError(f"needs a CUDA GPU and cupy (found none: {exc}); "
+                                   f"use `gc3 simulate` on a machine without one"))
     if n < 1:
-        raise click.ClickException("gc3 run needs a CUDA GPU; cupy sees none")
+        fail("gc3 run", InputError("needs a CUDA GPU; cupy sees none"))
 
 
 @click.command("run")
@@ -64,7 +65,11 @@ def _need_gpu() -> None:
 @click.option("--mode", default="auto", show_default=True, type=click.Choice(["auto", "virtual", "ipc", "peer"]),
               help="virtual: all ranks on one GPU; ipc: one process per GPU (mpirun); "
                    "peer: this process drives one GPU per rank; auto: ipc under mpirun, else virtual")
-def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode):
+@click.option("--unproven", is_flag=True,
+              help="Run a custom collective whose IR has no <postcondition>: structure, limits, FIFO order, "
+                   "deadlock freedom and races are still checked; the data is checked against gc3 simulate's "
+                   "buffers, and nothing is proven.")
+def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode, unproven):
     """Run XML on GPUs: virtual ranks on one GPU, one rank per process under mpirun,
     or one process driving one GPU per rank (--mode peer)."""
     from gc3.dtypes import dtype_info
@@ -77,18 +82,54 @@ def command(xml, size, dtype, op, iters, warmup, inplace, proto, check, timeout,
         prog = read_xml(xml)
         if prog.fused and mode == "peer":
             raise GC3Error(f"{prog.name} is a fused IR ({prog.compute.op}): it runs in --mode virtual or ipc")
-        # Nothing unproven reaches a GPU: a wrong IR could hang it or return wrong data.
-        verify(prog)
+        # Nothing unproven reaches a GPU unless asked: a wrong IR could hang it or return wrong data.
+        try:
+            verify(prog)
+            unproven = False
+        except PostconditionUnprovableError as exc:
+            if not unproven:
+                raise PostconditionUnprovableError(f"{exc}; --unproven runs it anyway (every check but the "
+                                                   f"postcondition's)") from None
+            _check_unproven(prog)
     except GC3Error as exc:
         fail(xml, exc)
     _need_gpu()
     try:
-        _run(prog, size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout, mode)
+        _run(prog, size, dtype_info(dtype).name, op, iters, warmup, inplace, proto, check, timeout, mode, unproven)
     except GC3Error as exc:
         raise click.ClickException(str(exc)) from None
 
 
-def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode):
+def _check_unproven(prog) -> None:
+    """Everything `verify` checks but the postcondition, for an IR that has none: structure,
+    limits, FIFO order and deadlock freedom, then races, which the simulator finds on one
+    element per chunk (its vector clocks see every unordered pair, whatever the interleaving)."""
+    from gc3.errors import VerificationError
+    from gc3.ir.layout import layout_for
+    from gc3.simulator import simulate
+    from gc3.verify import verify
+
+    verify(prog, semantics=False)
+    L = layout_for(prog, 0)
+    res = simulate(prog, count=L.blocks_in * L.chunks_per_block, unproven=True)
+    if not res.ok:
+        raise VerificationError("; ".join(res.errors[:4]))
+    click.echo(f"{prog.name}: custom collective without <postcondition>: structure, limits, FIFO order, deadlock "
+               f"freedom and races checked; NOTHING PROVEN about what it computes (--unproven)")
+
+
+def _simulated_case(prog, n, dtype, op, inplace):
+    """(inputs, expected outputs) of an IR with no postcondition: gc3 simulate's buffers, the
+    normative meaning of every opcode, on the same seeded inputs as a checked run."""
+    from gc3.simulator import simulate
+
+    res = simulate(prog, count=n, dtype=dtype, op=op, inplace=inplace, unproven=True, detect_races=False)
+    if not res.ok:
+        raise GC3Error("gc3 simulate fails on this IR: " + "; ".join(res.errors[:4]))
+    return res.inputs, res.outputs
+
+
+def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode, unproven=False):
     from runtime_cuda.checking import device_buffers, reference_case, run_checked
     from gc3.units import bus_factor, parse_size
     from runtime_cuda.perf import in_elems_for, nbytes_of
@@ -120,13 +161,18 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
     say = click.echo if lead else (lambda *a, **k: None)
     say(f"{prog.name}: {prog.coll}, {where}, {group.proto} protocol, {dtype} {op}, "
         f"{nbytes} bytes per rank, {'in place' if inplace else 'out of place'}")
-    ins, outs = device_buffers(group, reference_case(prog, n, dtype, op)[0], n, dtype, inplace)
+    if unproven:
+        say("check: against gc3 simulate's buffers, not a postcondition (nothing proven)")
+        case = _simulated_case(prog, n, dtype, op, inplace)
+    else:
+        case = reference_case(prog, n, dtype, op)
+    ins, outs = device_buffers(group, case[0], n, dtype, inplace)
 
     def report(us):
         algbw = nbytes / us / 1e3
         say(f"time {us:.1f} us  algbw {algbw:.2f} GB/s  busbw {algbw * bus_factor(prog.coll, prog.ngpus):.2f} "
             f"GB/s ({iters} iterations)")
-    _check_and_time(group, lead, lambda: run_checked(group, n, dtype, op, inplace),
+    _check_and_time(group, lead, lambda: run_checked(group, n, dtype, op, inplace, case=case),
                     lambda: group(ins, outs, op=op, dtype=dtype), report, iters, warmup, check)
 
 

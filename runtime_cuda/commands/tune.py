@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from gc3.errors import GC3Error
+from gc3.cli._progress import quiet, quiet_option
 
 from .bench import _colls, _size
 
@@ -75,7 +76,7 @@ def choices_title(prov: dict) -> str:
 @click.option("--time-budget", type=float, default=0, show_default=True,
               help="seconds of measuring; the sizes not reached by then go to NCCL, listed as not measured "
                    "in the catalog's provenance (0: no budget)")
-@click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: beside -o]")
+@click.option("--ir-dir", type=click.Path(file_okay=False), help="folder for the IR files [default: X.d/ beside -o X.json]")
 @click.option("--prior", "prior_ratio", type=float, default=None,
               help="measured tunes: at each size, time only the candidates the cost model (--cost) predicts within "
                    "this factor of its fastest prediction (and its few fastest); 0 times every candidate "
@@ -87,17 +88,15 @@ def choices_title(prov: dict) -> str:
               "section of -o (default: the catalog the drop-in serves on these GPUs), created or updated in "
               "place, which the fused operators' auto path reads")
 @click.option("--ops", "fused_ops", default="all", show_default=True, help="--fused: operators, comma-separated, or all")
+@quiet_option
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, install,
             time_budget, ir_dir, prior_ratio, plot_path, fused, fused_ops):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     if fused:
-        from .bench import fused_op_names
+        from .bench import fused_op_names, fused_runtime
         names = fused_op_names(fused_ops, "--ops")
-        try:
-            from runtime_cuda.torch_dist import bench_fused
-        except ImportError as exc:
-            raise click.ClickException(f"gc3 tune --fused needs torch and a GPU ({exc})") from None
+        bench_fused = fused_runtime("gc3 tune --fused")
         try:
             bench_fused.tune(names, quick, Path(output) if output else None, 10, 3, click.echo)
         except RuntimeError as exc:
@@ -174,7 +173,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     pending = [False]
 
     def progress(line):
-        if not lead:
+        if not lead or quiet():
             return
         if redraw and line.startswith("["):
             click.echo("\r\033[K" + line, err=True, nl=False)
@@ -221,7 +220,9 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
 def _write(results, out: Path, ranks: int, prov: dict, ir_dir, output: str) -> None:
     from runtime_cuda.nccl import tune
 
-    catalog = tune.write_catalog(results, out, ranks, prov, Path(ir_dir) if ir_dir else None)
+    # The IRs get a folder named after the catalog, so that a catalog written into /tmp or a project
+    # folder does not scatter its dozens of IR files there.
+    catalog = tune.write_catalog(results, out, ranks, prov, Path(ir_dir) if ir_dir else out.with_suffix(".d"))
     for line in tune.summary(results):
         click.echo(line)
     click.echo(f"wrote {output}: {len(catalog['algorithms'])} entries, "
