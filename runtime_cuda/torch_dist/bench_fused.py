@@ -294,13 +294,21 @@ class Timer:
         if fn is None:
             return None
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()                        # warm up on a side stream, as torch's docs ask before capture
-            torch.cuda.current_stream().wait_stream(side)
+            # Warm up on the stream the capture will use: the fused pipeline keeps its buffers per
+            # stream, so the capture then finds them and allocates nothing.
+            cap, user = torch.cuda.Stream(), torch.cuda.current_stream()
+            cap.wait_stream(user)
+            torch.cuda.set_stream(cap)
+            try:
+                fn()
+            finally:
+                torch.cuda.set_stream(user)
+            user.wait_stream(cap)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            # torch.cuda.graph switches torch's current stream and restores it on exit; CuPy's stream
+            # stack (which a `with` on a CuPy stream would reset) is not involved.
+            capture = torch.cuda.graph(g, stream=cap)
+            with capture:
                 for _ in range(self.calls):
                     fn()
         except Exception:        # a path that cannot be captured: its column says n/a

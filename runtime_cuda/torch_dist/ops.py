@@ -104,7 +104,9 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
             tensors: Sequence[torch.Tensor]):
     """The measured choice for this shape, in the catalog the group's communicator serves."""
     from runtime_cuda.fused import choice
-    comm = pg._cuda(list(tensors), op)      # built here on a group's first CUDA call
+    # Built here on a group's first CUDA call, from a contiguous stand-in: the operands may be
+    # strided (B = W.t()), which the sequential path takes as they are.
+    comm = pg._comm if pg._comm is not None else pg._cuda([tensors[0].new_empty(1)], op)
     machine = getattr(comm, "machine", None)
     return choice.choose(op, pg.size(), _DTYPE_NAMES[dtype], shape, path=path, chunks=chunks,
                          catalog=getattr(machine, "path", None))
