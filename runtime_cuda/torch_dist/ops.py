@@ -383,8 +383,8 @@ def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, 
         raise ValueError(f"{what}: pooling={pooling!r} must be an integer >= 1 with nnz <= B * pooling "
                          f"(nnz {nnz}, B {B})")
     why = _refusal(pg, [tables])
-    if not why and not indices.is_cuda:
-        why = "CPU indices"
+    if not why and not indices.device == offsets.device == tables.device:
+        why = f"indices on {indices.device} and offsets on {offsets.device}, tables on {tables.device}"
     if not why and mode != "sum":
         why = "mode 'mean' (the fused program pools by sum)"
     if not why and tables.numel() == 0:
