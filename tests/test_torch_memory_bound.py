@@ -7,8 +7,6 @@ one GPU."""
 import contextlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -326,13 +324,9 @@ def test_the_cli_takes_the_memory_bound_ops():
 def test_the_gpu_program_checks_its_references_on_gloo(tmp_path):
     """The GPU program's sequential paths, references and negative controls on the CPU
     half of a gc3 group (gloo), two ranks."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, str(PROGRAM), str(r), "2", str(tmp_path / "store"), "--device", "cpu"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"ALL OK rank={r}" in out, out[-4000:]
+    from test_torch_backend import spawn_ranks
+    outs = spawn_ranks([str(PROGRAM)], 2, tmp_path, dict(os.environ, PYTHONPATH=str(ROOT)), "--device", "cpu",
+                       says="ALL OK rank={rank}", timeout=180)
     for needed in ("ebag_a2a garbage past the bags", "gemv_ar shifted peer fails the check",
                    "ebag_a2a shifted peer fails the check", "ar_epilogue shifted peer fails the check",
                    "ar_epilogue leaves x unchanged"):

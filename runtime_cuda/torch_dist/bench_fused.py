@@ -689,21 +689,23 @@ def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, 
     return v, ("fused" if pick.fused else "sequential"), memory_check(job, case, t, got, reference)
 
 
+# (value, heading, width) of the printed table; the ratios follow.
+MEMORY_COLUMNS = (("seq_nccl_us", "seq_nccl", 9), ("fused_us", "fused", 9), ("auto_us", "auto", 9),
+                  ("gemm_us", "compute", 9), ("comm_nccl_us", "c_nccl", 9), ("host_us", "host", 7),
+                  ("seq_host_us", "s_host", 7), ("graph_seq_nccl_us", "g_seq", 9))
+
+
 def memory_header() -> str:
-    return (f"{'op':11} {'G':>2} {'shape':58} {'seq_nccl':>9} {'fused':>9} {'auto':>9} {'compute':>9} {'c_nccl':>9} "
-            f"{'host':>7} {'s_host':>7} {'g_seq':>9} {'seq/auto':>8} {'seq/fused':>9} {'path':>10} check")
+    cells = " ".join(f"{name:>{w}}" for _, name, w in MEMORY_COLUMNS)
+    return f"{'op':11} {'G':>2} {'shape':58} {cells} {'seq/auto':>8} {'seq/fused':>9} {'path':>10} check"
 
 
 def memory_row(case: MemoryCase, v: Dict[str, Optional[float]], path: str, check: str) -> str:
-    def f(k, w=9):
-        x = v.get(k)
-        return f"{'n/a':>{w}}" if x is None else f"{x:{w}.1f}"
-
-    seq, fused, auto = v.get("seq_nccl_us"), v.get("fused_us"), v.get("auto_us")
-    ratio = lambda a, b, w: f"{a / b:{w - 1}.2f}x" if a and b else f"{'n/a':>{w}}"
-    return (f"{case.op:11} {case.G:>2} {case.shape_cells():58} {f('seq_nccl_us')} {f('fused_us')} {f('auto_us')} "
-            f"{f('gemm_us')} {f('comm_nccl_us')} {f('host_us', 7)} {f('seq_host_us', 7)} {f('graph_seq_nccl_us')} "
-            f"{ratio(seq, auto, 8)} {ratio(seq, fused, 9)} {path:>10} {check}")
+    cells = " ".join(f"{'n/a' if v.get(k) is None else format(v[k], '.1f'):>{w}}" for k, _, w in MEMORY_COLUMNS)
+    seq = v.get("seq_nccl_us")
+    ratios = [f"{seq / v[k]:.2f}x" if seq and v.get(k) else "n/a" for k in ("auto_us", "fused_us")]
+    return (f"{case.op:11} {case.G:>2} {case.shape_cells():58} {cells} {ratios[0]:>8} {ratios[1]:>9} {path:>10} "
+            f"{check}")
 
 
 def memory_cases(job: Job, ops: Sequence[str], quick: bool):
@@ -711,23 +713,26 @@ def memory_cases(job: Job, ops: Sequence[str], quick: bool):
         yield MemoryCase(op, dims, dtype, out_dtype, job.size, job.device)
 
 
+def _emit(job: Job, echo: Callable[[str], None], record: Optional[Path], text: str, record_line: str) -> None:
+    """Rank 0 prints a case's row and appends its line to the record file."""
+    if job.rank != 0:
+        return
+    echo(text)
+    if record is not None:
+        with open(record, "a") as fh:
+            fh.write(record_line + "\n")
+
+
 def bench_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, record: Optional[Path],
                  echo: Callable[[str], None]) -> int:
     """The memory-bound operators' part of `bench`: returns the number of shapes whose check failed."""
-    if not ops:
-        return 0
-    lead = job.rank == 0
-    if lead:
+    if job.rank == 0 and ops:
         echo(memory_header())
     failed = 0
     for case in memory_cases(job, ops, quick):
         v, path, check = measure_memory(job, case, timer)
         failed += check != "ok"
-        if lead:
-            echo(memory_row(case, v, path, check))
-            if record is not None:
-                with open(record, "a") as fh:
-                    fh.write(line(case, v, path, check, job.hw) + "\n")
+        _emit(job, echo, record, memory_row(case, v, path, check), line(case, v, path, check, job.hw))
         torch.cuda.empty_cache()
     return failed
 

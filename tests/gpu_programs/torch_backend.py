@@ -12,22 +12,14 @@ which checks the references themselves where there is no GPU.  Prints
 """
 import os
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-import runtime_cuda.torch_dist as gc3_torch
+import torch_rank
 
-rank, world, store_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-on = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
-dev = torch.device(on, 0) if on == "cuda" else torch.device("cpu")
-if on == "cuda":
-    torch.cuda.set_device(dev)
-gc3_torch.register()
-dist.init_process_group("cpu:gloo,cuda:gc3", store=dist.FileStore(store_path, world), rank=rank,
-                        world_size=world, timeout=timedelta(seconds=120))
-pg = dist.group.WORLD
+rank, world, dev, pg = torch_rank.join(sys.argv)
+on = dev.type
 assert type(pg).__name__ == "Gc3ProcessGroup", type(pg)
 R = range(world)
 

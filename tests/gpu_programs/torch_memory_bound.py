@@ -22,24 +22,16 @@ check and "ALL OK rank=R" at the end; any failure raises.
 import json
 import os
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-import runtime_cuda.torch_dist as gc3_torch
+import torch_rank
 from runtime_cuda.torch_dist import ops
 
-rank, world, store_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rank, world, dev, pg = torch_rank.join(sys.argv)
 table_path = sys.argv[4] if len(sys.argv) > 4 and not sys.argv[4].startswith("--") else None
-on = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
-dev = torch.device(on, 0) if on == "cuda" else torch.device("cpu")
-if on == "cuda":
-    torch.cuda.set_device(dev)
-gc3_torch.register()
-dist.init_process_group("cpu:gloo,cuda:gc3", store=dist.FileStore(store_path, world), rank=rank,
-                        world_size=world, timeout=timedelta(seconds=120))
-pg = dist.group.WORLD
+on = dev.type
 G = world
 # bf16 where the fused programs run; gloo gets fp32.
 dt = torch.bfloat16 if on == "cuda" else torch.float32
