@@ -362,3 +362,53 @@ def test_the_memory_bound_operators_on_ranks_sharing_one_gpu(n, tmp_path):
                    "auto gemv_ar fused", "auto gemv_ar sequential", "auto ebag_a2a fused", "auto ar_epilogue fused",
                    "auto ar_epilogue sequential"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
+
+
+class StandInTimer:
+    """Calls each function once (so every path runs) and reports a fixed time per label."""
+
+    def __init__(self, times):
+        self.times, self.seen = times, []
+
+    def device(self, fn):
+        return self._time(fn, "device")
+
+    def host(self, fn):
+        return self._time(fn, "host")
+
+    def graph(self, fn):
+        return None
+
+    def _time(self, fn, kind):
+        if fn is None:
+            return None
+        fn()
+        self.seen.append(kind)
+        return self.times.pop(0) if self.times else 5.0
+
+
+SMALL = [("gemv_ar", (("b", 2), ("K", 32), ("N", 16)), torch.bfloat16 if torch else None, None),
+         ("ebag_a2a", (("T", 2), ("rows", 30), ("dim", 4), ("pooling", 2), ("samples", 4)),
+          torch.float32 if torch else None, None),
+         ("ar_epilogue", (("bytes", 1024),), torch.float32 if torch else None, torch.bfloat16 if torch else None)]
+
+
+def test_the_memory_bound_bench_and_tune_run_end_to_end_on_one_cpu_rank(gloo_one, tmp_path, monkeypatch):
+    from runtime_cuda.torch_dist import bench_fused as bf
+    monkeypatch.setattr(bf, "memory_grid", lambda ops, quick: [c for c in SMALL if c[0] in ops])
+    monkeypatch.setattr(choice, "catalog_path", lambda: None)
+    job = bf.Job(0, 1, torch.device("cpu"), gloo_one, gloo_one, "1xCPU")
+    record, echoed = tmp_path / "fused.txt", []
+    assert bf.bench_memory(job, StandInTimer([]), bf.MEMORY_OPS, False, record, echoed.append) == 0
+    lines = record.read_text().splitlines()
+    assert [ln.split()[1] for ln in lines] == ["op=gemv_ar", "op=ebag_a2a", "op=ar_epilogue"]
+    assert all("check=ok" in ln and "path=sequential" in ln and "symm_us=n/a" in ln for ln in lines), lines
+    assert echoed[0] == bf.memory_header() and len(echoed) == 4
+    # tune: the faster path per shape, by the margin; the fused path is measured second
+    entries = bf.tune_memory(job, StandInTimer([10.0, 9.0, 10.0, 9.9, 10.0, 5.0]), bf.MEMORY_OPS, False, print)
+    assert [(e["op"], e["path"]) for e in entries] == [("gemv_ar", "fused"), ("ebag_a2a", "sequential"),
+                                                       ("ar_epilogue", "fused")]
+    assert entries[0]["shape"] == {"b": 2, "K": 32, "N": 16} and entries[2]["dtype"] == "float32"
+    bf.write_section(tmp_path / "catalog.json", entries, {"hw": "1xCPU"})
+    table = choice.FusedTable.from_catalog(tmp_path / "catalog.json")
+    assert table.lookup("ar_epilogue", 1, "float32", {"bytes": 1024})[0]["path"] == "fused"
