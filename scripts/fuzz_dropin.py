@@ -565,21 +565,31 @@ def hang(rank: int, seed: int, index: int) -> None:
                 "host stacks follow")
 
 
-def catalog_name(env=None) -> str:
-    """What served the calls, for the summary line: GC3_CONFIG's file name or the
-    default index, each with the first 8 hex digits of its SHA-1 (the device copy
-    of a checkout has no git history to name a commit by)."""
+def catalog_name(env=None, default=None) -> str:
+    """What served the calls, for the summary line: GC3_CONFIG's file name, else the
+    default the communicator chose (`default`: its machine.Default; "none" for NCCL
+    alone) or the sample index, each with the first 8 hex digits of its SHA-1 (the
+    device copy of a checkout has no git history to name a commit by)."""
     import hashlib
 
     env = os.environ if env is None else env
     from runtime_cuda.nccl.catalog import DEFAULT_INDEX
-    path = Path(env["GC3_CONFIG"]) if env.get("GC3_CONFIG") else DEFAULT_INDEX
+    path = DEFAULT_INDEX
+    if env.get("GC3_CONFIG"):
+        path = Path(env["GC3_CONFIG"])
+    elif default is not None:
+        if default.path is None:
+            return "none"
+        path = default.path
     try:
         digest = hashlib.sha1(path.read_bytes()).hexdigest()[:8]
     except OSError:
         digest = "unreadable"
     extra = "+xml_files" if env.get("GC3_XML_FILES") or env.get("MSCCL_XML_FILES") else ""
-    return f"{'index' if path == DEFAULT_INDEX else path.name}:{digest}{extra}"
+    # A measured catalog is a catalog.json in a folder named after its GPUs.
+    name = "index" if path == DEFAULT_INDEX else (path.name if env.get("GC3_CONFIG") else
+                                                  f"{path.parent.name}/{path.name}")
+    return f"{name}:{digest}{extra}"
 
 
 def hw_description(cp, ngpus: int) -> str:
@@ -757,7 +767,7 @@ def main(argv=None) -> int:
         line = (f"fuzz mode={args.mode} gpus={ngpus} ranks={n} calls={calls_all} gc3_served={served_all} "
                 f"mismatches={total_fail} hangs={total_hang} max_bytes={max_bytes_seen} "
                 f"streams={len(streams_seen)} seed={args.seed}..{args.seed + args.seeds - 1} "
-                f"catalog={catalog_name()} hw={hw_description(cp, ngpus)} date={datetime.date.today().isoformat()}")
+                f"catalog={catalog_name(default=getattr(getattr(runner, 'comm', None), 'machine', None))} hw={hw_description(cp, ngpus)} date={datetime.date.today().isoformat()}")
         print(f"coverage: {dict(kinds)}; routes: {dict(routes)}; stream kinds: {sorted(streams_seen)}; "
               f"{el:.1f} s", flush=True)
         print(line, flush=True)

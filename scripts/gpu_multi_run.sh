@@ -14,7 +14,7 @@
 #             many files does not come back whole)
 #   peers     gc3 bench against default and symmetric-window NCCL in one run, and the host
 #             time per call
-#   fused     the fused benchmarks (memory-bound and GEMM), eager and graph
+#   fused     gc3 tune --fused then gc3 bench --fused (quick grid) through torch
 #   torch     the torch example with backend nccl and gc3
 # Order when time is short (issue 20): multigpu, fuzz, tune, bench, peers, fused, torch.
 # On 2x H200 (2026-11-23): multigpu 2.8-3.3 min, fuzz ~5 min, tune 2.3 min, bench 3 min, peers 2.5 min
@@ -65,8 +65,12 @@ peers)
     timeout 90 $MPI python3 scripts/bench_host_time.py --size $size 2>&1 | tail -8 | tee -a $O/host_time.txt
   done ;;
 fused)
-  timeout 280 $MPI python3 scripts/bench_fused.py --graph 2>&1 | tail -40 | tee $O/bench_fused.txt
-  timeout 280 $MPI python3 scripts/bench_fused_gemm.py 2>&1 | tail -40 | tee $O/bench_fused_gemm.txt ;;
+  # The fused operators through torch, as users call them: tune writes the measured path per shape
+  # into the catalog the drop-in serves on these GPUs, then the benchmark appends its lines ($O/fused.txt).
+  TR="torchrun --nproc-per-node $N -m runtime_cuda"
+  timeout 250 $TR tune --fused --quick 2>&1 | grep -v "^W1\|OMP_NUM" | tail -60 | tee $O/tune_fused.txt
+  timeout 300 $TR bench --fused --quick --record $O/fused.txt 2>&1 | grep -v "^W1\|OMP_NUM" | tail -60 \
+    | tee $O/bench_fused.txt ;;
 torch)
   for b in nccl gc3; do
     timeout 250 torchrun --nproc-per-node $N examples/train_tp_dp.py --backend $b --tp $N 2>&1 | tail -15 \

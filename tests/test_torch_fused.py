@@ -186,5 +186,55 @@ def test_every_fused_operator_on_ranks_sharing_one_gpu(n, tmp_path):
     outs = spawn_ranks([str(ROOT / "tests" / "gpu_programs" / "torch_fused.py")], n, tmp_path, env, str(catalog),
                        says="ALL OK rank={rank}", timeout=300)
     for needed in ("gemm_a2a fused chunks=4", "ag_gemm cuda graph replay", "back to back gemm_ar",
-                   f"auto M={M * 2} fused", f"auto M={M * 4} sequential", f"auto M={M * 8} sequential"):
+                   f"auto M={M * 2} fused", f"auto M={M * 4} sequential", f"auto M={M * 8} sequential",
+                   "trace overlap"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
+
+
+def test_a_record_line_reads_back_and_later_lines_win(tmp_path):
+    from runtime_cuda.fused import records
+    first = records.format_line("gemm_rs", 4, {"M": 8192, "K": 28672, "N": 8192}, "bfloat16",
+                                {"seq_nccl_us": 100.0, "fused_us": 80.0, "gemm_us": 60.0, "comm_nccl_us": 50.0},
+                                "fused", "ok", "4xH100", date="2026-11-26")
+    again = first.replace("fused_us=80.0", "fused_us=90.0")
+    other = first.replace("gpus=4", "gpus=2").replace("4xH100", "2xH100")
+    path = tmp_path / "fused.txt"
+    path.write_text("# a comment\n" + "\n".join([first, again, other]) + "\n")
+    got = {r["gpus"]: r for r in records.read(path)}
+    assert set(got) == {2, 4} and got[4]["fused_us"] == 90.0 and got[4]["symm_us"] is None
+    assert got[4]["shape"] == {"M": 8192, "K": 28672, "N": 8192}
+    d = records.derived(got[4])
+    assert d["fused"] == pytest.approx(100 / 90) and d["headroom"] == pytest.approx(100 / 60)
+    assert d["E"] == pytest.approx((100 - 90) / (100 - 60)) and d["symm"] is None
+    table = records.markdown(list(got.values()))
+    assert table.count("\n") == 3 and "| gemm_rs | 4 | M=8192 K=28672 N=8192 | 100.0 |" in table
+    records.plot(list(got.values()), tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("bad, words", [("gemm_rs gpus=4", "not a fused record"), ("fused op=x gpus=2 path=fused",
+                                                                                     "check, hw missing"),
+                                        ("fused op=x gpus=2 fused_us=fast path=f check=ok hw=h", "fused_us='fast'"),
+                                        ("fused op=x gpus", "not key=value")])
+def test_a_malformed_record_names_the_line(tmp_path, bad, words):
+    from runtime_cuda.fused import records
+    path = tmp_path / "fused.txt"
+    path.write_text("\n" + bad + "\n")
+    with pytest.raises(InputError, match="fused.txt:2") as err:
+        records.read(path)
+    assert words in str(err.value)
+
+
+def test_the_report_prints_the_table_of_a_record(tmp_path):
+    from click.testing import CliRunner
+    from runtime_cuda.commands import cli
+    from runtime_cuda.fused import records
+    path = tmp_path / "fused.txt"
+    path.write_text(records.format_line("gemm_ar", 2, {"M": 256, "K": 14336, "N": 4096}, "bfloat16",
+                                        {"seq_nccl_us": 50.0, "auto_us": 49.0}, "sequential", "ok", "2xH100") + "\n")
+    out = CliRunner().invoke(cli(), ["bench", "--fused", "--report", "--record", str(path), "--plot",
+                                     str(tmp_path / "p.png")])
+    assert out.exit_code == 0, out.output
+    assert "| gemm_ar | 2 | M=256 K=14336 N=4096 | 50.0 |" in out.output and (tmp_path / "p.png").exists()
+    out = CliRunner().invoke(cli(), ["bench", "--report"])
+    assert out.exit_code == 2 and "--fused" in out.output

@@ -31,6 +31,9 @@ class FakeGroup:
     def size(self):
         return 2
 
+    def _cuda(self, tensors, what):
+        return None         # CPU tensors: no communicator, so no machine catalog but GC3_CONFIG's
+
 
 @pytest.fixture
 def routed(tmp_path, monkeypatch):
@@ -53,6 +56,7 @@ def routed(tmp_path, monkeypatch):
         monkeypatch.setattr(ops, fn, lambda *a, _fn=fn, **k: ran.append(_fn))
 
     def use(entries):
+        choice._decided.clear()          # the same file, rewritten: forget what it decided
         path = tmp_path / "catalog.json"
         path.write_text(json.dumps({"version": 1, "algorithms": [], "fused": {"entries": entries}}))
         monkeypatch.setattr(choice, "catalog_path", lambda: path)
@@ -275,13 +279,13 @@ def test_the_memory_bound_grid_is_the_issue_grid_and_quick_is_a_third():
      "T=26 rows=1000000 dim=128 pooling=32 samples=8192 dtype=float32",
      {"T": 26, "rows": 1000000, "dim": 128, "pooling": 32, "samples": 8192}),
     ("ar_epilogue", (("bytes", 1 << 20),), "float32", "bfloat16",
-     "bytes=1048576 dtype=float32 out_dtype=bfloat16", {"bytes": 1 << 20}),
+     "bytes=1048576 out_dtype=bfloat16 dtype=float32", {"bytes": 1 << 20}),
 ])
 def test_the_record_line_of_each_memory_bound_op(op, dims, dtype, out_dtype, shape_text, table_shape):
     from runtime_cuda.torch_dist import bench_fused as bf
     case = bf.MemoryCase(op, dims, getattr(torch, dtype), out_dtype and getattr(torch, out_dtype), 4,
                          torch.device("cpu"))
-    text = bf.line(case, {"fused_us": 12.34, "seq_nccl_us": 20.0}, "sequential", "ok", "4xH100")
+    text = bf.memory_line(case, {"fused_us": 12.34, "seq_nccl_us": 20.0}, "sequential", "ok", "4xH100")
     assert text.startswith(f"fused op={op} gpus=4 {shape_text} auto_us=")
     fields = dict(cell.split("=", 1) for cell in text.split()[1:])
     assert set(bf.FIELDS) <= set(fields) and fields["fused_us"] == "12.3" and fields["symm_us"] == "n/a"

@@ -364,7 +364,7 @@ Legend:
 
 
 def test_topology_names_every_gpu_pairs_link():
-    from runtime_cuda.nccl.tune_gpu import parse_topology
+    from runtime_cuda.nccl.machine import parse_topology
 
     t = parse_topology(TOPO_4)
     assert t["gpus"] == 4 and len(t["links"]) == 6
@@ -378,7 +378,7 @@ def test_topology_names_every_gpu_pairs_link():
 def test_topology_says_why_when_nvidia_smi_cannot_answer():
     import subprocess
 
-    from runtime_cuda.nccl.tune_gpu import topology
+    from runtime_cuda.nccl.machine import topology
 
     def missing(*a, **k):
         raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")

@@ -49,6 +49,8 @@ def test_quick_tune_on_one_gpu_and_the_dropin_serves_its_choice(tmp_path):
     prov = catalog["provenance"]
     assert prov["measured"] is True and prov["timer"] == "measured" and prov["shippable"] is False
     assert prov["nccl"].startswith("NCCL unavailable") and "never be shipped" in prov["not_shippable"]
+    # the GPUs it was measured on, as the drop-in's default finds catalogs: two ranks on one GPU
+    assert prov["fingerprint"].startswith("2x") and prov["fingerprint"].endswith("|SELF-all"), prov["fingerprint"]
     assert {e["collective"] for e in catalog["algorithms"]} >= {"allreduce", "allgather", "reducescatter"}
     check = CliRunner().invoke(cli(), ["catalog", "check", str(out)])
     assert check.exit_code == 0, check.output

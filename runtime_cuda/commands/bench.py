@@ -61,16 +61,31 @@ def fused_op_names(value: str, param: str) -> list:
     return names
 
 
-def _fused(ops: str, quick: bool, chunks, record, iters: int, rounds: int) -> None:
+def _fused(ops: str, quick: bool, chunks, record: Path, iters: int, rounds: int, plot_path, report: bool) -> None:
+    from runtime_cuda.fused import records
+
     names = fused_op_names(ops, "--ops")
+    if not report:
+        try:
+            from runtime_cuda.torch_dist import bench_fused
+        except ImportError as exc:
+            raise click.ClickException(f"gc3 bench --fused needs torch and a GPU ({exc})") from None
+        failed = bench_fused.bench(names, quick, record, iters, rounds, chunks, click.echo)
+        if failed:
+            raise click.ClickException(f"{failed} shape(s) failed the check against the fp32 reference")
+        if os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) != "0":
+            return
     try:
-        from runtime_cuda.torch_dist import bench_fused
-    except ImportError as exc:
-        raise click.ClickException(f"gc3 bench --fused needs torch and a GPU ({exc})") from None
-    failed = bench_fused.bench(names, quick, Path(record) if record else FUSED_RECORD, iters, rounds, chunks,
-                               click.echo)
-    if failed:
-        raise click.ClickException(f"{failed} shape(s) failed the check against the fp32 reference")
+        rows = [r for r in records.read(record) if r["op"] in names]
+    except OSError as exc:
+        raise click.BadParameter(f"{record}: cannot read ({exc.strerror})", param_hint="--record") from None
+    except GC3Error as exc:
+        raise click.BadParameter(str(exc), param_hint="--record") from None
+    if report:
+        click.echo(records.markdown(rows))
+    if plot_path is not None and rows:
+        records.plot(rows, plot_path, title=f"gc3 fused operators against matmul + NCCL ({record.name})")
+        click.echo(f"wrote {plot_path}")
 
 
 def impl_names(impl: str, peer: str):
@@ -119,12 +134,17 @@ def impl_names(impl: str, peer: str):
               "[default: the measured table's, else runtime_cuda.fused.choice.DEFAULT_CHUNKS]")
 @click.option("--record", type=click.Path(dir_okay=False), default=None,
               help="--fused: measured-lines file to append to [default: runtime_cuda/measured/fused.txt]")
+@click.option("--report", is_flag=True, help="--fused: measure nothing; print --record's lines as a markdown table "
+              "(and draw --plot)")
 def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, rounds,
             graph_max, warm_s, hang_s, check, impl, peer, xml_files, csv_path, json_path, plot_path,
-            fused, fused_ops, quick, chunks, record):
+            fused, fused_ops, quick, chunks, record, report):
     """Measure collectives like nccl-tests, gc3 beside NCCL (run under mpirun -np N)."""
+    if report and not fused:
+        raise click.UsageError("--report reads the fused operators' record: use it with --fused")
     if fused:
-        return _fused(fused_ops, quick, chunks, record, iters, rounds)
+        return _fused(fused_ops, quick, chunks, Path(record) if record else FUSED_RECORD, iters, rounds,
+                      Path(plot_path) if plot_path else None, report)
     from runtime_cuda.nccl import perf
 
     try:

@@ -3,6 +3,7 @@
     gc3 tune --model-only --ranks 4 -o catalog.json            # cost model, no GPU
     gc3 tune --model-only --ranks 4 -o c.json --plot c.png     # and a plot of what was chosen per size
     mpirun -np 4 gc3 tune --quick -o catalog.json              # measured, one rank per process
+    mpirun -np 4 gc3 tune --time-budget 300 --install          # measured, cached for these GPUs' fingerprint
     GC3_CONFIG=catalog.json python train.py                    # the drop-in uses it
 
 The candidates, the size grid and the catalog writer are runtime_cuda.nccl.tune;
@@ -10,6 +11,7 @@ only the timer differs between the modes.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -58,7 +60,7 @@ def choices_title(prov: dict) -> str:
 @click.option("--model-only", is_flag=True, help="predict times with the simulator's cost model (no GPU)")
 @click.option("--ranks", type=int, help="rank count to tune for (--model-only)")
 @click.option("--nodes", type=int, default=1, show_default=True, help="nodes the ranks span (ranks = nodes x GPUs)")
-@click.option("--cost", default="h200", show_default=True, help="cost-model preset (gc3 simulate --cost)")
+@click.option("--cost", help="cost-model preset (gc3 simulate --cost) [default: runtime_cuda.nccl.tune.COST]")
 @click.option("--quick", is_flag=True, help="a small grid (instances 1, 4, 16 and 64; Simple and LL; Simple at 64 also "
                                             "unfused where fusion changes it) and sizes x64 apart "
                                             "(measured: up to 16 MiB unless -e says otherwise)")
@@ -67,7 +69,9 @@ def choices_title(prov: dict) -> str:
 @click.option("-b", "--minbytes", default="1K", callback=_size, show_default=True, help="smallest size")
 @click.option("-e", "--maxbytes", default=None, help="largest size [default: 1G; measured --quick: 16M]")
 @click.option("-f", "--stepfactor", type=int, help="multiply the size by this each step [default: 4; --quick 64]")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="catalog JSON to write")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="catalog JSON to write")
+@click.option("--install", is_flag=True, help="measured: store the catalog in the cache for these GPUs' fingerprint "
+                                              "(GC3_CACHE_DIR), where the drop-in finds it by default, instead of -o")
 @click.option("--time-budget", type=float, default=0, show_default=True,
               help="seconds of measuring; the sizes not reached by then go to NCCL, listed as not measured "
                    "in the catalog's provenance (0: no budget)")
@@ -79,11 +83,12 @@ def choices_title(prov: dict) -> str:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=png_option,
               help="PNG of the chosen algorithm's time and its margin over NCCL per size (rank 0, after -o)")
 @click.option("--fused", is_flag=True, help="tune the fused operators instead (torch; under torchrun or mpirun, one "
-              "process per GPU): per shape, the faster of the sequential and the fused path goes into -o's 'fused' "
-              "section (created, or updated in place), which the fused operators' auto path reads")
+              "process per GPU): per shape, the faster of the sequential and the fused path goes into the 'fused' "
+              "section of -o (default: the catalog the drop-in serves on these GPUs), created or updated in "
+              "place, which the fused operators' auto path reads")
 @click.option("--ops", "fused_ops", default="all", show_default=True, help="--fused: operators, comma-separated, or all")
-def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, time_budget,
-            ir_dir, prior_ratio, plot_path, fused, fused_ops):
+def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, install,
+            time_budget, ir_dir, prior_ratio, plot_path, fused, fused_ops):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     if fused:
@@ -93,12 +98,21 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
             from runtime_cuda.torch_dist import bench_fused
         except ImportError as exc:
             raise click.ClickException(f"gc3 tune --fused needs torch and a GPU ({exc})") from None
-        bench_fused.tune(names, quick, Path(output), 10, 3, click.echo)
+        try:
+            bench_fused.tune(names, quick, Path(output) if output else None, 10, 3, click.echo)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
         return
     from gc3.simulator.cost_config import PRESETS
     from runtime_cuda.nccl import library, perf, tune
 
     maxbytes = _size(None, None, maxbytes or ("16M" if quick and not model_only else "1G"))
+    cost = cost or tune.COST
+    if install and (model_only or output or ir_dir):
+        raise click.UsageError("--install stores a measured catalog where the drop-in looks for it: "
+                               "no --model-only, -o or --ir-dir with it")
+    if not install and not output:
+        raise click.UsageError("name the catalog to write with -o FILE (or --install it into the cache)")
     host = None
     if not model_only:
         if not any(v in os.environ for v in _LAUNCHED_BY):
@@ -116,7 +130,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         raise click.UsageError("--model-only needs --ranks N")
     if cost not in PRESETS:
         raise click.BadParameter(f"unknown preset {cost!r}; known: {', '.join(PRESETS)}", param_hint="--cost")
-    out = writable(output, ".json", "catalog", "-o")
+    out = None if install else writable(output, ".json", "catalog", "-o")
     try:
         tune.check_shape(ranks, nodes)
         sizes = perf.sweep(minbytes, maxbytes, stepfactor or (tune.QUICK_SIZE_FACTOR if quick else tune.SIZE_FACTOR))
@@ -145,6 +159,14 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
 
         timer = MeasuredTimer(host, max(sizes))
     lead = host is None or host.rank == 0     # measured: rank 0 speaks and writes
+    held = contextlib.ExitStack()             # --install: the fingerprint's tuning lock, on rank 0
+    if install:
+        from runtime_cuda.nccl import machine
+
+        if not host.bcast(held.enter_context(machine.tuning_lock(timer.fingerprint)) if lead else None):
+            timer.close()
+            raise click.UsageError(f"another process is tuning GPUs {timer.fingerprint} (it holds "
+                                   f"{machine.lock_path(timer.fingerprint)})")
 
     # On a terminal the per-size lines (they start with "[k/n]") redraw one line, a progress bar with
     # the time left; elsewhere (a log, CI) each stays a line of its own.
@@ -181,11 +203,17 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         host.barrier()      # rank 0 writes the catalog
         return
     try:
-        _write(results, out, ranks, prov, ir_dir, output)
+        if install:
+            path = machine.store(timer.fingerprint,
+                                 lambda folder: _write(results, folder / machine.CATALOG, ranks, prov, None, "it"))
+            click.echo(f"installed {path}: the drop-in serves it by default on GPUs {timer.fingerprint}")
+        else:
+            _write(results, out, ranks, prov, ir_dir, output)
         if plot_path is not None:
             perf.plot_choices(prov["choices"], plot_path, title=choices_title(prov))
             click.echo(f"wrote {plot_path}")
     finally:
+        held.close()
         if host is not None:
             host.barrier()
 

@@ -97,21 +97,21 @@ class FusedTable:
 
 
 _loaded: Dict[Tuple[str, float], FusedTable] = {}
+# choose() on the hot path: one dictionary hit per call once a shape has been decided.
+_decided: Dict[Tuple, Choice] = {}
 
 
 def _default_catalog() -> Optional[Path]:
     raw = os.environ.get("GC3_CONFIG", "").strip()
-    if raw and raw.endswith(".json") and Path(raw).is_file():
-        return Path(raw)
-    return None
+    return Path(raw) if raw.endswith(".json") else None
 
 
 # Where the catalog of this machine is; the drop-in's machine selection replaces it.
 catalog_path: Callable[[], Optional[Path]] = _default_catalog
 
 
-def table() -> Optional[FusedTable]:
-    path = catalog_path()
+def table(path: Optional[Path] = None) -> Optional[FusedTable]:
+    path = path if path is not None else catalog_path()
     if path is None:
         return None
     try:
@@ -140,9 +140,24 @@ def forced(path: Optional[str], env=None) -> Optional[bool]:
 
 
 def choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optional[str] = None,
-           chunks: Optional[int] = None, env=None) -> Choice:
+           chunks: Optional[int] = None, env=None, catalog: Optional[Path] = None) -> Choice:
+    """`catalog`: the machine catalog the caller's communicator serves (runtime_cuda.nccl.machine);
+    GC3_CONFIG's, where it names a JSON catalog, wins as it does for the collectives."""
+    source = catalog_path() or catalog
+    key = (source, op, gpus, dtype, tuple(shape.items()), path, chunks,
+           (os.environ if env is None else env).get("GC3_FUSED", ""))
+    got = _decided.get(key)
+    if got is None:
+        if len(_decided) > 4096:
+            _decided.clear()
+        got = _decided[key] = _choose(op, gpus, dtype, shape, path, chunks, env, source)
+    return got
+
+
+def _choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optional[str], chunks: Optional[int],
+            env, source: Optional[Path]) -> Choice:
     force = forced(path, env)
-    measured = table()
+    measured = table(source) if source is not None else None
     hit, how = (None, "no measured catalog for this machine") if measured is None else \
         measured.lookup(op, gpus, dtype, shape)
     n = chunks or (hit["chunks"] if hit else DEFAULT_CHUNKS)

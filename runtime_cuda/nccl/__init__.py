@@ -6,8 +6,9 @@
     comm.allReduce(x.data.ptr, y.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
 
 Each call runs a gc3 algorithm when one in the catalog (GC3_XML_FILES,
-MSCCL_XML_FILES, GC3_CONFIG, else ir_samples/index.json; see `catalog`) matches
-it, and NCCL otherwise; GC3_DEBUG=INFO says which and why.  The communicator
+MSCCL_XML_FILES, GC3_CONFIG, else the one measured on GPUs like the
+communicator's; see `catalog` and `machine`) matches it, and NCCL otherwise;
+GC3_DEBUG=INFO says which and why.  The communicator
 and NCCL itself load on first use so that the selection logic imports without
 a GPU.
 """

@@ -8,9 +8,11 @@ Sources (the MSCCL contract, made explicit):
   ``proto`` attributes are its settings.
 * ``GC3_CONFIG``  an XML or JSON file that lists IR files with size ranges and
   protocols (schema below); loaded after the two variables above.
-* Without any of the three: the shipped ``ir_samples/index.json`` (JSON schema
-  below).  Its absence is reported at INFO and leaves the catalog empty, so
-  every call goes to NCCL.
+* Without any of the three: for a communicator, the catalog its GPUs' fingerprint
+  selects (`machine`: cached, shipped, else the unknown-machine rule); for any
+  other caller, the sample index ``ir_samples/index.json`` (JSON schema below).
+  A missing index is reported at INFO and leaves the catalog empty, so every call
+  goes to NCCL.
 
 JSON schema (``GC3_CONFIG`` *.json and ``ir_samples/index.json``)::
 
@@ -94,9 +96,15 @@ from .log import LOGGER_NAME, get_logger
 
 ENV_FILES = ("GC3_XML_FILES", "MSCCL_XML_FILES")
 ENV_CONFIG = "GC3_CONFIG"
+def user_override(env: Mapping[str, str]) -> bool:
+    """Whether the environment names the catalog itself (which then always wins)."""
+    return any(env.get(var, "").strip() for var in (*ENV_FILES, ENV_CONFIG))
+
+
 def default_index() -> Path:
-    """The shipped index: beside the sources (a checkout or an editable
-    install), else where a wheel puts it (pyproject's data-files)."""
+    """The sample index: beside the sources (a checkout or an editable install),
+    else where a wheel puts it (pyproject's data-files); ir_samples/machines/ (the
+    measured catalogs, `machine`) sits beside it."""
     candidates = [Path(__file__).resolve().parents[2] / "ir_samples" / "index.json",
                   Path(sys.prefix) / "share" / "gc3" / "ir_samples" / "index.json"]
     return next((c for c in candidates if c.is_file()), candidates[0])
@@ -524,8 +532,10 @@ def check_config(path: Path, env: Optional[Mapping[str, str]] = None) -> Tuple[L
     return out, _load_config(str(path), Path(path), out, log, cache_dir(env))  # raises if unreadable
 
 
-def load_catalog(env: Optional[Mapping[str, str]] = None) -> Catalog:
-    """Read every source named by the environment, in load order."""
+def load_catalog(env: Optional[Mapping[str, str]] = None, machine=None) -> Catalog:
+    """Read every source named by the environment, in load order; with none named,
+    `machine`'s catalog (a `machine.Default`: what a communicator's GPUs get), else the
+    sample index."""
     env = os.environ if env is None else env
     log = get_logger(env)
     cache = cache_dir(env)
@@ -539,6 +549,11 @@ def load_catalog(env: Optional[Mapping[str, str]] = None) -> Catalog:
         for p in _xml_paths(spec, var, log):
             _add(out, p, {}, var, log, cache)
     configs = [(ENV_CONFIG, Path(env[ENV_CONFIG]).expanduser())] if env.get(ENV_CONFIG, "").strip() else []
+    if not sources and not configs and machine is not None:
+        log.info("%s", machine.note)
+        if machine.path is None:
+            return Catalog((), (f"GPUs {machine.fingerprint}: {machine.origin}, no gc3 algorithm",))
+        configs = [(f"{machine.origin} catalog", machine.path)]
     if not sources and not configs:
         if not DEFAULT_INDEX.is_file():
             log.info("no GC3_XML_FILES, MSCCL_XML_FILES or GC3_CONFIG set and no default index %s: "

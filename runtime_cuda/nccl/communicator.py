@@ -28,11 +28,12 @@ from runtime_cuda.streams import StreamOrder
 from .arrays import ArrayCollectives, is_array
 from .backend import make_backend, unavailable_backend
 from .call import COLLECTIVES, Call
-from .catalog import load_catalog
+from .catalog import load_catalog, user_override
 from .constants import DTYPE_NAMES, OP_NAMES, dtype_name, op_name
 from .dispatch import P2P, Dispatcher, run_group
 from .fallback import NcclFallback, originals
 from .log import get_logger
+from .machine import agree
 from .rendezvous import NcclExchange
 from .selection import Selector
 
@@ -133,7 +134,8 @@ class NcclCommunicator(ArrayCollectives):
         fallback = HostStagedNccl(mpi_comm, cupy.cuda.runtime.getDevice())
         comm = cls.__new__(cls)
         comm._setup(fallback, mpi_comm.Get_size(), mpi_comm.Get_rank(), make_backend,
-                    nccl_group=(fallback.group_start, fallback.group_end), exchange=MpiExchange(mpi_comm))
+                    nccl_group=(fallback.group_start, fallback.group_end), exchange=MpiExchange(mpi_comm),
+                    nccl=False)
         return comm
 
     @staticmethod
@@ -145,7 +147,7 @@ class NcclCommunicator(ArrayCollectives):
         comms = []
         for rank, nccl_comm in enumerate(raw):
             comm = NcclCommunicator.__new__(NcclCommunicator)
-            comm._setup(nccl_comm, len(raw), rank, unavailable_backend(why))
+            comm._setup(nccl_comm, len(raw), rank, unavailable_backend(why), identify=False)
             comms.append(comm)
         return comms
 
@@ -159,11 +161,16 @@ class NcclCommunicator(ArrayCollectives):
 
         refusing = Refusing(device, reason)
         comm = cls.__new__(cls)
-        comm._setup(refusing, exchange.size, exchange.rank, make_backend, exchange=exchange, fallback=refusing)
+        comm._setup(refusing, exchange.size, exchange.rank, make_backend, exchange=exchange, fallback=refusing,
+                    nccl=False)
         return comm
 
     def _setup(self, nccl_comm, ndev: int, rank: int, backend_factory, nccl_group=None, exchange=None,
-               order=None, fallback=None) -> None:
+               order=None, fallback=None, nccl: bool = True, identify: bool = True) -> None:
+        # nccl: whether real NCCL serves what gc3 does not (the default catalog must then
+        # never lose to it); identify: whether the runtime can serve at all, so that the
+        # ranks' GPUs are worth fingerprinting (a collective step: initAll's ranks share a
+        # thread and cannot take it).
         env = os.environ
         self._nccl = nccl_comm
         self._rank, self._size = rank, ndev
@@ -172,7 +179,10 @@ class NcclCommunicator(ArrayCollectives):
         order = order if order is not None else StreamOrder(fault=faults.active("stream-order"))
         if exchange is None:
             exchange = NcclExchange(nccl_comm, rank, ndev, order)
-        catalog = load_catalog(env)
+        # The catalog measured on GPUs like these, unless the user names one (`machine`).
+        self.machine = (agree(exchange, self._device, env, nccl, log)
+                        if identify and not user_override(env) else None)
+        catalog = load_catalog(env, self.machine)
         self._backend = backend_factory(exchange, rank, ndev, self._device, catalog)
         self._dispatch = Dispatcher(Selector(catalog, log, self._backend.check),
                                     fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)

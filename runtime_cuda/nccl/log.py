@@ -43,6 +43,7 @@ def get_logger(env: Optional[Mapping[str, str]] = None) -> logging.Logger:
     if level is None:
         logger.setLevel(logging.WARNING)
         logger.warning("GC3_DEBUG=%r is not one of WARN, INFO, TRACE; using WARN", raw)
-    else:
+    elif logger.level != level:
+        # setLevel clears every logger's level cache: tens of microseconds on a hot path.
         logger.setLevel(level)
     return logger

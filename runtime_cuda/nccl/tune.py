@@ -41,6 +41,7 @@ from .perf import element_count, nccl_count
 from .sizes import format_size
 
 DTYPE = "float32"   # the dtype candidates are timed with; entries serve every dtype
+COST = "h200"       # the cost-model preset a tune prices with, or rules candidates out by, unless told
 ROOT = 0            # broadcast/reduce IRs are built for this root (other roots go to NCCL)
 
 

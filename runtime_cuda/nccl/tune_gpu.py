@@ -19,15 +19,12 @@ unavailable" and is marked never to be shipped.
 """
 from __future__ import annotations
 
-import re
-import socket
-import subprocess
-from collections import Counter
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from gc3 import limits
 from gc3.errors import GC3Error
 
+from . import machine
 from .call import REDUCING, Call
 from .catalog import run_kwargs
 from .perf_gpu import BenchConfig, Host, local_device, nccl_issue, run_case
@@ -41,11 +38,11 @@ class MeasuredTimer:
     # out-of-place call includes the runtime's copy of the input.
     prices_inplace_copy = True
 
-    def __init__(self, host: Host, max_bytes: int, warmup: int = 3, iters: int = 10):
+    def __init__(self, host: Host, max_bytes: int, warmup: int = 3, iters: int = 10, device: Optional[int] = None):
         import cupy
 
         self.host = host
-        self.device = local_device(host.rank)
+        self.device = local_device(host.rank) if device is None else device
         cupy.cuda.Device(self.device).use()
         # One round: the tune times many candidates, and its budget is the scarce part.
         self.cfg = BenchConfig(collectives=(), sizes=(), dtype=DTYPE, warmup=warmup, iters=iters, rounds=1)
@@ -56,8 +53,10 @@ class MeasuredTimer:
         self.gpu_name = cupy.cuda.runtime.getDeviceProperties(self.device)["name"]
         if isinstance(self.gpu_name, bytes):
             self.gpu_name = self.gpu_name.decode()
-        gpus = host.comm.allgather((socket.gethostname(), cupy.cuda.Device(self.device).pci_bus_id))
-        self.gpus = len(set(gpus))
+        devices = host.comm.allgather(machine.local_device(self.device))
+        self.gpus = len({(d.host, d.bus_id) for d in devices})
+        # What the catalog is keyed by where it is shipped or cached: rank 0's view, as a communicator's.
+        self.fingerprint = host.bcast(str(machine.fingerprint_of(devices)) if host.rank == 0 else None)
         self._groups: Dict[str, object] = {}
         self._coll: Optional[str] = None
         self.rejected: Dict[str, str] = {}
@@ -120,11 +119,12 @@ class MeasuredTimer:
 
     def provenance(self) -> Dict[str, object]:
         out: Dict[str, object] = {
-            "timer": "measured", "measured": True, "device": self.gpu_name, "processes": self.host.size,
+            "timer": "measured", "measured": True, "device": self.gpu_name, "fingerprint": self.fingerprint,
+            "processes": self.host.size,
             "gpus": self.gpus, "nccl": self.nccl_note, "warmup": self.cfg.warmup, "iters": self.cfg.iters,
             "shippable": self._nccl is not None and self.gpus == self.host.size}
         if self.host.rank == 0:     # the lead writes the catalog: the links as its node sees them
-            out["topology"] = topology()
+            out["topology"] = machine.topology()
         if not out["shippable"]:
             out["not_shippable"] = (self.nccl_note if self._nccl is None else
                                     f"{self.host.size} processes on {self.gpus} GPU(s)") + \
@@ -184,35 +184,3 @@ class MeasuredTimer:
         for label in sorted(groups):            # the same order on every rank: close is collective
             groups[label].close()
 
-
-def topology(run: Callable = subprocess.run) -> Dict[str, object]:
-    """How this machine's GPUs are linked, as `nvidia-smi topo -m` says (what a tuned
-    catalog was measured over: NV18 everywhere is not the same machine as PCIe pairs);
-    {"unknown": why} where it cannot be asked."""
-    cmd = ["nvidia-smi", "topo", "-m"]
-    try:
-        res = run(cmd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"unknown": f"{' '.join(cmd)}: {exc}"}
-    if res.returncode != 0:
-        return {"unknown": f"{' '.join(cmd)} exited {res.returncode}: {(res.stderr or '').strip()[:200]}"}
-    return parse_topology(res.stdout)
-
-
-def parse_topology(text: str) -> Dict[str, object]:
-    """The GPU-to-GPU link of every pair in `nvidia-smi topo -m` output ({"GPU0-GPU1": "NV18", ...})
-    and a one-line summary; {"unknown": why} when the output has no GPU matrix."""
-    rows = [line.split() for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()]
-    head = next((r for r in rows if r and re.fullmatch(r"GPU\d+", r[0])
-                 and (len(r) == 1 or not re.fullmatch(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC", r[1]))), None)
-    if head is None:
-        return {"unknown": "no GPU matrix in `nvidia-smi topo -m` output"}
-    gpus = [c for c in head if re.fullmatch(r"GPU\d+", c)]
-    matrix = {r[0]: r[1:1 + len(gpus)] for r in rows if len(r) > len(gpus) and r[0] in gpus and r is not head}
-    links = {f"{a}-{b}": matrix[a][j] for i, a in enumerate(gpus) for j, b in enumerate(gpus)
-             if j > i and a in matrix}
-    kinds = Counter(links.values())
-    summary = "; ".join(f"{k} between {'all ' if n == len(links) else ''}{n} GPU pair{'s' if n > 1 else ''}"
-                        for k, n in kinds.most_common())
-    return {"source": "nvidia-smi topo -m", "gpus": len(gpus), "links": links,
-            "summary": summary or f"{len(gpus)} GPU, no pairs"}

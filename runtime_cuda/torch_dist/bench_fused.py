@@ -40,6 +40,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from runtime_cuda.fused import records
+
 # The grid: (K, N) of the full layer, sharded over the G ranks as tensor parallelism does.
 AG_KN = ((4096, 14336), (8192, 28672), (16384, 53248))
 RS_KN = ((14336, 4096), (28672, 8192), (53248, 16384))
@@ -48,11 +50,12 @@ AR_M = (256, 1024, 4096, 8192)
 A2A_KN = ((4096, 4096), (7168, 2048))
 A2A_M = (2048, 8192, 16384)
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a")
+# The M at which the benchmark also traces one fused call and reports its overlap.
+TRACE_M = 8192
 TUNE_CHUNKS = (2, 4, 8)
 # auto goes fused only where fused beat the sequential path by this much.
 FUSED_MARGIN = 0.98
-FIELDS = ("auto_us", "fused_us", "seq_nccl_us", "symm_us", "gemm_us", "comm_nccl_us", "comm_fused_us", "host_us",
-          "seq_host_us", "graph_fused_us", "graph_seq_nccl_us")
+FIELDS = records.FIELDS
 
 
 def grid(ops: Sequence[str], quick: bool) -> List[Tuple[str, int, int, int]]:
@@ -309,17 +312,9 @@ class Timer:
         return None if t is None else t / self.calls
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v:.1f}" if isinstance(v, float) else str(v)
-
-
 def line(case: Case, values: Dict[str, Optional[float]], path: str, check: str, hw: str) -> str:
-    shape = case.shape_cells() if isinstance(case, MemoryCase) else f"M={case.M} K={case.K} N={case.N} dtype=bfloat16"
-    cells = " ".join(f"{k}={_fmt(values.get(k))}" for k in FIELDS)
-    return (f"fused op={case.op} gpus={case.G} {shape} {cells} path={path} check={check} hw={hw} "
-            f"date={datetime.date.today().isoformat()}")
+    return records.format_line(case.op, case.G, {"M": case.M, "K": case.K, "N": case.N}, "bfloat16", values, path,
+                               check, hw)
 
 
 def _check(job: Job, case: Case, got: torch.Tensor, seq: torch.Tensor) -> str:
@@ -343,6 +338,23 @@ def _check(job: Job, case: Case, got: torch.Tensor, seq: torch.Tensor) -> str:
     return "ok"
 
 
+def _overlap(fused: Callable) -> Optional[float]:
+    """The share of the fused call's transfer time inside its GEMM chunks (GC3_FUSED_TRACE's timing events)."""
+    from . import overlap
+
+    before = os.environ.get("GC3_FUSED_TRACE")
+    os.environ["GC3_FUSED_TRACE"] = "1"
+    try:
+        fused()
+        trace = overlap.last_trace
+        return None if trace is None else trace.overlap()
+    finally:
+        if before is None:
+            del os.environ["GC3_FUSED_TRACE"]
+        else:
+            os.environ["GC3_FUSED_TRACE"] = before
+
+
 def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[Dict[str, Optional[float]], str, str]:
     from runtime_cuda.fused import choice
 
@@ -352,14 +364,18 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     auto = fused_call(case, A, B, job.gc3, None)
     seq = seq_call(case, A, B, nccl) if nccl is not None else None
     shape = {"M": case.M, "K": A.shape[1], "N": B.shape[1]}
-    pick = choice.choose(case.op, case.G, "bfloat16", shape)
+    auto()          # the group's communicator exists from here on: its machine catalog decides auto
+    machine = getattr(getattr(job.gc3, "_comm", None), "machine", None)
+    pick = choice.choose(case.op, case.G, "bfloat16", shape, catalog=getattr(machine, "path", None))
     n = chunks or pick.chunks
+    # The GEMM half: all-gather + GEMM multiplies the gathered [M, K], the others their own A.
+    G_A = torch.randn((case.M, A.shape[1]), device=A.device).to(A.dtype) if case.op == "ag_gemm" else A
     v = {
         "fused_us": timer.device(fused),
         "auto_us": timer.device(auto),
         "seq_nccl_us": timer.device(seq),
         "symm_us": timer.device(symm_call(case, A, B, nccl)),
-        "gemm_us": timer.device(lambda: A @ B),
+        "gemm_us": timer.device(lambda: G_A @ B),
         "comm_nccl_us": timer.device(comm_call(case, A, B, nccl) if nccl is not None else None),
         "comm_fused_us": timer.device(comm_call(case, A, B, job.gc3, n)),
         "host_us": timer.host(fused),
@@ -367,6 +383,7 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
         "graph_fused_us": timer.graph(fused),
         "graph_seq_nccl_us": timer.graph(seq),
     }
+    v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
     got = fused()
     reference = (seq or seq_call(case, A, B, job.gc3))()
     return v, ("fused" if pick.fused else "sequential"), _check(job, case, got, reference)
@@ -375,7 +392,7 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
 def header() -> str:
     return (f"{'op':9} {'G':>2} {'M':>6} {'K':>6} {'N':>6} {'seq_nccl':>9} {'symm':>8} {'fused':>8} {'auto':>8} "
             f"{'gemm':>8} {'c_nccl':>8} {'c_fused':>8} {'host':>7} {'s_host':>7} {'seq/auto':>8} {'seq/fused':>9} "
-            f"{'E':>5} {'path':>10} check")
+            f"{'E':>5} {'ovl':>4} {'path':>10} check")
 
 
 def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str:
@@ -387,9 +404,12 @@ def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str
     limit = None if v.get("gemm_us") is None or v.get("comm_nccl_us") is None else max(v["gemm_us"], v["comm_nccl_us"])
     ratio = lambda a, b: f"{a / b:8.2f}x" if a and b else f"{'n/a':>9}"
     eff = f"{(seq - fused) / (seq - limit):5.2f}" if seq and fused and limit and seq - limit > 1e-9 else "  n/a"
+    ovl = v.get("overlap")
+    ovl = f"{ovl:4.2f}" if ovl is not None else " n/a"
     return (f"{case.op:9} {case.G:>2} {case.M:>6} {case.K:>6} {case.N:>6} {f('seq_nccl_us', 9)} {f('symm_us')} "
             f"{f('fused_us')} {f('auto_us')} {f('gemm_us')} {f('comm_nccl_us')} {f('comm_fused_us')} "
-            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {path:>10} {check}")
+            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {ovl} {path:>10} "
+            f"{check}")
 
 
 def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, rounds: int, chunks: Optional[int],
@@ -419,12 +439,22 @@ def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, r
     return failed
 
 
-def tune(ops: Sequence[str], quick: bool, output: Path, calls: int, rounds: int,
+def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, rounds: int,
          echo: Callable[[str], None]) -> None:
-    """The fused section of `output` (a catalog JSON, created or updated): per shape,
-    the faster of the sequential path and the fused path at TUNE_CHUNKS, on the gc3 group."""
+    """The fused section of `output` (a catalog JSON, created or updated; None: the
+    catalog the gc3 group's communicator serves on these GPUs): per shape, the faster
+    of the sequential path and the fused path at TUNE_CHUNKS, on the gc3 group."""
     job = start()
     timer = Timer(job, calls, rounds)
+    if output is None:
+        probe = torch.zeros(1, device=job.device)
+        dist.all_reduce(probe, group=job.gc3)        # builds the communicator, which knows its machine catalog
+        machine = getattr(getattr(job.gc3, "_comm", None), "machine", None)
+        if getattr(machine, "path", None) is None:
+            dist.destroy_process_group()
+            raise RuntimeError("no measured catalog serves these GPUs (the unknown-machine rule): measure one "
+                               "first with `gc3 tune --install`, or name the catalog to write with -o")
+        output = Path(machine.path)
     entries = []
     ops, memory = _split_ops(ops)
     for op, M, K, N in grid(ops, quick):
@@ -498,9 +528,14 @@ class MemoryCase:
     def d(self) -> Dict[str, int]:
         return dict(self.dims)
 
+    def record_shape(self) -> Dict[str, object]:
+        """The record's shape fields: the dims, and the epilogue's out_dtype (which, unlike
+        dtype, is not a field of every operator)."""
+        out = {} if self.out_dtype is None else {"out_dtype": DTYPE_NAME[self.out_dtype]}
+        return dict(self.dims, **out)
+
     def shape_cells(self) -> str:
-        out = "" if self.out_dtype is None else f" out_dtype={DTYPE_NAME[self.out_dtype]}"
-        return " ".join(f"{k}={v}" for k, v in self.dims) + f" dtype={DTYPE_NAME[self.dtype]}{out}"
+        return " ".join(f"{k}={v}" for k, v in self.record_shape().items()) + f" dtype={DTYPE_NAME[self.dtype]}"
 
     def table_shape(self) -> Dict[str, int]:
         """The shape the operator looks up in the measured table (ops.py): this rank's K for the GEMV."""
@@ -673,7 +708,10 @@ def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, 
     auto = memory_call(case, t, job.gc3, None)
     seq = memory_seq_call(case, t, nccl) if nccl is not None else None
     compute, comm = memory_parts(case, t, nccl)
-    pick = choice.choose(case.op, case.G, DTYPE_NAME[case.dtype], case.table_shape())
+    auto()          # the group's communicator exists from here on: its machine catalog decides auto
+    machine = getattr(getattr(job.gc3, "_comm", None), "machine", None)
+    pick = choice.choose(case.op, case.G, DTYPE_NAME[case.dtype], case.table_shape(),
+                         catalog=getattr(machine, "path", None))
     v = {
         "fused_us": _fused_or_none(fused, timer.device),
         "auto_us": timer.device(auto),
@@ -713,6 +751,10 @@ def memory_cases(job: Job, ops: Sequence[str], quick: bool):
         yield MemoryCase(op, dims, dtype, out_dtype, job.size, job.device)
 
 
+def memory_line(case: MemoryCase, values: Dict[str, Optional[float]], path: str, check: str, hw: str) -> str:
+    return records.format_line(case.op, case.G, case.record_shape(), DTYPE_NAME[case.dtype], values, path, check, hw)
+
+
 def _emit(job: Job, echo: Callable[[str], None], record: Optional[Path], text: str, record_line: str) -> None:
     """Rank 0 prints a case's row and appends its line to the record file."""
     if job.rank != 0:
@@ -732,7 +774,7 @@ def bench_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, record
     for case in memory_cases(job, ops, quick):
         v, path, check = measure_memory(job, case, timer)
         failed += check != "ok"
-        _emit(job, echo, record, memory_row(case, v, path, check), line(case, v, path, check, job.hw))
+        _emit(job, echo, record, memory_row(case, v, path, check), memory_line(case, v, path, check, job.hw))
         torch.cuda.empty_cache()
     return failed
 

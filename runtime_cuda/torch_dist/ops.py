@@ -69,9 +69,15 @@ def _reduce_op(reduce_op: str, what: str):
     return _REDUCE[reduce_op]
 
 
+_logger = None
+
+
 def _log():
-    from runtime_cuda.nccl.log import get_logger
-    return get_logger()
+    global _logger
+    if _logger is None:
+        from runtime_cuda.nccl.log import get_logger
+        _logger = get_logger()
+    return _logger
 
 
 # --- the fused path's gate and glue ----------------------------------------------
@@ -102,9 +108,14 @@ def _mkn(A: torch.Tensor, B: torch.Tensor) -> dict:
     return {"M": A.shape[0], "K": A.shape[1], "N": B.shape[1]}
 
 
-def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int]):
+def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int],
+            tensors: Sequence[torch.Tensor]):
+    """The measured choice for this shape, in the catalog the group's communicator serves."""
     from runtime_cuda.fused import choice
-    return choice.choose(op, pg.size(), _DTYPE_NAMES[dtype], shape, path=path, chunks=chunks)
+    comm = pg._cuda(list(tensors), op)      # built here on a group's first CUDA call
+    machine = getattr(comm, "machine", None)
+    return choice.choose(op, pg.size(), _DTYPE_NAMES[dtype], shape, path=path, chunks=chunks,
+                         catalog=getattr(machine, "path", None))
 
 
 def _decided(what: str, pick) -> None:
@@ -163,7 +174,7 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
         n, K = pg.size(), A_shard.shape[-1]
         a = A_shard.reshape(-1, K)
         pick = _choose("ag_gemm", pg, a.dtype, {"M": n * a.shape[0], "K": K, "N": sum(B.shape[1] for B in Bs)},
-                       path, chunks)
+                       path, chunks, [a])
         if pick.fused:
             _decided(what, pick)
             A, outs = overlap.all_gather_matmul(pg, a.contiguous(), [B.contiguous() for B in Bs], pick.chunks,
@@ -201,7 +212,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     if not why and _dim_of(2, scatter_dim, what) != 0:
         why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
     if not why:
-        pick = _choose("gemm_rs", pg, A.dtype, _mkn(A, B), path, chunks)
+        pick = _choose("gemm_rs", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
         if pick.fused:
             _decided(what, pick)
             out = overlap.matmul_reduce_scatter(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
@@ -228,7 +239,7 @@ def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=False)
     if not why:
-        pick = _choose("gemm_ar", pg, A.dtype, _mkn(A, B), path, chunks)
+        pick = _choose("gemm_ar", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
         if pick.fused:
             _decided(what, pick)
             out = overlap.matmul_all_reduce(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
@@ -248,7 +259,7 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     pg = _group(group_name)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
     if not why:
-        pick = _choose("gemm_a2a", pg, A.dtype, _mkn(A, B), path, chunks)
+        pick = _choose("gemm_a2a", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
         if pick.fused:
             _decided(what, pick)
             return overlap.matmul_all_to_all(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
@@ -269,9 +280,11 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
 # host, so it is never captured in a CUDA graph.  Their sequential path is the torch
 # ops a user writes, then the group's collective, with nothing in between: these
 # operators are small enough that any glue there would be most of the call.
-def _fused_picked(op: str, what: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str]) -> str:
-    """'' where the fused path serves this call, else why not."""
-    pick = _choose(op, pg, dtype, shape, path, None)
+def _fused_picked(op: str, what: str, pg, t: torch.Tensor, shape: dict, path: Optional[str]) -> str:
+    """'' where the fused path serves this call, else why not.  `t`: an operand, whose
+    device names the communicator (and so the machine catalog) that decides."""
+    # A one-element view: the communicator asks for contiguous tensors, the operand need not be.
+    pick = _choose(op, pg, t.dtype, shape, path, None, [t.as_strided((1,), (1,))])
     if pick.fused:
         _log().info("gc3 torch %s: fused (runtime_cuda.fused): %s", what, pick.why)
         return ""
@@ -299,7 +312,7 @@ def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group, *
         why = "an empty operand"
     if not why:
         xs = x.reshape(1, -1) if x.dim() == 1 else x
-        why = _fused_picked("gemv_ar", what, pg, x.dtype, {"b": xs.shape[0], "K": w.shape[0], "N": w.shape[1]}, path)
+        why = _fused_picked("gemv_ar", what, pg, x, {"b": xs.shape[0], "K": w.shape[0], "N": w.shape[1]}, path)
     if not why:
         from runtime_cuda.fused import gemv_allreduce
         xs, ws = xs.contiguous(), w.contiguous()
@@ -391,7 +404,7 @@ def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, 
         why = "empty tables"
     if not why:
         pooling = pooling or max(1, -(-nnz // B))
-        why = _fused_picked("ebag_a2a", what, pg, tables.dtype,
+        why = _fused_picked("ebag_a2a", what, pg, tables,
                             {"T": T, "rows": rows, "dim": dim, "pooling": pooling, "samples": B // n}, path)
     if not why:
         from runtime_cuda.fused import embedding_bag_alltoall
@@ -481,7 +494,7 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
     if not why and x.dim() * x.numel() == 0:
         why = "an empty or 0-d x"
     if not why:
-        why = _fused_picked("ar_epilogue", what, pg, x.dtype, {"bytes": x.numel() * x.element_size()}, path)
+        why = _fused_picked("ar_epilogue", what, pg, x, {"bytes": x.numel() * x.element_size()}, path)
     if not why:
         from runtime_cuda.fused import allreduce_epilogue
         xs = x.contiguous()

@@ -150,6 +150,17 @@ torch.cuda.synchronize()
 for name, got, seq, seed in results:
     close(f"back to back {name} seed {seed}", got, OPS[name][2](seed), seq)
 
+# GC3_FUSED_TRACE: timing events around every GEMM chunk and every collective of the call.
+os.environ["GC3_FUSED_TRACE"] = "1"
+a, b = rs(20)
+ops.fused_matmul_reduce_scatter(a, b, "sum", 0, pg, path="fused", chunks=3)
+trace = overlap.last_trace
+assert trace is not None and len(trace.gemm) == 3 and len(trace.comm) == 3, trace
+share = trace.overlap()
+assert 0.0 <= share <= 1.0 and all(b >= a >= 0 for a, b in trace.intervals(trace.gemm + trace.comm)), share
+del os.environ["GC3_FUSED_TRACE"]
+passed(f"trace overlap {share:.2f}")
+
 # auto: the measured table decides; counted through the pipeline's entry points.
 calls = {"n": 0}
 real = overlap.matmul_reduce_scatter

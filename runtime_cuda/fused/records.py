@@ -1,0 +1,139 @@
+"""The measured-lines file of the fused operators (`fused.txt`): one line per
+shape, written by `gc3 bench --fused`, read back for the README's table and plot.
+
+    fused op=gemm_rs gpus=4 M=8192 K=28672 N=8192 dtype=bfloat16 auto_us=... fused_us=... seq_nccl_us=...
+          symm_us=... gemm_us=... comm_nccl_us=... comm_fused_us=... host_us=... seq_host_us=...
+          graph_fused_us=... graph_seq_nccl_us=... path=fused|sequential check=ok hw=4xH100 date=YYYY-MM-DD
+
+Times are microseconds per call; a field that does not apply is `n/a`.  The
+shape fields depend on the operator (M K N for the GEMM family); whatever
+stands between dtype's neighbours is kept as the shape.
+"""
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional
+
+from gc3.errors import InputError
+
+FIELDS = ("auto_us", "fused_us", "seq_nccl_us", "symm_us", "gemm_us", "comm_nccl_us", "comm_fused_us", "host_us",
+          "seq_host_us", "graph_fused_us", "graph_seq_nccl_us")
+_FIXED = ("op", "gpus", "dtype", "path", "check", "hw", "date") + FIELDS
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.1f}" if isinstance(v, float) else str(v)
+
+
+def format_line(op: str, gpus: int, shape: Mapping[str, int], dtype: str, values: Mapping[str, Optional[float]],
+                path: str, check: str, hw: str, date: Optional[str] = None) -> str:
+    cells = " ".join(f"{k}={_fmt(values.get(k))}" for k in FIELDS)
+    dims = " ".join(f"{k}={v}" for k, v in shape.items())
+    return (f"fused op={op} gpus={gpus} {dims} dtype={dtype} {cells} path={path} check={check} hw={hw} "
+            f"date={date or datetime.date.today().isoformat()}")
+
+
+def parse_line(text: str, where: str = "") -> dict:
+    """One line as a dict: times as floats (None for n/a), `shape` the other fields."""
+    cells = text.split()
+    if not cells or cells[0] != "fused":
+        raise InputError(f"{where}: not a fused record (it must start with 'fused')")
+    out: Dict = {"shape": {}}
+    for cell in cells[1:]:
+        key, sep, value = cell.partition("=")
+        if not sep:
+            raise InputError(f"{where}: {cell!r} is not key=value")
+        if key in FIELDS:
+            try:
+                out[key] = None if value == "n/a" else float(value)
+            except ValueError:
+                raise InputError(f"{where}: {key}={value!r} is not a number or n/a") from None
+        elif key in _FIXED:
+            out[key] = int(value) if key == "gpus" else value
+        else:
+            out["shape"][key] = int(value) if value.isdigit() else value
+    missing = [k for k in ("op", "gpus", "path", "check", "hw") if k not in out]
+    if missing:
+        raise InputError(f"{where}: fields {', '.join(missing)} missing")
+    return out
+
+
+def read(path: Path) -> List[dict]:
+    """Every record of the file; a later line of the same (op, gpus, shape, hw) replaces an earlier one."""
+    latest: Dict = {}
+    for i, text in enumerate(Path(path).read_text().splitlines(), 1):
+        if text.strip() and not text.startswith("#"):
+            r = parse_line(text, f"{path}:{i}")
+            latest[(r["op"], r["gpus"], tuple(r["shape"].items()), r["hw"])] = r
+    return list(latest.values())
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a and b else None
+
+
+def derived(r: dict) -> dict:
+    """Speedups over the user's path (seq_nccl), the headroom seq/limit, and overlap efficiency E."""
+    seq, fused = r.get("seq_nccl_us"), r.get("fused_us")
+    limit = max(r["gemm_us"], r["comm_nccl_us"]) if r.get("gemm_us") and r.get("comm_nccl_us") else None
+    e = (seq - fused) / (seq - limit) if seq and fused and limit and seq - limit > 1e-9 else None
+    return {"auto": ratio(seq, r.get("auto_us")), "fused": ratio(seq, fused), "symm": ratio(seq, r.get("symm_us")),
+            "headroom": ratio(seq, limit), "E": e,
+            "comm_share": ratio(r.get("comm_nccl_us"), seq)}
+
+
+def markdown(records: List[dict]) -> str:
+    """The README's table: one row per record, the user's path first."""
+    rows = ["| op | G | shape | seq-nccl µs | symm µs | gc3 auto µs | gc3 fused µs | seq/auto | seq/fused | headroom "
+            "| E | auto's path | check |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    f = lambda v, d=1: "—" if v is None else f"{v:.{d}f}"   # noqa: E731
+    for r in sorted(records, key=lambda r: (r["op"], r["gpus"], tuple(r["shape"].values()))):
+        d = derived(r)
+        shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
+        rows.append(f"| {r['op']} | {r['gpus']} | {shape} | {f(r.get('seq_nccl_us'))} | {f(r.get('symm_us'))} | "
+                    f"{f(r.get('auto_us'))} | {f(r.get('fused_us'))} | {f(d['auto'], 2)}× | {f(d['fused'], 2)}× | "
+                    f"{f(d['headroom'], 2)}× | {f(d['E'], 2)} | {r['path']} | {r['check']} |")
+    return "\n".join(rows)
+
+
+def plot(records: List[dict], out: Path, title: str = "") -> None:
+    """Speedup over matmul + NCCL against M, one panel per GPU count, a line per op:
+    gc3 auto (solid), gc3 fused (dashed), PyTorch symm_mem (dotted), and the headroom
+    seq/max(gemm, comm) as a shaded band's top."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted({r["gpus"] for r in records})
+    if not counts:
+        raise InputError("no fused records to plot")
+    fig, axes = plt.subplots(1, len(counts), figsize=(7 * len(counts), 5), squeeze=False)
+    for ax, g in zip(axes[0], counts):
+        for i, op in enumerate(sorted({r["op"] for r in records if r["gpus"] == g})):
+            rs = sorted((r for r in records if r["gpus"] == g and r["op"] == op and "M" in r["shape"]),
+                        key=lambda r: (r["shape"].get("K", 0), r["shape"]["M"]))
+            color = f"C{i}"
+            for kn in sorted({(r["shape"].get("K"), r["shape"].get("N")) for r in rs}):
+                pts = [r for r in rs if (r["shape"].get("K"), r["shape"].get("N")) == kn]
+                m = [r["shape"]["M"] for r in pts]
+                d = [derived(r) for r in pts]
+                label = f"{op} K={kn[0]} N={kn[1]}"
+                ax.plot(m, [x["auto"] or float("nan") for x in d], "-o", color=color, label=f"{label} auto", ms=3)
+                ax.plot(m, [x["fused"] or float("nan") for x in d], "--", color=color, alpha=0.7)
+                if any(x["symm"] for x in d):
+                    ax.plot(m, [x["symm"] or float("nan") for x in d], ":", color=color, alpha=0.7)
+                ax.plot(m, [x["headroom"] or float("nan") for x in d], "_", color=color, ms=12)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(0.98, color="r", lw=0.6, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (rows)")
+        ax.set_ylabel("T_seq_nccl / T  (higher is faster)")
+        ax.set_title(f"{g} GPUs: auto (solid), fused (dashed), symm_mem (dotted), headroom (ticks)")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
