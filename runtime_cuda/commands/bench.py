@@ -46,7 +46,7 @@ def _colls(ctx, param, value):
     return names
 
 
-FUSED_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a")
+FUSED_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a", "gemv_ar", "ebag_a2a", "ar_epilogue")
 FUSED_RECORD = Path(__file__).resolve().parent.parent / "measured" / "fused.txt"
 
 

@@ -1,5 +1,7 @@
-"""`gc3 bench --fused` and `gc3 tune --fused`: the GEMM operators timed against
+"""`gc3 bench --fused` and `gc3 tune --fused`: the fused operators timed against
 what a PyTorch user runs, in one job, one process per GPU (torchrun, or mpirun).
+The GEMM operators come first; GEMV + all_reduce, embedding-bag + all_to_all and
+all_reduce + epilogue (the memory-bound operators) have their own section at the end.
 
 Every time is a CUDA-event median of `rounds` rounds of `calls` back-to-back
 calls, the maximum over ranks, in microseconds per call:
@@ -429,6 +431,7 @@ def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, r
              f"rounds x {calls} calls, max over ranks (us per call)")
         echo(header())
     failed = 0
+    ops, memory = _split_ops(ops)
     for op, M, K, N in grid(ops, quick):
         case = Case(op, M, K, N, job.size, job.device)
         v, path, check = measure(job, case, timer, chunks)
@@ -439,6 +442,7 @@ def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, r
                 with open(record, "a") as fh:
                     fh.write(line(case, v, path, check, job.hw) + "\n")
         torch.cuda.empty_cache()
+    failed += bench_memory(job, timer, memory, quick, record, echo)
     dist.destroy_process_group()
     return failed
 
@@ -460,6 +464,7 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
                                "first with `gc3 tune --install`, or name the catalog to write with -o")
         output = Path(machine.path)
     entries = []
+    ops, memory = _split_ops(ops)
     for op, M, K, N in grid(ops, quick):
         case = Case(op, M, K, N, job.size, job.device)
         A, B = case.operands(job.rank)
@@ -473,6 +478,7 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
             echo(f"{op:9} M={M:<6} K={K:<6} N={N:<6} sequential {seq_us:9.1f} us, fused {best[0]:9.1f} us "
                  f"({best[1]} chunks): {path}")
         torch.cuda.empty_cache()
+    entries += tune_memory(job, timer, memory, quick, echo)
     if job.rank == 0:
         write_section(output, entries, {"hw": job.hw, "date": datetime.date.today().isoformat(),
                                         "torch": torch.__version__, "calls": calls, "rounds": rounds,
@@ -492,3 +498,310 @@ def write_section(output: Path, entries: List[dict], provenance: dict) -> None:
     tmp = output.with_name(output.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, output)
+
+
+# --- the memory-bound operators: GEMV + all_reduce, embedding-bag + all_to_all, all_reduce + epilogue ---------
+# Their record lines carry their own shape fields in place of M K N (the full layer's K for
+# the GEMV, T tables per rank, samples per rank, the bytes of x), and n/a in the columns that
+# do not apply: symm (PyTorch has no such op), comm_fused and graph_fused (the fused path is
+# one gc3 program, neither separable nor capturable).  gemm is the compute alone (the GEMV,
+# the pooling, the elementwise epilogue).
+MEMORY_OPS = ("gemv_ar", "ebag_a2a", "ar_epilogue")
+GEMV_B = (1, 4, 8, 32)
+GEMV_KN = ((8192, 8192), (14336, 4096), (28672, 8192))
+EBAG_T = (8, 26)
+EBAG_ROWS = 1_000_000          # 1M as DLRM counts rows: 26 fp32 tables of dim 128 are 13.3 GB per GPU
+EBAG_DIM = (64, 128)
+EBAG_POOLING = (1, 32)
+EBAG_SAMPLES = (2048, 8192)
+EBAG_DTYPES = (torch.float32, torch.bfloat16)
+EPILOGUE_BYTES = tuple((16 << 10) << i for i in range(13))      # 16 KiB .. 64 MiB of x per rank
+# (x's dtype, out_dtype): bf16 throughout, and fp32 partial sums cast to bf16.
+EPILOGUE_DTYPES = ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16))
+# x is [bytes / (cols * itemsize), cols]: bias has a hidden size's elements.
+EPILOGUE_COLS = 4096
+DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+@dataclass
+class MemoryCase:
+    op: str
+    dims: Tuple[Tuple[str, int], ...]     # the record's shape fields, in order
+    dtype: torch.dtype
+    out_dtype: Optional[torch.dtype]
+    G: int
+    device: torch.device
+
+    @property
+    def d(self) -> Dict[str, int]:
+        return dict(self.dims)
+
+    def record_shape(self) -> Dict[str, object]:
+        """The record's shape fields: the dims, and the epilogue's out_dtype (which, unlike
+        dtype, is not a field of every operator)."""
+        out = {} if self.out_dtype is None else {"out_dtype": DTYPE_NAME[self.out_dtype]}
+        return dict(self.dims, **out)
+
+    def shape_cells(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.record_shape().items()) + f" dtype={DTYPE_NAME[self.dtype]}"
+
+    def table_shape(self) -> Dict[str, int]:
+        """The shape the operator looks up in the measured table (ops.py): this rank's K for the GEMV."""
+        d = self.d
+        return {"b": d["b"], "K": d["K"] // self.G, "N": d["N"]} if self.op == "gemv_ar" else d
+
+
+def memory_grid(ops: Sequence[str], quick: bool) -> List[Tuple[str, Tuple[Tuple[str, int], ...], torch.dtype,
+                                                               Optional[torch.dtype]]]:
+    cases = []
+    for op in ops:
+        if op == "gemv_ar":
+            cases += [(op, (("b", b), ("K", K), ("N", N)), torch.bfloat16, None) for K, N in GEMV_KN for b in GEMV_B]
+        elif op == "ebag_a2a":
+            cases += [(op, (("T", T), ("rows", EBAG_ROWS), ("dim", dim), ("pooling", p), ("samples", s)), dt, None)
+                      for dt in EBAG_DTYPES for T in EBAG_T for dim in EBAG_DIM for p in EBAG_POOLING
+                      for s in EBAG_SAMPLES]
+        elif op == "ar_epilogue":
+            cases += [(op, (("bytes", n),), dt, out) for dt, out in EPILOGUE_DTYPES for n in EPILOGUE_BYTES]
+        else:
+            raise ValueError(f"unknown memory-bound op {op!r}; choose from {', '.join(MEMORY_OPS)}")
+    return cases[::3] if quick else cases
+
+
+def _split_ops(ops: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(the GEMM operators, the memory-bound ones) of `ops`, in order."""
+    return [o for o in ops if o not in MEMORY_OPS], [o for o in ops if o in MEMORY_OPS]
+
+
+def _ebag_rows(rank: int, t: int, rows: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `rows` of rank `rank`'s table t: a formula of (rank, t, row, column), so a
+    reference needs only the rows it reads, never another rank's whole tables."""
+    cols = torch.arange(dim, device=rows.device)
+    k = (rows.long().unsqueeze(-1) * 977 + cols * 131 + (t * 7919 + rank * 104729)) % 1021
+    return (k.float() / 1021 - 0.5).to(dtype)
+
+
+def _ebag_indices(case: MemoryCase, r: int) -> torch.Tensor:
+    d = case.d
+    g = torch.Generator(device=case.device)
+    g.manual_seed(hash((case.dims, DTYPE_NAME[case.dtype], "indices", r)) & 0x7FFFFFFF)
+    return torch.randint(0, d["rows"], (d["T"], d["samples"] * case.G * d["pooling"]), generator=g,
+                         device=case.device, dtype=torch.int32)
+
+
+def memory_operands(case: MemoryCase, r: int) -> Dict[str, object]:
+    """Rank r's inputs (every rank can rebuild any rank's from the case)."""
+    d, dev, G = case.d, case.device, case.G
+    seed = (case.op, case.dims, DTYPE_NAME[case.dtype])
+    if case.op == "gemv_ar":
+        return {"x": _tensor(seed + ("x", r), (d["b"], d["K"] // G), dev),
+                "w": _tensor(seed + ("w", r), (d["K"] // G, d["N"]), dev, d["K"] ** -0.5)}
+    if case.op == "ebag_a2a":
+        T, rows, dim, B = d["T"], d["rows"], d["dim"], d["samples"] * G
+        tables = torch.empty((T, rows, dim), dtype=case.dtype, device=dev)
+        every = torch.arange(rows, device=dev)
+        for t in range(T):          # a table at a time: the formula's intermediates are 4x a table
+            tables[t] = _ebag_rows(r, t, every, dim, case.dtype)
+        offsets = (torch.arange(B + 1, device=dev, dtype=torch.int32) * d["pooling"]).expand(T, B + 1).contiguous()
+        return {"tables": tables, "indices": _ebag_indices(case, r), "offsets": offsets}
+    cols = min(EPILOGUE_COLS, d["bytes"] // case.dtype.itemsize)
+    shape = (d["bytes"] // case.dtype.itemsize // cols, cols)
+    # bias and residual are the same on every rank, as a tensor-parallel layer holds them.
+    return {"x": _tensor(seed + ("x", r), shape, dev).to(case.dtype), "scale": 1.0 / G,
+            "bias": _tensor(seed + ("bias",), (cols,), dev).to(case.dtype),
+            "residual": _tensor(seed + ("residual",), shape, dev).to(case.dtype)}
+
+
+def memory_call(case: MemoryCase, t: Dict[str, object], pg, path: Optional[str]) -> Callable:
+    """The operator as a user calls it (path None: auto)."""
+    ops = _ops()
+    if case.op == "gemv_ar":
+        return lambda: ops.fused_gemv_all_reduce(t["x"], t["w"], pg, path=path)
+    if case.op == "ebag_a2a":
+        return lambda: ops.fused_embedding_bag_all_to_all(t["tables"], t["indices"], t["offsets"], pg, path=path,
+                                                          pooling=case.d["pooling"])
+    return lambda: ops.fused_all_reduce_epilogue(t["x"], pg, t["scale"], t["bias"], t["residual"], case.out_dtype,
+                                                 path=path)
+
+
+def memory_seq_call(case: MemoryCase, t: Dict[str, object], pg) -> Callable:
+    """What a careful PyTorch user runs, which is the operators' own sequential path
+    (ops.py) called directly: the torch ops, then the group's collective."""
+    ops = _ops()
+    if case.op == "gemv_ar":
+        return lambda: ops.gemv_sequential(t["x"], t["w"], pg)
+    if case.op == "ebag_a2a":
+        return lambda: ops.embedding_bag_sequential(t["tables"], t["indices"], t["offsets"], pg)
+    return lambda: ops.epilogue_sequential(t["x"], pg, t["scale"], t["bias"], t["residual"], case.out_dtype)
+
+
+def memory_parts(case: MemoryCase, t: Dict[str, object], pg) -> Tuple[Callable, Optional[Callable]]:
+    """(the compute alone, the collective alone on `pg`, None without a group)."""
+    ops = _ops()
+    if case.op == "gemv_ar":
+        x, w = t["x"], t["w"]
+        y = x.new_zeros((x.shape[0], w.shape[1]))
+        return (lambda: x @ w), (None if pg is None else lambda: dist.all_reduce(y, group=pg))
+    if case.op == "ebag_a2a":
+        pool = lambda: ops.embedding_bag_pool(t["tables"], t["indices"], t["offsets"])
+        if pg is None:
+            return pool, None
+        src = pool()
+        dst = torch.empty_like(src)
+        return pool, lambda: dist.all_to_all_single(dst, src, group=pg)
+    y = torch.zeros_like(t["x"])     # overwritten by every call, as the sequential path's own copy is
+    apply = lambda: ops.epilogue_apply(y, t["scale"], t["bias"], t["residual"], case.out_dtype)
+    return apply, (None if pg is None else lambda: dist.all_reduce(y, group=pg))
+
+
+def memory_reference(case: MemoryCase, rank: int, t: Dict[str, object]) -> Tuple[Callable, torch.Tensor]:
+    """(the part of an output the check compares, its fp32 reference on this rank)."""
+    d, G = case.d, case.G
+    if case.op == "gemv_ar":
+        parts = [memory_operands(case, r) for r in range(G)]
+        return (lambda y: y), sum(p["x"].float() @ p["w"].float() for p in parts)
+    if case.op == "ebag_a2a":
+        b, pooling = d["samples"], d["pooling"]
+        picked = torch.linspace(0, b - 1, min(b, 16), device=case.device).long()
+        reach = (rank * b + picked).unsqueeze(1) * pooling + torch.arange(pooling, device=case.device)
+        blocks = []
+        for q in range(G):      # out[q]: rank q's tables pooled over this rank's samples
+            idx = _ebag_indices(case, q)
+            blocks.append(torch.cat([_ebag_rows(q, tt, idx[tt][reach].reshape(-1), d["dim"], case.dtype).float()
+                                     .view(len(picked), pooling, d["dim"]).sum(1) for tt in range(d["T"])], dim=1))
+        return (lambda out: out[:, picked]), torch.stack(blocks)
+    total = sum(memory_operands(case, r)["x"].float() for r in range(G))
+    return (lambda y: y), total * t["scale"] + t["bias"].float() + t["residual"].float()
+
+
+def _same_bits(job: Job, t: torch.Tensor) -> bool:
+    sig = torch.tensor([int(t.contiguous().view(torch.uint8).to(torch.int64).sum()),
+                        int((t.contiguous().view(torch.uint8).to(torch.int64) * 7919).remainder(65521).sum())])
+    sigs = [torch.zeros_like(sig) for _ in range(job.size)]
+    dist.all_gather(sigs, sig, group=job.gc3)
+    return all(torch.equal(s, sigs[0]) for s in sigs)
+
+
+def memory_check(job: Job, case: MemoryCase, t: Dict[str, object], got: torch.Tensor, seq: torch.Tensor) -> str:
+    """'ok', or what was wrong: got's error against the fp32 reference no larger than the
+    sequential path's (+ a rounding of the output's type), and, for the all-reduces, the
+    same bits on every rank."""
+    part, ref = memory_reference(case, job.rank, t)
+    e_got, e_seq = _error(part(got), ref), _error(part(seq), ref)
+    eps = 2 ** -8 if (case.out_dtype or case.dtype) == torch.bfloat16 else 2 ** -20
+    flags = torch.tensor([int(e_got > max(1.25 * e_seq, e_seq + eps))], dtype=torch.int64)
+    dist.all_reduce(flags, group=job.gc3)
+    if case.op != "ebag_a2a" and not _same_bits(job, got):
+        return "ranks-differ"
+    return f"error({e_got:.2e}>seq {e_seq:.2e})" if int(flags.item()) else "ok"
+
+
+def _fused_or_none(fn: Callable, measure: Callable[[Callable], Optional[float]]) -> Optional[float]:
+    """`measure(fn)`, or None where the fused program cannot serve the shape (every rank
+    learns so at set-up, together)."""
+    from gc3.errors import GC3Error
+    try:
+        return measure(fn)
+    except GC3Error:
+        torch.cuda.synchronize()
+        return None
+
+
+def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, Optional[float]], str, str]:
+    from runtime_cuda.fused import choice
+
+    t = memory_operands(case, job.rank)
+    nccl = job.nccl
+    fused = memory_call(case, t, job.gc3, "fused")
+    auto = memory_call(case, t, job.gc3, None)
+    seq = memory_seq_call(case, t, nccl) if nccl is not None else None
+    compute, comm = memory_parts(case, t, nccl)
+    auto()          # the group's communicator exists from here on: its machine catalog decides auto
+    machine = getattr(getattr(job.gc3, "_comm", None), "machine", None)
+    pick = choice.choose(case.op, case.G, DTYPE_NAME[case.dtype], case.table_shape(),
+                         catalog=getattr(machine, "path", None))
+    v = {
+        "fused_us": _fused_or_none(fused, timer.device),
+        "auto_us": timer.device(auto),
+        "seq_nccl_us": timer.device(seq),
+        "gemm_us": timer.device(compute),
+        "comm_nccl_us": timer.device(comm),
+        "seq_host_us": timer.host(seq),
+        "graph_seq_nccl_us": timer.graph(seq),
+    }
+    v["host_us"] = None if v["fused_us"] is None else timer.host(fused)
+    reference = (seq or memory_seq_call(case, t, job.gc3))()
+    got = (auto if v["fused_us"] is None else fused)()
+    return v, ("fused" if pick.fused else "sequential"), memory_check(job, case, t, got, reference)
+
+
+# (value, heading, width) of the printed table; the ratios follow.
+MEMORY_COLUMNS = (("seq_nccl_us", "seq_nccl", 9), ("fused_us", "fused", 9), ("auto_us", "auto", 9),
+                  ("gemm_us", "compute", 9), ("comm_nccl_us", "c_nccl", 9), ("host_us", "host", 7),
+                  ("seq_host_us", "s_host", 7), ("graph_seq_nccl_us", "g_seq", 9))
+
+
+def memory_header() -> str:
+    cells = " ".join(f"{name:>{w}}" for _, name, w in MEMORY_COLUMNS)
+    return f"{'op':11} {'G':>2} {'shape':58} {cells} {'seq/auto':>8} {'seq/fused':>9} {'path':>10} check"
+
+
+def memory_row(case: MemoryCase, v: Dict[str, Optional[float]], path: str, check: str) -> str:
+    cells = " ".join(f"{'n/a' if v.get(k) is None else format(v[k], '.1f'):>{w}}" for k, _, w in MEMORY_COLUMNS)
+    seq = v.get("seq_nccl_us")
+    ratios = [f"{seq / v[k]:.2f}x" if seq and v.get(k) else "n/a" for k in ("auto_us", "fused_us")]
+    return (f"{case.op:11} {case.G:>2} {case.shape_cells():58} {cells} {ratios[0]:>8} {ratios[1]:>9} {path:>10} "
+            f"{check}")
+
+
+def memory_cases(job: Job, ops: Sequence[str], quick: bool):
+    for op, dims, dtype, out_dtype in memory_grid(ops, quick):
+        yield MemoryCase(op, dims, dtype, out_dtype, job.size, job.device)
+
+
+def memory_line(case: MemoryCase, values: Dict[str, Optional[float]], path: str, check: str, hw: str) -> str:
+    return records.format_line(case.op, case.G, case.record_shape(), DTYPE_NAME[case.dtype], values, path, check, hw)
+
+
+def _emit(job: Job, echo: Callable[[str], None], record: Optional[Path], text: str, record_line: str) -> None:
+    """Rank 0 prints a case's row and appends its line to the record file."""
+    if job.rank != 0:
+        return
+    echo(text)
+    if record is not None:
+        with open(record, "a") as fh:
+            fh.write(record_line + "\n")
+
+
+def bench_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, record: Optional[Path],
+                 echo: Callable[[str], None]) -> int:
+    """The memory-bound operators' part of `bench`: returns the number of shapes whose check failed."""
+    if job.rank == 0 and ops:
+        echo(memory_header())
+    failed = 0
+    for case in memory_cases(job, ops, quick):
+        v, path, check = measure_memory(job, case, timer)
+        failed += check != "ok"
+        _emit(job, echo, record, memory_row(case, v, path, check), memory_line(case, v, path, check, job.hw))
+        torch.cuda.empty_cache()
+    return failed
+
+
+def tune_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, echo: Callable[[str], None]) -> List[dict]:
+    """The memory-bound operators' entries of `tune`: per shape, the sequential path
+    against the fused one, both on the gc3 group."""
+    entries = []
+    for case in memory_cases(job, ops, quick):
+        t = memory_operands(case, job.rank)
+        seq_us = timer.device(memory_call(case, t, job.gc3, "sequential"))
+        fused_us = _fused_or_none(memory_call(case, t, job.gc3, "fused"), timer.device)
+        path = "fused" if fused_us is not None and fused_us < FUSED_MARGIN * seq_us else "sequential"
+        entries.append({"op": case.op, "gpus": job.size, "dtype": DTYPE_NAME[case.dtype], "shape": case.table_shape(),
+                        "path": path, "fused_us": None if fused_us is None else round(fused_us, 1),
+                        "sequential_us": round(seq_us, 1)})
+        if job.rank == 0:
+            echo(f"{case.op:11} {case.shape_cells():58} sequential {seq_us:9.1f} us, fused "
+                 f"{'n/a' if fused_us is None else f'{fused_us:9.1f} us'}: {path}")
+        del t
+        torch.cuda.empty_cache()
+    return entries

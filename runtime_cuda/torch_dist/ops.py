@@ -1,27 +1,35 @@
 """Torch functions with the call shapes of PyTorch's fused operators
 (torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter), plus
-GEMM + all_reduce, GEMM + all_to_all, GEMV + all_reduce and embedding-bag +
-all_to_all, taking a process group or its name.
+GEMM + all_reduce, GEMM + all_to_all, GEMV + all_reduce, embedding-bag +
+all_to_all and all_reduce + epilogue (scale, bias, residual, cast), taking a
+process group or its name:
+
+    fused_all_gather_matmul, fused_matmul_reduce_scatter, fused_matmul_all_reduce,
+    fused_matmul_all_to_all, fused_gemv_all_reduce, fused_embedding_bag_all_to_all,
+    fused_all_reduce_epilogue
 
 On a gc3 group (Gc3ProcessGroup: backend "gc3", or "nccl" under GC3_TORCH=1)
-the GEMM operators take the path measured faster on this machine for the
-shape (runtime_cuda.fused.choice: `gc3 tune --fused` writes the table into the
-machine's catalog): fused is overlap.py's stream pipeline (GEMM chunks on
-torch's current stream, each chunk's collective on a high-priority side
-stream, capturable in a CUDA graph); sequential is torch.matmul then the
+every operator takes the path measured faster on this machine for the shape
+(runtime_cuda.fused.choice: `gc3 tune --fused` writes the table into the
+machine's catalog).  Fused, the GEMM operators run overlap.py's stream
+pipeline (GEMM chunks on torch's current stream, each chunk's collective on a
+high-priority side stream, capturable in a CUDA graph); GEMV + all_reduce,
+embedding-bag + all_to_all and the epilogue run runtime_cuda.fused's gc3
+programs on DLPack views (not capturable).  Sequential is the torch ops (matmul,
+one embedding_bag over the tables viewed as one, elementwise ops) then the
 group's collective on the current stream.  Where nothing was measured the call
 is sequential, which is what the user would have run.  `path=` ("fused",
-"sequential", "auto") or GC3_FUSED=0/1 forces one; `chunks=` sets the chunk
-count.  GEMV + all_reduce and embedding-bag + all_to_all run
-runtime_cuda.fused on DLPack views.  Another backend, a single rank, or a
-dtype or layout the fused path refuses runs the sequential path, which is
-also the reference a fused call must equal; GC3_DEBUG=INFO names the path and
-why.  Every rank of a correct program passes the same shapes and dtypes, so
-every rank takes the same path.
+"sequential", "auto") or GC3_FUSED=0/1 forces one; `chunks=` sets the GEMM
+operators' chunk count.  Another backend, a single rank, or a dtype or layout
+the fused path refuses runs the sequential path, which is also the reference a
+fused call must equal; GC3_DEBUG=INFO names the path and why.  Every rank of a
+correct program passes the same shapes and dtypes, so every rank takes the same
+path.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -117,7 +125,7 @@ def _decided(what: str, pick) -> None:
 
 
 def _sequential(what: str, why: str) -> None:
-    _log().info("gc3 torch %s: sequential matmul + collective: %s", what, why)
+    _log().info("gc3 torch %s: sequential (torch ops, then the collective): %s", what, why)
 
 
 def _cupy(t: torch.Tensor):
@@ -268,9 +276,34 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     return out
 
 
-def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group) -> torch.Tensor:
+# --- the memory-bound operators ------------------------------------------------------
+# Their fused path is runtime_cuda.fused's gc3 program on CuPy views of the tensors,
+# taken only where the measured table (or the caller) says so: its set-up runs on the
+# host, so it is never captured in a CUDA graph.  Their sequential path is the torch
+# ops a user writes, then the group's collective, with nothing in between: these
+# operators are small enough that any glue there would be most of the call.
+def _fused_picked(op: str, what: str, pg, t: torch.Tensor, shape: dict, path: Optional[str]) -> str:
+    """'' where the fused path serves this call, else why not.  `t`: an operand, whose
+    device names the communicator (and so the machine catalog) that decides."""
+    # A one-element view: the communicator asks for contiguous tensors, the operand need not be.
+    pick = _choose(op, pg, t.dtype, shape, path, None, [t.as_strided((1,), (1,))])
+    if pick.fused:
+        _log().info("gc3 torch %s: fused (runtime_cuda.fused): %s", what, pick.why)
+        return ""
+    return pick.why
+
+
+def gemv_sequential(x: torch.Tensor, w: torch.Tensor, pg) -> torch.Tensor:
+    y = x @ w
+    dist.all_reduce(y, group=pg)
+    return y
+
+
+def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group, *,
+                          path: Optional[str] = None) -> torch.Tensor:
     """all_reduce(x @ w), x [K] or [batch, K] (this rank's K shard), w [K, N]: a
-    row-parallel linear layer at decode (runtime_cuda.fused.gemv_allreduce)."""
+    row-parallel linear layer at decode (runtime_cuda.fused.gemv_allreduce when fused).
+    The measured table's shape is {b: batch, K: this rank's K, N}."""
     what = "fused_gemv_all_reduce"
     pg = _group(group_name)
     if x.dim() not in (1, 2) or w.dim() != 2 or x.shape[-1] != w.shape[0]:
@@ -280,36 +313,70 @@ def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group) -
     if not why and x.numel() * w.numel() == 0:
         why = "an empty operand"
     if not why:
+        xs = x.reshape(1, -1) if x.dim() == 1 else x
+        why = _fused_picked("gemv_ar", what, pg, x, {"b": xs.shape[0], "K": w.shape[0], "N": w.shape[1]}, path)
+    if not why:
         from runtime_cuda.fused import gemv_allreduce
-        from runtime_cuda.nccl.fallback import NoFallback
-        xs, ws = x.reshape(1, -1).contiguous() if x.dim() == 1 else x.contiguous(), w.contiguous()
+        xs, ws = xs.contiguous(), w.contiguous()
         out = xs.new_empty((xs.shape[0], ws.shape[1]))
-        try:
-            with _fused_call(pg, [xs, ws, out], what) as torch_queue:
-                gemv_allreduce(_cupy(xs), _cupy(ws), pg._comm, out=_cupy(out), stream=torch_queue)
-            return out.reshape(-1) if x.dim() == 1 else out
-        except NoFallback as exc:
-            # gemv_allreduce's own sequential path (taken where the fused program
-            # would be slower) calls the communicator directly, without the
-            # process group's padding; every rank is refused alike, before any
-            # transfer, so all of them go on here.
-            why = f"gemv_allreduce's all-reduce was refused: {exc}"
+        with _fused_call(pg, [xs, ws, out], what) as torch_queue:
+            gemv_allreduce(_cupy(xs), _cupy(ws), pg._comm, out=_cupy(out), stream=torch_queue, path="fused")
+        return out.reshape(-1) if x.dim() == 1 else out
     _sequential(what, why)
-    y = (x @ w).contiguous()
-    dist.all_reduce(y, group=pg)
-    return y
+    return gemv_sequential(x, w, pg)
+
+
+def flat_bags(indices: torch.Tensor, offsets: torch.Tensor, rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The CSR bags of T tables of `rows` rows as bags of one [T*rows, dim] table, built
+    on the tensors' device with no host synchronisation: (flat indices [T*nnz], flat
+    offsets [T*(B+1)]), both int64, for torch.nn.functional.embedding_bag.
+
+    Bag t*(B+1) + s is bag s of table t; bag t*(B+1) + B is a filler that holds the
+    positions after table t's last bag (up to the next table's first), whose pooled
+    value the caller drops.  Those positions are no bag's, so they may hold anything:
+    they are read as row 0 of their table, never as an index out of range."""
+    T, nnz = indices.shape
+    table = torch.arange(T, device=indices.device).unsqueeze(1)
+    in_bags = torch.arange(nnz, device=indices.device) < offsets[:, -1:]
+    flat = torch.add(torch.where(in_bags, indices, 0), table, alpha=rows)
+    return flat.reshape(-1), torch.add(offsets, table, alpha=nnz).reshape(-1)
+
+
+def embedding_bag_pool(tables: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                       mode: str = "sum") -> torch.Tensor:
+    """Pooled bags [B, T*dim], sample-major, table by table: one embedding_bag over the
+    tables viewed as one, then one copy into the sample-major layout the all-to-all sends."""
+    T, rows, dim = tables.shape
+    B = offsets.shape[1] - 1
+    idx, off = flat_bags(indices.to(tables.device), offsets.to(tables.device), rows)
+    bags = torch.nn.functional.embedding_bag(idx, tables.reshape(T * rows, dim), off, mode=mode)
+    return bags.view(T, B + 1, dim)[:, :B].transpose(0, 1).reshape(B, T * dim)
+
+
+def embedding_bag_sequential(tables: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, pg,
+                             mode: str = "sum") -> torch.Tensor:
+    pooled = embedding_bag_pool(tables, indices, offsets, mode)
+    B, n = pooled.shape[0], pg.size()
+    out = pooled.new_empty((n, B // n, pooled.shape[1]))
+    dist.all_to_all_single(out.view(B, -1), pooled, group=pg)
+    return out
 
 
 def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-                                   group_name: Group, mode: str = "sum") -> torch.Tensor:
+                                   group_name: Group, mode: str = "sum", *, path: Optional[str] = None,
+                                   pooling: Optional[int] = None) -> torch.Tensor:
     """Pooled embedding bags of this rank's tables for the global batch, each rank
     receiving its samples' vectors from every rank (table-wise sharding;
-    runtime_cuda.fused.embedding_bag_alltoall).
+    runtime_cuda.fused.embedding_bag_alltoall when fused).
 
     tables [T, rows, dim]; indices [T, nnz] and offsets [T, B+1] integer CSR bags
-    (bag s of table t: indices[t, offsets[t, s]:offsets[t, s+1]]), B a multiple of
-    the group's size n.  Returns [n, B/n, T*dim]: [q] holds rank q's pooled vectors
-    (its tables, concatenated) of this rank's B/n samples."""
+    (bag s of table t: indices[t, offsets[t, s]:offsets[t, s+1]], offsets[t, 0] = 0),
+    B a multiple of the group's size n.  Returns [n, B/n, T*dim]: [q] holds rank q's
+    pooled vectors (its tables, concatenated) of this rank's B/n samples.
+
+    `pooling`: a bound on nnz / B that every rank gives alike (the fused program's
+    index stride); by default ceil(nnz / B), so every rank must then pass indices of
+    one width.  The measured table's shape is {T, rows, dim, pooling, samples: B/n}."""
     what = "fused_embedding_bag_all_to_all"
     pg = _group(group_name)
     if mode not in ("sum", "mean"):
@@ -321,35 +388,129 @@ def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, 
     if indices.dtype.is_floating_point or offsets.dtype.is_floating_point:
         raise ValueError(f"{what}: indices and offsets must be integers, got {indices.dtype}, {offsets.dtype}")
     n = pg.size()
-    T, _, dim = tables.shape
-    B = offsets.shape[1] - 1
+    T, rows, dim = tables.shape
+    B, nnz = offsets.shape[1] - 1, indices.shape[1]
     if B < 1 or B % n:
         raise ValueError(f"{what}: offsets hold B+1 = {B + 1} bounds per table; B must be a positive multiple "
                          f"of the group's {n} ranks")
+    if pooling is not None and (isinstance(pooling, bool) or not isinstance(pooling, int) or pooling < 1
+                                or nnz > B * pooling):
+        raise ValueError(f"{what}: pooling={pooling!r} must be an integer >= 1 with nnz <= B * pooling "
+                         f"(nnz {nnz}, B {B})")
     why = _refusal(pg, [tables])
-    if not why and not indices.is_cuda:
-        why = "CPU indices"
+    if not why and not indices.device == offsets.device == tables.device:
+        why = f"indices on {indices.device} and offsets on {offsets.device}, tables on {tables.device}"
     if not why and mode != "sum":
         why = "mode 'mean' (the fused program pools by sum)"
     if not why and tables.numel() == 0:
         why = "empty tables"
     if not why:
+        pooling = pooling or max(1, -(-nnz // B))
+        why = _fused_picked("ebag_a2a", what, pg, tables,
+                            {"T": T, "rows": rows, "dim": dim, "pooling": pooling, "samples": B // n}, path)
+    if not why:
         from runtime_cuda.fused import embedding_bag_alltoall
-        from runtime_cuda.nccl.fallback import NoFallback
         tab = tables.contiguous()
         idx, off = indices.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
         out = tab.new_empty((n, B // n, T * dim))
-        try:
-            with _fused_call(pg, [tab, out], what) as torch_queue:
-                embedding_bag_alltoall(_cupy(tab), _cupy(idx), _cupy(off), pg._comm, out=_cupy(out),
-                                       stream=torch_queue)
-            return out
-        except NoFallback as exc:   # as in fused_gemv_all_reduce
-            why = f"embedding_bag_alltoall's all-to-all was refused: {exc}"
+        with _fused_call(pg, [tab, out], what) as torch_queue:
+            embedding_bag_alltoall(_cupy(tab), _cupy(idx), _cupy(off), pg._comm, out=_cupy(out),
+                                   stream=torch_queue, path="fused", pooling=pooling)
+        return out
     _sequential(what, why)
-    pooled = torch.cat([torch.nn.functional.embedding_bag(
-        indices[t, :int(offsets[t, -1])].long(), tables[t], offsets[t, :-1].long(), mode=mode)
-        for t in range(T)], dim=1)     # [B, T*dim]: sample-major, table by table
-    out = pooled.new_empty((n, B // n, T * dim))
-    dist.all_to_all_single(out.view(B, T * dim), pooled.contiguous(), group=pg)
+    return embedding_bag_sequential(tables, indices, offsets, pg, mode)
+
+
+def epilogue_apply(y: torch.Tensor, scale: Optional[float], bias: Optional[torch.Tensor],
+                   residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """y * scale + bias + residual in out_dtype, where y (the reduced sum) may be
+    overwritten.  Two elementwise passes at most, the bandwidth being the whole cost:
+    the scale rides on the first addition (alpha=), the cast on the last pass's output."""
+    dtype = out_dtype or y.dtype
+    out = y if dtype == y.dtype else torch.empty_like(y, dtype=dtype)
+    addends = [t for t in (bias, residual) if t is not None]
+    if not addends:
+        return torch.mul(y, scale, out=out) if scale is not None else out.copy_(y)
+    first, rest = addends[0], addends[1:]
+    mid = y if rest else out
+    torch.add(first, y, alpha=1 if scale is None else scale, out=mid)
+    for t in rest:
+        torch.add(mid, t, out=out)
     return out
+
+
+def epilogue_sequential(x: torch.Tensor, pg, scale: Optional[float] = None, bias: Optional[torch.Tensor] = None,
+                        residual: Optional[torch.Tensor] = None,
+                        out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    y = x.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(y, group=pg)
+    return epilogue_apply(y, scale, bias, residual, out_dtype)
+
+
+def _epilogue_arguments(what: str, x, scale, bias, residual, out_dtype) -> None:
+    """ValueError naming the first argument that does not fit x."""
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        raise ValueError(f"{what}: x must be a floating-point tensor, got "
+                         f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"{what}: scale must be a finite number, got {scale!r}")
+    if out_dtype is not None and (not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point):
+        raise ValueError(f"{what}: out_dtype must be a floating-point torch.dtype, got {out_dtype!r}")
+    dtypes = {x.dtype, out_dtype or x.dtype}
+    for name, t, want in (("bias", bias, tuple(x.shape[-1:])), ("residual", residual, tuple(x.shape))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{what}: {name} must be a tensor, got {type(t).__name__}")
+        if tuple(t.shape) != want or (name == "bias" and x.dim() == 0):
+            raise ValueError(f"{what}: {name} has shape {tuple(t.shape)}, expected {want} "
+                             f"({'x.shape[-1] elements' if name == 'bias' else 'the shape'} of x {tuple(x.shape)})")
+        if t.dtype not in dtypes:
+            raise ValueError(f"{what}: {name} has dtype {t.dtype}, expected x's {x.dtype}"
+                             + ("" if len(dtypes) == 1 else f" or out_dtype {out_dtype}"))
+        if t.device != x.device:
+            raise ValueError(f"{what}: {name} is on {t.device}, x on {x.device}")
+
+
+def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[float] = None,
+                              bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
+                              out_dtype: Optional[torch.dtype] = None, *, path: Optional[str] = None) -> torch.Tensor:
+    """all_reduce(x, SUM) * scale + bias + residual, cast to out_dtype, as a new tensor on
+    every rank (x is not modified): the epilogue after a row-parallel layer.
+
+    scale: a number (1 / group size gives the average); bias: x.shape[-1] elements,
+    broadcast over the other dims; residual: x's shape.  bias and residual have x's
+    dtype or out_dtype; every term is optional.  out_dtype (default x's) may differ
+    from x's, as fp32 partial sums cast to bf16: the cast runs on the GPU.  Fused
+    (runtime_cuda.fused.allreduce_epilogue) the epilogue is applied as each reduced
+    chunk is stored, in fp32, and needs bias and residual in x's dtype; the measured
+    table's shape is {bytes: x's bytes}."""
+    what = "fused_all_reduce_epilogue"
+    pg = _group(group)
+    _epilogue_arguments(what, x, scale, bias, residual, out_dtype)
+    terms = [t for t in (bias, residual) if t is not None]
+    why = _refusal(pg, [x] + terms)
+    if not why and scale is None and not terms:
+        why = "no epilogue (a plain all_reduce)"
+    if not why and x.dim() * x.numel() == 0:
+        why = "an empty or 0-d x"
+    if not why:
+        why = _fused_picked("ar_epilogue", what, pg, x, {"bytes": x.numel() * x.element_size()}, path)
+    if not why:
+        from runtime_cuda.fused import allreduce_epilogue
+        xs = x.contiguous()
+        b, r = (None if t is None else t.contiguous() for t in (bias, residual))
+        out = torch.empty_like(xs)
+        with _fused_call(pg, [xs, out] + [t for t in (b, r) if t is not None], what) as torch_queue:
+            allreduce_epilogue(_cupy(xs), pg._comm, scale=None if scale is None else float(scale),
+                               bias=None if b is None else _cupy(b), residual=None if r is None else _cupy(r),
+                               out=_cupy(out), stream=torch_queue, path="fused")
+        return out if out_dtype in (None, out.dtype) else out.to(out_dtype)
+    _sequential(what, why)
+    return epilogue_sequential(x, pg, scale, bias, residual, out_dtype)
+
+
+__all__ = ["fused_all_gather_matmul", "fused_matmul_reduce_scatter", "fused_matmul_all_reduce",
+           "fused_matmul_all_to_all", "fused_gemv_all_reduce", "fused_embedding_bag_all_to_all",
+           "fused_all_reduce_epilogue"]

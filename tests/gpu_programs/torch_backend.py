@@ -12,22 +12,14 @@ which checks the references themselves where there is no GPU.  Prints
 """
 import os
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-import runtime_cuda.torch_dist as gc3_torch
+import torch_rank
 
-rank, world, store_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-on = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda"
-dev = torch.device(on, 0) if on == "cuda" else torch.device("cpu")
-if on == "cuda":
-    torch.cuda.set_device(dev)
-gc3_torch.register()
-dist.init_process_group("cpu:gloo,cuda:gc3", store=dist.FileStore(store_path, world), rank=rank,
-                        world_size=world, timeout=timedelta(seconds=120))
-pg = dist.group.WORLD
+rank, world, dev, pg = torch_rank.join(sys.argv)
+on = dev.type
 assert type(pg).__name__ == "Gc3ProcessGroup", type(pg)
 R = range(world)
 
@@ -231,10 +223,19 @@ mine = bags(rank)
 got = ops.fused_embedding_bag_all_to_all(mine[0].to(dev), mine[1].to(dev), mine[2].to(dev), pg)
 close("fused_embedding_bag_all_to_all", got, torch.stack([bags(q)[3][rank * 2:(rank + 1) * 2] for q in R]))
 if on == "cuda":
-    # The fused kernels served these, not the sequential fallback (GC3_DEBUG=INFO says why if not).
+    # Unmeasured shapes ran the sequential path above; forced, runtime_cuda.fused's programs
+    # serve the same calls (tests/gpu_programs/torch_fused.py and torch_memory_bound.py
+    # check the fused paths in depth).
     from runtime_cuda.fused.memory_bound import _comm_groups  # noqa: E402
-    assert pg._gemm is not None, "the GEMM operators took the sequential path"
-    assert _comm_groups.get(pg._comm), "GEMV+AR and embedding+A2A took the sequential path"
+    assert not _comm_groups.get(pg._comm), "GEMV+AR or embedding+A2A went fused with no measured table"
+    close("fused_gemv_all_reduce forced fused",
+          ops.fused_gemv_all_reduce(xs[rank].to(dev), ws[rank].to(dev), pg, path="fused"),
+          sum(xs[r].double() @ ws[r].double() for r in R))
+    close("fused_embedding_bag_all_to_all forced fused",
+          ops.fused_embedding_bag_all_to_all(mine[0].to(dev), mine[1].to(dev), mine[2].to(dev), pg, path="fused",
+                                              pooling=3),   # ranks differ in nnz; each bag holds < 4
+          torch.stack([bags(q)[3][rank * 2:(rank + 1) * 2] for q in R]))
+    assert _comm_groups.get(pg._comm), "forced, GEMV+AR and embedding+A2A still took the sequential path"
     passed("fused operators ran on runtime_cuda.fused")
 
 # DDP and FSDP2: one SGD step of a small MLP on integer-valued weights and data

@@ -1,0 +1,26 @@
+"""This process's rank of a "cpu:gloo,cuda:gc3" group over a file store, for the
+torch rank programs here:
+
+    rank, world, dev, pg = torch_rank.join(sys.argv)   # argv: prog RANK WORLD STORE_PATH ... [--device cpu|cuda]
+
+`--device cpu` gives the CPU half of the group (gloo), where there is no GPU;
+otherwise GPU 0 (ranks of a test share it).
+"""
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import runtime_cuda.torch_dist as gc3_torch
+
+
+def join(argv):
+    rank, world, store_path = int(argv[1]), int(argv[2]), argv[3]
+    on = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"
+    dev = torch.device(on, 0) if on == "cuda" else torch.device("cpu")
+    if on == "cuda":
+        torch.cuda.set_device(dev)
+    gc3_torch.register()
+    dist.init_process_group("cpu:gloo,cuda:gc3", store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    return rank, world, dev, dist.group.WORLD
