@@ -43,8 +43,11 @@ def path_instruction() -> str:
 
 
 def table_commands():
-    table = _section("The command line")
-    return re.findall(r"^\| `([^`]+)` \|", table, re.M)
+    """The first column of the section's first table (later tables there list catalogs, not commands)."""
+    lines = _section("The command line").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return re.findall(r"^\| `([^`]+)` \|", "\n".join(lines[start:end]), re.M)
 
 
 def _gpu_present() -> bool:

@@ -109,12 +109,12 @@ def _mkn(A: torch.Tensor, B: torch.Tensor) -> dict:
 
 
 def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int],
-            tensors: Sequence[torch.Tensor]):
+            like: torch.Tensor):
     """The measured choice for this shape, in the catalog the group's communicator serves."""
     from runtime_cuda.fused import choice
     # Built here on a group's first CUDA call, from a contiguous stand-in: the operands may be
     # strided (B = W.t()), which the sequential path takes as they are.
-    comm = pg._comm if pg._comm is not None else pg._cuda([tensors[0].new_empty(1)], op)
+    comm = pg._comm if pg._comm is not None else pg._cuda([like.new_empty(1)], op)
     machine = getattr(comm, "machine", None)
     return choice.choose(op, pg.size(), _DTYPE_NAMES[dtype], shape, path=path, chunks=chunks,
                          catalog=getattr(machine, "path", None))
@@ -176,7 +176,7 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
         n, K = pg.size(), A_shard.shape[-1]
         a = A_shard.reshape(-1, K)
         pick = _choose("ag_gemm", pg, a.dtype, {"M": n * a.shape[0], "K": K, "N": sum(B.shape[1] for B in Bs)},
-                       path, chunks, [a])
+                       path, chunks, a)
         if pick.fused:
             _decided(what, pick)
             A, outs = overlap.all_gather_matmul(pg, a.contiguous(), [B.contiguous() for B in Bs], pick.chunks,
@@ -214,7 +214,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     if not why and _dim_of(2, scatter_dim, what) != 0:
         why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
     if not why:
-        pick = _choose("gemm_rs", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
+        pick = _choose("gemm_rs", pg, A.dtype, _mkn(A, B), path, chunks, A)
         if pick.fused:
             _decided(what, pick)
             out = overlap.matmul_reduce_scatter(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
@@ -241,7 +241,7 @@ def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=False)
     if not why:
-        pick = _choose("gemm_ar", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
+        pick = _choose("gemm_ar", pg, A.dtype, _mkn(A, B), path, chunks, A)
         if pick.fused:
             _decided(what, pick)
             out = overlap.matmul_all_reduce(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
@@ -261,7 +261,7 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     pg = _group(group_name)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
     if not why:
-        pick = _choose("gemm_a2a", pg, A.dtype, _mkn(A, B), path, chunks, [A, B])
+        pick = _choose("gemm_a2a", pg, A.dtype, _mkn(A, B), path, chunks, A)
         if pick.fused:
             _decided(what, pick)
             return overlap.matmul_all_to_all(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
@@ -285,8 +285,7 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
 def _fused_picked(op: str, what: str, pg, t: torch.Tensor, shape: dict, path: Optional[str]) -> str:
     """'' where the fused path serves this call, else why not.  `t`: an operand, whose
     device names the communicator (and so the machine catalog) that decides."""
-    # A one-element view: the communicator asks for contiguous tensors, the operand need not be.
-    pick = _choose(op, pg, t.dtype, shape, path, None, [t.as_strided((1,), (1,))])
+    pick = _choose(op, pg, t.dtype, shape, path, None, t)
     if pick.fused:
         _log().info("gc3 torch %s: fused (runtime_cuda.fused): %s", what, pick.why)
         return ""
