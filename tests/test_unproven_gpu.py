@@ -15,9 +15,10 @@ ALLTONEXT = ROOT / "tests" / "data" / "alltonext_custom_16r.xml"
 
 @pytest.mark.parametrize("size", ["64K", "4MiB"])
 def test_gc3_run_unproven_matches_the_simulator(size):
-    from gc3.cli import main
+    from runtime_cuda.commands import cli
 
-    res = CliRunner().invoke(main, ["run", str(ALLTONEXT), "--unproven", "--mode", "virtual", "--size", size,
+    # cli(): gc3's command line with the runtime's commands, installed as a package or not.
+    res = CliRunner().invoke(cli(), ["run", str(ALLTONEXT), "--unproven", "--mode", "virtual", "--size", size,
                                     "--iters", "3", "--warmup", "1"])
     assert res.exit_code == 0, res.output
     assert "NOTHING PROVEN" in res.output and "16 virtual ranks on one GPU" in res.output

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import runtime_cuda.torch_dist as gc3_torch
+import torch_rank
 from runtime_cuda.torch_dist import ops, overlap
 
 rank, world, store_path, table_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -187,5 +188,4 @@ for m_rows, expect in sorted(measured.items()) + [(M * 8, "sequential")]:   # M 
 overlap.matmul_reduce_scatter = real
 
 torch.cuda.synchronize()
-dist.destroy_process_group()
-print(f"ALL OK rank={rank}", flush=True)
+torch_rank.finish(rank)
