@@ -1,4 +1,4 @@
-"""GEMMs fused with a collective, on CuPy arrays (issue 17).
+"""GEMMs fused with a collective, on CuPy arrays.
 
     gemm_reduce_scatter(a, b, comm)    rank r: A_r [M, K_r], B_r [K_r, N] -> rows r of sum_s A_s B_s  [M/n, N]
     all_gather_gemm(a, b, comm)        rank r: A_r [m, K], B_r [K, N_r]  -> concat_s(A_s) @ B_r      [n*m, N_r]
