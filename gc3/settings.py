@@ -94,6 +94,7 @@ def _text(raw: str) -> str:
 # The gemv opcode's tunables and the values a build may set (runtime_cuda/module.py says what each does).
 GEMV_TUNABLES = {"GC3_CMP_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_WIDE": (0, 1)}
 
+_ZERO_ONE = _choice({"0": False, "1": True}, "0 or 1")
 _DAY = 86400.0   # longest wait: beyond a day a hang is not worth waiting for, and inf or nan would disable it
 
 _DECLARED: List[Setting] = [
@@ -106,7 +107,8 @@ _DECLARED: List[Setting] = [
             "seconds a collective kernel waits for a peer's data, credit or dependency before it reports a hang",
             _float(0.001, _DAY), f"0.001 to {_DAY:g}", blank_is_unset=False),
     Setting("GC3_CACHE_ENTRIES", "int", None,
-            "lowers every per-group cache's entry limit (1024 call shapes, 256 buffer tables): stress runs retire often",
+            "lowers every per-group cache's entry limit (1024 call shapes, 256 buffer tables): stress runs "
+            "retire often",
             _int(1, 1 << 20), f"1 to {1 << 20}", blank_is_unset=False),
     *(Setting(f"GC3_SLOT_BYTES_{p.upper()}", "int", limits.SLOT_BYTES[p],
               f"bytes of one {p} FIFO slot (a positive multiple of {limits.slot_align(p)})",
@@ -185,7 +187,7 @@ _DECLARED: List[Setting] = [
             "driver, kernel", "fused"),
     Setting("GC3_FUSED_TRACE", "flag", False,
             "time each fused GEMM chunk and flag wait (gc3 bench --fused reads the stamps)",
-            _choice({"0": False, "1": True}, "0 or 1"), "0, 1", "fused"),
+            _ZERO_ONE, "0, 1", "fused"),
     Setting("GC3_FUSED_TIMEOUT", "float", 60.0,
             "seconds a fused operator's stream waits for a peer's flag before it reports a hang",
             _float(0.001, _DAY), f"0.001 to {_DAY:g}", "fused"),
@@ -208,18 +210,16 @@ _DECLARED: List[Setting] = [
             "the same for the fused GEMV",
             _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
     # --- development: the test and setup scripts ------------------------------
-    Setting("GC3_SKIP_TORCH", "flag", False,
-            "scripts/test.sh: 1 does not install torch (its CPU tests then skip)",
-            _choice({"0": False, "1": True}, "0 or 1"), "0, 1", "development"),
-    Setting("GC3_TEST_TORCH", "version", "2.11.0",
-            "scripts/test.sh: the torch version it installs",
-            _text, "a torch version", "development"),
-    Setting("GC3_README_GPU_ROWS", "flag", False,
-            "tests/test_readme_walkthrough.py: 1 also runs the README's GPU rows on a GPU machine",
-            _choice({"0": False, "1": True}, "0 or 1"), "0, 1", "development"),
-    Setting("GC3_TEST_EXTRA_OPCODE", "name", "",
-            "tests/test_opcode_coverage.py: a made-up opcode, to see the coverage test fail",
-            _text, "an opcode name", "development"),
+    *(Setting(name, kind, default, meaning, parse, allowed, "development")
+      for name, kind, default, meaning, parse, allowed in (
+        ("GC3_SKIP_TORCH", "flag", False, "scripts/test.sh: 1 does not install torch (its CPU tests then skip)",
+         _ZERO_ONE, "0, 1"),
+        ("GC3_TEST_TORCH", "version", "2.11.0", "scripts/test.sh: the torch version it installs", _text,
+         "a torch version"),
+        ("GC3_README_GPU_ROWS", "flag", False,
+         "tests/test_readme_walkthrough.py: 1 also runs the README's GPU rows on a GPU machine", _ZERO_ONE, "0, 1"),
+        ("GC3_TEST_EXTRA_OPCODE", "name", "",
+         "tests/test_opcode_coverage.py: a made-up opcode, to see the coverage test fail", _text, "an opcode name"))),
 ]
 
 SETTINGS: Dict[str, Setting] = {s.name: s for s in _DECLARED}

@@ -58,12 +58,12 @@ def test_gc3_never_names_runtime_cuda(module):
 
 
 # The facts every stage shares, and nothing else: a new module belongs in a stage's folder.
-GC3_ROOT = {"collectives", "dtypes", "errors", "limits", "settings", "topology", "units"}
+SHARED_ROOT_MODULES = {"collectives", "dtypes", "errors", "limits", "settings", "topology", "units"}
 
 
 def test_gc3_root_holds_api_and_shared_facts_only():
     root = {p.stem for p in (ROOT / "gc3").glob("*.py") if p.stem not in ("__init__", "__main__")}
-    assert root == GC3_ROOT, root ^ GC3_ROOT
+    assert root == SHARED_ROOT_MODULES, root ^ SHARED_ROOT_MODULES
 
 
 def test_gc3_cli_lists_the_runtime_commands():
