@@ -126,7 +126,7 @@ class PostconditionUnprovableError(VerificationError):
 
 
 class NotOnDeviceError(InputError):
-    """An IR with steps the runtime has no opcode for (a compute step, issue 16); the simulator runs it."""
+    """An IR with steps the runtime has no opcode for (a compute step); the simulator runs it."""
 
 
 class LayoutError(InputError):

@@ -19,15 +19,16 @@ fallback uses them, so NCCL still serves whatever gc3 does not.
 """
 from __future__ import annotations
 
-import os
 import runpy
 import sys
+
+from gc3 import settings
 
 SWAPPED = ("NcclCommunicator", "groupStart", "groupEnd")
 
 
 def enabled(env=None) -> bool:
-    return (os.environ if env is None else env).get("GC3_NCCL", "0").strip().lower() in ("1", "true", "yes", "on")
+    return settings.get("GC3_NCCL", env)
 
 
 def install() -> bool:

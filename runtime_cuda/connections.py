@@ -15,16 +15,14 @@ exchange base pointers.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from gc3 import limits
+from gc3 import limits, settings
 from gc3.errors import GC3Error
 from gc3.ir import Program
-from gc3.units import env_number, strict_int
 
 from . import abi
 from .tables import ConnKey, Tables, connections
@@ -32,9 +30,7 @@ from .tables import ConnKey, Tables, connections
 
 
 def slot_bytes(proto: str) -> int:
-    name = f"GC3_SLOT_BYTES_{proto.upper()}"
-    env = os.environ.get(name)
-    n = env_number(name, env, 64, 1 << 30) if env else limits.SLOT_BYTES[proto]
+    n = settings.get(f"GC3_SLOT_BYTES_{proto.upper()}")
     align = limits.slot_align(proto)
     if n <= 0 or n % align:
         raise GC3Error(f"GC3_SLOT_BYTES_{proto.upper()}={n}: must be a positive multiple of {align}")
@@ -54,16 +50,8 @@ _TILE_SPLIT = {"Simple": TileSplit(), "LL": TileSplit(), "LL128": TileSplit()}
 
 def tile_split(proto: str) -> TileSplit:
     """GC3_TILE_SPLIT_<PROTO>=TILES:MIN_BYTES overrides the default."""
-    env = os.environ.get(f"GC3_TILE_SPLIT_{proto.upper()}")
-    if not env:
-        return _TILE_SPLIT[proto]
-    try:
-        tiles, min_bytes = (strict_int(x, 0, limits.INT32_MAX) for x in env.split(":"))
-    except ValueError:
-        raise GC3Error(f"GC3_TILE_SPLIT_{proto.upper()}={env!r}: expected TILES:MIN_BYTES, e.g. 4:65536") from None
-    if tiles < 1 or min_bytes < 0:
-        raise GC3Error(f"GC3_TILE_SPLIT_{proto.upper()}={env!r}: TILES must be >= 1 and MIN_BYTES >= 0")
-    return TileSplit(tiles, min_bytes)
+    given = settings.get(f"GC3_TILE_SPLIT_{proto.upper()}")
+    return _TILE_SPLIT[proto] if given is None else TileSplit(*given)
 
 
 def nslots(proto: str) -> int:

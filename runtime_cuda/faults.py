@@ -1,11 +1,12 @@
 """Known bugs, put back on purpose: `GC3_FAULT=name[,name...]` re-enables the
-root causes found in the drop-in (issue 13) so that one can show the
+root causes of the drop-in's wrong results under stream reuse so that one can show the
 differential fuzz (scripts/fuzz_dropin.py) catches each of them.  Never set
 in production; an unknown name is an error, not a silent no-op."""
 from __future__ import annotations
 
-import os
 from typing import FrozenSet
+
+from gc3 import settings
 
 FAULTS = {
     "stream-reset": "set-up work (rendezvous, table uploads) enters its private stream with `with stream:`, "
@@ -24,7 +25,7 @@ def _parse(value: str) -> FrozenSet[str]:
     return names
 
 
-_active: FrozenSet[str] = _parse(os.environ.get("GC3_FAULT", ""))
+_active: FrozenSet[str] = _parse(settings.get("GC3_FAULT"))
 
 
 def active(name: str) -> bool:

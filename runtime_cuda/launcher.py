@@ -11,13 +11,12 @@ captured in a CUDA graph.
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import partial
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from gc3.units import env_number
+from gc3 import settings
 
 from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
 
@@ -28,7 +27,7 @@ from .connections import CONTROL_ABORT, CONTROL_ERR, CONTROL_FLAGS, nslots, slot
 from .streams import StreamOrder
 from .tables import Tables
 
-DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_TIMEOUT_S = settings.default("GC3_TIMEOUT_S")
 
 
 def _cache_entries(default: int) -> int:
@@ -36,8 +35,8 @@ def _cache_entries(default: int) -> int:
     before it is retired whole.  GC3_CACHE_ENTRIES lowers every such limit: a
     stress run (the fuzz's mutation test) then goes through the retire path
     every few calls instead of once in hundreds, so a bug there shows."""
-    env = os.environ.get("GC3_CACHE_ENTRIES")
-    return min(default, env_number("GC3_CACHE_ENTRIES", env, 1, 1 << 20)) if env else default
+    lower = settings.get("GC3_CACHE_ENTRIES")
+    return default if lower is None else min(default, lower)
 
 
 PREPARED_CALLS_MAX = _cache_entries(1024)   # call shapes a group keeps packed
@@ -53,12 +52,9 @@ def runtime_protocol(xml_proto: str, override: Optional[str] = None) -> str:
     return p
 
 
-def timeout_s(value: Optional[float] = None) -> float:
-    if value is not None:
-        return float(value)
-    env = os.environ.get("GC3_TIMEOUT_S")
-    # A day at most: beyond that a hang is not worth waiting for, and inf or nan would disable the watchdog.
-    return env_number("GC3_TIMEOUT_S", env, 0.001, 86400.0, float) if env else DEFAULT_TIMEOUT_S
+def gpu_wait_timeout_s(value: Optional[float] = None) -> float:
+    """How long a collective kernel waits for a peer before it reports a hang: `value`, else GC3_TIMEOUT_S."""
+    return float(value) if value is not None else settings.get("GC3_TIMEOUT_S")
 
 
 class CommunicatorBroken(GC3Error):
@@ -141,7 +137,7 @@ class Executor:
         self.cupy = cupy
         self.tables = t
         self.proto = proto
-        self.timeout = timeout_s(timeout)
+        self.timeout = gpu_wait_timeout_s(timeout)
         self.device = cupy.cuda.Device()
         self.control = control
         self.order = StreamOrder(fault=faults.active("stream-order"))

@@ -3,11 +3,10 @@ dtype x op x protocol, cached for the process (and by CuPy on disk)."""
 from __future__ import annotations
 
 import functools
-import os
 import re
 from typing import Dict, Mapping, Optional, Tuple
 
-from gc3 import limits
+from gc3 import limits, settings
 
 from . import abi
 
@@ -33,7 +32,7 @@ def source(entry: str = "interpreter.cu") -> str:
 
 def trace_enabled() -> bool:
     """GC3_TRACE=1: build the kernel that timestamps each block's steps (Executor.trace)."""
-    return os.environ.get("GC3_TRACE", "0") not in ("", "0")
+    return settings.get("GC3_TRACE")
 
 
 # The gemv opcode's tunables (kernels/prims_compute.cuh, which holds their defaults and says what
@@ -41,7 +40,7 @@ def trace_enabled() -> bool:
 # CUDA-core passes (batch 1; fp32) and in the 16-bit types' tensor-core passes (batch >= 2), and the
 # wider warp tiles of the tensor-core passes above 16 rows.  An environment variable of the macro's
 # name overrides the default in every compute build.
-GEMV_TUNABLES = {"GC3_CMP_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_WIDE": (0, 1)}
+GEMV_TUNABLES = settings.GEMV_TUNABLES
 # The settings the GPU tests run and scripts/bench_gemv_opcode.py --sweep times, each one build
 # (per dtype): together they take every value of every tunable, and on sm_80+ each tunable acts on
 # batch sizes of its own (16-bit types: batch 1, 2..16, 17+), so one sweep times each value.
@@ -70,12 +69,10 @@ def gemv_tuning(tune: Optional[Mapping[str, int]] = None) -> Tuple[Tuple[str, in
     from gc3.errors import InputError
 
     chosen = {}
-    for name, allowed in GEMV_TUNABLES.items():
-        raw = os.environ.get(name)
-        if raw:
-            if not raw.strip().isdigit() or int(raw) not in allowed:
-                raise InputError(f"environment variable {name}={raw!r}: expected one of {allowed}")
-            chosen[name] = int(raw)
+    for name in GEMV_TUNABLES:
+        given = settings.get(name)
+        if given is not None:
+            chosen[name] = given
     for name, value in (tune or {}).items():
         if name not in GEMV_TUNABLES:
             raise InputError(f"gemv tunable {name!r}: expected one of {sorted(GEMV_TUNABLES)}")
@@ -91,7 +88,7 @@ def options(dtype: str, op: str, proto: str, trace: bool = False, compute: bool 
     """`compute`: with the compute opcodes (a fused IR's group; prims_compute.cuh says why not always)
     and the gemv tunables of gemv_tuning(tune); `epilogue`: with the epilogue on flagged stores (an
     epilogue IR's group; plain collectives keep the store path without its branch and registers)."""
-    debug = ("-lineinfo",) if os.environ.get("GC3_NVRTC_LINEINFO") else ()
+    debug = ("-lineinfo",) if settings.get("GC3_NVRTC_LINEINFO") else ()
     debug += ("-DGC3_TRACE",) if trace else ()
     debug += ("-DGC3_COMPUTE",) + tuple(f"-D{k}={v}" for k, v in gemv_tuning(tune)) if compute else ()
     debug += ("-DGC3_EPILOGUE",) if epilogue else ()
@@ -103,7 +100,7 @@ def options(dtype: str, op: str, proto: str, trace: bool = False, compute: bool 
 
 
 def cooperative_default() -> bool:
-    return os.environ.get("GC3_COOPERATIVE", "1") != "0"
+    return settings.get("GC3_COOPERATIVE")
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,7 +26,7 @@ from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error, LimitError
 
 from . import abi, module, streams
-from .launcher import CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_per_sm, timeout_s
+from .launcher import CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_per_sm, gpu_wait_timeout_s
 from .streams import StreamOrder
 
 KERNEL_NAME = "gc3_small_allreduce"
@@ -189,7 +189,7 @@ class SmallAllreduce:
         self.max_bytes = max_bytes
         self.max_lines, self.region_lines, _ = scratch_shape(nranks, self.max_bytes)
         self._keep = keep
-        self.executor = ex = SmallExecutor(header, ranks, timeout_s(timeout))
+        self.executor = ex = SmallExecutor(header, ranks, gpu_wait_timeout_s(timeout))
         setup = streams.setup_stream()
         with streams.current(setup):
             self._peers = cupy.asarray(np.asarray(bases, dtype=np.uint64).reshape(-1))

@@ -1,4 +1,4 @@
-"""Benchmark of the compute-fused collectives (issue 16) against the sequential baselines.
+"""Benchmark of the compute-fused collectives (GEMV+AllReduce, embedding-bag+AllToAll) against the sequential baselines.
 
     mpirun --allow-run-as-root -np N python3 scripts/bench_fused.py [--quick] [--op OP]   # one rank per process
     python3 scripts/bench_fused.py --virtual N [--quick]                                   # N virtual ranks, one GPU
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 RTOL = {"bfloat16": 2e-2, "float16": 4e-3, "float32": 1e-5}
 
-# Shapes of issue 16 (GEMV+AR at decode; DLRM embedding tables), and --quick ones.
+# Shapes of the workloads these operators serve (GEMV+AR at decode; DLRM embedding tables), and --quick ones.
 GEMV_SHAPES = {"full": [(b, k, 8192) for b in (1, 8, 32) for k in (2048, 7168, 4096)],
                "quick": [(b, k, 4096) for b in (1, 8) for k in (1024, 2048)]}
 GEMV_DTYPES = ("bfloat16",)

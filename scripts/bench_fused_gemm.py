@@ -35,7 +35,7 @@ OPS = ("gemm_reduce_scatter", "all_gather_gemm", "gemm_all_reduce", "gemm_all_to
 
 
 def shapes(n: int, quick: bool) -> List[Dict]:
-    """The issue's shapes for n ranks (n = 2 and 4 as given; other n take n = 4's).
+    """The benchmark's shapes for n ranks (n = 2 and 4 as given; other n take n = 4's).
     Each: op, M (total rows for RS/AR/AG, per-rank rows for A2A), K (per-rank K for RS/AR, full K for AG),
     N (full N for RS/AR/A2A, per-rank N for AG), splits ('equal' or 'skewed')."""
     if quick:

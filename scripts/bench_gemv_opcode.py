@@ -3,7 +3,7 @@ own, runtime_cuda.fused.gemv_opcode) against cuBLAS on the same shapes, one GPU,
 
     python3 scripts/bench_gemv_opcode.py [--iters 50] [--chunks 128] [--dtype bfloat16] [--sweep]
 
-Per (batch, K_shard, N) of issue 16: the median time of --iters runs of each, the bandwidth it
+Per (batch, K_shard, N) of the decode shapes: the median time of --iters runs of each, the bandwidth it
 achieves (weight + x read, y written, once each) and gc3 / cuBLAS.  cuBLAS is cupy.matmul for
 float16/float32; bfloat16, which CuPy lacks, is torch.matmul (cuBLAS) on the same stream.  Each
 timed run is bracketed by its own CUDA events; a spin kernel queued first keeps the GPU behind the
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=128, help="blocks of the opcode kernel (column chunks of y)")
     ap.add_argument("--threads", type=int, default=512, choices=(128, 256, 512))
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    ap.add_argument("--shape", action="append", metavar="B,K,N", help="instead of the issue's shapes")
+    ap.add_argument("--shape", action="append", metavar="B,K,N", help="instead of the decode shapes")
     ap.add_argument("--sweep", action="store_true", help="time the opcode's variants (see above)")
     ap.add_argument("--vary", action="append", metavar="NAME=V1,V2", help="one axis of the variants")
     a = ap.parse_args(argv)

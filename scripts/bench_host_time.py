@@ -1,4 +1,4 @@
-"""Host time per call on one GPU (issue 18, "small messages at the floor"):
+"""Host time per call on one GPU (small messages: what the host adds to each call):
 
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \\
         mpirun --bind-to none -np 2 python scripts/bench_host_time.py [--size 1KiB] [--calls 40] [--rounds 7]

@@ -37,7 +37,9 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 
 @dataclass(frozen=True)
-class Candidate:
+class ProgramConfig:
+    """One configuration timed: a program of algorithms/, its protocol and instances, the sizes it
+    serves and the environment it runs with."""
     label: str
     coll: str
     script: str                      # algorithms/<script>.py
@@ -51,13 +53,13 @@ class Candidate:
 
 
 def _c(label, coll, script, argv, proto, inst, lo, hi, fusion=True, **env):
-    return Candidate(label, coll, script, tuple(argv), proto, inst, lo, hi, tuple(sorted(env.items())), fusion)
+    return ProgramConfig(label, coll, script, tuple(argv), proto, inst, lo, hi, tuple(sorted(env.items())), fusion)
 
 
 SPLIT = "4:65536"        # >= 4 tiles per chunk, tiles >= 64 KiB
 SPLIT_FINE = "4:16384"   # >= 4 tiles per chunk, tiles >= 16 KiB
 BIG = 1 << 40
-CANDIDATES: Tuple[Candidate, ...] = (
+CANDIDATES: Tuple[ProgramConfig, ...] = (
     # allreduce, small: one-shot (1 hop) vs all-pairs (2 hops)
     _c("allpairs-LL-i4", "allreduce", "allreduce_allpairs", ["2"], "LL", 4, 0, 256 * KiB),
     _c("oneshot-LL-i1", "allreduce", "allreduce_oneshot", ["2"], "LL", 1, 0, 64 * KiB),
@@ -132,7 +134,7 @@ class _Env:
                 os.environ[k] = v
 
 
-def compile_candidate(c: Candidate):
+def compile_candidate(c: ProgramConfig):
     from gc3.compiler.pipeline import lower
     from gc3.dsl.program import run_script
 

@@ -145,7 +145,7 @@ SAMPLES: Tuple[Sample, ...] = (
 )
 
 
-# Fused programs (compute steps, issue 17), compiled with their default arguments: written for
+# Fused programs (compute steps), compiled with their default arguments: written for
 # reading and for the GPU side, but not indexed, since no NCCL call can be served by them.
 FUSED: Tuple[str, ...] = ("gemm_reducescatter", "allgather_gemm", "gemm_allreduce", "gemm_alltoall")
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The recorded fuzz runs on ONE GPU (issue 13): virtual ranks, and 4 and 2 processes sharing the GPU,
+# The recorded fuzz runs on ONE GPU: virtual ranks, and 4 and 2 processes sharing the GPU,
 # run side by side (timings mean nothing here, ordering bugs do show).  Summary lines go to
 # ${OUT:-.}/fuzz_*.txt; scripts/fuzz_sum.py folds runs of one configuration into the line that
 # runtime_cuda/measured/fuzz.txt keeps.   CALLS_V / CALLS_P scale the runs.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU runs of issues 20/21, one process per GPU, in stages that each fit one device
+# The multi-GPU runs (multigpu tests, fuzz, tune, bench, peers, fused, torch), one process per GPU, in stages that each fit one device
 # command (at most 10 minutes).  Summary lines and tables go to ${OUT:-.}.
 # Usage (project root, N GPUs): bash scripts/gpu_multi_run.sh N STAGE [fuzz seconds]
 #   multigpu  the tests that need >= 2 GPUs (the one-GPU part of the suite runs on any GPU)
@@ -16,7 +16,7 @@
 #             time per call
 #   fused     gc3 tune --fused then gc3 bench --fused (quick grid) through torch
 #   torch     the torch example with backend nccl and gc3
-# Order when time is short (issue 20): multigpu, fuzz, tune, bench, peers, fused, torch.
+# Order when time is short (most at stake first): multigpu, fuzz, tune, bench, peers, fused, torch.
 # On 2x H200 (2026-11-23): multigpu 2.8-3.3 min, fuzz ~5 min, tune 2.3 min, bench 3 min, peers 2.5 min
 # (1 KiB - 64 MiB; an alltoall sweep to 1 GiB against NCCL-sym alone: 26 s), fused 3 min, torch 0.5 min.
 set -u

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 14: the host-side mutants that survived the first mutation run, applied one at a time;
+# The host-side mutants that survived the first mutation run, applied one at a time;
 # each must make the listed tests fail ("killed").  Run: bash scripts/mutation_check.sh
 set -u
 BACKUP=$(mktemp)

@@ -22,7 +22,7 @@ def gc3(*args):
 
 @pytest.fixture
 def exchange_xml(tmp_path):
-    """The issue's 2-rank exchange: each rank's single TB does s s s r r r."""
+    """A 2-rank exchange: each rank's single TB does s s s r r r."""
     def tb():
         return Threadblock(0, send=-1, recv=-1, chan=0, steps=[
             Step(s=k, type=t, srcbuf="i", srcoff=0, dstbuf="i", dstoff=0) for k, t in enumerate("sssrrr")])

@@ -209,7 +209,7 @@ def test_a_threadblock_runs_one_step_tile_at_a_time(xml, size):
             assert s0 <= e0 <= s1 <= e1 <= t.total_s
 
 
-# --- LL128: measured on the H200 link, derived where a link has only LL and Simple (issue 18) -----
+# --- LL128: measured on the H200 link, derived where a link has only LL and Simple -----
 
 def test_h200_ll128_is_measured_and_a_link_without_it_derives_it_as_nccl_models_it():
     from dataclasses import replace as dc_replace

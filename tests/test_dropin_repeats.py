@@ -1,4 +1,4 @@
-"""The drop-in's per-call fast path on the CPU (issue 18, "a dictionary hit and
+"""The drop-in's per-call fast path on the CPU ("a dictionary hit and
 one launch"): a repeat of a call gc3 served skips the argument checks,
 selection and set-up, and re-issues the launch group's prepared call; it is
 still ordered across streams, still recorded inside a group, logged per call

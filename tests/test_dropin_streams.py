@@ -185,7 +185,7 @@ WITH_STREAM = re.compile(r"^\s*with\s+(?![^#\n]*streams\.current\()[^#\n]*[Ss]tr
 
 
 def test_library_code_never_enters_a_stream_with_with():
-    """The root cause of issue 13: leaving `with stream:` resets CuPy's current
+    """The root cause of the stream-reset bug: leaving `with stream:` resets CuPy's current
     stream to the legacy one and undoes the caller's `s.use()`."""
     offenders = []
     for folder in ("runtime_cuda", "gc3"):

@@ -1,4 +1,4 @@
-"""Elementwise epilogues and NCCL's avg (issue 16 item 5): the IR, the semantic
+"""Elementwise epilogues and NCCL's avg: the IR, the semantic
 checker and the simulator on the CPU; the avg division pass on the GPU."""
 import copy
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Elementwise epilogues in the CUDA interpreter (issue 16 item 5) on a real GPU:
+"""Elementwise epilogues in the CUDA interpreter on a real GPU:
 
 * runtime_cuda.fused.allreduce_epilogue on VirtualComm(2) and VirtualComm(4): every float type,
   each epilogue item alone and all together, odd shapes served by the one-shot and by the ring

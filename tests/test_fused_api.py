@@ -1,4 +1,4 @@
-"""runtime_cuda.fused on the CPU (no GPU needed): the programs the API compiles for the issue's
+"""runtime_cuda.fused on the CPU (no GPU needed): the programs the API compiles for the benchmark's
 shapes, their geometry as the launch path checks it, the compute-TB variants of both algorithms
 (simulated, and WRONG when a compute step is shifted), and the path choice."""
 import os

@@ -1,4 +1,4 @@
-"""Fused embedding-bag + AllToAll (issue 16 item 7, CPU layers): DSL -> IR -> check ->
+"""Fused embedding-bag + AllToAll (CPU layers): DSL -> IR -> check ->
 simulate, the runtime's refusal.  The same compute-step mechanism as gemv
 (tests/test_fused_gemv.py), a second operator in its tables."""
 import runpy

@@ -364,10 +364,10 @@ def test_signal_settings():
     assert gemm_signal.wait_backend({}) == "kernel"
     with pytest.raises(InputError, match="GC3_FUSED_RELEASE"):
         gemm_signal.release_backend({"GC3_FUSED_RELEASE": "fast"})
-    assert gemm_signal.timeout_s({"GC3_FUSED_TIMEOUT": "2.5"}) == 2.5
-    assert gemm_signal.timeout_s({}) == gemm_signal.DEFAULT_TIMEOUT_S
+    assert gemm_signal.flag_wait_timeout_s({"GC3_FUSED_TIMEOUT": "2.5"}) == 2.5
+    assert gemm_signal.flag_wait_timeout_s({}) == gemm_signal.DEFAULT_TIMEOUT_S
     with pytest.raises(InputError, match="GC3_FUSED_TIMEOUT"):
-        gemm_signal.timeout_s({"GC3_FUSED_TIMEOUT": "never"})
+        gemm_signal.flag_wait_timeout_s({"GC3_FUSED_TIMEOUT": "never"})
 
 
 # --- the operators on the stand-in ---------------------------------------------------

@@ -1,4 +1,4 @@
-"""Fused GEMM + ReduceScatter / AllReduce / AllToAll and AllGather + GEMM (issue 17, CPU layers): DSL -> IR ->
+"""Fused GEMM + ReduceScatter / AllReduce / AllToAll and AllGather + GEMM (CPU layers): DSL -> IR ->
 check -> simulate, the fused (not compute-then-send) dependency structure, the cost
 model's compute term and overlap, the chunk-count chooser, and the runtime's refusal."""
 import runpy
@@ -315,7 +315,7 @@ def test_timeline_overlaps_compute_with_communication(name):
 
 
 def test_gemm_compute_term_models_the_measured_chunking_cost():
-    """Issue 17's measurements: +1-2% at GEMM+RS shapes, +18-28% at an AG shape, n=4 chunks."""
+    """The 2x H200 measurements: +1-2% at GEMM+RS shapes, +18-28% at an AG shape, n=4 chunks."""
     from gc3.ir import ComputeSpec
     cfg = preset("h100")
 

@@ -1,4 +1,4 @@
-"""Fused GEMV + AllReduce (issue 16, CPU layers): DSL -> IR -> check -> simulate, and
+"""Fused GEMV + AllReduce (CPU layers): DSL -> IR -> check -> simulate, and
 the runtime's refusal.  Every test here fails if the compute leaf, the opcode row,
 the XML extension or the simulator's gemv is taken away or changed."""
 import runpy

@@ -1,4 +1,4 @@
-"""The compute opcodes (gemv, ebag) and the fused operators on a real GPU (issue 16):
+"""The compute opcodes (gemv, ebag) and the fused operators on a real GPU:
 
 * fused IRs on virtual ranks with the simulator's seeded inputs, checked against its
   unfused reference (runtime_cuda.checking.run_fused_checked), odd shapes, every float

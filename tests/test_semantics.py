@@ -57,7 +57,7 @@ def test_the_hand_written_allgather_is_proven():
 
 
 def test_hierarchical_allreduce_missing_one_reduction_is_rejected_naming_rank_chunk_and_writer():
-    # The msccl-tools case: every send has its receive, one reduction is a plain receive.
+    # An msccl-tools case: every send has its receive, one reduction is a plain receive.
     text = (ROOT / "ir_samples" / "allreduce_hierarchical_2x4_Simple.xml").read_text()
     bad = text.replace('<step s="6" type="rrc" srcbuf="i" srcoff="2"', '<step s="6" type="r" srcbuf="i" srcoff="2"', 1)
     assert bad != text

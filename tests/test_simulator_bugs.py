@@ -121,7 +121,7 @@ def test_two_threadblocks_on_one_connection_is_rejected():
 
 
 def test_8_rank_allpairs_two_instances_1mib():
-    # The speed case; its time is measured by scripts/bench_simulate.py, not asserted here.
+    # The slow case that was reported; its time is measured by scripts/bench_simulate.py, not asserted here.
     prog = allpairs_allreduce(8, 2, 4)
     res = simulate(prog, size="1MiB")
     assert res.ok and sum(len(tb.steps) for g in prog.gpus for tb in g.threadblocks) == 2240

@@ -1,4 +1,4 @@
-"""Tests for the four host-side mutants that survived issue 14's mutation run:
+"""Tests for the four host-side mutants that survived the first mutation run (scripts/mutation_check.sh):
 the NOP-wait `max` in runtime_cuda/tables.py, `_may_alias`, the `re` fan-in
 chain in gc3/verify/runtime_limits.py and `count_multiple` in selection."""
 import json

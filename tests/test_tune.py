@@ -182,7 +182,7 @@ def test_another_timer_gives_another_catalog_and_nccl_keeps_its_sizes(tmp_path, 
 
 
 def test_ranges_break_between_grid_sizes():
-    a, b = (tune.Candidate(n, n, (2,), 1, "Simple", None, None) for n in ("a", "b"))
+    a, b = (tune.Variant(n, n, (2,), 1, "Simple", None, None) for n in ("a", "b"))
     ch = [tune.Choice(s, w, 1.0, None, 1) for s, w in ((1024, a), (4096, a), (16384, b), (65536, None))]
     assert tune.ranges(ch) == [(0, 8192, a), (8193, 32768, b), (32769, None, None)]
 
@@ -416,9 +416,9 @@ class _TableTimer:
 
 
 def _cands(n):
-    from runtime_cuda.nccl.tune import Candidate
+    from runtime_cuda.nccl.tune import Variant
 
-    return [Candidate(f"c{i}", "x", (), 1, "LL", None, None, kernel="oneshot") for i in range(n)]
+    return [Variant(f"c{i}", "x", (), 1, "LL", None, None, kernel="oneshot") for i in range(n)]
 
 
 def test_the_prior_shortlists_what_it_predicts_near_its_fastest_and_keeps_what_it_cannot_price():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 # The compiler's own subcommands: each module defines `command`, a click command.
-BUILTIN = ("check", "compile", "show", "simulate", "trace")
+BUILTIN = ("check", "compile", "env", "show", "simulate", "trace")
 PLUGIN_GROUP = "gc3.commands"
 
 

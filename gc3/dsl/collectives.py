@@ -343,7 +343,7 @@ class EmbeddingBagAllToAll(_Fused, AllToAll):
 
 
 class _Gemm(_Fused):
-    """A fused GEMM + collective (issue 17): rank r holds a_r [M, K] and b_r [K, N] (`dtype`,
+    """A fused GEMM + collective: rank r holds a_r [M, K] and b_r [K, N] (`dtype`,
     fp32 accumulation) and its partial product C_r = a_r @ b_r [M, N] is the plain
     collective's input, row-major and split by rows (`gc3.ir.ComputeSpec` gemm): input
     chunk k is rows k*M/B .. (k+1)*M/B, B the collective's input chunks.  `gemm(rank, ...)`

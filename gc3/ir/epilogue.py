@@ -1,4 +1,4 @@
-"""Elementwise epilogues: what a step applies to the chunks it stores (issue 16 item 5).
+"""Elementwise epilogues: what a step applies to the chunks it stores.
 
 CoCoNet's AllReduce + elementwise fusion: `y = allreduce(x); y = cast(y*s + bias + residual)`
 done as the reduced chunks are stored, not as a second pass over y.  An epilogue

@@ -50,7 +50,7 @@ OPCODES: Dict[str, OpcodeInfo] = {
     # gc3 extension: dst chunks <- pooled rows (samples [col0, col1)) of this rank's embedding
     # tables (embedding-bag sum).
     "ebag": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, compute="ebag"),
-    # gc3 extension: dst chunks <- rows [col0, col1) of a @ b for this rank's operands (issue 17).  The
+    # gc3 extension: dst chunks <- rows [col0, col1) of a @ b for this rank's operands.  The
     # device side is host-driven cuBLAS chunks outside the interpreter, so the interpreter refuses it.
     "gemm": OpcodeInfo(recv=False, send=False, reduce=False, writes=True, device=False, compute="gemm"),
     # gc3 extension: dst chunks <- (the A rows its src chunks hold) @ b: the GEMM of a chunk that

@@ -97,7 +97,7 @@ class ComputeSpec:
 
     accum: what the collective's buffers carry.  "" (gemv, ebag, and the
     default): every stored value is rounded to `dtype`, so a reduction rounds
-    at every hop.  "float32" (the GEMM reductions, issue 17): the compute step
+    at every hop.  "float32" (the GEMM reductions): the compute step
     stores its fp32 accumulator unrounded and the buffers are float32, so the
     cross-rank sum is carried in fp32 and rounded to `dtype` once, when the
     caller takes the output (XML: accum="float32" on <compute>)."""

@@ -28,7 +28,7 @@ from .program import ACCUMS
 POSTCONDITION = "postcondition"
 _TERM = "term"
 
-# A fused IR (gc3 extension, issue 16): root attribute fused="1", compute steps
+# A fused IR (gc3 extension): root attribute fused="1", compute steps
 # (`gemv`, `ebag`) with three more attributes (inputs="x,w" col0 col1), and one
 # <compute op dtype> child after the <gpu>s declaring each named per-rank input:
 # <input name="x" shape="1,2048"/>, with dtype="int32" where it is not the operator's.  MSCCL's runtime would reject the step

@@ -30,7 +30,7 @@ of the cross-rank sum, the dtype's rounding of partial sums), which is bounded
 by a few ulps of the *magnitudes* added, not of the result: an element that
 cancels to about zero may carry an absolute error of an ulp of its largest
 partial.  So an element passes when |got - expected| <= rtol * (sum of the
-magnitudes added) (+ a tiny atol), rtol = 2e-2 for bf16 (issue 16's figure),
+magnitudes added) (+ a tiny atol), rtol = 2e-2 for bf16 (bf16's 8-bit mantissa),
 and finer for wider types.  A wrong range (a shifted step) changes values by
 their own magnitude, far outside that bound.
 """

@@ -37,7 +37,7 @@ leave SMs idle), plus `gemm_chunk_s` per chunk (launch and flag release).  Wave 
 chunking costs little at GEMM+RS shapes (M=4096, N=8192 cut into 4 row
 blocks: each chunk still fills whole waves, +1-2% measured) and much at an
 AG+GEMM shape (N/n = 7168 and 1024-row chunks: 224 tiles, 1.7 waves rounded
-up to 2, where the whole GEMM needs 7 waves for 4; +18-28% measured, issue 17);
+up to 2, where the whole GEMM needs 7 waves for 4; +18-28% measured on 2x H200);
 `choose_gemm_chunks` uses it to pick a fused program's chunk count.
 """
 from __future__ import annotations

@@ -12,15 +12,12 @@ runs both sides of it under RLIMIT_AS).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Dict, Sequence
 
-from .. import limits
-from ..errors import InputError
+from .. import settings
 from ..ir import Program
 from ..ir.layout import Layout
-from ..units import parse_size
 
 ENV = "GC3_SIM_MAX_BYTES"
 
@@ -45,13 +42,7 @@ IR_STEP_BYTES = 3000
 def max_bytes() -> int:
     """The limit: GC3_SIM_MAX_BYTES (a size such as 1GiB or 8589934592), default
     gc3.limits.MAX_SIMULATED_BYTES (8 GiB)."""
-    raw = os.environ.get(ENV)
-    if raw is None or not raw.strip():
-        return limits.MAX_SIMULATED_BYTES
-    try:
-        return parse_size(raw)
-    except ValueError as exc:
-        raise InputError(f"environment variable {ENV}={raw!r}: {exc}") from None
+    return settings.get(ENV)
 
 
 def format_bytes(n: int) -> str:

@@ -55,7 +55,7 @@ def _need_gpu() -> None:
               help="bytes per rank of the larger buffer, as nccl-tests counts them")
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--op", default="sum", show_default=True, type=click.Choice(["sum", "prod", "max", "min"]))
-@click.option("--iters", default=20, show_default=True)
+@click.option("--iters", default=20, show_default=True, help="calls per timed round (the median of 3 is reported)")
 @click.option("--warmup", default=5, show_default=True)
 @click.option("--inplace/--outofplace", default=False, show_default=True)
 @click.option("--proto", default=None, type=click.Choice(["Simple", "LL", "LL128"]),
@@ -132,7 +132,7 @@ def _simulated_case(prog, n, dtype, op, inplace):
 def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode, unproven=False):
     from runtime_cuda.checking import device_buffers, reference_case, run_checked
     from gc3.units import bus_factor, parse_size
-    from runtime_cuda.perf import in_elems_for, nbytes_of
+    from runtime_cuda.perf import ROUNDS, in_elems_for, nbytes_of
     from gc3.dtypes import dtype_info
 
     itemsize = dtype_info(dtype).np.itemsize
@@ -171,16 +171,16 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
     def report(us):
         algbw = nbytes / us / 1e3
         say(f"time {us:.1f} us  algbw {algbw:.2f} GB/s  busbw {algbw * bus_factor(prog.coll, prog.ngpus):.2f} "
-            f"GB/s ({iters} iterations)")
+            f"GB/s (median of {ROUNDS} rounds of {iters} calls)")
     _check_and_time(group, lead, lambda: run_checked(group, n, dtype, op, inplace, case=case),
                     lambda: group(ins, outs, op=op, dtype=dtype), report, iters, warmup, check)
 
 
 def _check_and_time(group, lead, checked, call, report, iters, warmup, check) -> None:
     """The one check-then-time step of `gc3 run`: `checked()` runs one call on seeded data and
-    compares it (when `check`), then `warmup` untimed and `iters` timed calls of `call()`, and
-    `report(us per call)`.  Wrong results raise after the report, so the time is still shown."""
-    import cupy
+    compares it (when `check`), then `warmup` untimed calls of `call()` and timed rounds of `iters`
+    (runtime_cuda.perf.time_rounds), and `report(us per call of the median round)`.  Wrong results raise after the report, so the time is still shown."""
+    from runtime_cuda.perf import time_rounds
 
     ok = True
     if check:
@@ -193,14 +193,9 @@ def _check_and_time(group, lead, checked, call, report, iters, warmup, check) ->
     group.check()
     if hasattr(group, "comm"):
         group.comm.Barrier()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(iters):
-        call()
-    stop.record()
-    stop.synchronize()
+    us, _ = time_rounds(call, iters)
     group.check()
-    report(cupy.cuda.get_elapsed_time(start, stop) * 1e3 / max(iters, 1))
+    report(us)
     if hasattr(group, "close"):
         group.close()
     if not ok:
@@ -211,6 +206,7 @@ def _run_fused(prog, group, iters, warmup, check, mode):
     """A fused IR: its operator's shapes and dtype are the XML's (--size and --dtype do not
     apply); seeded compute inputs, checked against the unfused reference, then timed."""
     from runtime_cuda.checking import fused_buffers, fused_case, run_fused, run_fused_checked
+    from runtime_cuda.perf import ROUNDS
 
     lead = getattr(group, "rank", 0) == 0
     say = click.echo if lead else (lambda *a, **k: None)
@@ -219,4 +215,5 @@ def _run_fused(prog, group, iters, warmup, check, mode):
         f"{spec.dtype}, operator inputs {', '.join(f'{n} {list(s)}' for n, s in spec.inputs)}")
     ins, outs = fused_buffers(group, fused_case(prog)[0])
     _check_and_time(group, lead, lambda: run_fused_checked(group), lambda: run_fused(group, ins, outs),
-                    lambda us: say(f"time {us:.1f} us per call ({iters} iterations)"), iters, warmup, check)
+                    lambda us: say(f"time {us:.1f} us per call (median of {ROUNDS} rounds of {iters} calls)"),
+                    iters, warmup, check)

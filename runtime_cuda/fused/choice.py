@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
+from gc3 import settings
 from gc3.errors import InputError
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a", "gemv_ar", "ebag_a2a", "ar_epilogue")
@@ -102,7 +103,7 @@ _decided: Dict[Tuple, Choice] = {}
 
 
 def _default_catalog() -> Optional[Path]:
-    raw = os.environ.get("GC3_CONFIG", "").strip()
+    raw = settings.get("GC3_CONFIG")
     return Path(raw) if raw.endswith(".json") else None
 
 
@@ -131,12 +132,7 @@ def forced(path: Optional[str], env=None) -> Optional[bool]:
         if path not in PATHS + ("auto",):
             raise InputError(f"path must be one of fused, sequential, auto; got {path!r}")
         return None if path == "auto" else path == "fused"
-    raw = (os.environ if env is None else env).get("GC3_FUSED", "").strip()
-    if raw in ("", "auto"):
-        return None
-    if raw in ("0", "1", "fused", "sequential"):
-        return raw in ("1", "fused")
-    raise InputError(f"environment variable GC3_FUSED={raw!r}: expected 0/sequential, 1/fused or auto")
+    return settings.get("GC3_FUSED", env)
 
 
 def choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optional[str] = None,

@@ -1,4 +1,4 @@
-"""GEMMs fused with a collective, on CuPy arrays (issue 17).
+"""GEMMs fused with a collective, on CuPy arrays.
 
     gemm_reduce_scatter(a, b, comm)    rank r: A_r [M, K_r], B_r [K_r, N] -> rows r of sum_s A_s B_s  [M/n, N]
     all_gather_gemm(a, b, comm)        rank r: A_r [m, K], B_r [K, N_r]  -> concat_s(A_s) @ B_r      [n*m, N_r]
@@ -38,7 +38,7 @@ import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from gc3.errors import GC3Error, InputError
-from gc3.units import env_number
+from gc3 import settings
 
 from runtime_cuda import streams
 from runtime_cuda.nccl.log import get_logger
@@ -53,7 +53,7 @@ _R_32F = 0
 _COMPUTE_32F = 68      # CUBLAS_COMPUTE_32F: fp32 accumulation on tensor cores
 _GEMM_DEFAULT = -1     # CUBLAS_GEMM_DEFAULT
 _MEMCPY_DEFAULT = 4    # cudaMemcpyDefault: the pointers say where (peer memory mapped by IPC included)
-DEFAULT_MIN_ROWS = 128
+DEFAULT_MIN_ROWS = settings.default("GC3_FUSED_MIN_ROWS")
 
 _SUM_SOURCE = r"""
 extern "C" __global__ void gc3_sum_round(const float* parts, unsigned long long stride, int nparts,
@@ -87,8 +87,7 @@ def fuse_decision(op: str, rows_per_chunk: int, fused: Optional[bool] = None, en
         return raw == "1", f"GC3_FUSED={raw}"
     if raw:
         raise InputError(f"environment variable GC3_FUSED={raw!r}: expected 0 (sequential) or 1 (fused)")
-    raw = env.get("GC3_FUSED_MIN_ROWS", "")
-    min_rows = env_number("GC3_FUSED_MIN_ROWS", raw, 0, 1 << 40) if raw.strip() else DEFAULT_MIN_ROWS
+    min_rows = settings.get("GC3_FUSED_MIN_ROWS", env)
     if rows_per_chunk < min_rows:
         return False, (f"{rows_per_chunk} rows per chunk < GC3_FUSED_MIN_ROWS={min_rows}: chunked GEMMs would cost "
                        "more than the overlap saves")

@@ -38,11 +38,11 @@ from collections import deque
 from typing import Deque, List, NamedTuple, Optional, Tuple
 
 from gc3.errors import GC3Error, InputError, RuntimeTimeoutError
-from gc3.units import env_number
+from gc3 import settings
 from runtime_cuda import streams
 from runtime_cuda.stuck import end_process
 
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = settings.default("GC3_FUSED_TIMEOUT")
 KERNELS = ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns", "gc3_stamp")
 _GEQ = 0   # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0
 
@@ -113,10 +113,8 @@ def _driver():
     return driver if err == driver.CUresult.CUDA_SUCCESS else None
 
 
-def _choice(var: str, env) -> str:
-    raw = env.get(var, "").strip().lower()
-    if raw not in ("", "driver", "kernel"):
-        raise InputError(f"environment variable {var}={raw!r}: expected 'driver' or 'kernel'")
+def _choice(var: str, env) -> Optional[str]:
+    raw = settings.get(var, env)
     if raw == "driver" and _driver() is None:
         raise InputError(f"{var}=driver, but cuda.bindings does not import here or finds no CUDA driver "
                          "(pip package cuda-bindings)")
@@ -126,28 +124,21 @@ def _choice(var: str, env) -> str:
 def release_backend(env=None) -> str:
     """How flags are released: 'driver' (cuStreamWriteValue32) where
     cuda.bindings imports and finds a driver, else 'kernel'; GC3_FUSED_RELEASE overrides."""
-    env = os.environ if env is None else env
     return _choice("GC3_FUSED_RELEASE", env) or ("driver" if _driver() is not None else "kernel")
 
 
 def wait_backend(env=None) -> str:
     """How streams wait for flags: 'kernel' (self-timing spin) unless GC3_FUSED_WAIT=driver."""
-    env = os.environ if env is None else env
     return _choice("GC3_FUSED_WAIT", env) or "kernel"
 
 
 def trace_enabled(env=None) -> bool:
-    env = os.environ if env is None else env
-    raw = env.get("GC3_FUSED_TRACE", "").strip()
-    if raw not in ("", "0", "1"):
-        raise InputError(f"environment variable GC3_FUSED_TRACE={raw!r}: expected 0 or 1")
-    return raw == "1"
+    return settings.get("GC3_FUSED_TRACE", env)
 
 
-def timeout_s(env=None) -> float:
-    env = os.environ if env is None else env
-    raw = env.get("GC3_FUSED_TIMEOUT", "")
-    return DEFAULT_TIMEOUT_S if not raw.strip() else env_number("GC3_FUSED_TIMEOUT", raw, 0.001, 86400.0, float)
+def flag_wait_timeout_s(env=None) -> float:
+    """How long a fused operator's stream waits for a peer's flag before it reports a hang."""
+    return settings.get("GC3_FUSED_TIMEOUT", env)
 
 
 def _check_driver(result, what: str) -> None:
@@ -190,7 +181,7 @@ class Watchdog:
 
         env = os.environ if env is None else env
         self.where = where
-        self.timeout = timeout_s(env)
+        self.timeout = flag_wait_timeout_s(env)
         self.release_backend = release_backend(env)
         self.wait_backend = wait_backend(env)
         # The failure word lives in pinned host memory, which the device reaches

@@ -84,7 +84,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from lxml import etree
 
-from gc3 import limits
+from gc3 import limits, settings
 from gc3.errors import GC3Error, InputError
 from gc3.units import parse_size, strict_int
 from gc3.ir import PROTOCOLS, Program
@@ -274,7 +274,7 @@ def _settings(raw: Mapping[str, object]) -> _Settings:
 
 def cache_dir(env: Optional[Mapping[str, str]] = None) -> Path:
     env = os.environ if env is None else env
-    given = env.get("GC3_CACHE_DIR") or os.environ.get("GC3_CACHE_DIR")
+    given = settings.get("GC3_CACHE_DIR", env) or settings.get("GC3_CACHE_DIR")
     if given:
         return Path(given).expanduser()
     xdg = env.get("XDG_CACHE_HOME") or os.environ.get("XDG_CACHE_HOME")

@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Mapping, Optional
 
+from gc3 import settings
+
 LOGGER_NAME = "gc3.nccl"
 _LEVELS = {"": logging.WARNING, "0": logging.WARNING, "WARN": logging.WARNING, "WARNING": logging.WARNING,
            "INFO": logging.INFO, "TRACE": logging.DEBUG, "DEBUG": logging.DEBUG}
@@ -38,7 +40,7 @@ def get_logger(env: Optional[Mapping[str, str]] = None) -> logging.Logger:
         handler.setFormatter(logging.Formatter("%(process)d gc3 %(levelname)s %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
-    raw = env.get("GC3_DEBUG", "").strip().upper()
+    raw = settings.get("GC3_DEBUG", env).upper()
     level = _LEVELS.get(raw)
     if level is None:
         logger.setLevel(logging.WARNING)

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 from gc3.errors import InputError
-from gc3.units import env_number, parse_size
+from gc3 import settings
 
 from .catalog import DEFAULT_INDEX, cache_dir
 
@@ -74,7 +74,7 @@ _NVLINK = re.compile(r"NV\d+")
 
 # The settings of first-use tuning (README's table): on/off, its time bound, its largest size.
 ENV_AUTOTUNE, ENV_AUTOTUNE_S, ENV_AUTOTUNE_MAX = "GC3_AUTOTUNE", "GC3_AUTOTUNE_S", "GC3_AUTOTUNE_MAX_BYTES"
-AUTOTUNE_S, AUTOTUNE_MAX_BYTES = 300.0, 1 << 30
+AUTOTUNE_S, AUTOTUNE_MAX_BYTES = settings.default(ENV_AUTOTUNE_S), settings.default(ENV_AUTOTUNE_MAX)
 # A replaced cache's IR folder is removed this long after: a process that read the old
 # catalog.json a moment before reads its IRs well within it.  A writer's staging folder
 # (it proves each IR while writing) is left alone far longer.
@@ -390,15 +390,7 @@ def agree(exchange, device: int, env=None, nccl: bool = True, log=None,
 
 def autotune_settings(env: Mapping[str, str]) -> Tuple[bool, float, int]:
     """GC3_AUTOTUNE (on?), GC3_AUTOTUNE_S (seconds of measuring), GC3_AUTOTUNE_MAX_BYTES."""
-    on = env.get(ENV_AUTOTUNE, "0").strip().lower() in ("1", "true", "yes", "on")
-    seconds = env_number(ENV_AUTOTUNE_S, env[ENV_AUTOTUNE_S], 1, 86400, float) if env.get(ENV_AUTOTUNE_S) \
-        else AUTOTUNE_S
-    top = env.get(ENV_AUTOTUNE_MAX, "").strip()
-    try:
-        top_bytes = parse_size(top) if top else AUTOTUNE_MAX_BYTES
-    except ValueError as exc:
-        raise InputError(f"environment variable {ENV_AUTOTUNE_MAX}={top!r}: {exc}") from None
-    return on, seconds, top_bytes
+    return settings.get(ENV_AUTOTUNE, env), settings.get(ENV_AUTOTUNE_S, env), settings.get(ENV_AUTOTUNE_MAX, env)
 
 
 def _tuning_asked(env, fp: Fingerprint, held: contextlib.ExitStack, log) -> bool:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from runtime_cuda import streams, stuck
+from runtime_cuda.perf import ROUNDS, time_rounds
 
 from . import datacheck
 from .call import REDUCING, Call
@@ -50,7 +51,7 @@ class BenchConfig:
     check: bool = True
     impls: Sequence[str] = ("gc3", "nccl")
     hang_s: float = 60.0          # a case still running after this ends the process, naming it (0: never)
-    rounds: int = 3               # timed rounds of `iters` calls; the case's time is their median
+    rounds: int = ROUNDS          # timed rounds of `iters` calls; the case's time is their median
     graph_max: int = 0            # also time CUDA-graph replay for sizes up to this (0: never)
     warm_s: float = 0.0           # untimed calls before an implementation's first case
 
@@ -216,16 +217,7 @@ def run_case(issue: Issue, host: Host, cfg: BenchConfig, coll: str, nbytes: int,
         route = call()
     stream.synchronize()
     host.barrier()
-    marks = [cupy.cuda.Event() for _ in range(max(cfg.rounds, 1) + 1)]
-    marks[0].record(stream)
-    for mark in marks[1:]:
-        for _ in range(cfg.iters):
-            route = call()
-        mark.record(stream)
-    marks[-1].synchronize()
-    per_call = sorted(cupy.cuda.get_elapsed_time(a, b) * 1000.0 / max(cfg.iters, 1)
-                      for a, b in zip(marks, marks[1:]))
-    elapsed_us = per_call[(len(per_call) - 1) // 2]     # the median round (the lower one of an even count)
+    elapsed_us, route = time_rounds(call, cfg.iters, cfg.rounds, stream)
     if graphs is not None and nbytes <= cfg.graph_max:
         agree = (lambda ok: host.comm.allreduce(int(ok), op=_mpi_min()) == 1) if host.comm else bool
         host.barrier()

@@ -73,8 +73,9 @@ SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One compiled program that may serve a collective, or one of the dedicated
+class Variant:
+    """One variant tune times (an algorithm compiled with given arguments, instances and
+    protocol; not catalog.Candidate, which is an entry calls select from), or one of the dedicated
     small-message kernels (`kernel` for `kernel_collective`; `program` None): those serve in-place
     and out-of-place calls alike, up to gc3.limits.SMALL_ALLREDUCE_MAX_BYTES."""
     label: str                 # its name in the catalog and its file name (label.xml)
@@ -101,12 +102,12 @@ class Candidate:
         return bool(self.kernel) or self.inplace == inplace
 
 
-def kernel_candidates(coll: str, ranks: int, nodes: int) -> List[Candidate]:
+def kernel_candidates(coll: str, ranks: int, nodes: int) -> List[Variant]:
     """The small-message kernels for `coll` (gc3.limits.SMALL_KERNELS), inside one
     node (they address every peer's memory directly)."""
     if nodes != 1:
         return []
-    return [Candidate(f"{k}_{coll}_{ranks}r", k, (), 1, "LL", None, None, kernel=k, kernel_collective=coll)
+    return [Variant(f"{k}_{coll}_{ranks}r", k, (), 1, "LL", None, None, kernel=k, kernel_collective=coll)
             for k in limits.SMALL_KERNELS.get(coll, ())]
 
 
@@ -151,7 +152,7 @@ def specs(coll: str, ranks: int, nodes: int, grid: Grid) -> List[Spec]:
     return out
 
 
-def candidates(coll: str, ranks: int, nodes: int, grid: Grid) -> Tuple[List[Candidate], List[str]]:
+def candidates(coll: str, ranks: int, nodes: int, grid: Grid) -> Tuple[List[Variant], List[str]]:
     """The candidates that compile, and one line per one that does not (too many
     threadblocks for the runtime's limits at that instance count, ...).  An
     instance count with too many threadblocks is replaced by the largest power of
@@ -184,7 +185,7 @@ def candidates(coll: str, ranks: int, nodes: int, grid: Grid) -> Tuple[List[Cand
             fused_types[name] = any(st.type in _FUSED_TYPES for g in prog.gpus for tb in g.threadblocks
                                     for st in tb.steps)
         root = traced.collective.root
-        good.append(Candidate(name, alg.name, argv, k, proto, dataclasses.replace(prog, name=name), root,
+        good.append(Variant(name, alg.name, argv, k, proto, dataclasses.replace(prog, name=name), root,
                               fusion=fusion))
     return good, skipped
 
@@ -207,7 +208,7 @@ class Timer(Protocol):
     # that have no out-of-place algorithm (allreduce), where the copy is the same for all.
     prices_inplace_copy: bool
 
-    def time(self, cand: Candidate, nbytes: int, inplace: bool) -> Optional[float]:
+    def time(self, cand: Variant, nbytes: int, inplace: bool) -> Optional[float]:
         """The candidate's time for a call of `nbytes` (in place or not); None: it cannot serve it."""
 
     def baseline(self, coll: str, nbytes: int, inplace: bool) -> Optional[float]:
@@ -231,13 +232,13 @@ class ModelTimer:
         self._timed: Dict[str, object] = {}
         self._times: Dict[Tuple[str, int], Optional[float]] = {}   # without the input copy: placement-free
 
-    def _timed_program(self, cand: Candidate):
+    def _timed_program(self, cand: Variant):
         from gc3.simulator import TimedProgram
         if cand.label not in self._timed:
             self._timed[cand.label] = TimedProgram(cand.program, dtype=DTYPE)
         return self._timed[cand.label]
 
-    def time(self, cand: Candidate, nbytes: int, inplace: bool) -> Optional[float]:
+    def time(self, cand: Variant, nbytes: int, inplace: bool) -> Optional[float]:
         key = (cand.label, nbytes)
         if cand.kernel and key not in self._times:
             from gc3.simulator.small_allreduce import small_kernel_seconds
@@ -275,7 +276,7 @@ class ModelTimer:
 @dataclass
 class Choice:
     nbytes: int
-    winner: Optional[Candidate]     # None: NCCL (or no candidate serves this size)
+    winner: Optional[Variant]       # None: NCCL (or no candidate serves this size)
     time_s: Optional[float]         # the winner's (NCCL's when it won)
     nccl_s: Optional[float]
     timed: int                      # candidates timed at this size (the rest were pruned)
@@ -300,7 +301,7 @@ class Prior:
     ratio: float = PRIOR_RATIO
     keep: int = PRIOR_KEEP
 
-    def shortlist(self, cands: Sequence[Candidate], nbytes: int, inplace: bool) -> List[Candidate]:
+    def shortlist(self, cands: Sequence[Variant], nbytes: int, inplace: bool) -> List[Variant]:
         """`cands` worth timing at `nbytes`, in their own order."""
         predicted = [self.timer.time(c, nbytes, inplace) for c in cands]
         priced = sorted((t, i) for i, t in enumerate(predicted) if t is not None)
@@ -314,7 +315,7 @@ class Prior:
         return {"ratio": self.ratio, "keep": self.keep, **self.timer.provenance()}
 
 
-def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inplace: bool,
+def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace: bool,
            coll: str, done: Callable[[Choice], None] = lambda choice: None,
            out_of_time: Callable[[], bool] = lambda: False, prior: Optional[Prior] = None) -> List[Choice]:
     """The fastest of `cands` at each size.  Sizes go up, and a candidate's time at
@@ -331,7 +332,7 @@ def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inpla
             out.append(Choice(nbytes, None, None, None, 0, unmeasured=True))
             done(out[-1])
             continue
-        best: Optional[Tuple[float, Candidate]] = None
+        best: Optional[Tuple[float, Variant]] = None
         timed = 0
         here = prior.shortlist(cands, nbytes, inplace) if prior is not None else list(cands)
         for cand in sorted(here, key=lambda c: bound.get(c.label, 0.0)):   # stable: grid order breaks ties
@@ -354,10 +355,10 @@ def choose(cands: Sequence[Candidate], sizes: Sequence[int], timer: Timer, inpla
     return out
 
 
-def ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], Optional[Candidate]]]:
+def ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], Optional[Variant]]]:
     """(min_bytes, max_bytes, winner) runs: contiguous from 0 to unbounded (None);
     a boundary between grid sizes a < b lies at sqrt(a*b)."""
-    out: List[Tuple[int, Optional[int], Optional[Candidate]]] = []
+    out: List[Tuple[int, Optional[int], Optional[Variant]]] = []
     for i, c in enumerate(choices):
         name = c.winner.label if c.winner else None
         if out and (out[-1][2].label if out[-1][2] else None) == name:
@@ -372,7 +373,7 @@ def ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], Optional
     return out
 
 
-def served_ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], Optional[Candidate]]]:
+def served_ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], Optional[Variant]]]:
     """`ranges`, with a small-message kernel's range ending at the largest size it
     serves and the next range taking over from there."""
     out = []
@@ -390,7 +391,7 @@ def served_ranges(choices: Sequence[Choice]) -> List[Tuple[int, Optional[int], O
 class Tuned:
     """What `tune` found for one collective: per placement ("inplace"/"outofplace"), the choices."""
     collective: str
-    candidates: List[Candidate]
+    candidates: List[Variant]
     skipped: List[str]
     choices: Dict[str, List[Choice]] = field(default_factory=dict)
 
@@ -473,7 +474,7 @@ def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int
 
 # --- the catalog -----------------------------------------------------------------------
 
-def entries(results: Sequence[Tuned], ranks: int, file_of: Callable[[Candidate], str]) -> List[dict]:
+def entries(results: Sequence[Tuned], ranks: int, file_of: Callable[[Variant], str]) -> List[dict]:
     """Catalog entries, in-place ranges of a collective before its out-of-place
     ones: an in-place IR listed for out-of-place calls also matches in-place
     calls of its range, and the drop-in takes the first entry that serves a
@@ -532,7 +533,7 @@ def write_catalog(results: Sequence[Tuned], out: Path, ranks: int, provenance: D
     ir_dir.mkdir(parents=True, exist_ok=True)
     written: Dict[str, str] = {}
 
-    def file_of(cand: Candidate) -> str:
+    def file_of(cand: Variant) -> str:
         if cand.label not in written:
             verify(cand.program)
             path = ir_dir / f"{cand.label}.xml"
@@ -589,5 +590,5 @@ def check_shape(ranks: int, nodes: int) -> None:
         raise InputError(f"--nodes {nodes}: must divide --ranks {ranks} (ranks = nodes x GPUs per node)")
 
 
-__all__ = ["COLLECTIVES", "FULL", "QUICK", "Budget", "Candidate", "Choice", "Grid", "ModelTimer", "Prior", "Timer",
+__all__ = ["COLLECTIVES", "FULL", "QUICK", "Budget", "Variant", "Choice", "Grid", "ModelTimer", "Prior", "Timer",
            "Tuned", "applicable", "candidates", "choose", "ranges", "tune", "write_catalog"]

@@ -28,7 +28,7 @@ from . import machine
 from .call import REDUCING, Call
 from .catalog import run_kwargs
 from .perf_gpu import BenchConfig, Host, local_device, nccl_issue, run_case
-from .tune import DTYPE, Candidate, call_elems
+from .tune import DTYPE, Variant, call_elems
 
 TIMEOUT_S = 2.0     # a candidate that cannot run (e.g. not co-resident beside its peer) fails fast
 
@@ -72,7 +72,7 @@ class MeasuredTimer:
             self.nccl_note = f"NCCL {nccl.get_version()} (default settings, same processes)"
 
     # -- the Timer protocol ------------------------------------------------------
-    def time(self, cand: Candidate, nbytes: int, inplace: bool) -> Optional[float]:
+    def time(self, cand: Variant, nbytes: int, inplace: bool) -> Optional[float]:
         if cand.label in self.rejected:
             return None
         group = self._group(cand)
@@ -133,7 +133,7 @@ class MeasuredTimer:
             out["rejected"] = dict(self.rejected)
         return out
 
-    def _serves(self, group, cand: Candidate, nbytes: int) -> bool:
+    def _serves(self, group, cand: Variant, nbytes: int) -> bool:
         """Whether this size splits into the program's chunks and tiles (the
         same answer on every rank: it depends on the program alone)."""
         from runtime_cuda.binding import call_shape
@@ -154,7 +154,7 @@ class MeasuredTimer:
         return True
 
     # -- launch groups -------------------------------------------------------------
-    def _group(self, cand: Candidate):
+    def _group(self, cand: Variant):
         from runtime_cuda.ipc import IpcRanks
         from runtime_cuda.small_allreduce import SmallAllreduce
 
@@ -173,7 +173,7 @@ class MeasuredTimer:
             self._groups[cand.label] = group
         return group
 
-    def _reject(self, cand: Candidate, why: str) -> None:
+    def _reject(self, cand: Variant, why: str) -> None:
         self.rejected[cand.label] = why
         group = self._groups.pop(cand.label, None)
         if group is not None:

@@ -4,22 +4,21 @@ whether NCCL can stand behind gc3.  Kept apart from torch so the startup hook
 and the CPU tests use them without importing torch."""
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional, Sequence, Tuple
 
+from gc3 import settings
+
 NAME = "gc3"
-_TRUE = ("1", "true", "yes", "on")
 
 
 def enabled(env: Optional[Mapping[str, str]] = None) -> bool:
     """GC3_TORCH=1: backend="nccl" means gc3 (the startup hook patches init_process_group)."""
-    return (os.environ if env is None else env).get("GC3_TORCH", "0").strip().lower() in _TRUE
+    return settings.get("GC3_TORCH", env)
 
 
 def fallback_disabled(env: Optional[Mapping[str, str]] = None) -> bool:
     """GC3_TORCH_FALLBACK=0: calls gc3 cannot serve raise instead of going to NCCL."""
-    value = (os.environ if env is None else env).get("GC3_TORCH_FALLBACK", "1").strip().lower()
-    return value in ("0", "false", "no", "off")
+    return not settings.get("GC3_TORCH_FALLBACK", env)
 
 
 def parse(backend: Optional[str]) -> Optional[dict]:

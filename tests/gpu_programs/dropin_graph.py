@@ -7,7 +7,7 @@ allreduce program that serves the calls.
    input contents each time, every fifth iteration an eager call instead:
    each result checked exactly (integer-valued float32).
 2. A graph of 100 calls and a graph of one call, replayed: host time per call
-   against eager calls back to back (the timing method of issue 18).
+   against eager calls back to back (as scripts/bench_host_time.py times).
 Prints one GRAPH line per rank and exits 1 on any wrong result."""
 import os
 import sys

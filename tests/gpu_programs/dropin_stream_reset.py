@@ -1,4 +1,4 @@
-"""The program of issue 13, reduced: a stream selected with `s.use()`, the
+"""The program that showed the stream-reset bug, reduced: a stream selected with `s.use()`, the
 first gc3 call sets up its launch group, then uploads and elementwise work
 on CuPy's current stream around in-place allreduces on `s`.  Before the fix
 the set-up reset the current stream to the legacy one, and the uploads raced

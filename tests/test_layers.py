@@ -1,0 +1,130 @@
+"""Import direction, read from the source (every import, those inside functions too): within
+gc3 the stages import in pipeline order, ir -> dsl -> compiler -> verify/simulator -> cli (a
+module imports its own stage or a lower one), gc3 never imports runtime_cuda, and no two
+top-level subpackages import each other in a circle.  Today's exceptions are listed with their
+reason, so that only a new one fails."""
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# gc3's stages, lowest first; the root modules (errors, limits, settings, units, ...) are shared
+# facts below every stage.
+LAYER = {"": 0, "ir": 1, "dsl": 2, "compiler": 3, "verify": 4, "simulator": 4, "cli": 5}
+# (importing module, imported stage): why it is allowed for now.
+KNOWN_UPWARD = {
+    ("gc3.collectives", "dsl"): "the users' import path for the collective specifications, which live in dsl/",
+    ("gc3.topology", "dsl"): "the users' import path for dsl/topology.py",
+    ("gc3.__main__", "cli"): "`python -m gc3` runs the command line",
+    ("gc3.compiler.pipeline", "verify"): "lowering ends by proving what it produced",
+}
+# Circles of top-level subpackages that exist today, each with its reason.
+KNOWN_CIRCLES = {}
+
+
+def modules(package: str):
+    for path in sorted((ROOT / package).rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        yield ".".join(parts), path, is_package
+
+
+def imports(name: str, path: Path, is_package: bool):
+    """The modules `name` imports, absolute, from its source (function-level imports included)."""
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            stem = base[:len(base) - node.level + 1] if node.level else []
+            target = ".".join(stem + ([node.module] if node.module else []))
+            if node.module:
+                yield target
+            else:   # from . import x: x is a module of the package
+                yield from (f"{target}.{a.name}" for a in node.names)
+
+
+def edges(packages=("gc3", "runtime_cuda")):
+    for package in packages:
+        for name, path, is_package in modules(package):
+            for target in imports(name, path, is_package):
+                if target.split(".")[0] in ("gc3", "runtime_cuda"):
+                    yield name, target
+
+
+def stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYER) else ""
+
+
+def upward(pairs):
+    found = {}
+    for src, dst in pairs:
+        if src.startswith("gc3.") and dst.startswith("gc3") and LAYER[stage(dst)] > LAYER[stage(src)]:
+            found.setdefault((src, stage(dst)), dst)
+    return found
+
+
+def top(module: str) -> str:
+    """The top-level subpackage (gc3.ir, runtime_cuda.nccl); a module at a package's root
+    (gc3.errors, runtime_cuda.launcher) stands for itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def circles(pairs):
+    """Strongly connected groups of more than one top-level subpackage or root module."""
+    graph = defaultdict(set)
+    for src, dst in pairs:
+        if top(src) != top(dst):
+            graph[top(src)].add(top(dst))
+    nodes = set(graph) | {d for ds in graph.values() for d in ds}
+    reach = {}
+    for n in nodes:
+        seen, todo = set(), [n]
+        while todo:
+            for d in graph[todo.pop()]:
+                if d not in seen:
+                    seen.add(d)
+                    todo.append(d)
+        reach[n] = seen
+    groups = {frozenset({n} | {m for m in reach[n] if n in reach[m]}) for n in nodes}
+    return {g for g in groups if len(g) > 1}
+
+
+EDGES = list(edges())
+
+
+def test_gc3_stages_import_in_pipeline_order():
+    found = upward(EDGES)
+    assert sorted(set(found) - set(KNOWN_UPWARD)) == []
+
+
+def test_known_exceptions_still_exist():
+    """An exception removed from the code is removed from the list, so the list stays the truth."""
+    assert sorted(set(KNOWN_UPWARD) - set(upward(EDGES))) == []
+
+
+def test_gc3_never_imports_runtime_cuda():
+    assert [(s, d) for s, d in EDGES if s.startswith("gc3") and d.startswith("runtime_cuda")] == []
+
+
+def test_no_circles_between_top_level_subpackages():
+    assert {g for g in circles(EDGES) if g not in KNOWN_CIRCLES} == set()
+
+
+def test_a_new_violation_is_found():
+    assert upward([("gc3.ir.program", "gc3.cli._common")]) == {("gc3.ir.program", "cli"): "gc3.cli._common"}
+    assert upward([("gc3.ir.program", "gc3.dsl.program")]) and not upward([("gc3.cli.show", "gc3.ir")])
+    assert circles([("gc3.ir.x", "gc3.verify.y"), ("gc3.verify.y", "gc3.ir.z")]) == {
+        frozenset({"gc3.ir", "gc3.verify"})}
+
+
+def test_imports_are_read_relative_and_inside_functions(tmp_path):
+    (tmp_path / "m.py").write_text("from ..dsl import program\n\ndef f():\n    from . import layout\n"
+                                   "    import gc3.cli\n")
+    assert list(imports("gc3.ir.m", tmp_path / "m.py", False)) == ["gc3.dsl", "gc3.ir.layout", "gc3.cli"]
