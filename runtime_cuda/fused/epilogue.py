@@ -1,4 +1,4 @@
-"""AllReduce with an elementwise epilogue on CuPy arrays (issue 16 item 5), fused or sequential:
+"""AllReduce with an elementwise epilogue on CuPy arrays, fused or sequential:
 y = sum over ranks of x_r, then y * scale + bias + residual, on every rank.
 
 *Fused*: algorithms/fused/allreduce_epilogue.py with the epilogue the call asks for; the

@@ -1,4 +1,4 @@
-"""GEMV + AllReduce and embedding-bag + AllToAll on CuPy arrays (issue 16), fused or sequential.
+"""GEMV + AllReduce and embedding-bag + AllToAll on CuPy arrays, fused or sequential.
 
 *Fused*: one gc3 program (algorithms/fused/gemv_allreduce.py,
 algorithms/fused/embedding_bag_alltoall.py) whose compute steps produce each
