@@ -74,25 +74,23 @@ out["host_comm_nccl"] = timer.host(bf.comm_call(case, A, B, job.nccl))
 if job.rank == 0:
     print(f"probe {op} M={M} K={K} N={N} G={job.size}: " + " ".join(f"{k}={v:.1f}" for k, v in out.items()))
     print("served:", job.gc3.served)
-if "--profile" in sys.argv:
-    call = bf.fused_call(case, A, B, job.gc3, "fused", 4)
-    call()
+
+
+def profiled(fn, calls=20):
+    fn()
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(20):
-        call()
+    for _ in range(calls):
+        fn()
     prof.disable()
     torch.cuda.synchronize()
-    seq = bf.seq_call(case, A, B, job.gc3)
-    seq()
-    torch.cuda.synchronize()
-    prof2 = cProfile.Profile()
-    prof2.enable()
-    for _ in range(20):
-        seq()
-    prof2.disable()
-    torch.cuda.synchronize()
+    return prof
+
+
+if "--profile" in sys.argv:
+    prof = profiled(bf.fused_call(case, A, B, job.gc3, "fused", 4))
+    prof2 = profiled(bf.seq_call(case, A, B, job.gc3))
     if job.rank == 0:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         pstats.Stats(prof2).sort_stats("tottime").print_stats(12)

@@ -120,6 +120,17 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
                          catalog=getattr(machine, "path", None))
 
 
+def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run, reduce_op: str = "sum"):
+    """(the fused pipeline's result, '') where the measured choice or the caller takes it,
+    else (None, why the sequential path runs)."""
+    pick = _choose(op, pg, A.dtype, _mkn(A, B), path, chunks, A)
+    if not pick.fused:
+        return None, pick.why
+    _decided(what, pick)
+    out = run(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
+    return (out.div_(pg.size()) if reduce_op == "avg" else out), ""
+
+
 def _decided(what: str, pick) -> None:
     _log().info("gc3 torch %s: fused, %d chunks: %s", what, pick.chunks, pick.why)
 
@@ -214,12 +225,9 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     if not why and _dim_of(2, scatter_dim, what) != 0:
         why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
     if not why:
-        pick = _choose("gemm_rs", pg, A.dtype, _mkn(A, B), path, chunks, A)
-        if pick.fused:
-            _decided(what, pick)
-            out = overlap.matmul_reduce_scatter(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
-            return out.div_(pg.size()) if reduce_op == "avg" else out
-        why = pick.why
+        out, why = _gemm_fused("gemm_rs", what, pg, A, B, path, chunks, overlap.matmul_reduce_scatter, reduce_op)
+        if out is not None:
+            return out
     _sequential(what, why)
     C = A @ B
     d = _dim(C, scatter_dim, what)
@@ -241,12 +249,9 @@ def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=False)
     if not why:
-        pick = _choose("gemm_ar", pg, A.dtype, _mkn(A, B), path, chunks, A)
-        if pick.fused:
-            _decided(what, pick)
-            out = overlap.matmul_all_reduce(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
-            return out.div_(pg.size()) if reduce_op == "avg" else out
-        why = pick.why
+        out, why = _gemm_fused("gemm_ar", what, pg, A, B, path, chunks, overlap.matmul_all_reduce, reduce_op)
+        if out is not None:
+            return out
     _sequential(what, why)
     C = (A @ B).contiguous()
     dist.all_reduce(C, op=op, group=pg)
@@ -261,11 +266,9 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     pg = _group(group_name)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
     if not why:
-        pick = _choose("gemm_a2a", pg, A.dtype, _mkn(A, B), path, chunks, A)
-        if pick.fused:
-            _decided(what, pick)
-            return overlap.matmul_all_to_all(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
-        why = pick.why
+        out, why = _gemm_fused("gemm_a2a", what, pg, A, B, path, chunks, overlap.matmul_all_to_all)
+        if out is not None:
+            return out
     _sequential(what, why)
     C = (A @ B).contiguous()
     if C.shape[0] % pg.size():
