@@ -23,6 +23,7 @@ import click
 
 from gc3.dtypes import DTYPES
 from gc3.errors import GC3Error
+from runtime_cuda.fused.choice import OPS
 
 _COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 _DTYPES = tuple(DTYPES)
@@ -46,7 +47,7 @@ def _colls(ctx, param, value):
     return names
 
 
-FUSED_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a", "gemv_ar", "ebag_a2a", "ar_epilogue")
+FUSED_OPS = OPS
 FUSED_RECORD = Path(__file__).resolve().parent.parent / "measured" / "fused.txt"
 
 

@@ -40,7 +40,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from runtime_cuda.fused import records
+from runtime_cuda.fused import choice, records
+
+from .process_group import _DTYPES as DTYPE_NAME
 
 # The grid: (K, N) of the full layer, sharded over the G ranks as tensor parallelism does.
 AG_KN = ((4096, 14336), (8192, 28672), (16384, 53248))
@@ -49,7 +51,7 @@ GRID_M = (1024, 2048, 4096, 8192, 16384)
 AR_M = (256, 1024, 4096, 8192)
 A2A_KN = ((4096, 4096), (7168, 2048))
 A2A_M = (2048, 8192, 16384)
-OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a")
+OPS = choice.OPS[:4]          # the GEMM family; the memory-bound operators follow below
 # The M at which the benchmark also traces one fused call and reports its overlap.
 TRACE_M = 8192
 TUNE_CHUNKS = (2, 4, 8)
@@ -364,8 +366,6 @@ def _overlap(fused: Callable) -> Optional[float]:
 
 
 def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[Dict[str, Optional[float]], str, str]:
-    from runtime_cuda.fused import choice
-
     A, B = case.operands(job.rank)
     nccl = job.nccl
     fused = fused_call(case, A, B, job.gc3, "fused", chunks)
@@ -520,7 +520,6 @@ EPILOGUE_BYTES = tuple((16 << 10) << i for i in range(13))      # 16 KiB .. 64 M
 EPILOGUE_DTYPES = ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16))
 # x is [bytes / (cols * itemsize), cols]: bias has a hidden size's elements.
 EPILOGUE_COLS = 4096
-DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 @dataclass
@@ -708,8 +707,6 @@ def _fused_or_none(fn: Callable, measure: Callable[[Callable], Optional[float]])
 
 
 def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, Optional[float]], str, str]:
-    from runtime_cuda.fused import choice
-
     t = memory_operands(case, job.rank)
     nccl = job.nccl
     fused = memory_call(case, t, job.gc3, "fused")

@@ -101,7 +101,6 @@ def _refusal(pg, tensors: Sequence[torch.Tensor], dtypes=_FUSED_DTYPES, capturab
     return ""
 
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _mkn(A: torch.Tensor, B: torch.Tensor) -> dict:
@@ -112,11 +111,13 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
             like: torch.Tensor):
     """The measured choice for this shape, in the catalog the group's communicator serves."""
     from runtime_cuda.fused import choice
+
+    from .process_group import _DTYPES
     # Built here on a group's first CUDA call, from a contiguous stand-in: the operands may be
     # strided (B = W.t()), which the sequential path takes as they are.
     comm = pg._comm if pg._comm is not None else pg._cuda([like.new_empty(1)], op)
     machine = getattr(comm, "machine", None)
-    return choice.choose(op, pg.size(), _DTYPE_NAMES[dtype], shape, path=path, chunks=chunks,
+    return choice.choose(op, pg.size(), _DTYPES[dtype], shape, path=path, chunks=chunks,
                          catalog=getattr(machine, "path", None))
 
 
