@@ -84,7 +84,6 @@ class Gc3ProcessGroup(ProcessGroup):
         self._comm = None
         self._device: Optional[torch.device] = None
         self._splits = None   # the host exchange uneven all-to-all sizes go through
-        self._gemm = None     # runtime_cuda.fused's group for the GEMM fusions (ops.py), built on first use
         # (raw stream, capturing) of the last _submit, for the _work that follows it: each costs
         # about a microsecond to ask torch for, and a call needs both twice otherwise.
         self._issued: Optional[tuple] = None
@@ -157,19 +156,6 @@ class Gc3ProcessGroup(ProcessGroup):
             uid = exchange.bcast(get_unique_id() if self._rank == 0 else None)
             _log().info("gc3 torch backend, rank %d: NCCL serves what gc3 does not", self._rank)
             return NcclCommunicator(self._size, uid, self._rank)
-
-    def gemm_group(self):
-        """The IpcGemmGroup the fused GEMM operators (ops.py) run over: its own
-        rendezvous on this group's store, built at the first fused call (a call
-        of every rank, on the GPU the communicator already serves)."""
-        if self._gemm is None:
-            import cupy
-
-            from runtime_cuda.fused import IpcGemmGroup
-            from runtime_cuda.nccl.rendezvous import StoreExchange
-            with cupy.cuda.Device(self._device.index):
-                self._gemm = IpcGemmGroup(StoreExchange(self._store, self._rank, self._size, prefix="gc3/fused-gemm"))
-        return self._gemm
 
     def _get_backend(self, device):
         # torch asks a group for its CUDA backend in Python: init_process_group
