@@ -46,6 +46,7 @@ from gc3.simulator import cost_config  # noqa: E402
 from gc3.simulator.calibration import (MEASURED_CSV, MeasuredPoint, PointSet, compile_spec,  # noqa: E402
                                        read_points, write_points)
 from gc3.simulator.cost_config import CostConfig, LinkParams, preset, with_ll128  # noqa: E402
+from runtime_cuda import measured_file  # noqa: E402
 
 MACHINE = "nvidia-h200-x2"
 SWEEP_ROW = re.compile(r"^(\w+)\s+(\d+(?:\.\d+)?[KMG]iB|\d+)\s+(\S+)\s+([\d.]+)\s")
@@ -62,8 +63,7 @@ SPEC = np.array([5e-6, 0.3e-6, 0.0, 0.8e-6, 2.5e-6, 12.5e9, 25e9, 450e9, 250e9, 
 GUESS = np.array([6e-6, 0.3e-6, 0.5e-6, 1e-6, 2e-6, 4e9, 10e9, 400e9, 100e9, 80e9, 2e-6, 8e9])
 # The bench_runtime.py --log files the CSV is built from: the sweep of every protocol but LL128
 # (before absorption), and LL128 (with Simple beside it) measured later on the same machine kind.
-SWEEPS = (ROOT / "runtime_cuda" / "measured" / "sweep_2xh200_2026-11-22.txt",
-          ROOT / "runtime_cuda" / "measured" / "sweep_ll128_2xh200_2026-11-23.txt")
+SWEEPS = (measured_file("sweep_2xh200_2026-11-22.txt"), measured_file("sweep_ll128_2xh200_2026-11-23.txt"))
 
 
 # --------------------------------------------------------------------------- measured points

@@ -28,7 +28,7 @@ A mismatch prints the call, the rank, the first differing index and both
 values, then searches for the shortest run of calls ending in the failing one
 that still fails.  The exit status is 1 on any mismatch or GPU timeout, and 3 when
 a batch never finishes (the watchdog, --hang-s).
-`--record FILE` appends the one-line summary (runtime_cuda/measured/fuzz.txt).
+`--record FILE` appends the one-line summary (measured/fuzz.txt).
 `GC3_FAULT=...` (runtime_cuda/faults.py) puts known bugs back, to show the
 fuzz catches them.
 """

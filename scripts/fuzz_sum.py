@@ -1,7 +1,7 @@
 """Fold fuzz summary lines of one configuration (mode, gpus, ranks, hw; consecutive
-seeds) into the one line runtime_cuda/measured/fuzz.txt keeps.
+seeds) into the one line measured/fuzz.txt keeps.
 
-    python scripts/fuzz_sum.py out/fuzz_v4.txt [more files] >> runtime_cuda/measured/fuzz.txt
+    python scripts/fuzz_sum.py out/fuzz_v4.txt [more files] >> measured/fuzz.txt
 """
 import sys
 from collections import OrderedDict

@@ -50,11 +50,11 @@ class Sample:
 
 S = Sample
 SAMPLES: Tuple[Sample, ...] = (
-    # 2 ranks, from measurements on 2x H200 (NV18): `gc3 tune --quick` (runtime_cuda/measured/
+    # 2 ranks, from measurements on 2x H200 (NV18): `gc3 tune --quick` (measured/
     # tune_2xH200_2026-11-23/) for the small sizes, where its grid has the winners, and the
     # 64-instance Simple programs above 1-2 MiB, and the 16-instance LL ones to 256 KiB, which its
     # grid lacks, from the sweep
-    # (runtime_cuda/measured/sweep_2xh200_2026-11-22_rows.txt) and `gc3 bench` in the same
+    # (measured/sweep_2xh200_2026-11-22_rows.txt) and `gc3 bench` in the same
     # session.  Between the two, NCCL wins and no entry covers the size.  In-place and
     # out-of-place calls have their own winners here, so in-place IRs serve only in-place calls.
     S("allreduce_oneshot_2r_LL_i16", *A("allreduce_oneshot", ranks=2), 16, "LL", 0, 256 * KiB),
@@ -190,7 +190,7 @@ def index_entry(sample: Sample, traced, prog) -> dict:
 KERNEL_RANKS: Tuple[int, ...] = (2, 4, 8)
 KERNEL_TOP = {2: 2 << 20}
 # The one-shot allgather and reducescatter, where measured: 2x H200 (2026-11-24, through the
-# drop-in, runtime_cuda/measured/bench_agrs_kernel_2xh200_2026-11-24.txt) 1.02-2.9x the faster
+# drop-in, measured/bench_agrs_kernel_2xh200_2026-11-24.txt) 1.02-2.9x the faster
 # NCCL eager and 1.07-2.1x NCCL-sym replayed from graphs at 1 KiB-2 MiB (the IR programs
 # there, LL and Simple: 0.6-0.8x NCCL-sym from graphs).  They lead the index, so the 2-rank
 # allgather and reducescatter IRs serve from 2 MiB up.

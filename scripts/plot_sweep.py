@@ -21,11 +21,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-MEASURED = ROOT / "runtime_cuda" / "measured"
-DEFAULT_LOGS = (MEASURED / "sweep_2xh200_2026-11-22_rows_small_tbmerge.txt",
-                MEASURED / "sweep_2xh200_2026-11-22_rows.txt")
+from runtime_cuda import measured_file  # noqa: E402
+
+DEFAULT_LOGS = (measured_file("sweep_2xh200_2026-11-22_rows_small_tbmerge.txt"),
+                measured_file("sweep_2xh200_2026-11-22_rows.txt"))
 DEFAULT_UPTO = ("1MiB", "")
-DEFAULT_OUT = MEASURED / "sweep_2xh200_2026-11-22.png"
+DEFAULT_OUT = measured_file("sweep_2xh200_2026-11-22.png")
 DEFAULT_TITLE = "2x H200 (NV18), float32, fastest gc3 candidate per size vs NCCL, bench_runtime.py, 2026-11-22"
 INPLACE = ("allreduce",)
 

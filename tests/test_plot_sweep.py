@@ -61,7 +61,7 @@ def test_bad_logs_name_file_and_line(tmp_path, body, needle):
 def test_committed_plot_is_small_and_referenced():
     png = ps.DEFAULT_OUT
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size <= 100_000
-    assert f"measured/{png.name}" in (ROOT / "runtime_cuda" / "README.md").read_text()
+    assert f"](../measured/{png.name})" in (ROOT / "runtime_cuda" / "README.md").read_text()
 
 
 def test_writes_a_png(tmp_path):

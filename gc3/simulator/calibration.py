@@ -1,6 +1,6 @@
 """Runtime measurements the cost model is fitted to, and its predictions for them.
 
-A measured point is one row of runtime_cuda/measured/sweep_*.txt: a program
+A measured point is one row of measured/sweep_*.txt: a program
 (an ir_samples/ XML, or an algorithm compiled as `gc3 compile` would), a call
 size, runtime environment settings and the measured time per call.  The
 points live in `measured_h200x2.csv` next to this file

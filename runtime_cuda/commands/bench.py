@@ -23,6 +23,7 @@ import click
 
 from gc3.dtypes import DTYPES
 from gc3.errors import GC3Error
+from runtime_cuda import measured_file
 from runtime_cuda.fused.choice import OPS
 
 _COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
@@ -48,7 +49,7 @@ def _colls(ctx, param, value):
 
 
 FUSED_OPS = OPS
-FUSED_RECORD = Path(__file__).resolve().parent.parent / "measured" / "fused.txt"
+FUSED_RECORD = "fused.txt"   # in the repository's measured/ folder (runtime_cuda.measured_file)
 
 
 def fused_op_names(value: str, param: str) -> list:
@@ -143,7 +144,7 @@ def impl_names(impl: str, peer: str):
 @click.option("--chunks", type=click.IntRange(1, 64), help="--fused: the fused path's chunk count "
               "[default: the measured table's, else runtime_cuda.fused.choice.DEFAULT_CHUNKS]")
 @click.option("--record", type=click.Path(dir_okay=False), default=None,
-              help="--fused: measured-lines file to append to [default: runtime_cuda/measured/fused.txt]")
+              help="--fused: measured-lines file to append to [default: measured/fused.txt at the repository root]")
 @click.option("--report", is_flag=True, help="--fused: measure nothing; print --record's lines as a markdown table "
               "(and draw --plot)")
 def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, rounds,
@@ -153,8 +154,11 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
     if report and not fused:
         raise click.UsageError("--report reads the fused operators' record: use it with --fused")
     if fused:
-        return _fused(fused_ops, quick, chunks, Path(record) if record else FUSED_RECORD, iters, rounds,
-                      Path(plot_path) if plot_path else None, report)
+        try:
+            path = Path(record) if record else measured_file(FUSED_RECORD)
+        except GC3Error as exc:
+            raise click.BadParameter(str(exc), param_hint="--record") from None
+        return _fused(fused_ops, quick, chunks, path, iters, rounds, Path(plot_path) if plot_path else None, report)
     from runtime_cuda.nccl import perf
 
     try:

@@ -49,7 +49,7 @@ from ..tables import COMPUTE_DTYPES
 PATHS = ("auto", "fused", "sequential")
 DEFAULT_MAX_BLOCK_BYTES = 1 << 20
 # GEMV + AllReduce across processes lost to the sequential path at every measured shape with 1 MiB
-# or more per compute block (0.19-0.61x on 2x H200, runtime_cuda/measured/fused_2xH200_2026-11-23.txt):
+# or more per compute block (0.19-0.61x on 2x H200, measured/fused_2xH200_2026-11-23.txt):
 # its 32 compute blocks leave most SMs idle while the sequential GEMV has them all.
 DEFAULT_GEMV_MAX_BLOCK_BYTES = 256 << 10
 # Batch rows the gemv opcode applies one read of the weight to (kernels/prims_compute.cuh): the

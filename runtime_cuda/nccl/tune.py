@@ -55,13 +55,13 @@ class Grid:
     # where fusion changes them: an rrcs puts a channel's sends and receives in one block, and
     # unfused they get one each.  2x H200: the 64-instance unfused 2-rank ring beats the fused
     # one from 256 MiB (1 GiB: 2979 against 3111 us) and loses to 64 MiB
-    # (runtime_cuda/measured/ring_unfused_2xh200_2026-11-24.txt).  The cost model prices both
+    # (measured/ring_unfused_2xh200_2026-11-24.txt).  The cost model prices both
     # alike (the link bounds them), so only a measured tune tells them apart.
     unfused_instances: Tuple[int, ...] = ()
 
 
 # 64 instances: on 2x H200 the 64-channel Simple programs beat NCCL from 1-2 MiB up (1.1-1.7x,
-# runtime_cuda/measured/sweep_2xh200_2026-11-22_rows.txt), and a grid without them cannot find that.
+# measured/sweep_2xh200_2026-11-22_rows.txt), and a grid without them cannot find that.
 # 16: the LL programs that beat NCCL at 64-256 KiB there have 16 (4 and 64 both lose).
 FULL = Grid(instances=(1, 2, 4, 8, 16, 32, 64), protocols=PROTOCOLS, pipeline_chunks=(1, 4, 16),
             unfused_instances=(16, 32, 64))
