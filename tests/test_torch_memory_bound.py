@@ -52,6 +52,8 @@ def routed(tmp_path, monkeypatch):
             assert path == "fused", f"{_fn} must run its fused program, not choose again: path={path!r}"
             ran.append(_fn)
         monkeypatch.setattr(fused_mod, fn, fused)
+    monkeypatch.setattr(ops, "_gemv_fused", lambda pg, x, w: (ran.append("gemv_allreduce"),
+                                                              x.new_zeros(x.shape[0], w.shape[1]), "")[1:])
     for fn in ("gemv_sequential", "embedding_bag_sequential", "epilogue_sequential"):
         monkeypatch.setattr(ops, fn, lambda *a, _fn=fn, **k: ran.append(_fn))
 

@@ -302,28 +302,70 @@ def gemv_sequential(x: torch.Tensor, w: torch.Tensor, pg) -> torch.Tensor:
     return y
 
 
+def _gemv_group(pg, t: torch.Tensor):
+    """(the group's GEMV + all_reduce kernel, '') built on first use, collectively: every
+    rank makes the same call; else (None, why not)."""
+    got = pg.__dict__.get("_gc3_gemv")
+    if got is None:
+        from runtime_cuda.fused.gemv_kernel import GemvAllreduce
+
+        comm = pg._cuda([t], "fused_gemv_all_reduce")
+        exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
+        if exchange is None:
+            got = (None, "the communicator has no gc3 runtime behind it (NCCL only)")
+        else:
+            try:
+                with torch.cuda.device(pg._device):
+                    got = (GemvAllreduce.ipc(exchange, device=pg._device.index), "")
+            except Exception as exc:   # agreed across ranks by the set-up: every rank takes this branch
+                got = (None, f"kernel set-up failed: {type(exc).__name__}: {exc}")
+        pg.__dict__["_gc3_gemv"] = got
+    return got
+
+
+def _gemv_fused(pg, x: torch.Tensor, w: torch.Tensor) -> Tuple[Optional[torch.Tensor], str]:
+    """(x @ w summed over the ranks by the group's kernel, '') or (None, why it cannot run)."""
+    from .process_group import _DTYPES
+
+    group, why = _gemv_group(pg, x)
+    if why:
+        return None, why
+    out = x.new_empty((x.shape[0], w.shape[1]))
+    group.run_ptrs([x.data_ptr()], [w.data_ptr()], [out.data_ptr()], x.shape[0], w.shape[0], w.shape[1],
+                   _DTYPES[x.dtype], torch.cuda.current_stream(pg._device).cuda_stream)
+    return out, ""
+
+
 def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group, *,
                           path: Optional[str] = None) -> torch.Tensor:
     """all_reduce(x @ w), x [K] or [batch, K] (this rank's K shard), w [K, N]: a
-    row-parallel linear layer at decode (runtime_cuda.fused.gemv_allreduce when fused).
-    The measured table's shape is {b: batch, K: this rank's K, N}."""
+    row-parallel linear layer at decode.  Fused, one kernel on every SM computes each
+    rank's partial and reduces it over the ranks in rank order (every rank gets the
+    same bits), on torch's current stream, capturable in a CUDA graph
+    (runtime_cuda.fused.gemv_kernel).  The measured table's shape is {b: batch, K:
+    this rank's K, N}."""
     what = "fused_gemv_all_reduce"
     pg = _group(group_name)
     if x.dim() not in (1, 2) or w.dim() != 2 or x.shape[-1] != w.shape[0]:
         raise ValueError(f"{what}: x {tuple(x.shape)} @ w {tuple(w.shape)}: expected x [K] or [batch, K] and "
                          f"w [K, N]")
-    why = _refusal(pg, [x, w])
+    why = _refusal(pg, [x, w], capturable=True)
     if not why and x.numel() * w.numel() == 0:
         why = "an empty operand"
+    if not why and not w.is_contiguous():
+        why = "a strided w (the kernel reads w [K, N] row-major; a copy would cost more than the fusion saves)"
+    xs = x.reshape(1, -1) if x.dim() == 1 else x
+    batch, k, n_out = xs.shape[0], w.shape[0], w.shape[1]
     if not why:
-        xs = x.reshape(1, -1) if x.dim() == 1 else x
-        why = _fused_picked("gemv_ar", what, pg, x, {"b": xs.shape[0], "K": w.shape[0], "N": w.shape[1]}, path)
+        from runtime_cuda.fused.gemv_kernel import refusal
+
+        from .process_group import _DTYPES
+        why = refusal(_DTYPES[x.dtype], batch, k, n_out, pg.size()) or ""
     if not why:
-        from runtime_cuda.fused import gemv_allreduce
-        xs, ws = xs.contiguous(), w.contiguous()
-        out = xs.new_empty((xs.shape[0], ws.shape[1]))
-        with _fused_call(pg, [xs, ws, out], what) as torch_queue:
-            gemv_allreduce(_cupy(xs), _cupy(ws), pg._comm, out=_cupy(out), stream=torch_queue, path="fused")
+        why = _fused_picked("gemv_ar", what, pg, x, {"b": batch, "K": k, "N": n_out}, path)
+    if not why:
+        out, why = _gemv_fused(pg, xs.contiguous(), w)
+    if not why:
         return out.reshape(-1) if x.dim() == 1 else out
     _sequential(what, why)
     return gemv_sequential(x, w, pg)

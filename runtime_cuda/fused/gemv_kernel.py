@@ -1,0 +1,181 @@
+"""GEMV + AllReduce as one launch on every SM (kernels/gemv_allreduce.cu, which says
+how): y = sum over ranks of x_r [batch, K] @ w_r [K, N], identical bits on every rank.
+
+A group holds the small-message kernels' scratch (runtime_cuda.small_allreduce:
+one allocation per rank, mapped by the peers once, the call number on the
+device), sized for the largest partial it serves, SCRATCH_BYTES.  A call passes
+its addresses by value in the launch's parameters, so nothing is uploaded or
+cached per pointer: one call is a few field writes and one driver launch, on
+any stream, and a CUDA-graph capture of it replays as a new call.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Dict, Optional, Sequence, Tuple
+
+from gc3 import limits
+from gc3.dtypes import dtype_info
+from gc3.errors import GC3Error
+
+from .. import abi, module, streams
+from ..launcher import CommunicatorBroken, _blocks_per_sm
+from ..small_allreduce import THREADS, SmallAllreduce
+
+KERNEL_NAME = "gc3_gemv_allreduce"
+DTYPES = ("bfloat16", "float16", "float32")
+TILE_LANES = abi.C["GC3_GV_TILE_LANES"]
+MAX_LOCAL = abi.C["GC3_GV_MAX_LOCAL"]
+SCRATCH_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
+LINE_DATA = limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
+# Tiles start at multiples of this many columns: a 16-byte weight load never straddles two tiles.
+COLUMN_STEP = 8
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(dtype: str, device: int):
+    """The compiled kernel for the current device (`device` is part of the cache key)."""
+    import cupy
+
+    mod = cupy.RawModule(code=module.source("gemv_allreduce.cu"),
+                         options=module.options(dtype, "sum", "LL", compute=True))
+    return mod.get_function(KERNEL_NAME)
+
+
+class _Args(ctypes.Structure):
+    """gc3_gemv_allreduce's parameters, in its order (io: x, w, out of each local rank)."""
+    _fields_ = [("plan", ctypes.c_uint64), ("peers", ctypes.c_uint64), ("io", ctypes.c_uint64 * (3 * MAX_LOCAL)),
+                ("nranks", ctypes.c_int32), ("rank0", ctypes.c_int32), ("batch", ctypes.c_int32),
+                ("K", ctypes.c_int32), ("N", ctypes.c_int32), ("tw", ctypes.c_int32),
+                ("max_lines", ctypes.c_int64), ("region_lines", ctypes.c_int64), ("grid_max", ctypes.c_int32)]
+
+
+def tile_columns(batch: int, n_out: int, blocks: int) -> int:
+    """Columns per tile: the narrowest step multiple that makes at most `blocks` tiles
+    (every block busy, the weight split evenly), no wider than a tile's shared memory."""
+    tw = -(-n_out // blocks)
+    tw = -(-tw // COLUMN_STEP) * COLUMN_STEP
+    return max(COLUMN_STEP, min(tw, TILE_LANES // batch // COLUMN_STEP * COLUMN_STEP))
+
+
+def slot_lines(batch: int, n_out: int, tw: int, itemsize: int) -> int:
+    """LL lines one rank's partial takes in a slot (tiles at fixed offsets)."""
+    lanes = LINE_DATA // itemsize
+    return -(-n_out // tw) * -(-batch * tw // lanes)
+
+
+def refusal(dtype: str, batch: int, k: int, n_out: int, nranks: int, nlocal: int = 1) -> Optional[str]:
+    """None when the kernel serves this shape, else why not."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (the kernel computes in {', '.join(DTYPES)})"
+    if nranks < 2:
+        return "a single rank: nothing to reduce"
+    if nlocal > MAX_LOCAL:
+        return f"{nlocal} ranks in one process (at most {MAX_LOCAL})"
+    if min(batch, k, n_out) < 1 or max(batch, k, n_out) >= 2 ** 31:
+        return f"x [{batch}, {k}] @ w [{k}, {n_out}]: every dimension must be 1 to 2^31 - 1"
+    if batch * COLUMN_STEP > TILE_LANES:
+        return f"batch {batch}: a tile holds {TILE_LANES} elements, at least {COLUMN_STEP} columns of every row"
+    itemsize = dtype_info(dtype).np.itemsize
+    need = slot_lines(batch, n_out, tile_columns(batch, n_out, 1 << 30), itemsize) * LINE_DATA
+    if need > SCRATCH_BYTES:
+        return f"partials of {batch} x {n_out} {dtype} ({need} B) exceed the scratch's {SCRATCH_BYTES} B per rank"
+    return None
+
+
+class GemvAllreduce:
+    """The kernel for the ranks this process runs, over a SmallAllreduce group's scratch."""
+
+    def __init__(self, group: SmallAllreduce):
+        self.group = group
+        self.executor = group.executor
+        self.nranks = group.nranks
+        self.nlocal = len(group.ranks)
+        if self.nlocal > MAX_LOCAL:
+            raise GC3Error(f"gemv_allreduce: {self.nlocal} ranks in one process (at most {MAX_LOCAL})")
+        self._args = _Args(plan=group._plan.data.ptr, peers=group._peers.data.ptr, nranks=self.nranks,
+                           rank0=group.ranks[0], max_lines=group.max_lines, region_lines=group.region_lines)
+        base = ctypes.addressof(self._args)
+        self._params = (ctypes.c_void_p * len(_Args._fields_))(
+            *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
+        self._params_ptr = ctypes.addressof(self._params)
+        self._shapes: Dict[Tuple[int, int, int, str], tuple] = {}
+        self._grid_max: Optional[int] = None
+
+    @classmethod
+    def virtual(cls, nranks: int, timeout: Optional[float] = None) -> "GemvAllreduce":
+        return cls(SmallAllreduce.virtual(nranks, timeout, max_bytes=SCRATCH_BYTES))
+
+    @classmethod
+    def ipc(cls, comm, device: Optional[int] = None, timeout: Optional[float] = None) -> "GemvAllreduce":
+        """Collective over `comm` (mpi4py-like), as SmallAllreduce.ipc."""
+        return cls(SmallAllreduce.ipc(comm, device, timeout, max_bytes=SCRATCH_BYTES))
+
+    def _most_blocks(self, fn) -> int:
+        """Blocks per rank a launch may take, fixed for the group's life (the counters of
+        that many blocks agree): every block resident at once, as small_allreduce's bound,
+        and with virtual ranks at most half the GPU, so that another spinning launch fits."""
+        if self._grid_max is None:
+            dev = self.executor.device
+            cap = _blocks_per_sm(fn, THREADS, dev) * dev.attributes["MultiProcessorCount"]
+            share = cap if self.nlocal == 1 else cap // (2 * self.nlocal)
+            most = min(abi.C["GC3_SA_MAX_BLOCKS"], share)
+            if most < 1:
+                raise GC3Error(f"gemv_allreduce: {self.nlocal} ranks' blocks of {THREADS} threads cannot all be "
+                               f"resident on device {dev.id} ({cap} at most)")
+            self._grid_max = most
+        return self._grid_max
+
+    def _shape(self, batch: int, k: int, n_out: int, dtype: str) -> tuple:
+        key = (batch, k, n_out, dtype)
+        got = self._shapes.get(key)
+        if got is None:
+            why = refusal(dtype, batch, k, n_out, self.nranks, self.nlocal)
+            if why:
+                raise GC3Error(f"gemv_allreduce: {why}")
+            fn = kernel(dtype, self.executor.device.id)
+            most = self._most_blocks(fn)
+            tw = tile_columns(batch, n_out, most)
+            need = slot_lines(batch, n_out, tw, dtype_info(dtype).np.itemsize)
+            if need > self.group.max_lines:
+                raise GC3Error(f"gemv_allreduce: partials of {batch} x {n_out} {dtype} take {need} lines, the "
+                               f"scratch holds {self.group.max_lines}")
+            from cupy_backends.cuda.api import driver
+
+            grid = min(most, -(-n_out // tw))
+            launch = functools.partial(driver.launchKernel, fn.kernel.ptr, grid, self.nlocal, 1, THREADS, 1, 1, 0)
+            got = self._shapes[key] = (launch, tw, most)
+        return got
+
+    def run_ptrs(self, x_ptrs: Sequence[int], w_ptrs: Sequence[int], out_ptrs: Sequence[int], batch: int, k: int,
+                 n_out: int, dtype: str, stream=None) -> None:
+        """Enqueue out = sum over ranks of x @ w on raw device addresses (one of each per
+        local rank: x [batch, k], w [k, n_out], out [batch, n_out], C-contiguous, of `dtype`)
+        on `stream`; a capturing stream captures it."""
+        if self.executor.broken:
+            raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.executor.broken}")
+        if not len(x_ptrs) == len(w_ptrs) == len(out_ptrs) == self.nlocal:
+            raise GC3Error(f"gemv_allreduce: need {self.nlocal} x, w and out addresses (one per rank here), got "
+                           f"{len(x_ptrs)}, {len(w_ptrs)} and {len(out_ptrs)}")
+        launch, tw, most = self._shape(batch, k, n_out, dtype)
+        ptr = streams.handle(stream)
+        self.executor.order.enter(ptr, streams.is_capturing(ptr))
+        a = self._args
+        for i in range(self.nlocal):
+            a.io[3 * i], a.io[3 * i + 1], a.io[3 * i + 2] = x_ptrs[i], w_ptrs[i], out_ptrs[i]
+        a.batch, a.K, a.N, a.tw, a.grid_max = batch, k, n_out, tw, most
+        launch(ptr, self._params_ptr, 0)   # the driver copies the parameters now
+
+    def __call__(self, xs: Sequence, ws: Sequence, outs: Sequence, dtype: Optional[str] = None,
+                 stream=None) -> list:
+        """On CuPy arrays, one of each per local rank (bfloat16 travels as uint16: name it)."""
+        dtype = dtype_info(dtype or xs[0].dtype).name
+        self.run_ptrs([a.data.ptr for a in xs], [a.data.ptr for a in ws], [a.data.ptr for a in outs],
+                      xs[0].shape[0], xs[0].shape[1], ws[0].shape[1], dtype, stream)
+        return list(outs)
+
+    def check(self) -> None:
+        self.executor.check()
+
+    def close(self) -> None:
+        self.group.close()

@@ -1,0 +1,116 @@
+"""The GEMV + AllReduce kernel (runtime_cuda/fused/gemv_kernel.py) on virtual ranks of one GPU:
+random values against a float64 reference, the same bits on every rank, odd shapes (columns no
+16-byte load fits, one column, tiles that wrap around the grid), every float type, back-to-back
+calls on a non-default stream with no synchronisation, CUDA-graph replay as new calls, and
+a peer's partial put in the wrong slot must come out wrong."""
+import numpy as np
+import pytest
+
+from fused_cases import count_wrong, gemv_case, poisoned, to_host
+
+pytestmark = pytest.mark.gpu
+cupy = pytest.importorskip("cupy")
+
+
+def _gpu():
+    try:
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+if not _gpu():
+    pytest.skip("no GPU", allow_module_level=True)
+
+from runtime_cuda.fused.gemv_kernel import GemvAllreduce, refusal, tile_columns  # noqa: E402
+
+_GROUPS = {}
+
+
+def group(n):
+    if n not in _GROUPS:
+        _GROUPS[n] = GemvAllreduce.virtual(n, timeout=20)
+    return _GROUPS[n]
+
+
+def _run(g, xs, ws, outs, dtype, stream=None):
+    g(xs, ws, outs, dtype=dtype, stream=stream)
+
+
+def _check(outs, want, scale, dtype, what):
+    got = [to_host(o, dtype) for o in outs]
+    bad = count_wrong(got[0], want, scale, dtype)
+    assert bad == 0, f"{what}: {bad} of {want.size} wrong"
+    for r, o in enumerate(outs[1:], 1):
+        assert (o.get() == outs[0].get()).all(), f"{what}: rank {r}'s bits differ from rank 0's"
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("batch,k,n_out", [(1, 512, 4096), (3, 96, 232), (5, 40, 235), (8, 300, 1), (32, 64, 1000),
+                                           (1, 7, 8)])
+def test_matches_float64_and_every_rank_has_the_same_bits(n, dtype, batch, k, n_out):
+    rng = np.random.default_rng(batch * 1000 + k + n_out)
+    xs, ws, want, scale = gemv_case(rng, n, batch, k, n_out, dtype)
+    outs = [poisoned((batch, n_out), dtype) for _ in range(n)]
+    g = group(n)
+    _run(g, xs, ws, outs, dtype)
+    cupy.cuda.Device().synchronize()
+    g.check()
+    _check(outs, want, scale, dtype, f"{n} ranks {dtype} {batch}x{k}x{n_out}")
+
+
+def test_back_to_back_on_a_stream_and_graph_replay():
+    n, dtype = 2, "bfloat16"
+    g = group(n)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cases = []
+    for i, shape in enumerate([(1, 256, 2048), (4, 128, 520), (1, 256, 2048), (8, 64, 4096)] * 3):
+        rng = np.random.default_rng(i)
+        xs, ws, want, scale = gemv_case(rng, n, *shape, dtype)
+        outs = [poisoned((shape[0], shape[2]), dtype) for _ in range(n)]
+        _run(g, xs, ws, outs, dtype, stream)
+        cases.append((outs, want, scale, shape, xs, ws))
+    stream.synchronize()
+    g.check()
+    for i, (outs, want, scale, shape, _, _) in enumerate(cases):
+        _check(outs, want, scale, dtype, f"call {i} {shape}")
+
+    # A captured call replays as a new call (the call number lives on the device).
+    outs, _, _, shape, xs, ws = cases[0]
+    cap = cupy.cuda.Stream(non_blocking=True)
+    cap.begin_capture()
+    _run(g, xs, ws, outs, dtype, cap)
+    graph = cap.end_capture()
+    for rep in range(3):
+        rng = np.random.default_rng(100 + rep)
+        xs2, ws2, want, scale = gemv_case(rng, n, *shape, dtype)
+        for a, b in zip(xs + ws, xs2 + ws2):
+            a[...] = b
+        for o in outs:
+            o[...] = poisoned(o.shape, dtype)
+        graph.launch(cap)
+        cap.synchronize()
+        _check(outs, want, scale, dtype, f"graph replay {rep}")
+
+
+def test_a_partial_in_the_wrong_place_is_wrong():
+    """Negative control of the check: rank 1's operands given to rank 0 too."""
+    n, dtype = 2, "bfloat16"
+    rng = np.random.default_rng(5)
+    xs, ws, want, scale = gemv_case(rng, n, 2, 128, 512, dtype)
+    outs = [poisoned((2, 512), dtype) for _ in range(n)]
+    _run(group(n), [xs[1], xs[1]], [ws[1], ws[1]], outs, dtype)
+    cupy.cuda.Device().synchronize()
+    with pytest.raises(AssertionError, match="wrong"):
+        _check(outs, want, scale, dtype, "shifted")
+
+
+def test_refusals_and_tiles():
+    assert refusal("int32", 1, 8, 8, 2).startswith("dtype int32")
+    assert "single rank" in refusal("bfloat16", 1, 8, 8, 1)
+    assert "tile holds" in refusal("bfloat16", 1024, 8, 8, 2)
+    assert "scratch" in refusal("float32", 32, 8, 65536, 2)
+    assert refusal("bfloat16", 32, 28672, 8192, 4) is None
+    assert tile_columns(1, 8192, 132) == 64 and tile_columns(1, 4096, 132) == 32
+    assert tile_columns(32, 8192, 16) == 128          # a tile's shared memory bounds it; tiles wrap the grid
