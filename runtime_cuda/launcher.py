@@ -41,6 +41,7 @@ def _cache_entries(default: int) -> int:
 
 PREPARED_CALLS_MAX = _cache_entries(1024)   # call shapes a group keeps packed
 BUFFER_TABLES_MAX = _cache_entries(256)     # per-call address tables an executor keeps on the device
+CAPTURED_TABLE_WORDS = 8192                 # addresses of the calls an executor's CUDA graphs hold (64 KiB)
 
 
 def runtime_protocol(xml_proto: str, override: Optional[str] = None) -> str:
@@ -204,6 +205,8 @@ class Executor:
         array at every replay, long after it is gone)."""
         tab = self._bufs.get(ptrs)
         if tab is None:
+            if not captured:
+                self._reserve_arena()
             if len(self._bufs) >= BUFFER_TABLES_MAX:
                 if faults.active("pool-stream"):
                     self._bufs.clear()
@@ -215,13 +218,32 @@ class Executor:
                 tab = self.cupy.asarray(host)
             else:
                 s = streams.setup_stream() if captured else streams.wrap(stream)
-                with streams.current(s):
-                    tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
+                tab = self._captured_table(len(ptrs)) if captured else None
+                if tab is None:
+                    with streams.current(s):
+                        tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
                 tab.set(host, stream=s)
                 if captured:
                     s.synchronize()
             self._bufs[ptrs] = tab
         return tab
+
+    def _captured_table(self, n: int):
+        """n words of the arena that captured calls' tables come from, or None when it is
+        full.  A capture forbids cudaMalloc (torch's default capture mode refuses it on every
+        stream), so the arena is allocated by the first eager call, and a captured table is
+        never handed out again: a graph may replay it at any time."""
+        arena = self.__dict__.get("_arena")
+        if arena is None or self._arena_used + n > arena.size:
+            return None
+        self._arena_used += n
+        return arena[self._arena_used - n:self._arena_used]
+
+    def _reserve_arena(self) -> None:
+        if self.__dict__.get("_arena") is None:
+            with streams.current(streams.setup_stream()):
+                self._arena = self.cupy.empty(CAPTURED_TABLE_WORDS, dtype=self.cupy.uint64)
+            self._arena_used = 0
 
     def prepare(self, dtype: str, op: str, bufs, shape: Shape) -> Optional[Launch]:
         """The launch of one call shape (None: nothing to do, an empty call)."""

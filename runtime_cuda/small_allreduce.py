@@ -41,7 +41,8 @@ HEADER_BYTES = abi.C["GC3_SA_HEADER_BYTES"]
 _SA = {name: abi.C[f"GC3_SA_{name}"] for name in ("ABORT", "ERR", "COUNTERS", "MAX_BLOCKS")}
 _PHASES = {0: "one-shot gather", 1: "two-shot phase 1 (segment to its owner)",
            2: "two-shot phase 2 (reduced segment from its owner)", 3: "allgather (a peer's block)",
-           4: "reducescatter (a peer's part of this rank's segment)"}
+           4: "reducescatter (a peer's part of this rank's segment)",
+           5: "gemv + allreduce (a peer's partial of a column tile)"}
 
 
 def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> Tuple[int, int, int]:
@@ -138,6 +139,7 @@ class SmallExecutor:
     """What the drop-in reaches through `group.executor`: the stream order, the
     per-call address tables, and the error record in the scratch header."""
     buffer_table = Executor.buffer_table   # the same cached, stream-ordered upload
+    _captured_table, _reserve_arena = Executor._captured_table, Executor._reserve_arena
     _raise_recorded = Executor._raise_recorded
 
     def __init__(self, header, ranks: Sequence[int], timeout: float):

@@ -25,6 +25,9 @@ if not _gpu():
 from runtime_cuda.fused.gemv_kernel import GemvAllreduce, refusal, tile_columns  # noqa: E402
 
 _GROUPS = {}
+# Streams a group has run on stay alive with it: the group's stream order hands over from the last
+# stream it used, by raw handle, when the next call comes on another.
+_STREAMS = []
 
 
 def group(n):
@@ -64,6 +67,7 @@ def test_back_to_back_on_a_stream_and_graph_replay():
     n, dtype = 2, "bfloat16"
     g = group(n)
     stream = cupy.cuda.Stream(non_blocking=True)
+    _STREAMS.append(stream)
     cases = []
     for i, shape in enumerate([(1, 256, 2048), (4, 128, 520), (1, 256, 2048), (8, 64, 4096)] * 3):
         rng = np.random.default_rng(i)
@@ -79,6 +83,7 @@ def test_back_to_back_on_a_stream_and_graph_replay():
     # A captured call replays as a new call (the call number lives on the device).
     outs, _, _, shape, xs, ws = cases[0]
     cap = cupy.cuda.Stream(non_blocking=True)
+    _STREAMS.append(cap)
     cap.begin_capture()
     _run(g, xs, ws, outs, dtype, cap)
     graph = cap.end_capture()
