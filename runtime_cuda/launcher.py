@@ -218,31 +218,39 @@ class Executor:
                 tab = self.cupy.asarray(host)
             else:
                 s = streams.setup_stream() if captured else streams.wrap(stream)
-                tab = self._captured_table(len(ptrs)) if captured else None
+                tab = self._captured_table(host, s) if captured else None
                 if tab is None:
                     with streams.current(s):
                         tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
-                tab.set(host, stream=s)
+                    tab.set(host, stream=s)
                 if captured:
                     s.synchronize()
             self._bufs[ptrs] = tab
         return tab
 
-    def _captured_table(self, n: int):
-        """n words of the arena that captured calls' tables come from, or None when it is
-        full.  A capture forbids cudaMalloc (torch's default capture mode refuses it on every
-        stream), so the arena is allocated by the first eager call, and a captured table is
-        never handed out again: a graph may replay it at any time."""
+    def _captured_table(self, host: np.ndarray, stream):
+        """`host` written into the arena that captured calls' tables come from (None when it
+        is full).  A capture forbids cudaMalloc and copies from pageable memory (torch's
+        default capture mode refuses them on every stream), so the arena and its pinned
+        mirror are allocated by the first eager call and filled by an asynchronous copy; a
+        captured table is never handed out again: a graph may replay it at any time."""
         arena = self.__dict__.get("_arena")
+        n = host.size
         if arena is None or self._arena_used + n > arena.size:
             return None
-        self._arena_used += n
-        return arena[self._arena_used - n:self._arena_used]
+        lo, self._arena_used = self._arena_used, self._arena_used + n
+        self._arena_host[lo:lo + n] = host
+        self.cupy.cuda.runtime.memcpyAsync(arena.data.ptr + 8 * lo, self._arena_host.ctypes.data + 8 * lo, 8 * n,
+                                           self.cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        return arena[lo:lo + n]
 
     def _reserve_arena(self) -> None:
         if self.__dict__.get("_arena") is None:
             with streams.current(streams.setup_stream()):
                 self._arena = self.cupy.empty(CAPTURED_TABLE_WORDS, dtype=self.cupy.uint64)
+            pinned = self.cupy.cuda.alloc_pinned_memory(8 * CAPTURED_TABLE_WORDS)
+            self._arena_host = np.frombuffer(pinned, dtype=np.uint64, count=CAPTURED_TABLE_WORDS)
+            self._arena_pinned = pinned
             self._arena_used = 0
 
     def prepare(self, dtype: str, op: str, bufs, shape: Shape) -> Optional[Launch]:

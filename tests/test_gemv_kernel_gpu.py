@@ -71,8 +71,9 @@ def test_back_to_back_on_a_stream_and_graph_replay():
     cases = []
     for i, shape in enumerate([(1, 256, 2048), (4, 128, 520), (1, 256, 2048), (8, 64, 4096)] * 3):
         rng = np.random.default_rng(i)
-        xs, ws, want, scale = gemv_case(rng, n, *shape, dtype)
-        outs = [poisoned((shape[0], shape[2]), dtype) for _ in range(n)]
+        with stream:        # operands made on the stream the calls run on, so ordered before them
+            xs, ws, want, scale = gemv_case(rng, n, *shape, dtype)
+            outs = [poisoned((shape[0], shape[2]), dtype) for _ in range(n)]
         _run(g, xs, ws, outs, dtype, stream)
         cases.append((outs, want, scale, shape, xs, ws))
     stream.synchronize()
@@ -90,10 +91,11 @@ def test_back_to_back_on_a_stream_and_graph_replay():
     for rep in range(3):
         rng = np.random.default_rng(100 + rep)
         xs2, ws2, want, scale = gemv_case(rng, n, *shape, dtype)
-        for a, b in zip(xs + ws, xs2 + ws2):
-            a[...] = b
-        for o in outs:
-            o[...] = poisoned(o.shape, dtype)
+        with cap:
+            for a, b in zip(xs + ws, xs2 + ws2):
+                a[...] = b
+            for o in outs:
+                o[...] = poisoned(o.shape, dtype)
         graph.launch(cap)
         cap.synchronize()
         _check(outs, want, scale, dtype, f"graph replay {rep}")
