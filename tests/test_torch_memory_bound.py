@@ -47,11 +47,13 @@ def routed(tmp_path, monkeypatch):
     monkeypatch.setattr(ops, "_refusal", lambda *a, **k: "")
     monkeypatch.setattr(ops, "_fused_call", lambda *a: contextlib.nullcontext(0))
     monkeypatch.setattr(ops, "_cupy", lambda t: t)
-    for fn in ("gemv_allreduce", "embedding_bag_alltoall", "allreduce_epilogue"):
+    for fn in ("gemv_allreduce", "embedding_bag_alltoall"):
         def fused(*args, _fn=fn, path=None, **kw):
             assert path == "fused", f"{_fn} must run its fused program, not choose again: path={path!r}"
             ran.append(_fn)
         monkeypatch.setattr(fused_mod, fn, fused)
+    # The epilogue's fused path calls the kernels itself (no runtime_cuda.fused entry point).
+    monkeypatch.setattr(ops, "epilogue_fused", lambda *a, **k: (ran.append("allreduce_epilogue"), (a[0], ""))[1])
     for fn in ("gemv_sequential", "embedding_bag_sequential", "epilogue_sequential"):
         monkeypatch.setattr(ops, fn, lambda *a, _fn=fn, **k: ran.append(_fn))
 
