@@ -134,7 +134,7 @@ def ebag_ref(seed, garbage=False):
     return torch.stack([pooled(seed, q, garbage)[rank * B_RANK:(rank + 1) * B_RANK] for q in range(world)])
 
 
-EPI_ROWS, EPI_COLS = 37, 64          # 4.7 KB of bf16: the one-shot program; EPI_BIG: the ring
+EPI_ROWS, EPI_COLS = 37, 64          # 4.7 KB of bf16; "ring" (a name kept from an older fused path): 150 KB
 
 
 def epi(seed, r=None, rows=EPI_ROWS, dtype=dt):
@@ -251,17 +251,19 @@ if on == "cuda":
     # auto: the measured table decides; counted at runtime_cuda.fused's entry points.
     import runtime_cuda.fused as fused_mod
     counted = {}
-    for fn in ("gemv_allreduce", "embedding_bag_alltoall", "allreduce_epilogue"):
-        real = getattr(fused_mod, fn)
+    # The epilogue's fused path calls the kernels from ops.epilogue_fused, not runtime_cuda.fused.
+    for mod, fn in ((fused_mod, "gemv_allreduce"), (fused_mod, "embedding_bag_alltoall"),
+                    (ops, "epilogue_fused")):
+        real = getattr(mod, fn)
 
         def counting(*args, _real=real, _fn=fn, **kw):
             counted[_fn] = counted.get(_fn, 0) + 1
             return _real(*args, **kw)
-        setattr(fused_mod, fn, counting)
+        setattr(mod, fn, counting)
     entries = json.loads(open(table_path).read())["fused"]["entries"] if table_path else []
     assert table_path is None or os.environ.get("GC3_CONFIG") == table_path
     entry_point = {"gemv_ar": "gemv_allreduce", "ebag_a2a": "embedding_bag_alltoall",
-                   "ar_epilogue": "allreduce_epilogue"}
+                   "ar_epilogue": "epilogue_fused"}
     for e in entries + [dict(entries[0], shape=dict(entries[0]["shape"], N=N + 64), path="sequential")]:
         op, shape = e["op"], e["shape"]
         if op == "gemv_ar":
