@@ -253,6 +253,7 @@ class SmallAllreduce:
             self._plan = cupy.asarray(np.array([plan[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
         setup.synchronize()
         self._blocks: Optional[int] = None
+        self._fits: Dict[int, int] = {}
         self._prepared: Dict[tuple, _Launch] = {}
         self._epoch = 0   # bumped when _prepared is dropped: a Reissue of an older call is stale
         # Calls captured into a CUDA graph: a graph may be replayed at any
@@ -343,6 +344,17 @@ class SmallAllreduce:
             self._blocks = blocks   # fixed for the group's life: the counters of this many blocks agree
         return self._blocks
 
+    def _resident(self, fn) -> int:
+        """Blocks per rank of `fn` that fit at once by the same rule as _grid: a build that holds
+        more registers than the one _grid measured (the epilogue's, a cast's) launches fewer
+        blocks, while grid_max (the counters every call keeps) stays the group's."""
+        got = self._fits.get(fn.kernel.ptr)
+        if got is None:
+            dev = self.executor.device
+            cap = _blocks_per_sm(fn, THREADS, dev) * dev.attributes["MultiProcessorCount"]
+            got = self._fits[fn.kernel.ptr] = max(1, cap // (2 * len(self._ranks)))
+        return got
+
     # -- calls -----------------------------------------------------------------------
     def _prepare(self, in_ptrs, out_ptrs, in_elems: int, dtype: str, op: str, kind: str, coll: str, stream: int,
                  captured: bool, epilogue: Optional[tuple] = None, out_dtype: Optional[str] = None) -> _Launch:
@@ -382,8 +394,8 @@ class SmallAllreduce:
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
                      in_elems, KINDS[coll, kind], self.max_lines, self.region_lines, most,
                      0 if epw is None else epw.data.ptr)
-        return _Launch(self.executor, fn.kernel.ptr, limits.small_allreduce_blocks(nbytes, most), n, args,
-                       (io,) + keep)
+        grid = min(limits.small_allreduce_blocks(nbytes, most), self._resident(fn))
+        return _Launch(self.executor, fn.kernel.ptr, grid, n, args, (io,) + keep)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                  stream=None, kind: str = "oneshot", coll: str = "allreduce", epilogue: Optional[Sequence] = None,

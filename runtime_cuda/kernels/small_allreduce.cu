@@ -140,12 +140,6 @@ struct WideAcc {
   }
 };
 
-// The allreduce's result line g into `out`: the plain build stores it as it is.
-__device__ __forceinline__ void finish(elem_t* out, long long g, long long count, const RawAcc& a, const Epi&,
-                                       int) {
-  store_line(out, g, count, a.v);
-}
-
 #ifdef GC3_EPILOGUE
 typedef WideAcc LineAcc;
 
@@ -177,14 +171,26 @@ __device__ __forceinline__ void finish(out_t* out, long long g, long long count,
       if (e0 + k < count) out[e0 + k] = o.e[k];
   }
 }
+
+// The allreduce's result line g into `out` through the epilogue at `ew` (null: none).  The
+// words are read here, at each store (the same few addresses for every thread: cache hits),
+// not held in registers across the waits, which made the kernel spill.  32 bits do for
+// (g * N) % cols: the kernels serve at most 2 MiB.
+__device__ __forceinline__ void store_result(out_t* out, long long g, long long count, const WideAcc& a,
+                                             const u64* ew) {
+  const Epi E = ew ? load_epi(ew) : no_epi();
+  const int col = E.on && E.cols > 0 ? (int)((unsigned)(g * N) % (unsigned)E.cols) : 0;
+  finish(out, g, count, a, E, col);
+}
 #else
 typedef RawAcc LineAcc;
-#endif
 
-// (g * N) % cols for the small kernels' counts (at most 2 MiB of elements, so 32 bits do).
-__device__ __forceinline__ int col_of(const Epi& E, long long g) {
-  return E.on && E.cols > 0 ? (int)((unsigned)(g * N) % (unsigned)E.cols) : 0;
+// The allreduce's result line g into `out`: the plain build stores it as it is.
+__device__ __forceinline__ void store_result(elem_t* out, long long g, long long count, const RawAcc& a,
+                                             const u64*) {
+  store_line(out, g, count, a.v);
 }
+#endif
 
 // The first line index >= lo that this thread handles (start t, stride s).
 __device__ __forceinline__ long long first_at(long long t, long long s, long long lo) {
@@ -238,10 +244,10 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   const elem_t* in = (const elem_t*)io[2 * slot];
   elem_t* out = (elem_t*)io[2 * slot + 1];
 #ifdef GC3_EPILOGUE
-  const Epi E = epw ? load_epi(epw + (u64)slot * GC3_CMP_PTRS) : no_epi();
+  const u64* const ew = epw ? epw + (u64)slot * GC3_CMP_PTRS : nullptr;
   out_t* const dst = (out_t*)out;
 #else
-  const Epi E = no_epi();
+  const u64* const ew = nullptr;
   elem_t* const dst = out;
 #endif
 
@@ -302,7 +308,7 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
       sa::LineAcc acc;
       const Where w{me, (int)blockIdx.x, 0, (int)g, 0};
       ok = sa::reduce_ranks(P, w, me, nranks, 0, in, g, count, mine + g, (u64)max_lines, flag, acc);
-      if (ok) sa::finish(dst, g, count, acc, E, sa::col_of(E, g));
+      if (ok) sa::store_result(dst, g, count, acc, ew);
     }
   } else {
     // Segment s (lines [s*Ls, min((s+1)*Ls, L))) belongs to rank s.  Phase 1:
@@ -325,7 +331,7 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
       const uint2 r = acc.raw();     // the bits every rank gets, the owner too
       for (int p = 0; p < nranks; ++p)
         if (p != me) sa::put(lines_of(p) + half + (u64)me * S + (g - lo), r, flag);
-      sa::finish(dst, g, count, sa::LineAcc::of(r), E, sa::col_of(E, g));
+      sa::store_result(dst, g, count, sa::LineAcc::of(r), ew);
     }
     for (long long g = t; ok && g < L; g += stride) {
       const int s = (int)(g / Ls);
@@ -333,7 +339,7 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
       uint2 x;
       Where w{me, (int)blockIdx.x, 2, (int)g, 0};
       if (!ll_read(P, w, s, 2, mine + half + (u64)s * S + (g - s * Ls), flag, x)) { ok = false; break; }
-      sa::finish(dst, g, count, sa::LineAcc::of(x), E, sa::col_of(E, g));
+      sa::store_result(dst, g, count, sa::LineAcc::of(x), ew);
     }
   }
   // Every thread ends here, a failed one too: the block's count advances once
