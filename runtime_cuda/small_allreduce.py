@@ -111,8 +111,13 @@ def _module(dtype: str, op: str, device: int, epilogue: bool, out_dtype: Optiona
 def kernel(dtype: str, op: str, device: int, epilogue: bool = False, out_dtype: Optional[str] = None):
     """The compiled kernel for the current device (`device` is part of the cache key);
     `epilogue`: the build that applies one at the final store, storing `out_dtype`."""
-    return _module(dtype, op, device, epilogue, out_dtype if epilogue else None, SHIFT_PEERS).get_function(
-        KERNEL_NAME)
+    return _module(dtype, op, device, epilogue, _cast(dtype, out_dtype) if epilogue else None,
+                   SHIFT_PEERS).get_function(KERNEL_NAME)
+
+
+def _cast(dtype: str, out_dtype: Optional[str]) -> Optional[str]:
+    """The build's -DGC3_OUT_DTYPE (None: the input's type), so one build serves both spellings."""
+    return None if out_dtype in (None, dtype) else out_dtype
 
 
 def epilogue_refusal(dtype: str, op: str, coll: str, out_dtype: str) -> Optional[str]:
@@ -137,7 +142,7 @@ def epilogue_pass(y: int, out: int, count: int, dtype: str, out_dtype: str, word
         raise GC3Error(f"epilogue pass: {why}")
     lines = -(-count * dtype_info(dtype).np.itemsize // LINE_DATA)
     blocks = max(1, min(PASS_MAX_BLOCKS, -(-lines // PASS_THREADS)))
-    fn = _module(dtype, "sum", cupy.cuda.Device().id, True, out_dtype).get_function(PASS_NAME)
+    fn = _module(dtype, "sum", cupy.cuda.Device().id, True, _cast(dtype, out_dtype)).get_function(PASS_NAME)
     w = [np.uint64(words[abi.C[f"GC3_EPW_{k}"]]) for k in ("BIAS", "RESIDUAL", "SCALE", "SHAPE")]
     with streams.current(cupy.cuda.ExternalStream(stream)):
         fn((blocks,), (PASS_THREADS,), (np.uint64(y), np.uint64(out), np.int64(count), *w))
