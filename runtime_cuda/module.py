@@ -84,14 +84,18 @@ def gemv_tuning(tune: Optional[Mapping[str, int]] = None) -> Tuple[Tuple[str, in
 
 
 def options(dtype: str, op: str, proto: str, trace: bool = False, compute: bool = False,
-            epilogue: bool = False, tune: Optional[Mapping[str, int]] = None) -> Tuple[str, ...]:
+            epilogue: bool = False, tune: Optional[Mapping[str, int]] = None,
+            out_dtype: Optional[str] = None) -> Tuple[str, ...]:
     """`compute`: with the compute opcodes (a fused IR's group; prims_compute.cuh says why not always)
     and the gemv tunables of gemv_tuning(tune); `epilogue`: with the epilogue on flagged stores (an
-    epilogue IR's group; plain collectives keep the store path without its branch and registers)."""
+    epilogue IR's group, or the small kernels' epilogue build; plain collectives keep the store path
+    without its branch and registers); `out_dtype`: the type the epilogue stores, where it is not
+    `dtype` (epilogue.cuh's out_t)."""
     debug = ("-lineinfo",) if settings.get("GC3_NVRTC_LINEINFO") else ()
     debug += ("-DGC3_TRACE",) if trace else ()
     debug += ("-DGC3_COMPUTE",) + tuple(f"-D{k}={v}" for k, v in gemv_tuning(tune)) if compute else ()
     debug += ("-DGC3_EPILOGUE",) if epilogue else ()
+    debug += (f"-DGC3_OUT_DTYPE={abi.DTYPE[out_dtype]}",) if out_dtype not in (None, dtype) else ()
     return debug + ("-std=c++17",
             f"-DGC3_DTYPE={abi.DTYPE[dtype]}", f"-DGC3_REDOP={abi.REDOP[op]}", f"-DGC3_PROTO={abi.PROTO[proto]}",
             f"-DGC3_MAX_FANIN={limits.MAX_REDUCE_FANIN}", f"-DGC3_MAX_THREADS={MAX_THREADS}",

@@ -12,6 +12,11 @@ every rank in one launch on one GPU).  The call number lives on the device
 change between calls and a captured launch replays as a new call.
 
 avg is the sum kernel then runtime_cuda.avg's division pass (the caller's).
+
+The same kernel built with the epilogue (`run_ptrs(..., epilogue=[per rank words],
+out_dtype=)`) applies y * scale + bias + residual where each rank stores its result,
+rounded once to out_dtype (runtime_cuda/fused/epilogue.py); `epilogue_pass` is that
+epilogue as a pass of its own, for calls above the kernels' limit.
 """
 from __future__ import annotations
 
@@ -84,13 +89,64 @@ def refusal(dtype: str, op: str, in_elems: int, max_bytes: int = limits.SMALL_AL
     return None
 
 
+# The types the epilogue build reduces and stores (epilogue.cuh's out_t): the float types
+# a layer's partial sums come in.
+EPILOGUE_DTYPES = ("float16", "bfloat16", "float32")
+PASS_NAME = "gc3_epilogue_pass"
+PASS_THREADS = 512
+PASS_MAX_BLOCKS = 2048     # grid-stride beyond: a 64 MiB pass is 16 lines per thread
+# Test hook: launches prepared while it is True reduce peer p + 1's contribution where p's
+# belongs (-DGC3_SA_SHIFT_PEERS), so that a test can show its check rejects that result.
+SHIFT_PEERS = False
+
+
 @functools.lru_cache(maxsize=None)
-def kernel(dtype: str, op: str, device: int):
-    """The compiled kernel for the current device (`device` is part of the cache key)."""
+def _module(dtype: str, op: str, device: int, epilogue: bool, out_dtype: Optional[str], shift: bool = False):
     import cupy
 
-    mod = cupy.RawModule(code=module.source("small_allreduce.cu"), options=module.options(dtype, op, "LL"))
-    return mod.get_function(KERNEL_NAME)
+    opts = module.options(dtype, op, "LL", epilogue=epilogue, out_dtype=out_dtype)
+    return cupy.RawModule(code=module.source("small_allreduce.cu"),
+                          options=opts + (("-DGC3_SA_SHIFT_PEERS",) if shift else ()))
+
+
+def kernel(dtype: str, op: str, device: int, epilogue: bool = False, out_dtype: Optional[str] = None):
+    """The compiled kernel for the current device (`device` is part of the cache key);
+    `epilogue`: the build that applies one at the final store, storing `out_dtype`."""
+    return _module(dtype, op, device, epilogue, _cast(dtype, out_dtype) if epilogue else None,
+                   SHIFT_PEERS).get_function(KERNEL_NAME)
+
+
+def _cast(dtype: str, out_dtype: Optional[str]) -> Optional[str]:
+    """The build's -DGC3_OUT_DTYPE (None: the input's type), so one build serves both spellings."""
+    return None if out_dtype in (None, dtype) else out_dtype
+
+
+def epilogue_refusal(dtype: str, op: str, coll: str, out_dtype: str) -> Optional[str]:
+    """None where the epilogue build serves the call, else why not."""
+    if coll != "allreduce" or op != "sum":
+        return f"an epilogue rides on a sum allreduce only, not {op} {coll}"
+    for what, name in (("input", dtype), ("output", out_dtype)):
+        if name not in EPILOGUE_DTYPES:
+            return f"no epilogue build for {what} {name} (have {', '.join(EPILOGUE_DTYPES)})"
+    return None
+
+
+def epilogue_pass(y: int, out: int, count: int, dtype: str, out_dtype: str, words: Sequence[int],
+                  stream: int) -> None:
+    """out = epilogue(y) over `count` elements on `stream`: y of `dtype`, out of `out_dtype`
+    (out may be y itself where they are the same type); `words`: one rank's GC3_EPW_* words
+    (runtime_cuda.tables.pack_epilogue)."""
+    import cupy
+
+    why = epilogue_refusal(dtype, "sum", "allreduce", out_dtype)
+    if why:
+        raise GC3Error(f"epilogue pass: {why}")
+    lines = -(-count * dtype_info(dtype).np.itemsize // LINE_DATA)
+    blocks = max(1, min(PASS_MAX_BLOCKS, -(-lines // PASS_THREADS)))
+    fn = _module(dtype, "sum", cupy.cuda.Device().id, True, _cast(dtype, out_dtype)).get_function(PASS_NAME)
+    w = [np.uint64(words[abi.C[f"GC3_EPW_{k}"]]) for k in ("BIAS", "RESIDUAL", "SCALE", "SHAPE")]
+    with streams.current(cupy.cuda.ExternalStream(stream)):
+        fn((blocks,), (PASS_THREADS,), (np.uint64(y), np.uint64(out), np.int64(count), *w))
 
 
 class _Args(ctypes.Structure):
@@ -98,7 +154,7 @@ class _Args(ctypes.Structure):
     _fields_ = [("plan", ctypes.c_uint64), ("peers", ctypes.c_uint64), ("io", ctypes.c_uint64),
                 ("nranks", ctypes.c_int32), ("rank0", ctypes.c_int32), ("count", ctypes.c_int64),
                 ("kind", ctypes.c_int32), ("max_lines", ctypes.c_int64), ("region_lines", ctypes.c_int64),
-                ("grid_max", ctypes.c_int32)]
+                ("grid_max", ctypes.c_int32), ("epw", ctypes.c_uint64)]
 
 
 class _Launch:
@@ -204,6 +260,7 @@ class SmallAllreduce:
             self._plan = cupy.asarray(np.array([plan[f] for f in abi.PLAN_FIELDS], dtype=np.uint64))
         setup.synchronize()
         self._blocks: Optional[int] = None
+        self._fits: Dict[int, int] = {}
         self._prepared: Dict[tuple, _Launch] = {}
         self._epoch = 0   # bumped when _prepared is dropped: a Reissue of an older call is stale
         # Calls captured into a CUDA graph: a graph may be replayed at any
@@ -294,9 +351,20 @@ class SmallAllreduce:
             self._blocks = blocks   # fixed for the group's life: the counters of this many blocks agree
         return self._blocks
 
+    def _resident(self, fn) -> int:
+        """Blocks per rank of `fn` that fit at once by the same rule as _grid: a build that holds
+        more registers than the one _grid measured (the epilogue's, a cast's) launches fewer
+        blocks, while grid_max (the counters every call keeps) stays the group's."""
+        got = self._fits.get(fn.kernel.ptr)
+        if got is None:
+            dev = self.executor.device
+            cap = _blocks_per_sm(fn, THREADS, dev) * dev.attributes["MultiProcessorCount"]
+            got = self._fits[fn.kernel.ptr] = max(1, cap // (2 * len(self._ranks)))
+        return got
+
     # -- calls -----------------------------------------------------------------------
     def _prepare(self, in_ptrs, out_ptrs, in_elems: int, dtype: str, op: str, kind: str, coll: str, stream: int,
-                 captured: bool) -> _Launch:
+                 captured: bool, epilogue: Optional[tuple] = None, out_dtype: Optional[str] = None) -> _Launch:
         n = len(self._ranks)
         if (coll, kind) not in KINDS:
             raise GC3Error(f"small-message kernels: none is {kind!r} for {coll} "
@@ -309,23 +377,46 @@ class SmallAllreduce:
             raise GC3Error(f"small {coll}: {why}")
         in_elems = block_elems(coll, in_elems, self.nranks)
         info = dtype_info(dtype)
+        out = dtype_info(out_dtype).name if out_dtype is not None else info.name
         nbytes = in_elems * info.np.itemsize
-        fn = kernel(info.name, op, self.executor.device.id)
+        epw, keep = None, ()
+        if epilogue is not None:
+            why = epilogue_refusal(info.name, op, coll, out)
+            if not why and len(epilogue) != n:
+                why = f"need {n} ranks' epilogue words (one per rank here), got {len(epilogue)}"
+            if not why and out != info.name:
+                out_bytes = in_elems * dtype_info(out).np.itemsize
+                if any(i < o + out_bytes and o < i + nbytes for i, o in zip(in_ptrs, out_ptrs)):
+                    why = f"in place with a cast from {info.name} to {out} (the output's lines are not the input's)"
+            if why:
+                raise GC3Error(f"small {coll} with an epilogue: {why}")
+            epw = self.executor.buffer_table(tuple(w for words in epilogue for w in words), stream, captured)
+            keep = (epw,)
+        elif out != info.name:
+            raise GC3Error(f"small {coll}: output {out} differs from input {info.name}; only the epilogue build "
+                           f"casts (epilogue=)")
+        fn = kernel(info.name, op, self.executor.device.id, epilogue is not None, out)
         io = self.executor.buffer_table(tuple(p for pair in zip(in_ptrs, out_ptrs) for p in pair), stream, captured)
         most = self._grid(fn)
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
-                     in_elems, KINDS[coll, kind], self.max_lines, self.region_lines, most)
-        return _Launch(self.executor, fn.kernel.ptr, limits.small_allreduce_blocks(nbytes, most), n, args, io)
+                     in_elems, KINDS[coll, kind], self.max_lines, self.region_lines, most,
+                     0 if epw is None else epw.data.ptr)
+        grid = min(limits.small_allreduce_blocks(nbytes, most), self._resident(fn))
+        return _Launch(self.executor, fn.kernel.ptr, grid, n, args, (io,) + keep)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
-                 stream=None, kind: str = "oneshot", coll: str = "allreduce") -> None:
+                 stream=None, kind: str = "oneshot", coll: str = "allreduce", epilogue: Optional[Sequence] = None,
+                 out_dtype: Optional[str] = None) -> None:
         """Enqueue one `coll` (allreduce by default) of `in_elems` input elements per
         rank on raw device addresses (one per rank of the group), on `stream`; a
-        capturing stream captures it.  Everything but the launch is cached per call."""
+        capturing stream captures it.  Everything but the launch is cached per call.
+        `epilogue`: per rank its GC3_EPW_* words (runtime_cuda.tables.pack_epilogue), applied
+        at the final store, which holds `out_dtype` (default: dtype)."""
         ptr = streams.handle(stream)
         captured = streams.is_capturing(ptr)
         self.executor.order.enter(ptr, captured)
-        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind, coll)
+        epi = None if epilogue is None else tuple(tuple(w) for w in epilogue)
+        key = (tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind, coll, epi, out_dtype)
         call = self._prepared.get(key)
         if call is None:
             if len(self._prepared) >= PREPARED_CALLS_MAX:
@@ -333,7 +424,7 @@ class SmallAllreduce:
                 self._prepared = {}
                 self._epoch += 1
             call = self._prepared[key] = self._prepare(in_ptrs, out_ptrs, in_elems, dtype, op, kind, coll, ptr,
-                                                       captured)
+                                                       captured, epi, out_dtype)
         if captured:
             self._captured[id(call)] = call
         call(ptr)
@@ -343,7 +434,7 @@ class SmallAllreduce:
         """The drop-in's repeat path (runtime_cuda.group.Reissue) for a call run_ptrs made, or None."""
         from .group import Reissue
 
-        call = self._prepared.get((tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind, coll))
+        call = self._prepared.get((tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind, coll, None, None))
         return None if call is None else Reissue(self, call)
 
     def __call__(self, inputs: Sequence, outputs: Sequence, op: str = "sum", dtype: Optional[str] = None,

@@ -313,11 +313,18 @@ def epilogue_words(prog: Program, bias: int, residual: int) -> List[int]:
     """One rank's GC3_EPW_* words (kernels/common.cuh) of `prog`'s epilogue, with the addresses
     of that rank's bias and residual (0 where the epilogue has none)."""
     epi = prog.epilogue
-    items = 0
-    for n, (k, _) in enumerate(epi.items):
-        items |= abi.C[EPILOGUE_ITEMS[k]] << (4 * n)
-    scale = epi.scale if epi.scale is not None else 1.0
-    shape = (epi.cols or 0) | prog.ngpus << 32 | items << 48
+    return pack_epilogue([k for k, _ in epi.items], epi.scale, epi.cols, prog.ngpus, bias, residual)
+
+
+def pack_epilogue(items: Sequence[str], scale: Optional[float], cols: Optional[int], nranks: int, bias: int,
+                  residual: int) -> List[int]:
+    """GC3_EPW_* words of an epilogue of `items` (EPILOGUE_ITEMS' names, applied in that order):
+    what the interpreter and the small kernels' epilogue build (kernels/epilogue.cuh) read."""
+    code = 0
+    for n, k in enumerate(items):
+        code |= abi.C[EPILOGUE_ITEMS[k]] << (4 * n)
+    scale = scale if scale is not None else 1.0
+    shape = (cols or 0) | nranks << 32 | code << 48
     words = [0] * abi.C["GC3_CMP_PTRS"]
     words[abi.C["GC3_EPW_BIAS"]] = int(bias)
     words[abi.C["GC3_EPW_RESIDUAL"]] = int(residual)

@@ -1,35 +1,13 @@
-"""runtime_cuda.fused.allreduce_epilogue on the CPU (no GPU needed): the programs it compiles
-(proven, simulated against the unfused reference, built into tables whose flagged rows are the
-IR's carrying steps), and its argument checks, on numpy stand-ins for CuPy arrays."""
+"""runtime_cuda.fused.allreduce_epilogue on the CPU (no GPU needed): its argument checks on
+numpy stand-ins for CuPy arrays, the epilogue words the kernels read, and the small kernel
+each size runs."""
 import numpy as np
 import pytest
-
-from gc3.ir.xml_io import to_xml
-from gc3.simulator import simulate
-from gc3.verify import verify
 
 from fake_gpu import DevArray, install
 
 ep = pytest.importorskip("runtime_cuda.fused.epilogue")
 mb = pytest.importorskip("runtime_cuda.fused.memory_bound")
-
-
-@pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("variant", [1, 2])
-@pytest.mark.parametrize("scale,bias,res", [(2.0, False, False), (None, True, False), (None, False, True),
-                                            (0.5, True, True)])
-def test_programs_of_the_api(n, variant, scale, bias, res):
-    from runtime_cuda import abi, tables
-    items = ep._items(scale, bias, res)
-    prog = mb.fused_program(ep.ALGO, (n, variant, 13 if bias else 0, 0, items), None)
-    assert prog.epilogue.items == tuple((k, repr(float(a)) if k == "scale" else a) for k, a in items)
-    assert verify(prog).proven > 0
-    res_ = simulate(to_xml(prog), count=1001)        # odd: short last chunks
-    assert res_.ok, res_.errors
-    t = tables.build(prog)
-    flagged = sum(bool(row[abi.field("ST", "FLAGS")] & abi.C["GC3_F_EPILOGUE"]) for row in t.steps)
-    assert flagged == sum(st.epilogue is not None for g in prog.gpus for tb in g.threadblocks for st in tb.steps)
-    assert flagged >= n       # every rank's every output chunk: at least one step per rank
 
 
 class CudaArray(DevArray):
@@ -72,3 +50,32 @@ def test_argument_checks(monkeypatch):
         call([np.float32(1)] * 2, comm, scale=2)
     with pytest.raises(ValueError, match="path"):
         call(x, comm, scale=2, path="fast")
+    with pytest.raises(ValueError, match="out_dtype 'int8'"):
+        call(x, comm, scale=2, out_dtype="int8")
+
+
+def test_epilogue_words_are_the_interpreters():
+    """The small kernels read the interpreter's GC3_EPW_* words (kernels/epilogue.cuh, load_epi)."""
+    from runtime_cuda import abi, tables
+    w = ep.words(["scale", "bias", "residual"], 0.5, 4096, 4, [0x1000, 0x2000], [0x3000, 0])
+    assert len(w) == 2 and all(len(r) == abi.C["GC3_CMP_PTRS"] for r in w)
+    assert w[0][abi.C["GC3_EPW_BIAS"]] == 0x1000 and w[1][abi.C["GC3_EPW_RESIDUAL"]] == 0
+    assert np.uint64(w[0][abi.C["GC3_EPW_SCALE"]]).view(np.float64) == 0.5
+    shape = w[0][abi.C["GC3_EPW_SHAPE"]]
+    codes = [(shape >> 48 >> (4 * i)) & 15 for i in range(3)]
+    assert shape & 0xFFFFFFFF == 4096 and (shape >> 32) & 0xFFFF == 4
+    assert codes == [abi.C["GC3_EPI_SCALE"], abi.C["GC3_EPI_BIAS"], abi.C["GC3_EPI_RESIDUAL"]]
+    assert ep.words(["bias"], None, 8, 2, [1], [0])[0][abi.C["GC3_EPW_SCALE"]] == \
+        int(np.float64(1.0).view(np.uint64))
+    assert tables.pack_epilogue(["scale"], 2.0, 0, 2, 0, 0) == ep.words(["scale"], 2.0, 0, 2, [0], [0])[0]
+
+
+def test_kernel_choice_by_size():
+    from gc3 import limits
+    assert ep.fits_kernel(limits.SMALL_ALLREDUCE_MAX_BYTES // 2, "bfloat16")
+    assert not ep.fits_kernel(limits.SMALL_ALLREDUCE_MAX_BYTES // 4 + 1, "float32")
+    # two ranks: one-shot throughout; more: two-shot from a crossover that moves down with n
+    assert {ep.kernel_kind(b, 2) for b in (1, 64 << 10, limits.SMALL_ALLREDUCE_MAX_BYTES)} == {"oneshot"}
+    assert ep.kernel_kind(4 << 10, 4) == "oneshot" and ep.kernel_kind(1 << 20, 4) == "twoshot"
+    assert ep.kernel_kind(256 << 10, 8) == "twoshot"
+    assert 64 << 10 <= ep._twoshot_from(4) <= 512 << 10

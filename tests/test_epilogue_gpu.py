@@ -1,9 +1,11 @@
 """Elementwise epilogues in the CUDA interpreter on a real GPU:
 
 * runtime_cuda.fused.allreduce_epilogue on VirtualComm(2) and VirtualComm(4): every float type,
-  each epilogue item alone and all together, odd shapes served by the one-shot and by the ring
-  program, fused and sequential; integer-valued data, so results are compared bit for bit with
-  the float64 reference (which differs from the epilogue skipped or applied twice);
+  each epilogue item alone and all together, odd shapes served by the small kernels' one-shot and
+  two-shot epilogue build and, above their limit, by the allreduce then the epilogue pass, fused
+  and sequential; integer-valued data, so results are compared bit for bit with the float64
+  reference (which differs from the epilogue skipped or applied twice);
+  (tests/test_epilogue_kernel_gpu.py: random data, casts, graphs, the shifted-peer control;)
 * bf16 random data vs the float64 reference of the same inputs (relative 2e-2);
 * the IR under LL and LL128, and avg on int32 and float32 (NCCL's rule);
 * the interpreter follows the IR's flags: a carrying step stripped of its epilogue, or a
@@ -24,7 +26,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
 ALGO = ROOT / "algorithms" / "fused" / "allreduce_epilogue.py"
-SHAPES = {1: (7, 13), 2: (131, 129)}     # variant -> an odd shape; the ring's is over 64 KiB in fp32
+# Odd shapes: a few lines; over 64 KiB; over the small kernels' 2 MiB in every type (allreduce + pass).
+SHAPES = ((7, 13), (131, 129), (1031, 1030))
 
 
 def _lower(*args, fusion=True):
@@ -40,15 +43,16 @@ def test_api_on_virtual_ranks_bit_exact(n, dtype, which, monkeypatch):
     from epilogue_cases import case, wrong
     from fused_cases import poisoned, to_host
     from runtime_cuda.fused import VirtualComm, allreduce_epilogue, check
+    from runtime_cuda.fused import epilogue as ep
     comm = VirtualComm(n)
     s = cupy.cuda.Stream(non_blocking=True)
     paths = ["fused", "sequential"] if which == "all" else ["fused"]
-    for variant, shape in SHAPES.items():
-        monkeypatch.setenv("GC3_FUSED_EPILOGUE_VARIANT", str(variant))
-        xs, scale, bias, res, want, skipped, twice = case(np.random.default_rng([n, variant]), n, shape, dtype, which)
+    for i, shape in enumerate(SHAPES):
+        xs, scale, bias, res, want, skipped, twice = case(np.random.default_rng([n, i]), n, shape, dtype, which)
         assert all(wrong(skipped[r], want[r]) and wrong(twice[r], want[r]) for r in range(n))
-        for path in paths:
-            for rep in range(2):     # the second call reuses the cached program and launch
+        for path, kind in [(p, k) for p in paths for k in (("oneshot", "twoshot") if p == "fused" else ("-",))]:
+            monkeypatch.setattr(ep, "kernel_kind", lambda nbytes, nranks, _k=kind: _k)
+            for rep in range(2):     # the second call reuses the cached launch
                 outs = [poisoned(shape, dtype) for _ in range(n)]
                 got = allreduce_epilogue(xs, comm, scale=scale, bias=bias if bias[0] is not None else None,
                                          residual=res if res[0] is not None else None, out=outs, stream=s, path=path)
@@ -57,7 +61,7 @@ def test_api_on_virtual_ranks_bit_exact(n, dtype, which, monkeypatch):
                 assert all(g is o for g, o in zip(got, outs))
                 for r in range(n):
                     bad = wrong(to_host(outs[r], dtype), want[r])
-                    assert bad == 0, f"{path} variant {variant} rank {r} call {rep}: {bad} of {want[r].size} wrong"
+                    assert bad == 0, f"{path} {kind} {shape} rank {r} call {rep}: {bad} of {want[r].size} wrong"
 
 
 def test_api_bf16_random_data_within_tolerance():

@@ -224,6 +224,25 @@ def test_kernel_compiles(dtype, op, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("dtype, out_dtype, shift", [("bfloat16", None, False), ("float16", None, False),
+                                                     ("float32", "bfloat16", False), ("bfloat16", "float32", True)])
+def test_epilogue_build_compiles(dtype, out_dtype, shift, tmp_path):
+    """The epilogue build (and its pass kernel), with a cast and with the shifted-peer test hook."""
+    from runtime_cuda import module
+
+    src = tmp_path / "k.cu"
+    src.write_text(module.source("small_allreduce.cu"))
+    opts = [o for o in module.options(dtype, "sum", "LL", epilogue=True, out_dtype=out_dtype) if o.startswith("-D")]
+    opts += ["-DGC3_SA_SHIFT_PEERS"] if shift else []
+    ptx = tmp_path / "k.ptx"
+    proc = subprocess.run(["nvcc", "-std=c++17", "--ptx", "-arch=sm_90", str(src), *opts, "-o", str(ptx)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = ptx.read_text()
+    assert ".entry gc3_small_allreduce(" in text and ".entry gc3_epilogue_pass(" in text
+
+
 # --- GPU: virtual ranks ---------------------------------------------------------------------
 
 class Bufs:

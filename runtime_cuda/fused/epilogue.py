@@ -1,39 +1,47 @@
 """AllReduce with an elementwise epilogue on CuPy arrays, fused or sequential:
-y = sum over ranks of x_r, then y * scale + bias + residual, on every rank.
+y = sum over ranks of x_r, then y * scale + bias + residual on every rank, stored as out_dtype.
 
-*Fused*: algorithms/fused/allreduce_epilogue.py with the epilogue the call asks for; the
-interpreter applies it as each output chunk's final value is stored (kernels/epilogue.cuh), with
-no second pass over y.  *Sequential*: the communicator's AllReduce, then one CuPy elementwise pass
-in fp32.  Ranks, types, `path` and GC3_FUSED as in memory_bound.py (VirtualComm: every array
-argument a list, one per rank).  GC3_FUSED_EPILOGUE_VARIANT picks the program (1: one-shot, 2:
-ring); by default one-shot up to 64 KiB per rank, the ring above.
+*Fused*, up to gc3.limits.SMALL_ALLREDUCE_MAX_BYTES of x: one launch of the small-message
+allreduce kernels' epilogue build (kernels/small_allreduce.cu, runtime_cuda/small_allreduce.py):
+the n contributions summed in rank order in fp32, the epilogue applied in fp32 where each rank
+stores its result, rounded once to out_dtype, the same bits on every rank (given the same bias
+and residual).  Its group, scratch sized for that limit, is built on the first such call of a
+communicator (collectively: every rank makes the same calls) and serves every later one; a call
+is one driver launch, capturable in a CUDA graph.  Above the limit: the communicator's allReduce
+into out (or into a buffer of x's type, for a cast), then one elementwise pass applying the
+epilogue (kernels/small_allreduce.cu, gc3_epilogue_pass).  Nothing synchronises with the host.
 
-The epilogue's arithmetic is fp32, rounded once to the call's type (bfloat16, float16, float32);
-the fused path sums in the call's type as the interpreter reduces (bf16: rounded per step), the
-sequential one as the communicator does.
+*Sequential*: the communicator's AllReduce, then one fp32 CuPy pass.  Ranks, types, `path` and
+GC3_FUSED as in memory_bound.py (VirtualComm: every array argument a list, one per rank).
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Optional
+from typing import List, Optional, Sequence
+
+from gc3 import limits
+from gc3.dtypes import dtype_info
+from gc3.errors import GC3Error
 
 from .. import streams
-from .memory_bound import (VirtualComm, _allreduce, _check_array, _decide, _env_int, _path, _ranks, _where,
+from ..nccl.log import get_logger
+from .memory_bound import (VirtualComm, _allreduce, _check_array, _comm_groups, _failed, _path, _ranks, _where,
                            from_f32, storage, to_f32, value_dtype)
 
-ALGO = "allreduce_epilogue"
-ONESHOT_MAX_BYTES = 1 << 16
+SMALL_MAX_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
+_GROUP_KEY = ("small_allreduce_epilogue",)
 
 
 def _items(scale, has_bias: bool, has_residual: bool) -> tuple:
-    """The epilogue, in the order the call states it: y * scale + bias + residual."""
+    """The epilogue's item names, in the order the call states it: y * scale + bias + residual."""
     items = []
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise ValueError(f"allreduce_epilogue: scale must be a finite number, got {scale!r}")
-        items.append(("scale", float(scale)))
-    items += [("bias", "bias")] if has_bias else []
-    items += [("residual", "residual")] if has_residual else []
+        items.append("scale")
+    items += ["bias"] if has_bias else []
+    items += ["residual"] if has_residual else []
     if not items:
         raise ValueError("allreduce_epilogue: no epilogue: give scale, bias or residual (a plain AllReduce is the "
                          "communicator's allReduce)")
@@ -45,15 +53,112 @@ def _overlaps(a, b) -> bool:
     return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
 
 
+# --- the fused path on raw addresses (also runtime_cuda/torch_dist/ops.py's) ------------------------
+def fits_kernel(count: int, dtype: str) -> bool:
+    """Whether the small kernels serve a call of `count` elements of `dtype` (else: allReduce + pass)."""
+    return count * dtype_info(dtype).np.itemsize <= SMALL_MAX_BYTES
+
+
+@functools.lru_cache(maxsize=None)
+def _twoshot_from(nranks: int) -> int:
+    """The smallest power-of-two size at which the cost model (gc3/simulator/small_allreduce.py, calibrated
+    on the measured 2x H200 kernels) puts two-shot ahead of one-shot, else above the kernels' limit:
+    at 2 ranks two-shot moves as much as one-shot in one more hop and never wins; at 8 it wins from
+    64 KiB (runtime_cuda/README.md's 8-rank table)."""
+    from gc3.simulator.cost_config import preset
+    from gc3.simulator.small_allreduce import small_allreduce_seconds
+
+    cfg, nbytes = preset(), 1 << 10
+    while nbytes <= SMALL_MAX_BYTES:
+        if small_allreduce_seconds("twoshot", nbytes, nranks, cfg) < small_allreduce_seconds("oneshot", nbytes,
+                                                                                             nranks, cfg):
+            return nbytes
+        nbytes <<= 1
+    return SMALL_MAX_BYTES + 1
+
+
+def kernel_kind(nbytes: int, nranks: int) -> str:
+    """The small kernel a call of `nbytes` per rank runs."""
+    return "twoshot" if nbytes >= _twoshot_from(nranks) else "oneshot"
+
+
+def small_group(comm):
+    """The small kernels' group of `comm` for epilogue calls, built on its first use (collective:
+    every rank gets here with the same call); its scratch serves calls up to SMALL_MAX_BYTES."""
+    from ..small_allreduce import SmallAllreduce
+
+    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
+    group = groups.get(_GROUP_KEY)
+    if group is None:
+        if isinstance(comm, VirtualComm):
+            group = SmallAllreduce.virtual(comm.nranks, max_bytes=SMALL_MAX_BYTES)
+        else:
+            exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
+            if exchange is None:
+                raise GC3Error("the communicator has no gc3 runtime behind it (NCCL only)")
+            group = SmallAllreduce.ipc(exchange, device=comm.device_id(), max_bytes=SMALL_MAX_BYTES)
+        groups[_GROUP_KEY] = group
+    return group
+
+
+def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str) -> str:
+    """'' where the fused path serves this call (its group built where it needs one), else why not
+    (logged at INFO); raises GC3Error where `path` is "fused" and it cannot."""
+    from ..small_allreduce import EPILOGUE_DTYPES
+
+    why = ("path=sequential" if path == "sequential" else "a single rank: nothing to reduce" if nranks < 2
+           else "an empty x" if count == 0
+           else f"{dtype} (the fused kernels take {', '.join(EPILOGUE_DTYPES)})" if dtype not in EPILOGUE_DTYPES
+           else "")
+    key = (_GROUP_KEY, id(comm))
+    why = why or _failed.get(key, "")
+    if not why and fits_kernel(count, dtype):
+        try:
+            small_group(comm)
+        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
+            why = _failed[key] = f"launch group set-up failed: {exc}"
+    if why and path == "fused":
+        raise GC3Error(f"{what}: the fused path cannot serve this call: {why}")
+    if why:
+        get_logger().info("%s: sequential path: %s", what, why)
+    return why
+
+
+def words(items: Sequence[str], scale: Optional[float], cols: int, nranks: int, biases: Sequence[int],
+          residuals: Sequence[int]) -> List[List[int]]:
+    """Per rank the epilogue's GC3_EPW_* words, with that rank's bias and residual addresses (0: none)."""
+    from ..tables import pack_epilogue
+
+    return [pack_epilogue(items, scale, cols, nranks, b, r) for b, r in zip(biases, residuals)]
+
+
+def run_kernel(comm, xs: Sequence[int], outs: Sequence[int], count: int, dtype: str, out_dtype: str,
+               epw: Sequence[Sequence[int]], stream: int) -> None:
+    """The small kernels' epilogue build: one launch for every rank this process runs."""
+    small_group(comm).run_ptrs(xs, outs, count, dtype, "sum", stream, kind=kernel_kind(
+        count * dtype_info(dtype).np.itemsize, comm.size()), epilogue=epw, out_dtype=out_dtype)
+
+
+def run_pass(ys: Sequence[int], outs: Sequence[int], count: int, dtype: str, out_dtype: str,
+             epw: Sequence[Sequence[int]], stream: int) -> None:
+    """The epilogue as one pass over each rank's allreduced y (above the kernels' limit)."""
+    from ..small_allreduce import epilogue_pass
+
+    for y, o, w in zip(ys, outs, epw):
+        epilogue_pass(y, o, count, dtype, out_dtype, w, stream)
+
+
+# --- the CuPy API ---------------------------------------------------------------------------------------
 def allreduce_epilogue(x, comm, scale: Optional[float] = None, bias=None, residual=None, out=None, stream=None, *,
-                       path: Optional[str] = None):
+                       path: Optional[str] = None, out_dtype: Optional[str] = None):
     """out = (sum over ranks of x) * scale + bias + residual on every rank; each term optional.
 
     x: this rank's C-contiguous array, any shape, bfloat16 (uint16), float16 or float32; bias: a
     1-D array of x.shape[-1] elements (a per-column vector broadcast over the rows); residual: an
-    array of x's shape; both of x's type, on every rank or on none.  out (x's shape and type,
-    allocated when None) may be x itself; it may not overlap bias or residual (the fused path
-    keeps partial sums in it).  Returns out (a list of them with a VirtualComm)."""
+    array of x's shape; both of x's type, on every rank or on none.  out_dtype: the result's type
+    (default x's; "bfloat16" for fp32 partial sums delivered as bf16).  out (x's shape, out_dtype,
+    allocated when None) may be x itself where the types agree; it may not overlap bias or
+    residual.  Returns out (a list of them with a VirtualComm)."""
     import cupy
 
     n, a, rank = _ranks(comm, {"x": x, "bias": bias, "residual": residual, "out": out})
@@ -67,7 +172,8 @@ def allreduce_epilogue(x, comm, scale: Optional[float] = None, bias=None, residu
             raise ValueError(f"{at}: x {shape[0]} {shape[1]} differs from rank 0's {first[0]} {first[1]}")
         first = shape
     dtype = value_dtype(a["x"][0], "allreduce_epilogue: x")
-    xshape, sdt = first[0], storage(dtype).name
+    odt = dtype if out_dtype is None else _out_dtype(out_dtype)
+    xshape, sdt, odt_storage = first[0], storage(dtype).name, storage(odt).name
     for name, want in (("bias", (xshape[-1],)), ("residual", xshape)):
         given = [v is not None for v in a[name]]
         if any(given) and not all(given):
@@ -84,43 +190,66 @@ def allreduce_epilogue(x, comm, scale: Optional[float] = None, bias=None, residu
         for k in range(len(a["out"])):
             at = f"allreduce_epilogue: {_where(rank, k)}: out"
             if a["out"][k] is None:
-                a["out"][k] = cupy.empty(xshape, dtype=sdt)
-            _check_array(a["out"][k], at, len(xshape), sdt)
+                a["out"][k] = cupy.empty(xshape, dtype=odt_storage)
+            _check_array(a["out"][k], at, len(xshape), odt_storage)
             if a["out"][k].shape != xshape:
                 raise ValueError(f"{at} is {a['out'][k].shape}, expected {xshape}")
             for name in ("bias", "residual"):
                 if a[name][k] is not None and _overlaps(a["out"][k], a[name][k]):
                     raise ValueError(f"{at} overlaps {name}: the fused path keeps partial sums in out")
-        variant = 1 if count * storage(dtype).itemsize <= ONESHOT_MAX_BYTES else 2
-        variant = _env_int("GC3_FUSED_EPILOGUE_VARIANT", variant)
-        if variant not in (1, 2):
-            raise ValueError(f"GC3_FUSED_EPILOGUE_VARIANT must be 1 (one-shot) or 2 (ring), got {variant}")
-        cols = xshape[-1] if a["bias"][0] is not None else 0
-        args = (n, variant, cols, 0, items)
-        refusal = "a single rank: nothing to reduce" if n < 2 else "an empty x" if count == 0 else ""
-        what = f"allreduce_epilogue {xshape} {dtype} {','.join(k for k, _ in items)} on {n} ranks"
-        group = _decide(comm, path, refusal, ALGO, args, None, 0, what)
-        if group is None:
-            _sequential(comm, a, dtype, scale, stream)
+            if odt != dtype and _overlaps(a["out"][k], a["x"][k]):
+                raise ValueError(f"{at} overlaps x: a {dtype} result cast to {odt} cannot be stored in place")
+        what = f"allreduce_epilogue {xshape} {dtype}->{odt} {','.join(items)} on {n} ranks"
+        if refusal(comm, path, count, dtype, n, what):
+            _sequential(comm, a, dtype, odt, scale, stream)
         else:
-            names = group.prog.epilogue.names
-            group.run_ptrs([v.data.ptr for v in a["x"]], [o.data.ptr for o in a["out"]], count, dtype, "sum",
-                           stream, epilogue=[tuple(a[name][k].data.ptr for name in names)
-                                             for k in range(len(a["x"]))])
+            _fused(comm, a, items, scale, count, dtype, odt, streams.handle(stream))
     return a["out"] if isinstance(comm, VirtualComm) else a["out"][0]
 
 
-def _sequential(comm, a, dtype: str, scale, stream) -> None:
-    _allreduce(comm, a["x"], a["out"], dtype, stream)
-    for k, o in enumerate(a["out"]):
-        y = to_f32(o, dtype)
+def _out_dtype(name) -> str:
+    import numpy
+
+    text = str(name)
+    if text not in ("bfloat16", "float16", "float32"):
+        text = numpy.dtype(name).name if text != "uint16" else "bfloat16"
+    if text not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"allreduce_epilogue: out_dtype {name!r}; expected bfloat16, float16 or float32")
+    return text
+
+
+def _fused(comm, a, items, scale, count: int, dtype: str, odt: str, stream: int) -> None:
+    import cupy
+
+    n = len(a["x"])
+    cols = a["x"][0].shape[-1]
+    ptrs = lambda name: [0 if v is None else v.data.ptr for v in a[name]]   # noqa: E731
+    epw = words(items, scale, cols, comm.size(), ptrs("bias"), ptrs("residual"))
+    if fits_kernel(count, dtype):
+        run_kernel(comm, ptrs("x"), ptrs("out"), count, dtype, odt, epw, stream)
+        return
+    # Above the kernels' limit: the sum at the communicator's speed, then one pass.  A cast needs
+    # the sum in x's type first; allocated on the call's stream (current here), so the pool hands
+    # it to nothing unordered with the pass that reads it.
+    ys = a["out"] if odt == dtype else [cupy.empty_like(a["x"][k]) for k in range(n)]
+    _allreduce(comm, a["x"], ys, dtype, stream)
+    run_pass([y.data.ptr for y in ys], ptrs("out"), count, dtype, odt, epw, stream)
+
+
+def _sequential(comm, a, dtype: str, odt: str, scale, stream) -> None:
+    import cupy
+
+    ys = a["out"] if odt == dtype else [cupy.empty_like(x) for x in a["x"]]
+    _allreduce(comm, a["x"], ys, dtype, stream)
+    for k, (y, o) in enumerate(zip(ys, a["out"])):
+        f = to_f32(y, dtype)
         if scale is not None:
-            y *= float(scale)
+            f *= float(scale)
         if a["bias"][k] is not None:
-            y += to_f32(a["bias"][k], dtype)        # broadcast over the rows
+            f += to_f32(a["bias"][k], dtype)        # broadcast over the rows
         if a["residual"][k] is not None:
-            y += to_f32(a["residual"][k], dtype)
-        from_f32(y, dtype, o)
+            f += to_f32(a["residual"][k], dtype)
+        from_f32(f, odt, o)
 
 
 __all__ = ["allreduce_epilogue"]

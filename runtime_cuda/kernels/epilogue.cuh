@@ -56,13 +56,12 @@ __device__ __forceinline__ Epi load_epi(const u64* w) {
   return e;
 }
 
-// One element: x the stored (raw) value, e its output index, col = e % cols
+// One element: y the reduced value, e its output index, col = e % cols
 // (kept by the caller: a 64-bit modulo per element is a long subroutine).
-// Arithmetic in acc_t, one rounding to elem_t at the end; avg rounds as
-// gc3.ir.epilogue.apply does (to the dtype, then NCCL's division).  The host
+// Arithmetic in acc_t, left unrounded for the caller's one rounding; avg rounds
+// as gc3.ir.epilogue.apply does (to the dtype, then NCCL's division).  The host
 // refuses scale, bias and residual on integer data, as the CPU side does.
-__device__ __forceinline__ elem_t epi_apply(const Epi& E, elem_t x, i64 e, int col) {
-  acc_t y = to_acc(x);
+__device__ __forceinline__ acc_t epi_acc(const Epi& E, acc_t y, i64 e, int col) {
   for (int i = 0; i < GC3_EPI_MAX_ITEMS; ++i) {
     const unsigned item = (E.items >> (4 * i)) & 15u;
     if (item == 0) break;
@@ -73,5 +72,29 @@ __device__ __forceinline__ elem_t epi_apply(const Epi& E, elem_t x, i64 e, int c
     else if (item == GC3_EPI_RESIDUAL) y = y + to_acc(E.residual[e]);
 #endif
   }
-  return from_acc(y);
+  return y;
 }
+
+// x the stored (raw) value, rounded once to elem_t after the epilogue.
+__device__ __forceinline__ elem_t epi_apply(const Epi& E, elem_t x, i64 e, int col) {
+  return from_acc(epi_acc(E, to_acc(x), e, col));
+}
+
+// The type a build stores its results in: elem_t, or with -DGC3_OUT_DTYPE another float
+// type (the small kernels' epilogue build, small_allreduce.cu: fp32 partial sums stored
+// as bf16), rounded once from acc_t so that a cast costs no second rounding.
+#if !defined(GC3_OUT_DTYPE) || GC3_OUT_DTYPE == GC3_DTYPE
+typedef elem_t out_t;
+__device__ __forceinline__ out_t to_out(acc_t y) { return from_acc(y); }
+#elif GC3_OUT_DTYPE == GC3_DT_BFLOAT16
+typedef unsigned short out_t;
+__device__ __forceinline__ out_t to_out(acc_t y) { return f32_to_bf16((float)y); }
+#elif GC3_OUT_DTYPE == GC3_DT_FLOAT16
+typedef unsigned short out_t;
+__device__ __forceinline__ out_t to_out(acc_t y) { return f32_to_f16((float)y); }
+#elif GC3_OUT_DTYPE == GC3_DT_FLOAT32
+typedef float out_t;
+__device__ __forceinline__ out_t to_out(acc_t y) { return (float)y; }
+#else
+#error "GC3_OUT_DTYPE: an epilogue stores float16, bfloat16, float32 or the input's type"
+#endif

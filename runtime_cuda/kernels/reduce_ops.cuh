@@ -12,6 +12,20 @@
 
 // elem_t is the storage type, acc_t the type arithmetic happens in.  Half
 // types compute in float and round once per binary op, as numpy/ml_dtypes do.
+// fp32 to the 16-bit float types, rounded to nearest even; defined for every build
+// because an epilogue may store a type other than the one it reduces (epilogue.cuh, out_t).
+__device__ __forceinline__ unsigned short f32_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                                                   // round to nearest even
+  return (unsigned short)(u >> 16);
+}
+
 #if GC3_DTYPE == GC3_DT_FLOAT16
 typedef unsigned short elem_t;
 typedef float acc_t;
@@ -20,21 +34,12 @@ __device__ __forceinline__ acc_t to_acc(elem_t x) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
   return f;
 }
-__device__ __forceinline__ elem_t from_acc(acc_t f) {
-  unsigned short h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
+__device__ __forceinline__ elem_t from_acc(acc_t f) { return f32_to_f16(f); }
 #elif GC3_DTYPE == GC3_DT_BFLOAT16
 typedef unsigned short elem_t;
 typedef float acc_t;
 __device__ __forceinline__ acc_t to_acc(elem_t x) { return __uint_as_float(((unsigned)x) << 16); }
-__device__ __forceinline__ elem_t from_acc(acc_t f) {
-  unsigned u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (elem_t)((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                           // round to nearest even
-  return (elem_t)(u >> 16);
-}
+__device__ __forceinline__ elem_t from_acc(acc_t f) { return f32_to_bf16(f); }
 #else
 #if GC3_DTYPE == GC3_DT_FLOAT32
 typedef float elem_t;
@@ -105,6 +110,7 @@ __device__ __forceinline__ acc_t red(acc_t a, acc_t b) {
 }
 
 template <int B> struct RawOf;
+template <> struct RawOf<4> { typedef unsigned type; };
 template <> struct RawOf<8> { typedef uint2 type; };
 template <> struct RawOf<16> { typedef uint4 type; };
 

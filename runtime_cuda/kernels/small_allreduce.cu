@@ -41,6 +41,16 @@
 //
 // Elements are reduced in rank order 0..n-1 by one rank (the owner, two-shot)
 // or identically by all (one-shot), so every rank gets the same bits.
+//
+// The epilogue build (-DGC3_EPILOGUE, allreduce sum only; runtime_cuda/fused/epilogue.py)
+// applies y * scale + bias[col] + residual[i] (epilogue.cuh's Epi, one GC3_CMP_PTRS
+// group of GC3_EPW_* words per rank slot at `epw`) where a rank stores its result,
+// and stores out_t (-DGC3_OUT_DTYPE: fp32 partial sums delivered as bf16).  It sums
+// the n contributions in acc_t and rounds once, at that store (one-shot); two-shot's
+// owner rounds its segment to the input type once, since that is what travels to the
+// peers, and every rank (the owner too) applies its own epilogue to those bits.  What
+// a rank sends is never the epilogue's: each rank's bias and residual are its own.
+// A null `epw` is the plain collective; the plain build ignores it.
 // A thread handles the same line indices in every phase (same start and
 // stride), so it has read a line of the input before it writes that line of
 // the output: in-place calls need no extra copy.
@@ -92,6 +102,96 @@ __device__ __forceinline__ void reduce_raw(uint2& acc, uint2 x) {
   acc = a.raw;
 }
 
+// A line's reduction so far.  RawAcc: in the line's own type, rounded at every
+// step as all of the runtime's plain reductions are; WideAcc: one acc_t per
+// element, rounded once where the result is stored (the epilogue build).
+struct RawAcc {
+  uint2 v;
+  __device__ __forceinline__ static RawAcc of(uint2 x) {
+    RawAcc a;
+    a.v = x;
+    return a;
+  }
+  __device__ __forceinline__ void add(uint2 x) { reduce_raw(v, x); }
+  __device__ __forceinline__ uint2 raw() const { return v; }
+};
+
+struct WideAcc {
+  acc_t e[N];
+  __device__ __forceinline__ static WideAcc of(uint2 x) {
+    Pack<8> p;
+    p.raw = x;
+    WideAcc a;
+#pragma unroll
+    for (int k = 0; k < N; ++k) a.e[k] = to_acc(p.e[k]);
+    return a;
+  }
+  __device__ __forceinline__ void add(uint2 x) {
+    Pack<8> p;
+    p.raw = x;
+#pragma unroll
+    for (int k = 0; k < N; ++k) e[k] = red(e[k], to_acc(p.e[k]));
+  }
+  __device__ __forceinline__ uint2 raw() const {
+    Pack<8> p;
+#pragma unroll
+    for (int k = 0; k < N; ++k) p.e[k] = from_acc(e[k]);
+    return p.raw;
+  }
+};
+
+#ifdef GC3_EPILOGUE
+typedef WideAcc LineAcc;
+
+union OutLine {
+  typename RawOf<N * (int)sizeof(out_t)>::type raw;
+  out_t e[N];
+};
+
+// The epilogue build: line g through E (if on) in acc_t, each element rounded once to
+// out_t; col = (g * N) % cols, from the caller (it knows a cheaper way than a modulo
+// per line where it can).  Elements past `count` are neither computed (their residual
+// is past its end) nor stored.
+__device__ __forceinline__ void finish(out_t* out, long long g, long long count, const WideAcc& a, const Epi& E,
+                                       int col) {
+  OutLine o;
+  const long long e0 = g * N;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    acc_t y = a.e[k];
+    if (E.on && e0 + k < count) y = epi_acc(E, y, e0 + k, col);
+    o.e[k] = to_out(y);
+    col = col + 1 == E.cols ? 0 : col + 1;
+  }
+  if (e0 + N <= count && ((u64)(out + e0) & (sizeof(o.raw) - 1)) == 0) {
+    *(decltype(o.raw)*)(out + e0) = o.raw;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (e0 + k < count) out[e0 + k] = o.e[k];
+  }
+}
+
+// The allreduce's result line g into `out` through the epilogue at `ew` (null: none).  The
+// words are read here, at each store (the same few addresses for every thread: cache hits),
+// not held in registers across the waits, which made the kernel spill.  32 bits do for
+// (g * N) % cols: the kernels serve at most 2 MiB.
+__device__ __forceinline__ void store_result(out_t* out, long long g, long long count, const WideAcc& a,
+                                             const u64* ew) {
+  const Epi E = ew ? load_epi(ew) : no_epi();
+  const int col = E.on && E.cols > 0 ? (int)((unsigned)(g * N) % (unsigned)E.cols) : 0;
+  finish(out, g, count, a, E, col);
+}
+#else
+typedef RawAcc LineAcc;
+
+// The allreduce's result line g into `out`: the plain build stores it as it is.
+__device__ __forceinline__ void store_result(elem_t* out, long long g, long long count, const RawAcc& a,
+                                             const u64*) {
+  store_line(out, g, count, a.v);
+}
+#endif
+
 // The first line index >= lo that this thread handles (start t, stride s).
 __device__ __forceinline__ long long first_at(long long t, long long s, long long lo) {
   return lo <= t ? t : t + (lo - t + s - 1) / s * s;
@@ -100,17 +200,25 @@ __device__ __forceinline__ long long first_at(long long t, long long s, long lon
 // Line g reduced over ranks 0..n-1 in that order, so every rank that reduces a
 // line gets the same bits: this rank's part from `in`, peer p's from the line
 // at slots + p * pitch once it carries `flag`.  False if a wait gave up.
+template <class A>
 __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int me, int nranks, int chan,
                                              const elem_t* in, long long g, long long count,
-                                             const uint4* slots, u64 pitch, unsigned flag, uint2& acc) {
+                                             const uint4* slots, u64 pitch, unsigned flag, A& acc) {
   for (int p = 0; p < nranks; ++p) {
+#ifdef GC3_SA_SHIFT_PEERS
+    // Test hook (small_allreduce.SHIFT_PEERS): peer p + 1's contribution where p's belongs,
+    // the result a peer index off by one gives, which the tests' checks must reject.
+    const int q = p == me ? me : (p + 1) % nranks;
+#else
+    const int q = p;
+#endif
     uint2 x;
-    if (p == me) {
+    if (q == me) {
       x = load_line(in, g, count);
-    } else if (!ll_read(P, w, p, chan, slots + (u64)p * pitch, flag, x)) {
+    } else if (!ll_read(P, w, q, chan, slots + (u64)q * pitch, flag, x)) {
       return false;
     }
-    if (p == 0) acc = x; else reduce_raw(acc, x);
+    if (p == 0) acc = A::of(x); else acc.add(x);
   }
   return true;
 }
@@ -124,9 +232,10 @@ __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int 
 // input; reducescatter: its output, one segment of its input).
 // max_lines: lines of the largest count the scratch holds;
 // region_lines: lines of one parity region; grid_max: the group's most blocks per rank.
+// epw: [nlocal][GC3_CMP_PTRS] epilogue words (the epilogue build), or null.
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
 gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
-                    int kind, long long max_lines, long long region_lines, int grid_max) {
+                    int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw) {
   const Plan P = *plan;
   const int slot = blockIdx.y;
   const int me = rank0 + slot;
@@ -134,6 +243,13 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   u64* header = (u64*)base[me];
   const elem_t* in = (const elem_t*)io[2 * slot];
   elem_t* out = (elem_t*)io[2 * slot + 1];
+#ifdef GC3_EPILOGUE
+  const u64* const ew = epw ? epw + (u64)slot * GC3_CMP_PTRS : nullptr;
+  out_t* const dst = (out_t*)out;
+#else
+  const u64* const ew = nullptr;
+  elem_t* const dst = out;
+#endif
 
   __shared__ u64 s_calls;
   if (threadIdx.x == 0) s_calls = header[GC3_SA_COUNTERS + blockIdx.x];
@@ -175,10 +291,10 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
     const uint4* mine = lines_of(me);
     const elem_t* own = in + (long long)me * count;
     for (long long g = t; ok && g < L; g += stride) {
-      uint2 acc;
+      sa::RawAcc acc;
       const Where w{me, (int)blockIdx.x, 4, (int)g, 0};
       ok = sa::reduce_ranks(P, w, me, nranks, 0, own, g, count, mine + g, (u64)max_lines, flag, acc);
-      if (ok) sa::store_line(out, g, count, acc);
+      if (ok) sa::store_line(out, g, count, acc.v);
     }
   } else if (kind == GC3_SA_ONESHOT) {
     // Slot r of every rank's region holds rank r's whole input.
@@ -189,10 +305,10 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
     }
     const uint4* mine = lines_of(me);
     for (long long g = t; ok && g < L; g += stride) {
-      uint2 acc;
+      sa::LineAcc acc;
       const Where w{me, (int)blockIdx.x, 0, (int)g, 0};
       ok = sa::reduce_ranks(P, w, me, nranks, 0, in, g, count, mine + g, (u64)max_lines, flag, acc);
-      if (ok) sa::store_line(out, g, count, acc);
+      if (ok) sa::store_result(dst, g, count, acc, ew);
     }
   } else {
     // Segment s (lines [s*Ls, min((s+1)*Ls, L))) belongs to rank s.  Phase 1:
@@ -208,13 +324,14 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
     const long long lo = (long long)me * Ls, hi = lo + Ls < L ? lo + Ls : L;
     const uint4* mine = lines_of(me);
     for (long long g = sa::first_at(t, stride, lo); ok && g < hi; g += stride) {
-      uint2 acc;
+      sa::LineAcc acc;
       const Where w{me, (int)blockIdx.x, 1, (int)g, 0};
       ok = sa::reduce_ranks(P, w, me, nranks, 1, in, g, count, mine + (g - lo), (u64)S, flag, acc);
       if (!ok) break;
+      const uint2 r = acc.raw();     // the bits every rank gets, the owner too
       for (int p = 0; p < nranks; ++p)
-        if (p != me) sa::put(lines_of(p) + half + (u64)me * S + (g - lo), acc, flag);
-      sa::store_line(out, g, count, acc);
+        if (p != me) sa::put(lines_of(p) + half + (u64)me * S + (g - lo), r, flag);
+      sa::store_result(dst, g, count, sa::LineAcc::of(r), ew);
     }
     for (long long g = t; ok && g < L; g += stride) {
       const int s = (int)(g / Ls);
@@ -222,7 +339,7 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
       uint2 x;
       Where w{me, (int)blockIdx.x, 2, (int)g, 0};
       if (!ll_read(P, w, s, 2, mine + half + (u64)s * S + (g - s * Ls), flag, x)) { ok = false; break; }
-      sa::store_line(out, g, count, x);
+      sa::store_result(dst, g, count, sa::LineAcc::of(x), ew);
     }
   }
   // Every thread ends here, a failed one too: the block's count advances once
@@ -232,3 +349,31 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   if (blockIdx.x == 0)
     for (int b = gridDim.x + threadIdx.x; b < grid_max; b += blockDim.x) header[GC3_SA_COUNTERS + b] = k;
 }
+
+#ifdef GC3_EPILOGUE
+// The epilogue as one pass of its own: out = epilogue(y), y the communicator's
+// allreduce of a call larger than the kernels' scratch.  out may be y itself (same
+// type): a thread reads a line before it stores that line.  The epilogue's words come
+// by value (a call is one launch, and a captured one needs no table).  col advances by
+// the grid's stride instead of a 64-bit modulo per line.
+extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
+gc3_epilogue_pass(const elem_t* y, out_t* out, long long count, u64 bias, u64 residual, u64 scale, u64 shape) {
+  u64 w[GC3_CMP_PTRS] = {};
+  w[GC3_EPW_BIAS] = bias;
+  w[GC3_EPW_RESIDUAL] = residual;
+  w[GC3_EPW_SCALE] = scale;
+  w[GC3_EPW_SHAPE] = shape;
+  const Epi E = load_epi(w);
+  const long long L = (count + sa::N - 1) / sa::N;
+  const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long cols = E.cols > 0 ? E.cols : 1;
+  const int step = (int)(stride * sa::N % cols);
+  int col = (int)(t * sa::N % cols);
+  for (long long g = t; g < L; g += stride) {
+    sa::finish(out, g, count, sa::WideAcc::of(sa::load_line(y, g, count)), E, col);
+    col += step;
+    if (col >= cols) col -= (int)cols;
+  }
+}
+#endif

@@ -14,8 +14,9 @@ every operator takes the path measured faster on this machine for the shape
 machine's catalog).  Fused, the GEMM operators run overlap.py's stream
 pipeline (GEMM chunks on torch's current stream, each chunk's collective on a
 high-priority side stream, capturable in a CUDA graph); GEMV + all_reduce,
-embedding-bag + all_to_all and the epilogue run runtime_cuda.fused's gc3
-programs on DLPack views (not capturable).  Sequential is the torch ops (matmul,
+embedding-bag + all_to_all run runtime_cuda.fused's gc3 programs on DLPack views
+(not capturable); the epilogue runs the small allreduce kernels' epilogue build on the
+tensors' addresses (capturable up to gc3.limits.SMALL_ALLREDUCE_MAX_BYTES).  Sequential is the torch ops (matmul,
 one embedding_bag over the tables viewed as one, elementwise ops) then the
 group's collective on the current stream.  Where nothing was measured the call
 is sequential, which is what the user would have run.  `path=` ("fused",
@@ -281,9 +282,10 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
 
 
 # --- the memory-bound operators ------------------------------------------------------
-# Their fused path is runtime_cuda.fused's gc3 program on CuPy views of the tensors,
-# taken only where the measured table (or the caller) says so: its set-up runs on the
-# host, so it is never captured in a CUDA graph.  Their sequential path is the torch
+# Their fused path is taken only where the measured table (or the caller) says so: for
+# the GEMV and the embedding bags runtime_cuda.fused's gc3 program on CuPy views of the
+# tensors, whose set-up runs on the host, so it is never captured in a CUDA graph; for the
+# epilogue, epilogue_fused below.  Their sequential path is the torch
 # ops a user writes, then the group's collective, with nothing in between: these
 # operators are small enough that any glue there would be most of the call.
 def _fused_picked(op: str, what: str, pg, t: torch.Tensor, shape: dict, path: Optional[str]) -> str:
@@ -518,6 +520,44 @@ def _epilogue_arguments(what: str, x, scale, bias, residual, out_dtype) -> None:
             raise ValueError(f"{what}: {name} is on {t.device}, x on {x.device}")
 
 
+def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[torch.Tensor],
+                   residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
+                   path: Optional[str] = None) -> Tuple[Optional[torch.Tensor], str]:
+    """(the fused path's result, '') or (None, why it cannot serve the call: set-up failed).
+    Up to the small kernels' limit one launch of their epilogue build; above it the group's
+    allreduce, then one epilogue pass (runtime_cuda.fused.epilogue).  Addresses and torch's
+    current stream go straight to the kernels: no DLPack views, no host synchronisation, and
+    outputs from torch's caching allocator."""
+    import cupy
+
+    from runtime_cuda.fused import epilogue as fe
+    from runtime_cuda.nccl.constants import DTYPE_CODES, NCCL_SUM
+
+    from .process_group import _DTYPES
+    what = "fused_all_reduce_epilogue"
+    xs = x.contiguous()
+    b, r = (None if t is None else t.contiguous() for t in (bias, residual))
+    comm = pg._cuda([xs] + [t for t in (b, r) if t is not None], what)
+    dtype, odt = _DTYPES[x.dtype], _DTYPES[out_dtype or x.dtype]
+    count = xs.numel()
+    with cupy.cuda.Device(xs.device.index):
+        why = fe.refusal(comm, path or "auto", count, dtype, pg.size(), f"{what} {tuple(x.shape)} {dtype}->{odt}")
+        if why:
+            return None, why
+        stream = torch.cuda.current_stream(xs.device).cuda_stream
+        items = [k for k, v in (("scale", scale), ("bias", b), ("residual", r)) if v is not None]
+        epw = fe.words(items, None if scale is None else float(scale), xs.shape[-1], pg.size(),
+                       [0 if b is None else b.data_ptr()], [0 if r is None else r.data_ptr()])
+        out = torch.empty(xs.shape, dtype=out_dtype or x.dtype, device=xs.device)
+        if fe.fits_kernel(count, dtype):
+            fe.run_kernel(comm, [xs.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream)
+        else:
+            y = out if odt == dtype else torch.empty_like(xs)
+            comm.allReduce(xs.data_ptr(), y.data_ptr(), count, DTYPE_CODES[dtype], NCCL_SUM, stream)
+            fe.run_pass([y.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream)
+    return out, ""
+
+
 def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[float] = None,
                               bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None,
                               out_dtype: Optional[torch.dtype] = None, *, path: Optional[str] = None) -> torch.Tensor:
@@ -528,30 +568,29 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
     broadcast over the other dims; residual: x's shape.  bias and residual have x's
     dtype or out_dtype; every term is optional.  out_dtype (default x's) may differ
     from x's, as fp32 partial sums cast to bf16: the cast runs on the GPU.  Fused
-    (runtime_cuda.fused.allreduce_epilogue) the epilogue is applied as each reduced
-    chunk is stored, in fp32, and needs bias and residual in x's dtype; the measured
-    table's shape is {bytes: x's bytes}."""
+    (epilogue_fused) the ranks' sum and the epilogue are computed in fp32 and rounded
+    once to out_dtype, bit-identical on every rank, and need bias and residual in x's
+    dtype; up to gc3.limits.SMALL_ALLREDUCE_MAX_BYTES of x it is one kernel, which a CUDA
+    graph may capture.  The measured table's shape is {bytes: x's bytes}."""
+    from gc3.limits import SMALL_ALLREDUCE_MAX_BYTES
     what = "fused_all_reduce_epilogue"
     pg = _group(group)
     _epilogue_arguments(what, x, scale, bias, residual, out_dtype)
     terms = [t for t in (bias, residual) if t is not None]
-    why = _refusal(pg, [x] + terms)
+    nbytes = x.numel() * x.element_size()
+    why = _refusal(pg, [x] + terms, capturable=nbytes <= SMALL_ALLREDUCE_MAX_BYTES)
+    if not why and out_dtype is not None and out_dtype not in _FUSED_DTYPES:
+        why = f"out_dtype {out_dtype}; the fused kernels store one of {[str(d) for d in _FUSED_DTYPES]}"
     if not why and scale is None and not terms:
         why = "no epilogue (a plain all_reduce)"
     if not why and x.dim() * x.numel() == 0:
         why = "an empty or 0-d x"
     if not why:
-        why = _fused_picked("ar_epilogue", what, pg, x, {"bytes": x.numel() * x.element_size()}, path)
+        why = _fused_picked("ar_epilogue", what, pg, x, {"bytes": nbytes}, path)
     if not why:
-        from runtime_cuda.fused import allreduce_epilogue
-        xs = x.contiguous()
-        b, r = (None if t is None else t.contiguous() for t in (bias, residual))
-        out = torch.empty_like(xs)
-        with _fused_call(pg, [xs, out] + [t for t in (b, r) if t is not None], what) as torch_queue:
-            allreduce_epilogue(_cupy(xs), pg._comm, scale=None if scale is None else float(scale),
-                               bias=None if b is None else _cupy(b), residual=None if r is None else _cupy(r),
-                               out=_cupy(out), stream=torch_queue, path="fused")
-        return out if out_dtype in (None, out.dtype) else out.to(out_dtype)
+        out, why = epilogue_fused(x, pg, scale, bias, residual, out_dtype, path)
+        if out is not None:
+            return out
     _sequential(what, why)
     return epilogue_sequential(x, pg, scale, bias, residual, out_dtype)
 

@@ -51,18 +51,14 @@ def inputs(seed, r, shape, dtype=dt, scale=1.0):
     return (torch.randn(shape, generator=g, device=dev) * scale).to(dtype)
 
 
-def same_on_all_ranks(name, t, known_defect=False):
-    """Raises where ranks hold different bits; a path with the known defect (below) reports it instead."""
+def same_on_all_ranks(name, t):
+    """Raises where ranks hold different bits."""
     bits = t.contiguous().view(torch.uint8).reshape(-1).to(torch.int64)
     sig = torch.stack([bits.sum(), (bits * torch.arange(1, bits.numel() + 1, device=dev).remainder(65521)).sum()])
     sigs = [torch.zeros_like(sig) for _ in range(world)]
     dist.all_gather(sigs, sig)
     if any(not torch.equal(s, sigs[0]) for s in sigs):
-        if known_defect:
-            print(f"RANKS DIFFER {name} rank={rank}", flush=True)
-            return False
         raise AssertionError(f"rank {rank}: {name}: ranks hold different bits: {[s.tolist() for s in sigs]}")
-    return True
 
 
 def error(got, ref):
@@ -145,7 +141,7 @@ def ebag_ref(seed, garbage=False):
     return torch.stack([pooled(seed, q, garbage)[rank * B_RANK:(rank + 1) * B_RANK] for q in range(world)])
 
 
-EPI_ROWS, EPI_COLS = 37, 64          # 4.7 KB of bf16: the one-shot program; EPI_BIG: the ring
+EPI_ROWS, EPI_COLS = 37, 64          # 4.7 KB of bf16; "ring" (a name kept from an older fused path): 150 KB
 
 
 def epi(seed, r=None, rows=EPI_ROWS, dtype=dt):
@@ -193,14 +189,10 @@ for name, (operands, call, reference, reduced) in OPS.items():
         got = call(a, "fused")
         close(f"{name} fused", got, ref, seq)
         results[name] = got
-    # The fused GEMV+AR and AR-epilogue programs reduce each rank's sum in that rank's own order,
-    # so their low bits may differ between ranks (seen at 2 and 4 ranks, 2026-11-26): reported,
-    # and the pytest side marks the test as the known failure it is.  The sequential path must agree.
-    # (The GEMV kernel reduces in rank order: its ranks must agree.)
-    same = all([same_on_all_ranks(f"{name} {path}", call(a, path),
-                                  known_defect=path == "fused" and not name.startswith("gemv"))
-                for path in PATHS]) if reduced else False
-    if same:
+    # Both fused kernels reduce in rank order 0..n-1 on every rank: the ranks must agree.
+    if reduced:
+        for path in PATHS:
+            same_on_all_ranks(f"{name} {path}", call(a, path))
         passed(f"{name} same bits on every rank")
 
 # Positions that are no bag's may hold anything, -1 included: the sequential path never
@@ -273,7 +265,8 @@ if on == "cuda":
     # auto: the measured table decides; counted at runtime_cuda.fused's entry points.
     import runtime_cuda.fused as fused_mod
     counted = {}
-    for mod, fn in ((ops, "_gemv_fused"), (fused_mod, "embedding_bag_alltoall"), (fused_mod, "allreduce_epilogue")):
+    # The GEMV's and the epilogue's fused paths call their kernels from ops, not runtime_cuda.fused.
+    for mod, fn in ((ops, "_gemv_fused"), (fused_mod, "embedding_bag_alltoall"), (ops, "epilogue_fused")):
         real = getattr(mod, fn)
 
         def counting(*args, _real=real, _fn=fn, **kw):
@@ -283,7 +276,7 @@ if on == "cuda":
     entries = json.loads(open(table_path).read())["fused"]["entries"] if table_path else []
     assert table_path is None or os.environ.get("GC3_CONFIG") == table_path
     entry_point = {"gemv_ar": "_gemv_fused", "ebag_a2a": "embedding_bag_alltoall",
-                   "ar_epilogue": "allreduce_epilogue"}
+                   "ar_epilogue": "epilogue_fused"}
     for e in entries + [dict(entries[0], shape=dict(entries[0]["shape"], N=N + 64), path="sequential")]:
         op, shape = e["op"], e["shape"]
         if op == "gemv_ar":
