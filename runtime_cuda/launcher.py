@@ -223,8 +223,8 @@ class Executor:
                     with streams.current(s):
                         tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
                     tab.set(host, stream=s)
-                if captured:
-                    s.synchronize()
+                    if captured:
+                        s.synchronize()
             self._bufs[ptrs] = tab
         return tab
 
@@ -242,6 +242,11 @@ class Executor:
         self._arena_host[lo:lo + n] = host
         self.cupy.cuda.runtime.memcpyAsync(arena.data.ptr + 8 * lo, self._arena_host.ctypes.data + 8 * lo, 8 * n,
                                            self.cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        # Landed before the capture ends, so before any replay: polled, since a capture also
+        # forbids synchronizing a stream.
+        self._arena_copied.record(stream)
+        while not self._arena_copied.done:
+            pass
         return arena[lo:lo + n]
 
     def _reserve_arena(self) -> None:
@@ -251,6 +256,7 @@ class Executor:
             pinned = self.cupy.cuda.alloc_pinned_memory(8 * CAPTURED_TABLE_WORDS)
             self._arena_host = np.frombuffer(pinned, dtype=np.uint64, count=CAPTURED_TABLE_WORDS)
             self._arena_pinned = pinned
+            self._arena_copied = self.cupy.cuda.Event(disable_timing=True)
             self._arena_used = 0
 
     def prepare(self, dtype: str, op: str, bufs, shape: Shape) -> Optional[Launch]:

@@ -191,5 +191,5 @@ def test_a_cast_in_place_is_refused():
     from runtime_cuda.fused import VirtualComm, allreduce_epilogue
     x = [cupy.ones((4, 8), cupy.float32) for _ in range(2)]
     with pytest.raises(ValueError, match="rank 0: out overlaps x: a float32 result cast to bfloat16"):
-        allreduce_epilogue(x, VirtualComm(2), scale=0.5, out=[a.view(cupy.uint16)[:, :8] for a in x],
+        allreduce_epilogue(x, VirtualComm(2), scale=0.5, out=[a.reshape(-1).view(cupy.uint16)[:32].reshape(4, 8) for a in x],
                            out_dtype="bfloat16")
