@@ -217,8 +217,8 @@ class Executor:
             if faults.active("pool-stream"):
                 tab = self.cupy.asarray(host)
             else:
+                tab = self._captured_table(host, stream) if captured else None
                 s = streams.setup_stream() if captured else streams.wrap(stream)
-                tab = self._captured_table(host, s) if captured else None
                 if tab is None:
                     with streams.current(s):
                         tab = self.cupy.empty(len(ptrs), dtype=self.cupy.uint64)
@@ -228,25 +228,26 @@ class Executor:
             self._bufs[ptrs] = tab
         return tab
 
-    def _captured_table(self, host: np.ndarray, stream):
-        """`host` written into the arena that captured calls' tables come from (None when it
-        is full).  A capture forbids cudaMalloc and copies from pageable memory (torch's
-        default capture mode refuses them on every stream), so the arena and its pinned
-        mirror are allocated by the first eager call and filled by an asynchronous copy; a
-        captured table is never handed out again: a graph may replay it at any time."""
+    def _captured_table(self, host: np.ndarray, stream: int):
+        """`host` in the arena that captured calls' tables come from (None when it is full),
+        copied by a node of the graph being captured on `stream`: from a pinned mirror that,
+        like the arena, lives as long as this executor, so every replay copies the same
+        addresses before its launch reads them.  A capture forbids cudaMalloc, copies from
+        pageable memory and synchronizing (torch's default capture mode refuses them on every
+        stream), so the arena and its mirror are allocated by the first eager call; a captured
+        table is never handed out again."""
         arena = self.__dict__.get("_arena")
         n = host.size
         if arena is None or self._arena_used + n > arena.size:
             return None
         lo, self._arena_used = self._arena_used, self._arena_used + n
         self._arena_host[lo:lo + n] = host
-        self.cupy.cuda.runtime.memcpyAsync(arena.data.ptr + 8 * lo, self._arena_host.ctypes.data + 8 * lo, 8 * n,
-                                           self.cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-        # Landed before the capture ends, so before any replay: polled, since a capture also
-        # forbids synchronizing a stream.
-        self._arena_copied.record(stream)
-        while not self._arena_copied.done:
-            pass
+        rt = self.cupy.cuda.runtime
+        # Also now, outside the graph, for an eager repeat of the same call (its prepared launch,
+        # cached by address, holds this table): a few bytes, landed long before the capture ends.
+        for s in (stream, streams.setup_stream().ptr):
+            rt.memcpyAsync(arena.data.ptr + 8 * lo, self._arena_host.ctypes.data + 8 * lo, 8 * n,
+                           rt.memcpyHostToDevice, s)
         return arena[lo:lo + n]
 
     def _reserve_arena(self) -> None:
@@ -256,7 +257,6 @@ class Executor:
             pinned = self.cupy.cuda.alloc_pinned_memory(8 * CAPTURED_TABLE_WORDS)
             self._arena_host = np.frombuffer(pinned, dtype=np.uint64, count=CAPTURED_TABLE_WORDS)
             self._arena_pinned = pinned
-            self._arena_copied = self.cupy.cuda.Event(disable_timing=True)
             self._arena_used = 0
 
     def prepare(self, dtype: str, op: str, bufs, shape: Shape) -> Optional[Launch]:
