@@ -194,17 +194,8 @@ _DECLARED: List[Setting] = [
     Setting("GC3_FUSED_COMPUTE_TBS", "int", None,
             "compute thread blocks per rank of the memory-bound fused operators (0: compute in the sending TBs; "
             "unset: from the SM count)", _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
-    Setting("GC3_FUSED_CHUNKS", "int", 32,
-            "most column blocks the fused GEMV splits its output into",
-            _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
-    Setting("GC3_FUSED_GEMV_VARIANT", "int", None,
-            "the fused GEMV's program: 1 one-shot, 2 ring (unset: one-shot up to 64 KiB of output)",
-            _int(0, 1 << 30), "1, 2", "fused", blank_is_unset=False),
     Setting("GC3_FUSED_MAX_BLOCK_BYTES", "int", 1 << 20,
             "auto path: most weight/table bytes per compute block before the fused path is refused",
-            _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
-    Setting("GC3_FUSED_GEMV_MAX_BLOCK_BYTES", "int", 256 << 10,
-            "the same for the fused GEMV",
             _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
     # --- development: the test and setup scripts ------------------------------
     *(Setting(name, kind, default, meaning, parse, allowed, "development")

@@ -34,19 +34,6 @@ def _geometry_agrees(prog):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("batch,k,n_out", [(1, 2048, 8192), (8, 7168, 8192), (32, 4096, 8192), (3, 71, 264)])
-def test_gemv_programs_of_the_api(n, batch, k, n_out):
-    args = mb._gemv_args(n, batch, k, n_out, 1)
-    prog = mb.fused_program("gemv_allreduce", args, "bfloat16")
-    assert prog.compute.gemv_dims() == (batch, k, n_out)
-    t, ok = _geometry_agrees(prog)
-    assert ok
-    chunks, tbs = args[4], args[6]
-    assert n_out % chunks == 0 and tbs == min(16, chunks)
-    assert mb._compute_blocks(prog) == tbs      # every compute TB holds compute steps
-
-
-@pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("b", [2048, 8192, 5])
 def test_embedding_programs_of_the_api(n, b):
     args = mb._ebag_args(n, 8, 1 << 20, 128, b, 32, 1)
@@ -75,9 +62,7 @@ def test_compute_tb_variants_simulate_and_a_shift_is_wrong(name, args):
 
 def test_compute_tbs_override_and_path_names(monkeypatch):
     monkeypatch.setenv("GC3_FUSED_COMPUTE_TBS", "0")
-    assert mb._gemv_args(2, 1, 64, 8192, 1)[-1] == 0
-    monkeypatch.setenv("GC3_FUSED_CHUNKS", "4")
-    assert mb._gemv_args(2, 1, 64, 8192, 1)[4] == 4
+    assert mb._ebag_args(2, 8, 1 << 20, 128, 2048, 32, 1)[-1] == 0
     assert mb._path("sequential") == "sequential"
     monkeypatch.setenv("GC3_FUSED", "fast")
     with pytest.raises(ValueError, match="GC3_FUSED"):
@@ -92,40 +77,33 @@ def test_value_types():
 
 
 def test_auto_path_refuses_what_one_block_per_compute_tb_cannot_win(monkeypatch):
-    """The auto rule, without a GPU: refusals and the per-block traffic bound are decided before
-    any launch group is built (a VirtualComm here never gets that far)."""
+    """The embedding-bag program's auto rule, without a GPU: refusals and the per-block traffic
+    bound are decided before any launch group is built (a VirtualComm here never gets that far)."""
     logged = []
     monkeypatch.setattr(mb, "get_logger", lambda: type("L", (), {"info": lambda self, *a: logged.append(a[0] % a[1:])})())
     comm = mb.VirtualComm(2)
-    args = mb._gemv_args(2, 1, 7168, 8192, 2)
-    assert mb._decide(comm, "auto", "", "gemv_allreduce", args, "bfloat16", 7168 * 8192 * 2, "big") is None
-    assert "GC3_FUSED_GEMV_MAX_BLOCK_BYTES" in logged[-1]
-    # The smallest 2-GPU benchmark shape (1 MiB per block), where fused measured 0.61x of sequential.
-    small = mb._gemv_args(2, 1, 2048, 8192, 2)
-    assert mb._decide(comm, "auto", "", "gemv_allreduce", small, "bfloat16",
-                      mb.gemv_traffic(1, 2048, 8192, "bfloat16"), "small") is None
-    assert "above GC3_FUSED_GEMV_MAX_BLOCK_BYTES=262144" in logged[-1]
-    assert mb._decide(comm, "auto", "a single rank", "gemv_allreduce", args, "bfloat16", 0, "one") is None
+    args = mb._ebag_args(2, 8, 1 << 20, 128, 8192, 32, 2)
+    big = 8 * 2 * 8192 * 32 * 128 * 4
+    assert mb._decide(comm, "auto", "", "embedding_bag_alltoall", args, "float32", big, "big") is None
+    assert "above GC3_FUSED_MAX_BLOCK_BYTES" in logged[-1]
+    assert mb._decide(comm, "auto", "a single rank", "embedding_bag_alltoall", args, "float32", 0, "one") is None
     assert logged[-1] == "one: sequential path: a single rank"
     with pytest.raises(mb.GC3Error, match="fused path cannot serve this call: a single rank"):
-        mb._decide(comm, "fused", "a single rank", "gemv_allreduce", args, "bfloat16", 0, "one")
-    assert os.environ.get("GC3_FUSED_MAX_BLOCK_BYTES") is None
+        mb._decide(comm, "fused", "a single rank", "embedding_bag_alltoall", args, "float32", 0, "one")
 
 
-def test_auto_path_counts_the_weight_reads_of_the_batch(monkeypatch):
-    """A GEMV's traffic per compute block is its weight times the reads its batch takes: 16-bit
-    types read it once per 32 rows (tensor-core passes), fp32 once per 8."""
-    mib = 1 << 20
-    assert [mb.gemv_traffic(b, 512, 1024, "bfloat16") for b in (1, 8, 32, 33)] == [mib, mib, mib, 2 * mib]
-    assert [mb.gemv_traffic(b, 512, 512, "float32") for b in (1, 8, 9, 17)] == [mib, mib, 2 * mib, 3 * mib]
-    monkeypatch.setattr(mb, "_group", lambda *a: "fused group")
-    monkeypatch.setenv("GC3_FUSED_GEMV_MAX_BLOCK_BYTES", str(mib))
+def test_the_gemv_kernel_is_refused_where_it_cannot_serve(monkeypatch):
+    """The GEMV's fused path is the kernel (runtime_cuda.fused.gemv_kernel): its refusals
+    send auto to the sequential path, and make a forced fused call raise, before any set-up."""
+    logged = []
+    monkeypatch.setattr(mb, "get_logger", lambda: type("L", (), {"info": lambda self, *a: logged.append(a[0] % a[1:])})())
     comm = mb.VirtualComm(2)
-    k, n_out = 1024, 2048      # 8 MiB of fp32 weight over 16 compute TBs: 512 KiB per block and read
-    for batch, want in ((8, "fused group"), (9, "fused group"), (17, None)):
-        args = mb._gemv_args(2, batch, k, n_out, 2)
-        traffic = mb.gemv_traffic(batch, k, n_out, "float32")
-        assert mb._decide(comm, "auto", "", "gemv_allreduce", args, "float32", traffic, f"b{batch}") == want, batch
+    assert mb._gemv_kernel(comm, "auto", 2, 1, 64, 64, "int32", 2, "ints") is None
+    assert "dtype int32" in logged[-1]
+    assert mb._gemv_kernel(comm, "sequential", 2, 1, 64, 64, "bfloat16", 2, "asked") is None
+    assert logged[-1] == "asked: sequential path: path=sequential"
+    with pytest.raises(mb.GC3Error, match="single rank"):
+        mb._gemv_kernel(mb.VirtualComm(1), "fused", 1, 1, 64, 64, "bfloat16", 1, "one")
 
 
 def test_benchmark_script_lists_both_operators_and_its_options():

@@ -96,7 +96,7 @@ def test_gc3_env_shows_value_and_where_it_came_from(monkeypatch):
     ("GC3_TILE_SPLIT_SIMPLE", "4"), ("GC3_TILE_SPLIT_LL", "0:5"), ("GC3_CMP_INFLIGHT", "100"),
     ("GC3_AUTOTUNE_S", "soon"), ("GC3_AUTOTUNE_MAX_BYTES", "lots"), ("GC3_FUSED", "maybe"),
     ("GC3_FUSED_RELEASE", "cpu"), ("GC3_FUSED_TRACE", "yes"), ("GC3_FUSED_TIMEOUT", "inf"),
-    ("GC3_FUSED_MIN_ROWS", "-1"), ("GC3_FUSED_CHUNKS", "x"),
+    ("GC3_FUSED_MIN_ROWS", "-1"), ("GC3_FUSED_COMPUTE_TBS", "x"),
 ])
 def test_a_bad_value_is_an_input_error_naming_variable_and_value(name, raw):
     with pytest.raises(InputError) as err:

@@ -1,32 +1,30 @@
 """GEMV + AllReduce and embedding-bag + AllToAll on CuPy arrays, fused or sequential.
 
-*Fused*: one gc3 program (algorithms/fused/gemv_allreduce.py,
-algorithms/fused/embedding_bag_alltoall.py) whose compute steps produce each
-chunk right before it is sent, run by the interpreter with the caller's arrays
-as its compute inputs.  *Sequential*: cuBLAS / CuPy computes the whole result,
-then the communicator's collective moves it.  Both give the same values up to
+*Fused*: GEMV + AllReduce is one kernel on every SM (runtime_cuda.fused.gemv_kernel,
+kernels/gemv_allreduce.cu: every rank's partial reduced in rank order, the same bits on every
+rank); embedding-bag + AllToAll is one gc3 program (algorithms/fused/embedding_bag_alltoall.py)
+whose compute steps produce each chunk right before it is sent, run by the interpreter with
+the caller's arrays as its compute inputs.  *Sequential*: cuBLAS / CuPy computes the whole
+result, then the communicator's collective moves it.  Both give the same values up to
 rounding (fp32 accumulation either way).
 
 Ranks.  `comm` is a communicator of the drop-in
-(`runtime_cuda.nccl.NcclCommunicator`, one rank per process: the fused program
-runs as an `IpcRanks` launch group set up over the communicator's own
-rendezvous, so every rank must make the same calls in the same order), or
-`VirtualComm(n)`: n ranks in this process on this GPU (`runtime_cuda.virtual`),
-each array argument then a list of n arrays, rank r's at index r.
+(`runtime_cuda.nccl.NcclCommunicator`, one rank per process: the fused kernel or program
+is set up over the communicator's own rendezvous, so every rank must make the same calls
+in the same order), or `VirtualComm(n)`: n ranks in this process on this GPU
+(`runtime_cuda.virtual`), each array argument then a list of n arrays, rank r's at index r.
 
 Types: bfloat16, float16, float32 values (indices and offsets int32).  CuPy
 has no bfloat16, so a uint16 array is read as bfloat16.
 
 Path.  `path=` or GC3_FUSED: "fused" or "sequential" forces one (a fused call
 that cannot be served then raises); "auto" (the default) takes the fused path
-unless the call is one it cannot serve, or one it cannot win: the interpreter
-computes with one thread block per TB that holds compute steps, so above
-GC3_FUSED_MAX_BLOCK_BYTES (default 1 MiB; GC3_FUSED_GEMV_MAX_BLOCK_BYTES, default
-256 KiB, for the GEMV, from 2x H200 measurements) of weight/table traffic per such
-block the sequential path's full-GPU kernels are faster.  A GEMV's traffic is
-its weight times the number of reads of it that its batch takes
-(gemv_traffic).  Each fall-back is logged with its reason at INFO
-(GC3_DEBUG=INFO).
+unless the call is one it cannot serve, or, for the embedding-bag program, one it
+cannot win: the interpreter computes with one thread block per TB that holds
+compute steps, so above GC3_FUSED_MAX_BLOCK_BYTES (default 1 MiB) of table traffic
+per such block the sequential path's full-GPU kernels are faster.  Each fall-back is
+logged with its reason at INFO (GC3_DEBUG=INFO).  (The torch functions,
+runtime_cuda.torch_dist.ops, decide from the machine's measured table instead.)
 
 Compiled programs and their launch groups are cached per (operator shape,
 dtype, ranks).
@@ -48,13 +46,6 @@ from ..tables import COMPUTE_DTYPES
 
 PATHS = ("auto", "fused", "sequential")
 DEFAULT_MAX_BLOCK_BYTES = 1 << 20
-# GEMV + AllReduce across processes lost to the sequential path at every measured shape with 1 MiB
-# or more per compute block (0.19-0.61x on 2x H200, measured/fused_2xH200_2026-11-23.txt):
-# its 32 compute blocks leave most SMs idle while the sequential GEMV has them all.
-DEFAULT_GEMV_MAX_BLOCK_BYTES = 256 << 10
-# Batch rows the gemv opcode applies one read of the weight to (kernels/prims_compute.cuh): the
-# 16-bit types' tensor-core passes of 32 rows (sm_80 and later), fp32's CUDA-core passes of 8.
-GEMV_ROWS_PER_WEIGHT_READ = {"bfloat16": 32, "float16": 32, "float32": 8}
 
 
 class VirtualComm:
@@ -115,26 +106,6 @@ def _sm_count(device: int) -> int:
     import cupy
 
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-
-
-def _gemv_args(n: int, batch: int, k: int, n_out: int, ranks_here: int) -> Tuple[int, ...]:
-    """(ranks, batch, K, N, chunks, variant, compute TBs): up to GC3_FUSED_CHUNKS (32) column
-    blocks of at least 64 columns where N allows (so blocks leave while later ones compute);
-    one-shot for outputs of at most 64 KiB, whose latency a second step would dominate."""
-    most = _env_int("GC3_FUSED_CHUNKS", 32)
-    chunks = next((c for c in (32, 16, 8, 4, 2) if c <= most and n_out % c == 0 and n_out // c >= 64), 1)
-    variant = 1 if batch * n_out * 2 <= 1 << 16 else 2
-    variant = _env_int("GC3_FUSED_GEMV_VARIANT", variant)
-    return (n, batch, k, n_out, chunks, variant, _compute_tbs(chunks, ranks_here))
-
-
-def gemv_traffic(batch: int, k: int, n_out: int, dtype: str) -> int:
-    """Weight bytes the gemv opcode reads for x [batch, k] @ w [k, n_out]: w once per
-    GEMV_ROWS_PER_WEIGHT_READ rows of x."""
-    import numpy
-
-    itemsize = numpy.dtype("uint16" if dtype == "bfloat16" else dtype).itemsize   # no CuPy needed: the CPU tests
-    return k * n_out * itemsize * -(-batch // GEMV_ROWS_PER_WEIGHT_READ[dtype])
 
 
 def _ebag_args(n: int, t: int, rows: int, dim: int, b: int, pooling: int, ranks_here: int) -> Tuple[int, ...]:
@@ -320,8 +291,7 @@ def _decide(comm, path: str, refusal: str, algo: str, args: tuple, dtype: str, t
     why = refusal or _failed.get(key, "")
     if not why and path == "auto":
         per_block = traffic // _program_blocks(algo, args, dtype)
-        var, default = (("GC3_FUSED_GEMV_MAX_BLOCK_BYTES", DEFAULT_GEMV_MAX_BLOCK_BYTES) if algo == "gemv_allreduce"
-                        else ("GC3_FUSED_MAX_BLOCK_BYTES", DEFAULT_MAX_BLOCK_BYTES))
+        var, default = "GC3_FUSED_MAX_BLOCK_BYTES", DEFAULT_MAX_BLOCK_BYTES
         limit = _env_int(var, default)
         if per_block > limit:
             why = (f"{per_block} bytes of compute traffic per thread block, above {var}="
@@ -378,33 +348,45 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
             if a["out"][k].shape != (batch, n_out):
                 raise ValueError(f"gemv_allreduce: {_where(rank, k)}: out is {a['out'][k].shape}, "
                                  f"expected {(batch, n_out)}")
-        args = _gemv_args(n, batch, k_shard, n_out, len(a["x"]))
-        refusal = "a single rank: nothing to reduce" if n < 2 else ""
-        traffic = gemv_traffic(batch, k_shard, n_out, dtype)
-        group = _decide(comm, path, refusal, "gemv_allreduce", args, dtype, traffic,
-                        f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks")
+        group = _gemv_kernel(comm, path, n, batch, k_shard, n_out, dtype, len(a["x"]),
+                             f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks")
         if group is None:
             _gemv_sequential(comm, a, dtype, stream)
         else:
-            _gemv_fused(group, a, args, dtype, stream)
+            group.run_ptrs([v.data.ptr for v in a["x"]], [v.data.ptr for v in a["w"]],
+                           [v.data.ptr for v in a["out"]], batch, k_shard, n_out, dtype, streams.handle(stream))
     return a["out"] if isinstance(comm, VirtualComm) else a["out"][0]
 
 
-def _gemv_fused(group, a, args, dtype: str, stream) -> None:
-    import cupy
+def _gemv_kernel(comm, path: str, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int, what: str):
+    """The GEMV + AllReduce kernel's group of `comm` (runtime_cuda.fused.gemv_kernel, built on first
+    use, collectively), or None for the sequential path (its reason logged at INFO)."""
+    from .gemv_kernel import GemvAllreduce, refusal
 
-    _, batch, _, n_out, chunks, _, _ = args
-    # The program's buffer holds y column block by column block (gc3.ir.ComputeSpec); for one
-    # row, or one block, that is y itself.
-    direct = batch == 1 or chunks == 1
-    bufs = a["out"] if direct else [cupy.empty((chunks, batch, n_out // chunks), dtype=storage(dtype))
-                                    for _ in a["out"]]
-    ptrs = [b.data.ptr for b in bufs]
-    group.run_ptrs(ptrs, ptrs, batch * n_out, dtype, "sum", stream,
-                   compute=[(x.data.ptr, w.data.ptr) for x, w in zip(a["x"], a["w"])])
-    if not direct:
-        for b, o in zip(bufs, a["out"]):
-            o[...] = b.transpose(1, 0, 2).reshape(batch, n_out)
+    if path == "sequential":
+        get_logger().info("%s: sequential path: path=sequential", what)
+        return None
+    key = ("gemv_kernel", id(comm))
+    why = refusal(dtype, batch, k, n_out, n, ranks_here) or _failed.get(key, "")
+    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
+    group = None if why else groups.get("gemv_kernel")
+    if not why and group is None:
+        try:
+            if isinstance(comm, VirtualComm):
+                group = GemvAllreduce.virtual(n)
+            else:
+                exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
+                if exchange is None:
+                    raise GC3Error("the communicator has no gc3 runtime behind it (NCCL only)")
+                group = GemvAllreduce.ipc(exchange, device=comm.device_id())
+            groups["gemv_kernel"] = group
+        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
+            why = _failed[key] = f"kernel set-up failed: {exc}"
+    if why and path == "fused":
+        raise GC3Error(f"{what}: the fused path cannot serve this call: {why}")
+    if why:
+        get_logger().info("%s: sequential path: %s", what, why)
+    return group
 
 
 def _gemv_sequential(comm, a, dtype: str, stream) -> None:
