@@ -25,9 +25,8 @@ from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error
 
 from .. import streams
-from ..nccl.log import get_logger
 from .memory_bound import (VirtualComm, _allreduce, _check_array, _comm_groups, _failed, _path, _ranks, _where,
-                           from_f32, storage, to_f32, value_dtype)
+                           exchange_of, from_f32, settle, storage, to_f32, value_dtype)
 
 SMALL_MAX_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
 _GROUP_KEY = ("small_allreduce_epilogue",)
@@ -93,10 +92,7 @@ def small_group(comm):
         if isinstance(comm, VirtualComm):
             group = SmallAllreduce.virtual(comm.nranks, max_bytes=SMALL_MAX_BYTES)
         else:
-            exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
-            if exchange is None:
-                raise GC3Error("the communicator has no gc3 runtime behind it (NCCL only)")
-            group = SmallAllreduce.ipc(exchange, device=comm.device_id(), max_bytes=SMALL_MAX_BYTES)
+            group = SmallAllreduce.ipc(exchange_of(comm), device=comm.device_id(), max_bytes=SMALL_MAX_BYTES)
         groups[_GROUP_KEY] = group
     return group
 
@@ -117,10 +113,7 @@ def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str) -> 
             small_group(comm)
         except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
             why = _failed[key] = f"launch group set-up failed: {exc}"
-    if why and path == "fused":
-        raise GC3Error(f"{what}: the fused path cannot serve this call: {why}")
-    if why:
-        get_logger().info("%s: sequential path: %s", what, why)
+    settle(path, why, what)
     return why
 
 

@@ -260,6 +260,14 @@ def _program_blocks(algo: str, args: Tuple[int, ...], dtype: str) -> int:
     return _compute_blocks(fused_program(algo, args, dtype))
 
 
+def exchange_of(comm):
+    """The rendezvous a drop-in communicator's gc3 runtime sets launch groups up over, or raise."""
+    exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
+    if exchange is None:
+        raise GC3Error("the communicator has no gc3 runtime behind it (NCCL only)")
+    return exchange
+
+
 def _group(comm, algo: str, args: tuple, dtype: str):
     """The launch group of a fused program for `comm` (built on first use, collectively), or raise."""
     from ..ipc import IpcRanks
@@ -273,10 +281,7 @@ def _group(comm, algo: str, args: tuple, dtype: str):
     if isinstance(comm, VirtualComm):
         group = VirtualRanks(prog)
     else:
-        exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
-        if exchange is None:
-            raise GC3Error("the communicator has no gc3 runtime behind it (NCCL only)")
-        group = IpcRanks(prog, exchange, device=comm.device_id())
+        group = IpcRanks(prog, exchange_of(comm), device=comm.device_id())
     groups[key] = group
     return group
 
@@ -301,10 +306,17 @@ def _decide(comm, path: str, refusal: str, algo: str, args: tuple, dtype: str, t
             return _group(comm, algo, args, dtype)
         except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
             why = _failed[key] = f"launch group set-up failed: {exc}"
-    if path == "fused":
-        raise GC3Error(f"{what}: the fused path cannot serve this call: {why}")
-    log.info("%s: sequential path: %s", what, why)
+    settle(path, why, what)
     return None
+
+
+def settle(path: str, why: str, what: str) -> None:
+    """A fused path that cannot serve a call (`why`): raise where the caller forced it, else
+    log the sequential path taken instead."""
+    if why and path == "fused":
+        raise GC3Error(f"{what}: the fused path cannot serve this call: {why}")
+    if why:
+        get_logger().info("%s: sequential path: %s", what, why)
 
 
 def check(comm) -> None:
@@ -358,34 +370,32 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
     return a["out"] if isinstance(comm, VirtualComm) else a["out"][0]
 
 
-def _gemv_kernel(comm, path: str, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int, what: str):
-    """The GEMV + AllReduce kernel's group of `comm` (runtime_cuda.fused.gemv_kernel, built on first
-    use, collectively), or None for the sequential path (its reason logged at INFO)."""
+def gemv_kernel(comm, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int = 1):
+    """(the GEMV + AllReduce kernel's group of `comm`, '') or (None, why it cannot serve the
+    shape).  One group per communicator (runtime_cuda.fused.gemv_kernel), for the CuPy API and
+    the torch function alike, built on first use, collectively: every rank makes the same call."""
     from .gemv_kernel import GemvAllreduce, refusal
 
-    if path == "sequential":
-        get_logger().info("%s: sequential path: path=sequential", what)
-        return None
     key = ("gemv_kernel", id(comm))
     why = refusal(dtype, batch, k, n_out, n, ranks_here) or _failed.get(key, "")
     groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
     group = None if why else groups.get("gemv_kernel")
     if not why and group is None:
         try:
-            if isinstance(comm, VirtualComm):
-                group = GemvAllreduce.virtual(n)
-            else:
-                exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
-                if exchange is None:
-                    raise GC3Error("the communicator has no gc3 runtime behind it (NCCL only)")
-                group = GemvAllreduce.ipc(exchange, device=comm.device_id())
-            groups["gemv_kernel"] = group
+            group = groups["gemv_kernel"] = (GemvAllreduce.virtual(n) if isinstance(comm, VirtualComm) else
+                                             GemvAllreduce.ipc(exchange_of(comm), device=comm.device_id()))
         except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
             why = _failed[key] = f"kernel set-up failed: {exc}"
-    if why and path == "fused":
-        raise GC3Error(f"{what}: the fused path cannot serve this call: {why}")
-    if why:
-        get_logger().info("%s: sequential path: %s", what, why)
+    return (None, why) if why else (group, "")
+
+
+def _gemv_kernel(comm, path: str, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int, what: str):
+    """gemv_kernel's group, or None for the sequential path (raised where `path` forced the fused one)."""
+    if path == "sequential":
+        get_logger().info("%s: sequential path: path=sequential", what)
+        return None
+    group, why = gemv_kernel(comm, n, batch, k, n_out, dtype, ranks_here)
+    settle(path, why, what)
     return group
 
 

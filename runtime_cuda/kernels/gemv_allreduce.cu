@@ -20,6 +20,7 @@
 // wait ends.  Nothing is cleared and nothing is synchronised on the host, so
 // the launch can sit in a CUDA graph: a replay is a new call.
 #include "prims_ll.cuh"
+#include "sa_call.cuh"
 #include "prims_compute.cuh"
 
 #ifndef GC3_HAS_COMPUTE
@@ -57,13 +58,11 @@ gc3_gemv_allreduce(const Plan* plan, const u64* peers, const GvIO io, int nranks
   const elem_t* w = (const elem_t*)io.p[3 * slot + 1];
   elem_t* out = (elem_t*)io.p[3 * slot + 2];
 
-  __shared__ u64 s_calls;
   __shared__ __align__(16) elem_t tile[GC3_GV_TILE_LANES];
-  if (threadIdx.x == 0) s_calls = header[GC3_SA_COUNTERS + blockIdx.x];
-  __syncthreads();
-  const u64 k = s_calls + 1;
-  const unsigned flag = (unsigned)(k % 0xffffffffull) + 1u;
-  const u64 region = GC3_SA_HEADER_BYTES + (k & 1) * (u64)region_lines * 16;
+  const SaCall call = sa_call_begin(header, region_lines);
+  const u64 k = call.k;
+  const unsigned flag = call.flag;
+  const u64 region = call.region;
   auto lines_of = [&](int r) { return (uint4*)(base[r] + region); };
   const int tiles = (N + tw - 1) / tw;
   const u64 per_tile = gv::tile_lines(batch, tw);
@@ -116,10 +115,6 @@ gc3_gemv_allreduce(const Plan* plan, const u64* peers, const GvIO io, int nranks
       }
     }
   }
-  // As gc3_small_allreduce: every block's count advances once per launch, and
-  // block 0 brings the counters of the blocks this launch left out along.
-  __syncthreads();
-  if (threadIdx.x == 0) header[GC3_SA_COUNTERS + blockIdx.x] = k;
-  if (blockIdx.x == 0)
-    for (int b = gridDim.x + threadIdx.x; b < grid_max; b += blockDim.x) header[GC3_SA_COUNTERS + b] = k;
+  // Every thread ends here, a failed one too.
+  sa_call_end(header, k, grid_max);
 }

@@ -55,6 +55,7 @@
 // stride), so it has read a line of the input before it writes that line of
 // the output: in-place calls need no extra copy.
 #include "prims_ll.cuh"
+#include "sa_call.cuh"
 
 namespace sa {
 
@@ -251,12 +252,10 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   elem_t* const dst = out;
 #endif
 
-  __shared__ u64 s_calls;
-  if (threadIdx.x == 0) s_calls = header[GC3_SA_COUNTERS + blockIdx.x];
-  __syncthreads();
-  const u64 k = s_calls + 1;
-  const unsigned flag = (unsigned)(k % 0xffffffffull) + 1u;
-  const u64 region = GC3_SA_HEADER_BYTES + (k & 1) * (u64)region_lines * 16;
+  const SaCall call = sa_call_begin(header, region_lines);
+  const u64 k = call.k;
+  const unsigned flag = call.flag;
+  const u64 region = call.region;
   auto lines_of = [&](int r) { return (uint4*)(base[r] + region); };
 
   const long long L = (count + sa::N - 1) / sa::N;
@@ -342,12 +341,8 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
       sa::store_result(dst, g, count, sa::LineAcc::of(x), ew);
     }
   }
-  // Every thread ends here, a failed one too: the block's count advances once
-  // per launch whatever happened (after a failure the host refuses further calls).
-  __syncthreads();
-  if (threadIdx.x == 0) header[GC3_SA_COUNTERS + blockIdx.x] = k;
-  if (blockIdx.x == 0)
-    for (int b = gridDim.x + threadIdx.x; b < grid_max; b += blockDim.x) header[GC3_SA_COUNTERS + b] = k;
+  // Every thread ends here, a failed one too.
+  sa_call_end(header, k, grid_max);
 }
 
 #ifdef GC3_EPILOGUE

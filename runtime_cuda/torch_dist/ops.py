@@ -304,32 +304,13 @@ def gemv_sequential(x: torch.Tensor, w: torch.Tensor, pg) -> torch.Tensor:
     return y
 
 
-def _gemv_group(pg, t: torch.Tensor):
-    """(the group's GEMV + all_reduce kernel, '') built on first use, collectively: every
-    rank makes the same call; else (None, why not)."""
-    got = pg.__dict__.get("_gc3_gemv")
-    if got is None:
-        from runtime_cuda.fused.gemv_kernel import GemvAllreduce
-
-        comm = pg._cuda([t], "fused_gemv_all_reduce")
-        exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
-        if exchange is None:
-            got = (None, "the communicator has no gc3 runtime behind it (NCCL only)")
-        else:
-            try:
-                with torch.cuda.device(pg._device):
-                    got = (GemvAllreduce.ipc(exchange, device=pg._device.index), "")
-            except Exception as exc:   # agreed across ranks by the set-up: every rank takes this branch
-                got = (None, f"kernel set-up failed: {type(exc).__name__}: {exc}")
-        pg.__dict__["_gc3_gemv"] = got
-    return got
-
-
 def _gemv_fused(pg, x: torch.Tensor, w: torch.Tensor) -> Tuple[Optional[torch.Tensor], str]:
     """(x @ w summed over the ranks by the group's kernel, '') or (None, why it cannot run)."""
-    from .process_group import _DTYPES
+    from runtime_cuda.fused.memory_bound import gemv_kernel
 
-    group, why = _gemv_group(pg, x)
+    from .process_group import _DTYPES
+    comm = pg._cuda([x], "fused_gemv_all_reduce")
+    group, why = gemv_kernel(comm, pg.size(), x.shape[0], w.shape[0], w.shape[1], _DTYPES[x.dtype])
     if why:
         return None, why
     out = x.new_empty((x.shape[0], w.shape[1]))

@@ -92,13 +92,6 @@ def close(name, got, ref, seq):
         raise AssertionError(f"rank {rank}: {name}: error {e_got:.3e} against fp32, sequential path {e_seq:.3e}")
 
 
-def same_on_all_ranks(name, t):
-    bits = t.contiguous().view(torch.uint8).reshape(-1).to(torch.int64)
-    sig = torch.stack([bits.sum(), (bits * torch.arange(1, bits.numel() + 1, device=dev).remainder(65521)).sum()])
-    sigs = [torch.zeros_like(sig) for _ in range(world)]
-    dist.all_gather(sigs, sig)
-    if any(not torch.equal(s, sigs[0]) for s in sigs):
-        raise AssertionError(f"rank {rank}: {name}: ranks hold different bits: {[s.tolist() for s in sigs]}")
 
 
 def fused(a, out_dtype, name):
@@ -124,7 +117,7 @@ for dtype, out_dtype in CASTS:
             if got.dtype != odt or got.shape != a["x"].shape:
                 raise AssertionError(f"rank {rank}: {name}: got {got.dtype} {tuple(got.shape)}")
             close(name, got, ref, seq)
-            same_on_all_ranks(name, got)
+            torch_rank.same_on_all_ranks(name, got)
             if not torch.equal(a["x"], x0):
                 raise AssertionError(f"rank {rank}: {name}: the epilogue modified x")
     passed(f"sizes terms {dtype}->{odt}")
@@ -147,7 +140,7 @@ for dtype, out_dtype in ((torch.bfloat16, None), (torch.float32, torch.bfloat16)
             g.replay()
             seq = run(a, out_dtype, "sequential")
             close(f"graph replay {rep} {shape}", out, reference(60 + rep, shape, dtype, terms), seq)
-            same_on_all_ranks(f"graph replay {rep} {shape}", out)
+            torch_rank.same_on_all_ranks(f"graph replay {rep} {shape}", out)
         del g
     passed(f"cuda graph replay {dtype}->{out_dtype or dtype}")
 
@@ -163,7 +156,7 @@ for i in range(15):
 torch.cuda.synchronize()
 for name, got, seq, s, shape, dtype, terms, _ in queued:
     close(name, got, reference(s, shape, dtype, terms), seq)
-    same_on_all_ranks(name, got)
+    torch_rank.same_on_all_ranks(name, got)
 passed("back to back alternating sizes")
 
 # Negative control: the kernels' shifted-peer hook must fail the same check (a shape no earlier

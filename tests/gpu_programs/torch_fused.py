@@ -48,13 +48,6 @@ def inputs(seed, r, shape, dtype=torch.bfloat16, scale=1.0):
     return (torch.randn(shape, generator=g, device=dev) * scale).to(dtype)
 
 
-def same_on_all_ranks(name, t):
-    sig = torch.tensor([int(t.contiguous().view(torch.int16).to(torch.int64).sum()),
-                        int((t.contiguous().view(torch.int16).to(torch.int64) * 7919).remainder(65521).sum())])
-    sigs = [torch.zeros_like(sig) for _ in range(world)]
-    dist.all_gather(sigs, sig)
-    if any(not torch.equal(s, sigs[0]) for s in sigs):
-        raise AssertionError(f"rank {rank}: {name}: ranks hold different bits: {[s.tolist() for s in sigs]}")
 
 
 def close(name, got, ref, seq):
@@ -116,7 +109,7 @@ for name, (operands, call, reference) in OPS.items():
         got = call(a, b, path="fused", chunks=chunks)
         close(f"{name} fused chunks={chunks}", got, ref, seq)
         if name in ("gemm_ar", "ag_gemm"):
-            same_on_all_ranks(f"{name} chunks={chunks}", got)
+            torch_rank.same_on_all_ranks(f"{name} chunks={chunks}", got)
     if name == "ag_gemm":     # the gathered A comes back too, exactly
         A, _ = ops.fused_all_gather_matmul(a, [b], 0, pg, path="fused", chunks=3)
         want = torch.cat([inputs(1, r, (M // G, K)) for r in range(world)])

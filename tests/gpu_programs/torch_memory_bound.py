@@ -51,14 +51,6 @@ def inputs(seed, r, shape, dtype=dt, scale=1.0):
     return (torch.randn(shape, generator=g, device=dev) * scale).to(dtype)
 
 
-def same_on_all_ranks(name, t):
-    """Raises where ranks hold different bits."""
-    bits = t.contiguous().view(torch.uint8).reshape(-1).to(torch.int64)
-    sig = torch.stack([bits.sum(), (bits * torch.arange(1, bits.numel() + 1, device=dev).remainder(65521)).sum()])
-    sigs = [torch.zeros_like(sig) for _ in range(world)]
-    dist.all_gather(sigs, sig)
-    if any(not torch.equal(s, sigs[0]) for s in sigs):
-        raise AssertionError(f"rank {rank}: {name}: ranks hold different bits: {[s.tolist() for s in sigs]}")
 
 
 def error(got, ref):
@@ -192,7 +184,7 @@ for name, (operands, call, reference, reduced) in OPS.items():
     # Both fused kernels reduce in rank order 0..n-1 on every rank: the ranks must agree.
     if reduced:
         for path in PATHS:
-            same_on_all_ranks(f"{name} {path}", call(a, path))
+            torch_rank.same_on_all_ranks(f"{name} {path}", call(a, path))
         passed(f"{name} same bits on every rank")
 
 # Positions that are no bag's may hold anything, -1 included: the sequential path never

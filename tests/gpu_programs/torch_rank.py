@@ -26,6 +26,17 @@ def join(argv):
     return rank, world, dev, dist.group.WORLD
 
 
+def same_on_all_ranks(name: str, t: torch.Tensor) -> None:
+    """Raises where the ranks of the default group hold different bits in t (a signature of
+    its bytes, gathered)."""
+    bits = t.contiguous().view(torch.uint8).reshape(-1).to(torch.int64)
+    sig = torch.stack([bits.sum(), (bits * torch.arange(1, bits.numel() + 1, device=t.device).remainder(65521)).sum()])
+    sigs = [torch.zeros_like(sig) for _ in range(dist.get_world_size())]
+    dist.all_gather(sigs, sig)
+    if any(not torch.equal(s, sigs[0]) for s in sigs):
+        raise AssertionError(f"rank {dist.get_rank()}: {name}: ranks hold different bits: {[s.tolist() for s in sigs]}")
+
+
 def finish(rank: int) -> None:
     """The program passed: say so, then leave without the interpreter's teardown, where
     torch's gloo threads sometimes abort a process that is already done ("terminate called
