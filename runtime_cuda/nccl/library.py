@@ -15,6 +15,7 @@ channels (`gc3.lower(instances=)` overrides instances anyway).
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -22,7 +23,15 @@ from typing import Dict, Optional, Tuple
 
 from gc3.errors import InputError
 
-ALGORITHMS_DIR = Path(__file__).resolve().parents[2] / "algorithms"
+def algorithms_dir() -> Path:
+    """The algorithm library: beside the sources (a checkout or an editable install), else
+    where a wheel puts it (pyproject's data-files), as catalog.default_index finds the samples."""
+    candidates = [Path(__file__).resolve().parents[2] / "algorithms",
+                  Path(sys.prefix) / "share" / "gc3" / "algorithms"]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+ALGORITHMS_DIR = algorithms_dir()
 
 PARAMS = ("ranks", "nodes", "gpus", "chunks", "root", "inplace", "instances", "channels")
 _SPELLINGS = {"chunk_factor": "chunks"}     # one name per meaning across the files
