@@ -4,7 +4,7 @@ scratch, launch.  A launch group is the set of ranks one kernel launch runs
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error
@@ -18,6 +18,22 @@ from .tables import Tables, epilogue_words
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
 _LEGACY = streams.LEGACY_PTRS
+
+
+class CollectiveGroup(Protocol):
+    """What the drop-in (nccl/gc3_backend.py) asks of every launch group it serves calls
+    from: the interpreter's ranks over CUDA IPC (ipc.IpcRanks) and the small-message kernels
+    (small_allreduce.SmallAllreduce).  `executor` carries the group's stream order
+    (`executor.order`, a streams.StreamOrder) and its error record (`executor.check`)."""
+    executor: Any
+
+    def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
+                 stream=None, **kind) -> None: ...
+
+    def reissue(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
+                **kind) -> Optional["Reissue"]: ...
+
+    def close(self) -> None: ...
 
 
 class PreparedCall:

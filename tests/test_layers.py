@@ -128,3 +128,23 @@ def test_imports_are_read_relative_and_inside_functions(tmp_path):
     (tmp_path / "m.py").write_text("from ..dsl import program\n\ndef f():\n    from . import layout\n"
                                    "    import gc3.cli\n")
     assert list(imports("gc3.ir.m", tmp_path / "m.py", False)) == ["gc3.dsl", "gc3.ir.layout", "gc3.cli"]
+
+
+def test_every_launch_group_the_drop_in_serves_from_has_the_one_interface():
+    """nccl/gc3_backend.py calls its groups through runtime_cuda.group.CollectiveGroup: each
+    implementation defines every method of it, taking the Protocol's positional parameters
+    first, in its order (further keyword parameters are each implementation's own)."""
+    import inspect
+
+    from runtime_cuda.group import CollectiveGroup
+    from runtime_cuda.ipc import IpcRanks
+    from runtime_cuda.small_allreduce import SmallAllreduce
+
+    def positional(fn):
+        return [p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    for impl in (IpcRanks, SmallAllreduce):
+        for name in ("run_ptrs", "reissue", "close"):
+            want, got = positional(getattr(CollectiveGroup, name)), positional(getattr(impl, name))
+            assert got[:len(want)] == want, (impl.__name__, name, got, want)

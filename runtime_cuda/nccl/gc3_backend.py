@@ -12,7 +12,7 @@ outcome, so that a failure anywhere sends every rank to NCCL together.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 from gc3 import limits
 from gc3.errors import GC3Error
@@ -20,6 +20,9 @@ from gc3.errors import GC3Error
 from .call import REDUCING, Call
 from .catalog import Candidate
 from .selection import Decision
+
+if TYPE_CHECKING:
+    from runtime_cuda.group import CollectiveGroup
 
 
 def _kernel_op(call: Call) -> str:
@@ -49,7 +52,7 @@ class Gc3Backend:
         self._small = small_allreduce
         self.exchange = exchange
         self.rank, self.size, self.device = rank, size, device
-        self._groups: Dict[Tuple, object] = {}
+        self._groups: Dict[Tuple, "CollectiveGroup"] = {}
         self._failed: Dict[Tuple, str] = {}
         self._tables: Dict[Tuple, object] = {}
         self._small_bytes = catalog.kernel_bytes(size) if catalog else limits.SMALL_ALLREDUCE_DEFAULT_BYTES
