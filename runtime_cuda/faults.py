@@ -1,6 +1,6 @@
 """Known bugs, put back on purpose: `GC3_FAULT=name[,name...]` re-enables the
 root causes of the drop-in's wrong results under stream reuse so that one can show the
-differential fuzz (scripts/fuzz_dropin.py) catches each of them.  Never set
+differential fuzz (`gc3 fuzz`, runtime_cuda/commands/fuzz.py) catches each of them.  Never set
 in production; an unknown name is an error, not a silent no-op."""
 from __future__ import annotations
 

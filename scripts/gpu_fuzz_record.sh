@@ -5,7 +5,7 @@
 # measured/fuzz.txt keeps.   CALLS_V / CALLS_P scale the runs.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-O=${OUT:-.}; F=scripts/fuzz_dropin.py; V=${CALLS_V:-26000}; P=${CALLS_P:-10000}
+O=${OUT:-.}; F="-m runtime_cuda.commands.fuzz"; V=${CALLS_V:-26000}; P=${CALLS_P:-10000}
 pids=()
 for s in 1 2 3 4; do
   timeout ${LIMIT:-560} python3 $F --mode virtual --ranks 4 --calls $V --seed $s --max-bytes 67108864 --time-budget ${BUDGET:-300} --record $O/fuzz_v4.txt > /tmp/log_v4_$s.txt 2>&1 & pids+=($!)

@@ -3,7 +3,7 @@
 # and the GC3_FAULT switches it must catch.  Run from the project root on a GPU machine with Open MPI.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-F=scripts/fuzz_dropin.py
+F="-m runtime_cuda.commands.fuzz"
 # Every NCCL dtype (int8, uint32, uint64 included) has a gc3 build, so the fuzz draws from all of them.
 G="--ops sum,prod,max,min"
 quiet() { grep -v "^---\|^$\|^Primary job\|^a non-zero\|^mpirun detected\|^the job to be\|^  Process name\|^  Exit code"; }

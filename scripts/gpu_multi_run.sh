@@ -40,7 +40,7 @@ suite2)
   ign=""; for f in $FIRST; do ign="$ign --ignore=$f"; done
   timeout 570 $PYTEST -m "gpu or multigpu" $ign tests/ 2>&1 | tail -15 | tee $O/gpu_suite2.txt ;;
 fuzz)
-  F=scripts/fuzz_dropin.py
+  F="-m runtime_cuda.commands.fuzz"
   timeout $((T + 60)) $MPI python3 $F --calls 1000000 --seed 100 --time-budget $T --record $O/fuzz.txt 2>&1 \
     | grep -E "^rank|^fuzz|^coverage|^NCCL|HANG|minimal|^  #" | head -40
   python3 scripts/ll128_config.py $N > /tmp/ll128.json && \

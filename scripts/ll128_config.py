@@ -3,7 +3,7 @@ the library with the LL128 protocol, so the fuzz exercises all of them under
 that protocol (its 128-byte stores only meet real NVLink on several GPUs):
 
     python scripts/ll128_config.py 4 > /tmp/ll128.json      # IRs written to /tmp/gc3_ll128_4r/
-    GC3_CONFIG=/tmp/ll128.json mpirun -np 4 python scripts/fuzz_dropin.py ...
+    GC3_CONFIG=/tmp/ll128.json mpirun -np 4 gc3 fuzz ...
 
 The drop-in takes the first entry that serves a call, so one entry per program
 and placement would let only the first program of each collective run.  Instead

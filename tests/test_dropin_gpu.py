@@ -3,7 +3,7 @@ sharing one GPU over CUDA IPC (NcclCommunicator.from_mpi; NCCL refuses two
 ranks on one device), a stream chosen with `s.use()`, fresh / reused / offset
 buffers, calls on several streams, no synchronization between calls.
 
-* scripts/fuzz_dropin.py, short, on 2 and 4 processes and on virtual ranks:
+* gc3 fuzz (runtime_cuda/commands/fuzz.py), short, on 2 and 4 processes and on virtual ranks:
   every call bit-exact against the reference computed from the seed;
 * the fuzz catches each root cause in runtime_cuda/faults.py when GC3_FAULT puts it back;
 * the original report's program (tests/gpu_programs/dropin_stream_reset.py).
@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
-FUZZ = ROOT / "scripts" / "fuzz_dropin.py"
+FUZZ = ("-m", "runtime_cuda.commands.fuzz")
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
            "PYTHONUNBUFFERED": "1"}
 
@@ -42,7 +42,7 @@ def mpirun(n, *args):
 # call retires the older ones while launches that use them may still be queued.
 @pytest.mark.parametrize("n, calls, cache", [(2, 600, None), (4, 300, None), (2, 600, "2")])
 def test_fuzz_processes_sharing_one_gpu(n, calls, cache):
-    rc, out = run(mpirun(n, FUZZ, "--calls", calls, "--seed", 11, "--max-bytes", 32 << 20),
+    rc, out = run(mpirun(n, *FUZZ, "--calls", calls, "--seed", 11, "--max-bytes", 32 << 20),
                   {"GC3_CACHE_ENTRIES": cache} if cache else None)
     assert rc == 0, out[-6000:]
     assert "mismatches=0 hangs=0" in out
@@ -52,7 +52,7 @@ def test_fuzz_processes_sharing_one_gpu(n, calls, cache):
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_fuzz_virtual_ranks(n):
-    rc, out = run([sys.executable, str(FUZZ), "--mode", "virtual", "--ranks", str(n), "--calls", "1500",
+    rc, out = run([sys.executable, *FUZZ, "--mode", "virtual", "--ranks", str(n), "--calls", "1500",
                    "--seed", "5", "--max-bytes", str(64 << 20)])
     assert rc == 0, out[-6000:]
     assert "mismatches=0 hangs=0" in out
@@ -73,7 +73,7 @@ def test_the_fuzz_catches_each_root_cause(fault):
     # retired its tables once in hundreds of calls.  GC3_CACHE_ENTRIES=4 makes that every few calls;
     # a fault still gets three seeds to show, and must show in one of them.
     for seed in (3, 4, 5):
-        cmd = mpirun(2, FUZZ, "--calls", 3000, "--seed", seed, "--max-bytes", 16 << 20, "--no-minimize",
+        cmd = mpirun(2, *FUZZ, "--calls", 3000, "--seed", seed, "--max-bytes", 16 << 20, "--no-minimize",
                      "--hang-s", 30)
         rc, out = run(cmd, {"GC3_FAULT": fault, "GC3_CACHE_ENTRIES": "4"})
         if rc in (1, 3):

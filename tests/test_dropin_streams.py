@@ -3,7 +3,7 @@ on a new stream wait for the communicator's earlier ones, retired buffers are
 held until the work before them is done, library code never enters a stream
 with `with`, the GC3_NCCL startup hook, and the fuzz's deterministic parts.
 The GPU side of the same contract: tests/test_dropin_gpu.py and
-scripts/fuzz_dropin.py."""
+runtime_cuda/commands/fuzz.py (`gc3 fuzz`)."""
 import os
 import re
 import subprocess
@@ -19,8 +19,8 @@ from runtime_cuda.streams import StreamOrder
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
-sys.path.insert(0, str(ROOT / "scripts"))
-import fuzz_dropin as fz  # noqa: E402
+sys.path.insert(0, str(ROOT / "scripts"))   # fuzz_sum, ll128_config
+from runtime_cuda.commands import fuzz as fz  # noqa: E402
 from test_nccl_dispatch import RecordingNccl  # noqa: E402
 
 

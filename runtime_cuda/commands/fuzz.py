@@ -1,7 +1,9 @@
 """Differential fuzz of gc3's NCCL drop-in (and of its runtime on virtual ranks).
 
-    mpirun -np N python scripts/fuzz_dropin.py --calls 20000 --seed 1           # one process per rank
-    python scripts/fuzz_dropin.py --mode virtual --ranks 4 --calls 100000       # virtual ranks, one process
+    mpirun -np N gc3 fuzz --calls 20000 --seed 1           # one process per rank
+    gc3 fuzz --mode virtual --ranks 4 --calls 100000       # virtual ranks, one process
+
+(`python -m runtime_cuda fuzz ...` where gc3 is not installed.)
 
 Every rank generates every rank's input from the seed, so it knows each
 call's exact result: inputs are small integers (in float types too), chosen
@@ -47,11 +49,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import click
 
-from gc3.dtypes import dtype_info  # noqa: E402
-from runtime_cuda.nccl.call import Call  # noqa: E402
-from runtime_cuda.nccl.constants import (  # noqa: E402
+from gc3.dtypes import dtype_info
+from runtime_cuda.nccl.call import Call
+from runtime_cuda.nccl.constants import (
     DTYPE_NAMES, ITEMSIZE, NCCL_AVG, NCCL_MAX, NCCL_MIN, NCCL_PROD, NCCL_SUM, OP_NAMES)
 
 COLLS = ("allreduce", "reduce", "broadcast", "allgather", "reducescatter", "alltoall", "sendrecv")
@@ -607,8 +609,18 @@ def hw_description(cp, ngpus: int) -> str:
     return f"{ngpus}x{short} cuda={cuda} nccl={ncclv}"
 
 
+def _gpu_missing() -> Optional[str]:
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+        return "CuPy sees no GPU here"
+    except Exception as exc:  # noqa: BLE001 -- any reason is reported, in one line
+        return f"no usable CuPy/CUDA here ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="gc3 fuzz", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=("processes", "virtual"), default="processes")
     p.add_argument("--ranks", type=int, default=4, help="virtual ranks (mode=virtual)")
     p.add_argument("--calls", type=int, default=2000)
@@ -637,6 +649,9 @@ def main(argv=None) -> int:
     bad = sorted(set(colls) - set(COLLS))
     if bad or args.calls < 0 or args.max_bytes < 1 or args.batch < 1 or args.ranks < 1:
         p.error(f"bad arguments ({'unknown collective ' + ', '.join(bad) if bad else 'counts must be positive'})")
+    missing = _gpu_missing()
+    if missing:
+        p.exit(2, f"gc3 fuzz: needs CUDA GPUs: {missing}\n")
 
     import cupy as cp
 
@@ -775,6 +790,14 @@ def main(argv=None) -> int:
             with open(args.record, "a") as f:
                 f.write(line + "\n")
     return 1 if (total_fail or total_hang) else 0
+
+
+@click.command("fuzz", context_settings={"ignore_unknown_options": True, "help_option_names": []},
+               add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def command(args) -> None:
+    """Differential fuzz of the drop-in against the exact result and NCCL (--help for its options)."""
+    sys.exit(main(list(args)))
 
 
 if __name__ == "__main__":
