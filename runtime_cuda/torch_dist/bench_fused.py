@@ -511,7 +511,7 @@ def write_section(output: Path, entries: List[dict], provenance: dict) -> None:
 # Their record lines carry their own shape fields in place of M K N (the full layer's K for
 # the GEMV, T tables per rank, samples per rank, the bytes of x), and n/a in the columns that
 # do not apply: symm (PyTorch has no such op), comm_fused (each fused path is one launch or one
-# program, not separable) and graph_fused but for the GEMV (the others set up on the host).  gemm is the compute alone (the GEMV,
+# program, not separable) and graph_fused for the embedding-bag program (it sets up on the host).  gemm is the compute alone (the GEMV,
 # the pooling, the elementwise epilogue).
 MEMORY_OPS = ("gemv_ar", "ebag_a2a", "ar_epilogue")
 GEMV_B = (1, 4, 8, 32)
@@ -732,8 +732,9 @@ def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, 
         "comm_nccl_us": timer.device(comm),
         "seq_host_us": timer.host(seq),
         "graph_seq_nccl_us": timer.graph(seq),
-        # The GEMV's kernel is one launch a graph can hold; the other fused paths set up on the host.
-        "graph_fused_us": timer.graph(fused) if case.op == "gemv_ar" else None,
+        # The GEMV's kernel and the epilogue's are launches a graph can hold (a path that cannot
+        # be captured reads n/a); the embedding-bag program sets up on the host.
+        "graph_fused_us": timer.graph(fused) if case.op in ("gemv_ar", "ar_epilogue") else None,
     }
     v["host_us"] = None if v["fused_us"] is None else timer.host(fused)
     reference = (seq or memory_seq_call(case, t, job.gc3))()
