@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from runtime_cuda.torch_dist import overlap  # noqa: E402
+from thread_ranks import run_ranks
 
 
 class _Stream:
@@ -108,11 +109,7 @@ def _ranks(n, body):
             errors.append((r, exc))
             world.barrier.abort()
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_ranks(n, run, 120)
     assert not errors, errors
     return results, world
 

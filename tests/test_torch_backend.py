@@ -13,6 +13,7 @@ import pytest
 
 from runtime_cuda.nccl.rendezvous import StoreExchange
 from runtime_cuda.torch_dist import names
+from thread_ranks import run_ranks as run_thread_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
@@ -87,11 +88,7 @@ def exchange_on_threads(store_for, n):
         except Exception as e:  # noqa: BLE001 -- reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_thread_ranks(n, rank, 60)
     assert not errors, errors
     for r in range(n):
         gathered, root, agree, last = out[r]
@@ -356,11 +353,7 @@ def run_threads(n, body, multiple=1, host=None):
             errors.append(e)
             shared["barrier"].abort()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_thread_ranks(n, rank, 120)
     assert not errors, errors
     return results
 
