@@ -200,9 +200,8 @@ class Executor:
         queued on another stream could still be pending when a kernel on this
         one reads it, and the pool must not hand the memory to work unordered
         with it.  Evicted tables are retired, not freed: queued launches may
-        still read them.  While `stream` captures a graph, the table is written
-        now, on the set-up stream (a captured upload would read this host
-        array at every replay, long after it is gone)."""
+        still read them.  While `stream` captures a graph, the table comes from
+        the captured calls' arena (_captured_table)."""
         tab = self._bufs.get(ptrs)
         if tab is None:
             if not captured:
@@ -229,7 +228,7 @@ class Executor:
         return tab
 
     def _captured_table(self, host: np.ndarray, stream: int):
-        """`host` in the arena that captured calls' tables come from (None when it is full),
+        """`host` in the arena that captured calls' tables come from (None before any eager call),
         copied by a node of the graph being captured on `stream`: from a pinned mirror that,
         like the arena, lives as long as this executor, so every replay copies the same
         addresses before its launch reads them.  A capture forbids cudaMalloc, copies from
@@ -238,8 +237,12 @@ class Executor:
         table is never handed out again."""
         arena = self.__dict__.get("_arena")
         n = host.size
-        if arena is None or self._arena_used + n > arena.size:
-            return None
+        if arena is None:
+            return None     # nothing ran eagerly yet: the capture then fails on the allocation it needs
+        if self._arena_used + n > arena.size:
+            raise LimitError(f"CUDA graph capture: the calls captured so far hold {self._arena_used} of the "
+                             f"{arena.size} address words a launch group keeps for captured calls "
+                             f"(launcher.CAPTURED_TABLE_WORDS); this call needs {n} more")
         lo, self._arena_used = self._arena_used, self._arena_used + n
         self._arena_host[lo:lo + n] = host
         rt = self.cupy.cuda.runtime
