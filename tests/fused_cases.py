@@ -68,4 +68,6 @@ def ebag_case(rng, n, t, rows, dim, b, dtype, max_bag=6):
         mags.append(m.reshape(batch, t * dim))
     expected = [(np.stack([pooled[r][p * b:(p + 1) * b] for r in range(n)]),
                  np.stack([mags[r][p * b:(p + 1) * b] for r in range(n)])) for p in range(n)]
+    # Copied on the legacy stream: a non-blocking stream's call would not wait for them.
+    cupy.cuda.Device().synchronize()
     return tables, indices, offsets, expected

@@ -141,3 +141,19 @@ def test_the_runtime_check_builds_its_reference_on_the_cpu(name, args):
     inputs, pairs = fused_case(prog, seed=2)
     assert len(inputs) == len(pairs) == prog.ngpus
     assert all(np.all(np.isfinite(exp[np.isfinite(tol)])) for exp, tol in pairs)
+
+
+def test_gemv_kernel_refusals_and_tiles():
+    from runtime_cuda.fused.gemv_kernel import refusal, split_plan, tile_columns
+
+    assert refusal("int32", 1, 8, 8, 2).startswith("dtype int32")
+    assert "single rank" in refusal("bfloat16", 1, 8, 8, 1)
+    assert "tile holds" in refusal("bfloat16", 1024, 8, 8, 2)
+    assert "scratch" in refusal("float32", 32, 8, 65536, 2)
+    assert refusal("bfloat16", 32, 28672, 8192, 4) is None
+    assert tile_columns(1, 8192, 132) == 64 and tile_columns(1, 4096, 132) == 32
+    assert tile_columns(32, 8192, 16) == 128          # a tile's shared memory bounds it; tiles wrap the grid
+    assert split_plan(1, 2048, 8192, 2, 132) == (256, 4)     # 32 tiles of 256 columns, 4 slices of K each
+    assert split_plan(8, 7168, 8192, 2, 132) == (128, 2)     # batch 8: 8-byte loads, so 128 columns a tile
+    assert split_plan(1, 100, 8192, 2, 132) == (256, 1)      # too few rows to split
+    assert split_plan(9, 2048, 8192, 2, 132) is None and split_plan(1, 2048, 8193, 2, 132) is None

@@ -1,6 +1,8 @@
-"""The GEMV + AllReduce kernel (runtime_cuda/fused/gemv_kernel.py) on virtual ranks of one GPU:
+"""The GEMV + AllReduce kernel (runtime_cuda/fused/gemv_kernel.py) on virtual ranks of one GPU,
+in both its forms (split-K and column tiles over all of K):
 random values against a float64 reference, the same bits on every rank, odd shapes (columns no
-16-byte load fits, one column, tiles that wrap around the grid), every float type, back-to-back
+16-byte load fits, one column, tiles that wrap around the grid, slices of K, a weight no vector
+load fits), every float type, back-to-back
 calls on a non-default stream with no synchronisation, CUDA-graph replay as new calls, and
 a peer's partial put in the wrong slot must come out wrong."""
 import numpy as np
@@ -22,18 +24,12 @@ def _gpu():
 if not _gpu():
     pytest.skip("no GPU", allow_module_level=True)
 
-from runtime_cuda.fused.gemv_kernel import GemvAllreduce, refusal, tile_columns  # noqa: E402
+from runtime_cuda.fused.gemv_kernel import GemvAllreduce  # noqa: E402
 
 _GROUPS = {}
 # Streams a group has run on stay alive with it: the group's stream order hands over from the last
 # stream it used, by raw handle, when the next call comes on another.
 _STREAMS = []
-
-
-def group(n):
-    if n not in _GROUPS:
-        _GROUPS[n] = GemvAllreduce.virtual(n, timeout=20)
-    return _GROUPS[n]
 
 
 def _run(g, xs, ws, outs, dtype, stream=None):
@@ -48,19 +44,60 @@ def _check(outs, want, scale, dtype, what):
         assert (o.get() == outs[0].get()).all(), f"{what}: rank {r}'s bits differ from rank 0's"
 
 
+def _misaligned(a):
+    """A copy of `a` one element past an allocation's start: no vector load of it is aligned."""
+    buf = cupy.empty(a.size + 1, dtype=a.dtype)
+    out = buf[1:].reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.fixture(params=[True, False], ids=["split-k", "column-tiles"])
+def split_k(request):
+    for g in _GROUPS.values():
+        g.split_k = request.param
+    yield request.param
+    for g in _GROUPS.values():
+        g.split_k = True
+
+
+def group(n):
+    if n not in _GROUPS:
+        _GROUPS[n] = GemvAllreduce.virtual(n, timeout=20)
+    return _GROUPS[n]
+
+
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("batch,k,n_out", [(1, 512, 4096), (3, 96, 232), (5, 40, 235), (8, 300, 1), (32, 64, 1000),
-                                           (1, 7, 8)])
-def test_matches_float64_and_every_rank_has_the_same_bits(n, dtype, batch, k, n_out):
+                                           (1, 7, 8), (1, 2048, 4096), (2, 3000, 1032), (6, 1030, 1024),
+                                           (8, 777, 520)])
+def test_matches_float64_and_every_rank_has_the_same_bits(n, dtype, batch, k, n_out, split_k):
     rng = np.random.default_rng(batch * 1000 + k + n_out)
     xs, ws, want, scale = gemv_case(rng, n, batch, k, n_out, dtype)
+    outs = [poisoned((batch, n_out), dtype) for _ in range(n)]
+    g = group(n)
+    g.split_k = split_k
+    _run(g, xs, ws, outs, dtype)
+    cupy.cuda.Device().synchronize()
+    g.check()
+    _check(outs, want, scale, dtype, f"{n} ranks {dtype} {batch}x{k}x{n_out}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_weight_no_vector_load_fits(dtype):
+    """Rank 1's weight starts one element past an aligned address: its loads go element by element
+    and the ranks still agree (the tile layout does not depend on the alignment)."""
+    n, batch, k, n_out = 2, 4, 1500, 2048
+    rng = np.random.default_rng(77)
+    xs, ws, want, scale = gemv_case(rng, n, batch, k, n_out, dtype)
+    ws = [ws[0], _misaligned(ws[1])]
     outs = [poisoned((batch, n_out), dtype) for _ in range(n)]
     g = group(n)
     _run(g, xs, ws, outs, dtype)
     cupy.cuda.Device().synchronize()
     g.check()
-    _check(outs, want, scale, dtype, f"{n} ranks {dtype} {batch}x{k}x{n_out}")
+    _check(outs, want, scale, dtype, f"misaligned {dtype}")
 
 
 def test_back_to_back_on_a_stream_and_graph_replay():
@@ -69,7 +106,7 @@ def test_back_to_back_on_a_stream_and_graph_replay():
     stream = cupy.cuda.Stream(non_blocking=True)
     _STREAMS.append(stream)
     cases = []
-    for i, shape in enumerate([(1, 256, 2048), (4, 128, 520), (1, 256, 2048), (8, 64, 4096)] * 3):
+    for i, shape in enumerate([(1, 256, 2048), (4, 128, 520), (1, 2560, 2048), (8, 64, 4096), (2, 3000, 1032)] * 3):
         rng = np.random.default_rng(i)
         with stream:        # operands made on the stream the calls run on, so ordered before them
             xs, ws, want, scale = gemv_case(rng, n, *shape, dtype)
@@ -111,13 +148,3 @@ def test_a_partial_in_the_wrong_place_is_wrong():
     cupy.cuda.Device().synchronize()
     with pytest.raises(AssertionError, match="wrong"):
         _check(outs, want, scale, dtype, "shifted")
-
-
-def test_refusals_and_tiles():
-    assert refusal("int32", 1, 8, 8, 2).startswith("dtype int32")
-    assert "single rank" in refusal("bfloat16", 1, 8, 8, 1)
-    assert "tile holds" in refusal("bfloat16", 1024, 8, 8, 2)
-    assert "scratch" in refusal("float32", 32, 8, 65536, 2)
-    assert refusal("bfloat16", 32, 28672, 8192, 4) is None
-    assert tile_columns(1, 8192, 132) == 64 and tile_columns(1, 4096, 132) == 32
-    assert tile_columns(32, 8192, 16) == 128          # a tile's shared memory bounds it; tiles wrap the grid

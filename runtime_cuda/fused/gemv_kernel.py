@@ -23,6 +23,7 @@ from ..launcher import CommunicatorBroken, _blocks_per_sm
 from ..small_allreduce import THREADS, SmallAllreduce
 
 KERNEL_NAME = "gc3_gemv_allreduce"
+SPLITK_KERNEL_NAME = "gc3_gemv_allreduce_splitk"
 DTYPES = ("bfloat16", "float16", "float32")
 TILE_LANES = abi.C["GC3_GV_TILE_LANES"]
 MAX_LOCAL = abi.C["GC3_GV_MAX_LOCAL"]
@@ -30,23 +31,58 @@ SCRATCH_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
 LINE_DATA = limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
 # Tiles start at multiples of this many columns: a 16-byte weight load never straddles two tiles.
 COLUMN_STEP = 8
+# Split-K (batches up to SPLIT_MAX_BATCH): a tile is one warp's row of vectors, 32 of them, and
+# the blocks of a tile each take a slice of K of at least SPLIT_MIN_ROWS rows, their fp32
+# partials in a workspace of SPLIT_WORK_BYTES per rank after the tiles' arrival counters.
+SPLIT_MAX_BATCH = abi.C["GC3_GV_SPLIT_MAX_BATCH"]
+SPLIT_COUNTER_BYTES = abi.C["GC3_GV_COUNTER_BYTES"]
+SPLIT_MIN_ROWS = 256
+SPLIT_WORK_BYTES = 8 << 20
+# Elements per weight load (gemv_allreduce.cu's splitk_vec) and accumulators a thread may hold (GC3_CMP_ACC).
+_VEC_BYTES, _ACC = 16, 32
 
 
 @functools.lru_cache(maxsize=None)
-def kernel(dtype: str, device: int):
-    """The compiled kernel for the current device (`device` is part of the cache key)."""
+def _module(dtype: str, device: int):
     import cupy
 
-    mod = cupy.RawModule(code=module.source("gemv_allreduce.cu"),
-                         options=module.options(dtype, "sum", "LL", compute=True))
-    return mod.get_function(KERNEL_NAME)
+    return cupy.RawModule(code=module.source("gemv_allreduce.cu"),
+                          options=module.options(dtype, "sum", "LL", compute=True))
+
+
+def kernel(dtype: str, device: int, split: bool = False):
+    """The compiled kernel (column tiles, or `split`-K) for the current device (`device` is part
+    of the cache key)."""
+    return _module(dtype, device).get_function(SPLITK_KERNEL_NAME if split else KERNEL_NAME)
+
+
+def split_vec(batch: int, itemsize: int) -> int:
+    """Elements per weight load of a split-K call: 16 bytes, or 8 where 16-byte vectors would
+    give a thread more than _ACC accumulators."""
+    vec = _VEC_BYTES // itemsize
+    return vec if batch * vec <= _ACC else vec // 2
+
+
+def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int) -> Optional[Tuple[int, int]]:
+    """(columns per tile, slices of K per tile) of the split-K form, or None where it does not
+    serve the shape (too many rows, columns that 32-lane vectors do not divide, more tiles than
+    counters, one slice's partial larger than the workspace)."""
+    if batch > SPLIT_MAX_BATCH:
+        return None
+    vec = split_vec(batch, itemsize)
+    tw = 32 * vec
+    tiles = -(-n_out // tw)
+    if n_out % vec or tiles > SPLIT_COUNTER_BYTES // 4 or batch * n_out * 4 > SPLIT_WORK_BYTES:
+        return None
+    split = max(1, min(blocks // tiles, -(-k // SPLIT_MIN_ROWS), SPLIT_WORK_BYTES // (batch * n_out * 4)))
+    return tw, split
 
 
 class _Args(ctypes.Structure):
-    """gc3_gemv_allreduce's parameters, in its order (io: x, w, out of each local rank)."""
-    _fields_ = [("plan", ctypes.c_uint64), ("peers", ctypes.c_uint64), ("io", ctypes.c_uint64 * (3 * MAX_LOCAL)),
+    """gc3_gemv_allreduce's parameters, in its order (io: x, w, out, workspace of each local rank)."""
+    _fields_ = [("plan", ctypes.c_uint64), ("peers", ctypes.c_uint64), ("io", ctypes.c_uint64 * (4 * MAX_LOCAL)),
                 ("nranks", ctypes.c_int32), ("rank0", ctypes.c_int32), ("batch", ctypes.c_int32),
-                ("K", ctypes.c_int32), ("N", ctypes.c_int32), ("tw", ctypes.c_int32),
+                ("K", ctypes.c_int32), ("N", ctypes.c_int32), ("tw", ctypes.c_int32), ("split", ctypes.c_int32),
                 ("max_lines", ctypes.c_int64), ("region_lines", ctypes.c_int64), ("grid_max", ctypes.c_int32)]
 
 
@@ -86,6 +122,9 @@ def refusal(dtype: str, batch: int, k: int, n_out: int, nranks: int, nlocal: int
 class GemvAllreduce:
     """The kernel for the ranks this process runs, over a SmallAllreduce group's scratch."""
 
+    # False: column tiles over all of K at every batch (for measuring the split-K form against them).
+    split_k = True
+
     def __init__(self, group: SmallAllreduce):
         self.group = group
         self.executor = group.executor
@@ -99,8 +138,18 @@ class GemvAllreduce:
         self._params = (ctypes.c_void_p * len(_Args._fields_))(
             *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
         self._params_ptr = ctypes.addressof(self._params)
-        self._shapes: Dict[Tuple[int, int, int, str], tuple] = {}
+        self._shapes: Dict[Tuple[int, int, int, str, bool], tuple] = {}
         self._grid_max: Optional[int] = None
+        # The split-K workspace of each local rank: zeroed counters, then partials.
+        import cupy
+
+        setup = streams.setup_stream()
+        with self.executor.device, streams.current(setup):
+            self._work = [cupy.zeros((SPLIT_COUNTER_BYTES + SPLIT_WORK_BYTES) // 4, dtype=cupy.int32)
+                          for _ in range(self.nlocal)]
+        setup.synchronize()
+        for i, buf in enumerate(self._work):
+            self._args.io[4 * i + 3] = buf.data.ptr
 
     @classmethod
     def virtual(cls, nranks: int, timeout: Optional[float] = None) -> "GemvAllreduce":
@@ -127,7 +176,7 @@ class GemvAllreduce:
         return self._grid_max
 
     def _shape(self, batch: int, k: int, n_out: int, dtype: str) -> tuple:
-        key = (batch, k, n_out, dtype)
+        key = (batch, k, n_out, dtype, self.split_k)
         got = self._shapes.get(key)
         if got is None:
             why = refusal(dtype, batch, k, n_out, self.nranks, self.nlocal)
@@ -135,16 +184,20 @@ class GemvAllreduce:
                 raise GC3Error(f"gemv_allreduce: {why}")
             fn = kernel(dtype, self.executor.device.id)
             most = self._most_blocks(fn)
-            tw = tile_columns(batch, n_out, most)
-            need = slot_lines(batch, n_out, tw, dtype_info(dtype).np.itemsize)
+            itemsize = dtype_info(dtype).np.itemsize
+            plan = split_plan(batch, k, n_out, itemsize, most) if self.split_k else None
+            tw, split = plan if plan else (tile_columns(batch, n_out, most), 0)
+            if split:
+                fn = kernel(dtype, self.executor.device.id, split=True)
+            need = slot_lines(batch, n_out, tw, itemsize)
             if need > self.group.max_lines:
                 raise GC3Error(f"gemv_allreduce: partials of {batch} x {n_out} {dtype} take {need} lines, the "
                                f"scratch holds {self.group.max_lines}")
             from cupy_backends.cuda.api import driver
 
-            grid = min(most, -(-n_out // tw))
+            grid = min(most, -(-n_out // tw) * max(split, 1))
             launch = functools.partial(driver.launchKernel, fn.kernel.ptr, grid, self.nlocal, 1, THREADS, 1, 1, 0)
-            got = self._shapes[key] = (launch, tw, most)
+            got = self._shapes[key] = (launch, tw, split, most)
         return got
 
     def run_ptrs(self, x_ptrs: Sequence[int], w_ptrs: Sequence[int], out_ptrs: Sequence[int], batch: int, k: int,
@@ -157,13 +210,13 @@ class GemvAllreduce:
         if not len(x_ptrs) == len(w_ptrs) == len(out_ptrs) == self.nlocal:
             raise GC3Error(f"gemv_allreduce: need {self.nlocal} x, w and out addresses (one per rank here), got "
                            f"{len(x_ptrs)}, {len(w_ptrs)} and {len(out_ptrs)}")
-        launch, tw, most = self._shape(batch, k, n_out, dtype)
+        launch, tw, split, most = self._shape(batch, k, n_out, dtype)
         ptr = streams.handle(stream)
         self.executor.order.enter(ptr, streams.is_capturing(ptr))
         a = self._args
         for i in range(self.nlocal):
-            a.io[3 * i], a.io[3 * i + 1], a.io[3 * i + 2] = x_ptrs[i], w_ptrs[i], out_ptrs[i]
-        a.batch, a.K, a.N, a.tw, a.grid_max = batch, k, n_out, tw, most
+            a.io[4 * i], a.io[4 * i + 1], a.io[4 * i + 2] = x_ptrs[i], w_ptrs[i], out_ptrs[i]
+        a.batch, a.K, a.N, a.tw, a.split, a.grid_max = batch, k, n_out, tw, split, most
         launch(ptr, self._params_ptr, 0)   # the driver copies the parameters now
 
     def __call__(self, xs: Sequence, ws: Sequence, outs: Sequence, dtype: Optional[str] = None,

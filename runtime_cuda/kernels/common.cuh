@@ -217,3 +217,7 @@ struct Plan {
 // Ranks one process launches together (virtual ranks), whose x, w and out
 // addresses travel in the launch's parameters.
 #define GC3_GV_MAX_LOCAL 8
+// Split-K batches (at most this many rows): each rank's workspace starts with one
+// arrival counter per column group (int32), then the splits' fp32 partials.
+#define GC3_GV_SPLIT_MAX_BATCH 8
+#define GC3_GV_COUNTER_BYTES 65536

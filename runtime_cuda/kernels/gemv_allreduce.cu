@@ -34,29 +34,117 @@ constexpr int LANES = 8 / (int)sizeof(elem_t);   // elements of one LL line's 8 
 // LL lines of one tile's slot: tiles sit at fixed offsets (the widest tile's lines).
 __device__ __forceinline__ u64 tile_lines(int batch, int tw) { return ((u64)batch * tw + LANES - 1) / LANES; }
 
+constexpr int WARPS = GC3_MAX_THREADS / 32;
+
+// One split-K item: columns [c0, c0 + width) of rows [k0, k1) of w (width a
+// multiple of V, at most 32 * V).  Lane l of every warp owns columns
+// c0 + l*V .. +V, warp q rows k0 + q, k0 + q + WARPS, ...: a warp's loads of
+// one row are 32 * V contiguous elements, the block streams a contiguous
+// stretch of w, and every thread has U loads in flight before it uses one.
+// The warps' sums meet in `sred` in warp order (the same bits every run) and
+// go to part[r * N + column] in fp32.
+template <int V, int RB, bool ALIGNED>
+__device__ void splitk_item(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int batch, int K, int N,
+                            int c0, int width, int k0, int k1, float* part, float* sred) {
+  constexpr int BYTES = RB >= 4 ? 64 : 128;
+  constexpr int U = BYTES / (V * (int)sizeof(elem_t)) < 16 ? BYTES / (V * (int)sizeof(elem_t)) : 16;
+  const int lane = threadIdx.x & 31, q = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const bool live = lane * V < width;
+  float acc[RB][V];
+#pragma unroll
+  for (int r = 0; r < RB; ++r)
+#pragma unroll
+    for (int c = 0; c < V; ++c) acc[r][c] = 0.f;
+  const i64 step = (i64)nw * N;
+  const elem_t* wp = w + (i64)(k0 + q) * N + c0 + lane * V;
+  for (int k = k0 + q; k < k1; k += nw * U) {
+    CmpVec<V> wv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (live && k + nw * u < k1) {
+        if constexpr (ALIGNED) {
+          wv[u] = cmp_load<V>(wp + u * step);
+        } else {
+#pragma unroll
+          for (int c = 0; c < V; ++c) wv[u].e[c] = wp[u * step + c];
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < V; ++c) wv[u].e[c] = from_acc(0.f);
+      }
+    }
+    wp += U * step;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int kk = k + nw * u;
+      if (kk >= k1) break;
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        const float xv = r < batch ? cmp_f32(x[(i64)r * K + kk]) : 0.f;
+#pragma unroll
+        for (int c = 0; c < V; ++c) acc[r][c] = fmaf(xv, cmp_f32(wv[u].e[c]), acc[r][c]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    if (r >= batch) break;
+#pragma unroll
+    for (int c = 0; c < V; ++c) sred[q * 32 * V + lane * V + c] = acc[r][c];
+    __syncthreads();
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+      float sum = 0.f;
+      for (int p = 0; p < nw; ++p) sum += sred[p * 32 * V + i];
+      part[(i64)r * N + c0 + i] = sum;
+    }
+    __syncthreads();
+  }
+}
+
+template <int V, int RB>
+__device__ __forceinline__ void splitk_run(const elem_t* x, const elem_t* w, int batch, int K, int N, int c0,
+                                           int width, int k0, int k1, float* part, float* sred) {
+  if (((u64)w & (V * sizeof(elem_t) - 1)) == 0)
+    splitk_item<V, RB, true>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
+  else
+    splitk_item<V, RB, false>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
+}
+
+// The vector width a split-K call of `batch` rows takes (the host's tile is 32 of them):
+// 16-byte loads, or 8-byte ones where 16-byte vectors would give a thread more
+// accumulators than GC3_CMP_ACC.
+__device__ __forceinline__ int splitk_vec(int batch) {
+  return batch * GC3_CMP_VEC <= GC3_CMP_ACC ? GC3_CMP_VEC : GC3_CMP_VEC / 2;
+}
+
 }  // namespace gv
 
-// x, w and out of each local rank, by value: a call uploads nothing.
+// x, w, out and the split-K workspace of each local rank, by value: a call uploads nothing.
 struct GvIO {
-  u64 p[3 * GC3_GV_MAX_LOCAL];
+  u64 p[4 * GC3_GV_MAX_LOCAL];
 };
 
 // grid (blocks per rank, local ranks); blockIdx.y = local slot, rank rank0 + slot.
 // peers: [nlocal][nranks] scratch bases as this process addresses them.
-// io: x, w and out of each local rank for this call.  tw: columns per tile
-// (batch * tw <= GC3_GV_TILE_LANES); max_lines, region_lines, grid_max: as
-// gc3_small_allreduce's.
-extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
-gc3_gemv_allreduce(const Plan* plan, const u64* peers, const GvIO io, int nranks, int rank0, int batch, int K,
-                   int N, int tw, long long max_lines, long long region_lines, int grid_max) {
+// io: x, w, out and workspace of each local rank for this call.  tw: columns per
+// tile (batch * tw <= GC3_GV_TILE_LANES).  split: 0 for column tiles over all of
+// K, else the split-K form with `split` slices of K per tile of 32 * splitk_vec
+// columns (tw).  max_lines, region_lines, grid_max: as gc3_small_allreduce's.
+// Two entry points of one body (SPLIT: the split-K form), so that each gets the
+// registers its own loops need: the column tiles' mma path needs many more.
+template <bool SPLIT>
+__device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peers, const GvIO& io, int nranks,
+                                               int rank0, int batch, int K, int N, int tw, int split,
+                                               long long max_lines, long long region_lines, int grid_max) {
   const Plan P = *plan;
   const int slot = blockIdx.y;
   const int me = rank0 + slot;
   const u64* base = peers + (u64)slot * nranks;
   u64* header = (u64*)base[me];
-  const elem_t* x = (const elem_t*)io.p[3 * slot];
-  const elem_t* w = (const elem_t*)io.p[3 * slot + 1];
-  elem_t* out = (elem_t*)io.p[3 * slot + 2];
+  const elem_t* x = (const elem_t*)io.p[4 * slot];
+  const elem_t* w = (const elem_t*)io.p[4 * slot + 1];
+  elem_t* out = (elem_t*)io.p[4 * slot + 2];
+  char* work = (char*)io.p[4 * slot + 3];
 
   __shared__ __align__(16) elem_t tile[GC3_GV_TILE_LANES];
   const SaCall call = sa_call_begin(header, region_lines);
@@ -67,11 +155,8 @@ gc3_gemv_allreduce(const Plan* plan, const u64* peers, const GvIO io, int nranks
   const int tiles = (N + tw - 1) / tw;
   const u64 per_tile = gv::tile_lines(batch, tw);
 
-  for (int j = blockIdx.x; j < tiles; j += gridDim.x) {
-    const int c0 = j * tw, width = min(tw, N - c0);
-    const int n = batch * width;
-    // The tile's partial, row-major [batch][width]; gemv_store's closing barrier publishes it.
-    gemv_tile(x, w, batch, K, N, c0, width, tile, 0, n);
+  // The tile's partial, row-major [batch][width] in `tile`, onto slot `me` of every rank's lines.
+  auto put = [&](int j, int n) {
     const u64 L = ((u64)n + gv::LANES - 1) / gv::LANES;
     const u64 at = (u64)me * max_lines + (u64)j * per_tile;
     for (u64 g = threadIdx.x; g < L; g += blockDim.x) {
@@ -82,7 +167,63 @@ gc3_gemv_allreduce(const Plan* plan, const u64* peers, const GvIO io, int nranks
         if (g * gv::LANES + e < (u64)n) v.e[e] = tile[g * gv::LANES + e];
       for (int p = 0; p < nranks; ++p) st_volatile_v4(lines_of(p) + at + g, make_uint4(v.raw.x, flag, v.raw.y, flag));
     }
-    __syncthreads();   // the next tile's passes overwrite `tile`
+    __syncthreads();   // the next tile overwrites `tile`
+  };
+
+  if constexpr (!SPLIT) {
+    for (int j = blockIdx.x; j < tiles; j += gridDim.x) {
+      const int c0 = j * tw, width = min(tw, N - c0);
+      // gemv_store's closing barrier publishes the tile.
+      gemv_tile(x, w, batch, K, N, c0, width, tile, 0, batch * width);
+      put(j, batch * width);
+    }
+  } else {
+    // Split-K: item i is slice i % split of K for tile i / split.  Every slice's fp32
+    // partial goes to the workspace; the block that finishes a tile's last slice (its
+    // arrival counter says so) sums the slices in slice order, rounds once and puts
+    // the tile, so the sum's bits do not depend on which block came last.  That block
+    // also sets the counter back to 0 for the next call (all slices have arrived).
+    __shared__ __align__(16) float sred[GC3_MAX_THREADS * GC3_CMP_VEC];   // [warps][32 * V]
+    __shared__ int s_last;
+    int* arrived = (int*)work;
+    float* part = (float*)(work + GC3_GV_COUNTER_BYTES);
+    const int per = ((K + split - 1) / split + 15) / 16 * 16;
+    const int V = gv::splitk_vec(batch);
+    for (int i = blockIdx.x; i < tiles * split; i += gridDim.x) {
+      const int j = i / split, s = i - j * split;
+      const int c0 = j * tw, width = min(tw, N - c0);
+      const int k0 = min(K, s * per), k1 = min(K, k0 + per);
+      float* mine_part = part + (i64)s * batch * N;
+      if (V != GC3_CMP_VEC)
+        gv::splitk_run<GC3_CMP_VEC / 2, GC3_GV_SPLIT_MAX_BATCH>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
+      else if (batch == 1)
+        gv::splitk_run<GC3_CMP_VEC, 1>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
+      else if (batch == 2)
+        gv::splitk_run<GC3_CMP_VEC, 2>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
+      else if (batch <= 4)
+        gv::splitk_run<GC3_CMP_VEC, 4>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
+      else
+        gv::splitk_run<GC3_CMP_VEC, GC3_CMP_ACC / GC3_CMP_VEC>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        s_last = atomicAdd(arrived + j, 1) == split - 1;
+        if (s_last) atomicExch(arrived + j, 0);
+      }
+      __syncthreads();
+      if (!s_last) continue;
+      __threadfence();
+      const int n = batch * width;
+      for (int l = threadIdx.x; l < n; l += blockDim.x) {
+        const int r = l / width;
+        const float* src = part + (i64)r * N + c0 + (l - r * width);
+        float sum = 0.f;
+        for (int q = 0; q < split; ++q) sum += __ldcg(src + (i64)q * batch * N);
+        tile[l] = from_acc(sum);
+      }
+      __syncthreads();
+      put(j, n);
+    }
   }
 
   const uint4* mine = lines_of(me);
@@ -118,3 +259,13 @@ gc3_gemv_allreduce(const Plan* plan, const u64* peers, const GvIO io, int nranks
   // Every thread ends here, a failed one too.
   sa_call_end(header, k, grid_max);
 }
+
+#define GC3_GV_ENTRY(name, split_form)                                                                         \
+  extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)                                               \
+      name(const Plan* plan, const u64* peers, const GvIO io, int nranks, int rank0, int batch, int K, int N, \
+           int tw, int split, long long max_lines, long long region_lines, int grid_max) {                    \
+    gemv_allreduce<split_form>(plan, peers, io, nranks, rank0, batch, K, N, tw, split, max_lines, region_lines, \
+                               grid_max);                                                                      \
+  }
+GC3_GV_ENTRY(gc3_gemv_allreduce, false)
+GC3_GV_ENTRY(gc3_gemv_allreduce_splitk, true)
