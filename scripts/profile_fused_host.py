@@ -5,8 +5,9 @@
 
 Rank 0 prints the host time per call (a timer around 20 calls, no
 synchronisation, median of 5 rounds) of: torch.mm alone, the collective through
-dist on the gc3 group, the operator's sequential path and its fused path (4
-chunks), then a cProfile of 20 calls of each path.
+dist on the gc3 group and on an NCCL group, torch.mm then NCCL, the operator's
+sequential path and its fused path (4 chunks), then a cProfile of 20 calls of
+each path.
 """
 import cProfile
 import datetime
@@ -32,6 +33,13 @@ A = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
 B = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
 C = A @ B
 out = C.new_empty((M // G, N))
+nccl = dist.new_group(backend="nccl")
+
+
+def plain_nccl():
+    D = torch.mm(A, B)
+    o = D.new_empty((M // G, N))
+    dist.reduce_scatter_tensor(o, D, group=nccl)
 
 
 def host(fn, calls=20, rounds=5):
@@ -52,6 +60,8 @@ cases = {
     "mm": lambda: torch.mm(A, B),
     "mm_out_cols4": lambda: [torch.mm(A, B[:, i * N // 4:(i + 1) * N // 4]) for i in range(4)],
     "rs_dist": lambda: dist.reduce_scatter_tensor(out, C, group=pg),
+    "rs_nccl": lambda: dist.reduce_scatter_tensor(out, C, group=nccl),
+    "seq_nccl": plain_nccl,
     "event_pair": lambda: torch.cuda.Event().record(),
     "seq_op": lambda: ops.fused_matmul_reduce_scatter(A, B, "sum", 0, pg, path="sequential"),
     "auto_op": lambda: ops.fused_matmul_reduce_scatter(A, B, "sum", 0, pg),
