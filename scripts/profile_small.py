@@ -2,7 +2,7 @@
 
     GC3_TRACE=1 mpirun --allow-run-as-root -np 2 python3 scripts/profile_small.py [--size 1KiB]
 
-For each 2-rank candidate of bench_runtime.CANDIDATES named by --only, it
+For each 2-rank candidate of runtime_cuda.candidates.CANDIDATES named by --only, it
 runs a few hundred calls, then one more, and prints that last call's
 %globaltimer stamps per block (thread 0), relative to the earliest block
 start of the rank: when the block started, finished its prologue, each

@@ -2,12 +2,10 @@
 
 The accuracy tests are data checks: the committed measurements
 (gc3/simulator/measured_h200x2.csv) against the committed h200 preset, both
-written by scripts/calibrate_cost_model.py -- no timing is taken here.
+written by `gc3 calibrate` (runtime_cuda/calibrate.py) -- no timing is taken here.
 """
-import importlib.util
 import math
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from gc3.simulator import TimedProgram, simulate
 from gc3.simulator.calibration import MEASURED_CSV, PointSet, compile_spec, config_for, read_points
 from gc3.simulator.cost_config import H200_CALIBRATION, PROTOCOL_EFFICIENCY, preset
 from gc3.simulator.cost_model import tile_of
+from runtime_cuda import calibrate
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB, GiB = 1 << 20, 1 << 30
@@ -37,24 +36,15 @@ def _program(script, instances, proto, ranks=2):
                  instances=instances, protocol=proto)
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("calibrate_cost_model", ROOT / "scripts" / "calibrate_cost_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_csv_is_the_sweep():
     """Every row of the measured sweeps is in the CSV, with the program it ran
     (an ir_samples/ file may stand for the compiled algorithm, or not, as
     samples come and go, but it must be the same schedule)."""
-    script = _script()
-    from_sweep = [p for sweep in script.SWEEPS for p in script.points_from_sweep(sweep)]
+    from_sweep = [p for sweep in calibrate.sweeps() for p in calibrate.points_from_sweep(sweep)]
     committed = read_points(MEASURED_CSV)
     assert [replace(p, program="") for p in from_sweep] == [replace(p, program="") for p in committed]
     for a, b in {(a.program, b.program) for a, b in zip(from_sweep, committed) if a.program != b.program}:
-        assert script._same_schedule(compile_spec(a), compile_spec(b)), (a, b)
+        assert calibrate._same_schedule(compile_spec(a), compile_spec(b)), (a, b)
     assert len(from_sweep) > 100
     assert {p.coll for p in from_sweep} == {"allreduce", "allgather", "reducescatter", "alltoall"}
     # The ir_samples/ entries stand for the programs the sweep compiled.
@@ -83,7 +73,7 @@ def test_preset_label_matches_the_data(points):
 
 def test_uncalibrated_figures_do_not_fit(points):
     """The measurements can tell a calibrated preset from spec figures."""
-    spec = _script().config_of(_script().SPEC, preset("h200"))
+    spec = calibrate.config_of(calibrate.SPEC, preset("h200"))
     assert np.median(np.abs(points.relative_errors(spec))) > 0.15
 
 

@@ -444,14 +444,57 @@ _NAMED_CALLS = {
 }
 
 
-def test_the_named_calls_table_is_every_generated_method():
-    assert set(cm._NAMED) - {"_pointer_reduce", "_pointer_broadcast"} | {"broadcast", "reduce"} == set(_NAMED_CALLS)
+def _inlined_lookups():
+    """name -> (the key tuple of its `self._repeats.get(...)`, the calls it passes its arguments on
+    with) for every method of NcclCommunicator that looks a repeat up itself and passes the call on
+    (submit itself and prepared_reissue, which issues nothing, aside), read from its source."""
+    import ast
+    import inspect
+    import textwrap
+
+    found = {}
+    for name, fn in vars(cm.NcclCommunicator).items():
+        if not inspect.isfunction(fn) or fn is cm.NcclCommunicator.submit:
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        keys = [ast.unparse(node.args[0]) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and ast.unparse(node.func) == "self._repeats.get"]
+        if not keys:
+            continue
+        passed = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                  and ast.unparse(node.func) in ("self._submit", "self._pointer_broadcast", "self._pointer_reduce")]
+        if passed:
+            found[name] = (keys, [ast.unparse(node) for node in passed])
+    return found
+
+
+def test_the_named_calls_table_is_every_method_with_its_own_repeat_lookup():
+    assert set(_inlined_lookups()) == set(_NAMED_CALLS) | {"_pointer_reduce", "_pointer_broadcast"}
+
+
+@pytest.mark.parametrize("name", sorted(set(_NAMED_CALLS) - {"broadcast", "reduce"}
+                                        | {"_pointer_reduce", "_pointer_broadcast"}))
+def test_a_named_calls_repeat_key_is_what_it_passes_to_submit(name):
+    (key,), (passed,) = _inlined_lookups()[name]
+    assert passed == f"self._submit{key}"
+
+
+@pytest.mark.parametrize("name, pointer", [("broadcast", "_pointer_broadcast"), ("reduce", "_pointer_reduce")])
+def test_the_either_form_calls_look_up_their_pointer_forms_key(name, pointer):
+    (key,), _ = _inlined_lookups()[name]
+    assert [key] == _inlined_lookups()[pointer][0]
+
+
+def test_the_drop_in_defines_its_methods_in_source():
+    # A traceback through a named call shows the communicator's own file.
+    assert cm.NcclCommunicator.allReduce.__code__.co_filename == cm.__file__
+    assert cm.NcclCommunicator.broadcast.__qualname__ == "NcclCommunicator.broadcast"
 
 
 @pytest.mark.parametrize("name", sorted(_NAMED_CALLS))
 @pytest.mark.parametrize("inplace", [True, False])
 def test_every_named_call_is_submit_with_its_arguments_and_repeats_as_submit_does(monkeypatch, name, inplace):
-    # The generated methods inline submit's repeat lookup: they must build the same key and
+    # The named methods inline submit's repeat lookup: they must build the same key and
     # fall back to the same call, first call and repeats alike, served by gc3 (the all-pairs
     # IR: allreduce in place) or by NCCL.
     named_args, submit_args = _NAMED_CALLS[name]

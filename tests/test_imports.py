@@ -90,3 +90,14 @@ def test_runtime_commands_without_installed_metadata(monkeypatch):
         monkeypatch.delitem(main.commands, name, raising=False)
     assert "run" not in main.commands
     assert {"run", "bench", "catalog", "tune", "compile", "check"} <= set(cli().commands)
+
+
+def test_pyproject_declares_every_runtime_command():
+    """Each module of runtime_cuda/commands is a `gc3` subcommand of the same name, declared
+    under the entry-point group `gc3.commands`, so that an installed gc3 has it too."""
+    # (read as lines: tomllib is Python 3.11's, and gc3 supports 3.10)
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text[text.index('[project.entry-points."gc3.commands"]'):].split("\n\n")[0]
+    declared = dict(re.findall(r'^(\w+) = "([\w.:]+)"$', section, re.M))
+    modules = {p.stem for p in (ROOT / "runtime_cuda" / "commands").glob("*.py") if p.stem != "__init__"}
+    assert declared == {m: f"runtime_cuda.commands.{m}:command" for m in modules}

@@ -1,12 +1,10 @@
-"""The shipped ir_samples/: exactly what scripts/gen_ir_samples.py writes now,
+"""The shipped ir_samples/: exactly what `gc3 catalog build` writes now,
 an index.json the NCCL-replacement catalog accepts entry for entry, and every
 sample verified and simulated against numpy for 3 sizes, 2 dtypes and every
 reduction op its collective takes."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from gc3.ir.layout import blocks_of
 from gc3.simulator import simulate
 from gc3.verify import verify
 from gc3.ir.xml_io import read_xml
+from runtime_cuda.nccl import samples as gen
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "ir_samples"
@@ -26,33 +25,24 @@ KERNELS = [e for e in ENTRIES if "kernel" in e]    # the small-message allreduce
 REDUCING = {"allreduce", "reducescatter", "reduce"}
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_ir_samples", ROOT / "scripts" / "gen_ir_samples.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_committed_samples_are_what_the_generator_writes_now():
-    assert _generator().differences(SAMPLES) == [], "run: python scripts/gen_ir_samples.py"
+    assert gen.SAMPLES_DIR == SAMPLES
+    assert gen.differences(SAMPLES) == [], "run: gc3 catalog build"
 
 
 def test_generator_check_mode_reports_a_changed_sample(tmp_path):
-    gen = _generator()
     gen.generate(tmp_path)
     victim = tmp_path / INDEX[0]["file"]
     victim.write_text(victim.read_text().replace('proto="', 'proto="X', 1))
     (tmp_path / "stale.xml").write_text("<algo/>")
-    assert gen.main(["--out", str(tmp_path), "--check"]) == 1
     assert sorted(gen.differences(tmp_path)) == [
-        f"{INDEX[0]['file']}: differs from what scripts/gen_ir_samples.py writes now",
+        f"{INDEX[0]['file']}: differs from what `gc3 catalog build` writes now",
         "stale.xml: in %s but no longer generated" % tmp_path]
 
 
 def test_sample_set_is_moderate_and_covers_the_configurations():
     files = sorted(p.name for p in SAMPLES.glob("*.xml"))
-    fused = sorted(f"{name}.xml" for name in _generator().FUSED)     # written, never indexed: no NCCL call
+    fused = sorted(f"{name}.xml" for name in gen.FUSED)     # written, never indexed: no NCCL call
     assert fused and set(fused) <= set(files)
     files = sorted(set(files) - set(fused))
     assert files == sorted({e["file"] for e in INDEX})   # an IR may be listed twice (in/out-of-place ranges)
@@ -101,7 +91,6 @@ def test_the_small_message_kernels_lead_the_allreduce_entries_up_to_their_limit(
     from gc3.simulator.small_allreduce import small_allreduce_seconds
 
     assert KERNELS and ENTRIES[:len(KERNELS)] == KERNELS
-    gen = _generator()
     for e in KERNELS:
         if e["collective"] != "allreduce":   # the one-shot allgather/reducescatter, where measured, from 0
             assert e["kernel"] == "oneshot" and e["min_bytes"] == 0, e

@@ -4,7 +4,7 @@ A measured point is one row of measured/sweep_*.txt: a program
 (an ir_samples/ XML, or an algorithm compiled as `gc3 compile` would), a call
 size, runtime environment settings and the measured time per call.  The
 points live in `measured_h200x2.csv` next to this file
-(scripts/calibrate_cost_model.py writes it from the sweep and fits to it).
+(`gc3 calibrate` writes it from the sweep and fits to it).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Parameters of the cost model, per machine preset.
 
 `h200`: the NVLink figures are fitted to the CUDA runtime measured on
-nvidia-h200-x2 (2x H200, NV18) by scripts/calibrate_cost_model.py, which
+nvidia-h200-x2 (2x H200, NV18) by `gc3 calibrate`, which
 rewrites the block between the CALIBRATED markers below; the points it fits
 are gc3/simulator/measured_h200x2.csv.  `h100`: the same fit with the local
 memory rates scaled by HBM bandwidth (H100 3.35 TB/s, H200 4.8 TB/s) -- the
@@ -113,7 +113,7 @@ _GPU_FACTS = {"h100": dict(hbm_Bps=3.35e12, bf16_flops=989e12, sms=132),
 # HBM bandwidth ratio H100 SXM / H200 SXM: scales the local copy and reduce rates.
 H100_MEM_SCALE = _GPU_FACTS["h100"]["hbm_Bps"] / _GPU_FACTS["h200"]["hbm_Bps"]
 
-# CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)
+# CALIBRATED h200 BEGIN (written by `gc3 calibrate`; do not edit by hand)
 H200_CALIBRATION = "calibrated on nvidia-h200-x2, 2026-11-22 and 2026-11-23, 208 points, median error 3.5%"
 # LL, LL128 and Simple measured.
 H200_NVLINK = LinkParams(alpha_s={"LL": 1.309e-06, "LL128": 1.425e-06, "Simple": 4.6e-06},

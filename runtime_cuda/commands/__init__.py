@@ -1,4 +1,5 @@
-"""The `gc3` subcommands that need this runtime (`run`, `bench`, `catalog`, `tune`).
+"""The `gc3` subcommands that need this runtime (`run`, `bench`, `catalog`, `tune`, `fuzz`,
+`calibrate`), one module each.
 
 pyproject.toml declares them under the entry-point group `gc3.commands`; the
 `gc3` command line adds every command of that group when it starts, so gc3

@@ -1,5 +1,7 @@
 """`gc3 catalog check FILE`: validate a catalog (JSON or XML) as the NCCL drop-in loads it.
 `gc3 catalog plot FILE -o p.png`: draw what `gc3 tune` chose for a catalog it wrote.
+`gc3 catalog build [--out DIR] [--check]`: compile the shipped samples and their index
+(ir_samples/), or say how the folder differs from what that would write.
 
 The drop-in (`runtime_cuda.nccl`) is imported only when the command runs, as
 `gc3 run` and `gc3 bench` import the runtime: the compiler never needs it.
@@ -76,3 +78,43 @@ def plot(file: str, output) -> None:
         progress.phase(f"drawing {output}")
         plot_choices(prov["choices"], output, title=choices_title(prov))
     click.echo(f"wrote {output}")
+
+
+@command.command("build")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder to write (default: the shipped samples' folder, ir_samples/ in a checkout).")
+@click.option("--check", is_flag=True,
+              help="Write nothing: list each file of the folder that differs from what would be written.")
+@quiet_option
+def build(out, check: bool) -> None:
+    """Compile the shipped algorithm samples (runtime_cuda/nccl/samples.py) into XML IRs
+    and the index.json the drop-in reads them from, removing stale *.xml there.
+    Exit status: 0 written (or, with --check, the folder is up to date); 1 with --check,
+    the folder differs; 2 a sample does not compile or the folder cannot be written."""
+    from pathlib import Path
+
+    from runtime_cuda.nccl import samples
+
+    folder = Path(out) if out is not None else samples.SAMPLES_DIR
+    try:
+        with Progress("catalog build") as progress:
+            progress.phase("compiling and proving every sample")
+            if check:
+                diff = samples.differences(folder)
+            else:
+                written = samples.generate(folder)
+    except GC3Error as exc:
+        fail(str(folder), exc)
+    except OSError as exc:
+        fail(str(folder), InputError(f"cannot write the samples there: {exc.strerror or exc}"))
+    if check:
+        for line in diff:
+            click.echo(line)
+        if diff:
+            again = "" if out is None else f" --out {out}"
+            click.echo(f"{folder}: FAILED: {len(diff)} file(s) differ; run: gc3 catalog build{again}", err=True)
+            raise SystemExit(EXIT_WRONG)
+        click.echo(f"{folder}: OK: up to date")
+        return
+    total = sum(p.stat().st_size for p in written)
+    click.echo(f"wrote {len(written) - 1} samples and index.json to {folder} ({total / 1024:.0f} KiB)")

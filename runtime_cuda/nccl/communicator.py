@@ -14,7 +14,6 @@ as NCCL's is.
 """
 from __future__ import annotations
 
-import linecache
 import logging
 import os
 import threading
@@ -244,8 +243,157 @@ class NcclCommunicator(ArrayCollectives):
             adopt(int(stream))
 
     # --- collectives, cupy.cuda.nccl's signatures ---------------------------
-    # allReduce, reduceScatter, allGather, allToAll, bcast, send, recv, broadcast and reduce
-    # are made by _named_calls below, from one template.
+    # Each named call looks its repeat up itself and calls what the cache holds, so a repeat is
+    # two Python frames above the driver (the named call's and the launch group's): calling
+    # submit first would add a third, and a generic entry point (*args) would cost as much as
+    # that frame.  So every one spells out submit's repeat key for its own argument order (the
+    # same tuple it passes to submit: collective, sendbuf, recvbuf, count, datatype, op, stream,
+    # root) and takes submit's path on a miss.  While any thread has a group open, the call takes
+    # submit's path, which reads this thread's depth.  Keep the key and submit's arguments alike
+    # (tests/test_dropin_repeats.py reads both out of each method).
+
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
+        """allReduce(sendbuf, recvbuf, count, datatype, op, stream): allreduce
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("allreduce", sendbuf, recvbuf, count, datatype, op, stream, 0))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("allreduce", sendbuf, recvbuf, count, datatype, op, stream, 0)
+
+    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
+        """reduceScatter(sendbuf, recvbuf, recvcount, datatype, op, stream): reducescatter
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("reducescatter", sendbuf, recvbuf, recvcount, datatype, op, stream, 0))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("reducescatter", sendbuf, recvbuf, recvcount, datatype, op, stream, 0)
+
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream):
+        """allGather(sendbuf, recvbuf, count, datatype, stream): allgather
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("allgather", sendbuf, recvbuf, count, datatype, None, stream, 0))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("allgather", sendbuf, recvbuf, count, datatype, None, stream, 0)
+
+    def allToAll(self, sendbuf, recvbuf, count, datatype, stream):
+        """allToAll(sendbuf, recvbuf, count, datatype, stream): alltoall
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer).
+        A gc3 extension (cupy.cuda.nccl has none): `count` elements to and from each peer."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("alltoall", sendbuf, recvbuf, count, datatype, None, stream, 0))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("alltoall", sendbuf, recvbuf, count, datatype, None, stream, 0)
+
+    def bcast(self, buff, count, datatype, root, stream):
+        """bcast(buff, count, datatype, root, stream): broadcast
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("broadcast", buff, buff, count, datatype, None, stream, root))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("broadcast", buff, buff, count, datatype, None, stream, root)
+
+    def send(self, sendbuf, count, datatype, peer, stream):
+        """send(sendbuf, count, datatype, peer, stream): send
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("send", sendbuf, 0, count, datatype, None, stream, peer))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("send", sendbuf, 0, count, datatype, None, stream, peer)
+
+    def recv(self, recvbuf, count, datatype, peer, stream):
+        """recv(recvbuf, count, datatype, peer, stream): recv
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("recv", 0, recvbuf, count, datatype, None, stream, peer))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("recv", 0, recvbuf, count, datatype, None, stream, peer)
+
+    # broadcast and reduce take cupy's pointer form or the array form (arrays.ArrayCollectives);
+    # with all of the pointer form's arguments (the array form takes fewer) they are that form,
+    # and a hasattr on an int would cost more than a repeat's lookup.
+
+    def _pointer_reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
+        """_pointer_reduce(sendbuf, recvbuf, count, datatype, op, root, stream): reduce
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("reduce", sendbuf, recvbuf, count, datatype, op, stream, root))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
+
+    def _pointer_broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
+        """_pointer_broadcast(sendbuff, recvbuff, count, datatype, root, stream): broadcast
+        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
+        if not _open_groups:
+            try:
+                hit = self._repeats.get(("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        self._submit("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root)
+
+    def broadcast(self, *args, **kwargs):
+        """cupy's broadcast(sendbuff, recvbuff, count, datatype, root, stream), or the
+        array form broadcast(x, root=0, out=None, stream=None)."""
+        if len(args) == 6 and not kwargs and not _open_groups:
+            sendbuff, recvbuff, count, datatype, root, stream = args
+            try:
+                hit = self._repeats.get(("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        if len(args) == 6 or not is_array(args, kwargs):
+            return self._pointer_broadcast(*args, **kwargs)
+        return self.array_broadcast(*args, **kwargs)
+
+    def reduce(self, *args, **kwargs):
+        """cupy's reduce(sendbuf, recvbuf, count, datatype, op, root, stream), or the
+        array form reduce(x, root=0, op="sum", out=None, stream=None)."""
+        if len(args) == 7 and not kwargs and not _open_groups:
+            sendbuf, recvbuf, count, datatype, op, root, stream = args
+            try:
+                hit = self._repeats.get(("reduce", sendbuf, recvbuf, count, datatype, op, stream, root))
+            except TypeError:
+                hit = None
+            if hit is not None and hit[0]():
+                return
+        if len(args) == 7 or not is_array(args, kwargs):
+            return self._pointer_reduce(*args, **kwargs)
+        return self.array_reduce(*args, **kwargs)
 
     def submit(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0) -> str:
         """Any call by collective name (what `gc3 bench` drives); returns what served it:
@@ -356,86 +504,3 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
         tally[0] += 1
         return True
     return issue
-
-
-# cupy.cuda.nccl's pointer-form methods (and allToAll, which it lacks): name -> (collective, parameters, the submit arguments
-# after the collective's name: sendbuf, recvbuf, count, datatype, op, stream, root).
-_NAMED = {
-    "allReduce": ("allreduce", "sendbuf, recvbuf, count, datatype, op, stream",
-                  "sendbuf, recvbuf, count, datatype, op, stream, 0"),
-    "reduceScatter": ("reducescatter", "sendbuf, recvbuf, recvcount, datatype, op, stream",
-                      "sendbuf, recvbuf, recvcount, datatype, op, stream, 0"),
-    "allGather": ("allgather", "sendbuf, recvbuf, count, datatype, stream",
-                  "sendbuf, recvbuf, count, datatype, None, stream, 0"),
-    "allToAll": ("alltoall", "sendbuf, recvbuf, count, datatype, stream",
-                 "sendbuf, recvbuf, count, datatype, None, stream, 0"),
-    "bcast": ("broadcast", "buff, count, datatype, root, stream", "buff, buff, count, datatype, None, stream, root"),
-    "send": ("send", "sendbuf, count, datatype, peer, stream", "sendbuf, 0, count, datatype, None, stream, peer"),
-    "recv": ("recv", "recvbuf, count, datatype, peer, stream", "0, recvbuf, count, datatype, None, stream, peer"),
-    "_pointer_reduce": ("reduce", "sendbuf, recvbuf, count, datatype, op, root, stream",
-                        "sendbuf, recvbuf, count, datatype, op, stream, root"),
-    "_pointer_broadcast": ("broadcast", "sendbuff, recvbuff, count, datatype, root, stream",
-                           "sendbuff, recvbuff, count, datatype, None, stream, root"),
-}
-
-# broadcast and reduce take cupy's pointer form or the array form (arrays.ArrayCollectives); with
-# all of the pointer form's arguments (the array form takes fewer) they are that form, and a
-# hasattr on an int would cost more than a repeat's lookup.  name -> (pointer-form method, docstring).
-_POINTER_OR_ARRAY = {
-    "broadcast": ("_pointer_broadcast", """cupy's broadcast(sendbuff, recvbuff, count, datatype, root, stream), or the
-        array form broadcast(x, root=0, out=None, stream=None)."""),
-    "reduce": ("_pointer_reduce", """cupy's reduce(sendbuf, recvbuf, count, datatype, op, root, stream), or the
-        array form reduce(x, root=0, op="sum", out=None, stream=None)."""),
-}
-
-# Each named method looks its repeat up itself and calls what the cache holds, so a repeat
-# is two Python frames above the driver (this one and the launch group's): calling submit
-# from here would add a third, and the generic entry points this replaced (*args) cost as
-# much as that frame.  Named parameters need the source, hence the templates.  While any
-# thread has a group open, the call takes submit's path, which reads this thread's depth.
-_REPEAT = """    if {guard}:
-{unpack}        try:
-            hit = self._repeats.get(({coll!r}, {args}))
-        except TypeError:
-            hit = None
-        if hit is not None and hit[0]():
-            return
-"""
-_NAMED_METHOD = """def {name}(self, {params}):
-{repeat}    self._submit({coll!r}, {args})
-"""
-_EITHER_FORM = """def {name}(self, *args, **kwargs):
-{repeat}    if len(args) == {n} or not is_array(args, kwargs):
-        return self.{pointer}(*args, **kwargs)
-    return self.array_{name}(*args, **kwargs)
-"""
-
-
-def _define(name: str, source: str, doc: str) -> None:
-    where: dict = {}
-    filename = f"<gc3 drop-in: NcclCommunicator.{name}>"
-    # A traceback through the method shows its source lines, as for a method written out.
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), globals(), where)
-    fn = where[name]
-    fn.__qualname__, fn.__doc__ = f"NcclCommunicator.{name}", doc
-    setattr(NcclCommunicator, name, fn)
-
-
-def _named_calls() -> None:
-    for name, (coll, params, args) in _NAMED.items():
-        repeat = _REPEAT.format(guard="not _open_groups", unpack="", coll=coll, args=args)
-        extra = (" A gc3 extension (cupy.cuda.nccl has none): `count` elements to and from each peer."
-                 if name == "allToAll" else "")
-        _define(name, _NAMED_METHOD.format(name=name, params=params, repeat=repeat, coll=coll, args=args),
-                f"{name}({params}): {coll} on this communicator, with cupy.cuda.nccl's arguments "
-                "(raw pointers, NCCL codes, a stream pointer)." + extra)
-    for name, (pointer, doc) in _POINTER_OR_ARRAY.items():
-        coll, params, args = _NAMED[pointer]
-        n = len(params.split(","))
-        repeat = _REPEAT.format(guard=f"len(args) == {n} and not kwargs and not _open_groups",
-                                unpack=f"        {params} = args\n", coll=coll, args=args)
-        _define(name, _EITHER_FORM.format(name=name, repeat=repeat, n=n, pointer=pointer), doc)
-
-
-_named_calls()

@@ -4,7 +4,7 @@ its positional arguments are, and which need a power-of-two rank count.
 
 Each file's docstring documents its arguments and its `int_args(...)` call
 reads them; their names and order are read from that call (`Algorithm.params`),
-so `scripts/gen_ir_samples.py` and `gc3 tune` build argument lists by name and
+so `gc3 catalog build` and `gc3 tune` build argument lists by name and
 never by position, and a file that changes its arguments changes them here.  Arguments
 not given take the defaults written in that same call.
 

@@ -1,7 +1,6 @@
-"""Compile the shipped algorithm samples into ir_samples/*.xml and ir_samples/index.json.
-
-    python scripts/gen_ir_samples.py            # (re)write ir_samples/
-    python scripts/gen_ir_samples.py --check    # exit 1 if ir_samples/ differs from what this writes
+"""The shipped catalog: the algorithm samples compiled into ir_samples/*.xml and their
+index.json, as `gc3 catalog build` writes them (`gc3 catalog build --check`: exit 1 if
+the folder differs from what it would write).
 
 Each sample is an algorithm from algorithms/ with fixed arguments, instances
 and protocol, plus the message sizes it is recommended for.  index.json
@@ -14,24 +13,21 @@ in a GC3_CONFIG file.  Output is byte-for-byte deterministic.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:      # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
+from gc3.ir.xml_io import to_xml
+from gc3.verify import verify
 
-from gc3.verify import verify  # noqa: E402
-from gc3.ir.xml_io import to_xml  # noqa: E402
-from runtime_cuda.nccl.library import args as A, compile_program  # noqa: E402  (arguments by name)
+from .catalog import DEFAULT_INDEX
+from .library import ALGORITHMS_DIR, args as A, compile_program  # arguments by name
 
-SAMPLES_DIR = ROOT / "ir_samples"
+# Where the drop-in reads the sample index from: a checkout's ir_samples/, else a wheel's copy.
+SAMPLES_DIR = DEFAULT_INDEX.parent
 KiB, MiB = 1 << 10, 1 << 20
 
 
@@ -154,7 +150,7 @@ def compile_fused(name: str):
     from gc3 import lower
     from gc3.dsl.program import run_script
 
-    prog = lower(run_script(ROOT / "algorithms" / "fused" / f"{name}.py", []))
+    prog = lower(run_script(ALGORITHMS_DIR / "fused" / f"{name}.py", []))
     verify(prog)
     return prog
 
@@ -260,27 +256,5 @@ def differences(committed: Path) -> List[str]:
             elif not b.exists():
                 out.append(f"{name}: in {committed} but no longer generated")
             elif a.read_bytes() != b.read_bytes():
-                out.append(f"{name}: differs from what scripts/gen_ir_samples.py writes now")
+                out.append(f"{name}: differs from what `gc3 catalog build` writes now")
         return out
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=SAMPLES_DIR, help="output folder (default: ir_samples/)")
-    p.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
-    a = p.parse_args(argv)
-    if a.check:
-        diff = differences(a.out)
-        for line in diff:
-            print(line)
-        if diff:
-            print("run: python scripts/gen_ir_samples.py", file=sys.stderr)
-        return 1 if diff else 0
-    written = generate(a.out)
-    total = sum(p.stat().st_size for p in written)
-    print(f"wrote {len(written) - 1} samples and index.json to {a.out} ({total / 1024:.0f} KiB)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,16 @@
-#!/usr/bin/env python3
 """Fit the simulator's cost model to the CUDA runtime measured on nvidia-h200-x2.
 
-    python3 scripts/calibrate_cost_model.py                # fit to the committed CSV, print, write the preset
-    python3 scripts/calibrate_cost_model.py --from-sweep   # rebuild the CSV from SWEEPS first
-    python3 scripts/calibrate_cost_model.py --fit alpha_LL128,tb_LL128   # fit these, hold the rest
-    python3 scripts/calibrate_cost_model.py --dry-run      # fit and print, write nothing
-    python3 scripts/calibrate_cost_model.py --holdout-above 16777216   # fit <= 16 MiB, check the larger sizes
+    gc3 calibrate                # fit to the committed CSV, print, write the preset
+    gc3 calibrate --from-sweep   # rebuild the CSV from the committed sweeps (sweeps()) first
+    gc3 calibrate --fit alpha_LL128,tb_LL128   # fit these, hold the rest
+    gc3 calibrate --dry-run      # fit and print, write nothing
+    gc3 calibrate --holdout-above 16777216     # fit <= 16 MiB, check the larger sizes
 
-1. --from-sweep reads every candidate's row of bench_runtime.py --log files
-   (SWEEPS by default; program, size, measured us per call), names each row's program -- the
+(`python -m runtime_cuda calibrate ...` where gc3 is not installed.)  It works on a
+source checkout: the sweeps are in measured/, the CSV and the preset are gc3's sources.
+
+1. --from-sweep reads every candidate's row of scripts/bench_runtime.py --log files
+   (sweeps() by default; program, size, measured us per call), names each row's program -- the
    ir_samples/ XML when the candidate compiles to exactly that sample, else
    the algorithm with `gc3 compile`'s --instances/--protocol -- and writes
    gc3/simulator/measured_h200x2.csv.  Without it the committed CSV is used.
@@ -29,7 +31,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import sys
@@ -39,14 +40,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from gc3.errors import EXIT_BAD_INPUT, GC3Error, InputError, exit_status
+from gc3.simulator import cost_config
+from gc3.simulator.calibration import (MEASURED_CSV, REPO, MeasuredPoint, PointSet, compile_spec, read_points,
+                                       write_points)
+from gc3.simulator.cost_config import CostConfig, LinkParams, preset, with_ll128
 
-from gc3.simulator import cost_config  # noqa: E402
-from gc3.simulator.calibration import (MEASURED_CSV, MeasuredPoint, PointSet, compile_spec,  # noqa: E402
-                                       read_points, write_points)
-from gc3.simulator.cost_config import CostConfig, LinkParams, preset, with_ll128  # noqa: E402
-from runtime_cuda import measured_file  # noqa: E402
+from . import measured_file
+from .candidates import CANDIDATES
 
 MACHINE = "nvidia-h200-x2"
 SWEEP_ROW = re.compile(r"^(\w+)\s+(\d+(?:\.\d+)?[KMG]iB|\d+)\s+(\S+)\s+([\d.]+)\s")
@@ -61,20 +62,24 @@ LL128_PARAMS = ("alpha_LL128", "tb_LL128")
 SPEC = np.array([5e-6, 0.3e-6, 0.0, 0.8e-6, 2.5e-6, 12.5e9, 25e9, 450e9, 250e9, 250e9, 1.5e-6, 23e9])
 # Starting points of the fit: a spec-like guess with a nonzero dependency wait, and the preset in force.
 GUESS = np.array([6e-6, 0.3e-6, 0.5e-6, 1e-6, 2e-6, 4e9, 10e9, 400e9, 100e9, 80e9, 2e-6, 8e9])
-# The bench_runtime.py --log files the CSV is built from: the sweep of every protocol but LL128
-# (before absorption), and LL128 (with Simple beside it) measured later on the same machine kind.
-SWEEPS = (measured_file("sweep_2xh200_2026-11-22.txt"), measured_file("sweep_ll128_2xh200_2026-11-23.txt"))
+# The scripts/bench_runtime.py --log files the CSV is built from: the sweep of every protocol but
+# LL128 (before absorption), and LL128 (with Simple beside it) measured later on the same machine kind.
+SWEEPS = ("sweep_2xh200_2026-11-22.txt", "sweep_ll128_2xh200_2026-11-23.txt")
+
+
+def sweeps() -> List[Path]:
+    """The committed sweeps, in measured/ (InputError where this is not a source checkout)."""
+    try:
+        return [measured_file(name) for name in SWEEPS]
+    except GC3Error as exc:
+        raise InputError(f"--from-sweep with no LOG named: {exc}") from None
 
 
 # --------------------------------------------------------------------------- measured points
 
 def _bench_candidates() -> Dict[Tuple[str, str], object]:
-    """bench_runtime.CANDIDATES by (collective, label): what each sweep row ran."""
-    spec = importlib.util.spec_from_file_location("bench_runtime", ROOT / "scripts" / "bench_runtime.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod      # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return {(c.coll, c.label): c for c in mod.CANDIDATES}
+    """runtime_cuda.candidates.CANDIDATES by (collective, label): what each sweep row ran."""
+    return {(c.coll, c.label): c for c in CANDIDATES}
 
 
 def _size(text: str) -> int:
@@ -99,7 +104,7 @@ def points_from_sweep(path: Path) -> List[MeasuredPoint]:
     from runtime_cuda.perf import in_elems_for   # the bench's own size rule
 
     cands = _bench_candidates()
-    samples = {p: compile_spec(str(p.relative_to(ROOT))) for p in sorted((ROOT / "ir_samples").glob("*_2r_*.xml"))}
+    samples = {p: compile_spec(str(p.relative_to(REPO))) for p in sorted((REPO / "ir_samples").glob("*_2r_*.xml"))}
     spec_of: Dict[str, str] = {}
     points = []
     for line in path.read_text().splitlines()[1:]:
@@ -109,7 +114,7 @@ def points_from_sweep(path: Path) -> List[MeasuredPoint]:
         coll, size, label, us = m.group(1), _size(m.group(2)), m.group(3), float(m.group(4))
         c = cands.get((coll, label))
         if c is None:
-            raise SystemExit(f"{path}: row {line.split()[:3]} names a candidate that scripts/bench_runtime.py "
+            raise InputError(f"{path}: row {line.split()[:3]} names a candidate that runtime_cuda/candidates.py "
                              "does not define (any more); the committed CSV still holds what it ran")
         key = f"{c.coll}/{c.label}"
         if key not in spec_of:
@@ -120,7 +125,7 @@ def points_from_sweep(path: Path) -> List[MeasuredPoint]:
                 if not _same_schedule(ran, prog):
                     compiled, prog = compiled + OLD_SCHEDULE_FLAGS, ran
             sample = next((s for s, sp in samples.items() if _same_schedule(sp, prog)), None)
-            spec_of[key] = str(sample.relative_to(ROOT)) if sample else compiled
+            spec_of[key] = str(sample.relative_to(REPO)) if sample else compiled
             spec_of[key + "#prog"] = prog
         prog = spec_of[key + "#prog"]
         env = ";".join(f"{k}={v}" for k, v in c.env)
@@ -239,7 +244,7 @@ def preset_block(x: np.ndarray, note: str, ll128: bool = False) -> str:
     alpha = f"\"LL\": {_num(a_ll)}, " + (f"\"LL128\": {_num(a_128)}, " if ll128 else "") + f"\"Simple\": {_num(a_s)}"
     rate = f"\"LL\": {_num(tb_ll)}, " + (f"\"LL128\": {_num(tb_128)}, " if ll128 else "") + f"\"Simple\": {_num(tb_s)}"
     return (
-        "# CALIBRATED h200 BEGIN (written by scripts/calibrate_cost_model.py; do not edit by hand)\n"
+        "# CALIBRATED h200 BEGIN (written by `gc3 calibrate`; do not edit by hand)\n"
         f"H200_CALIBRATION = {json.dumps(note)}\n"
         + ("# LL, LL128 and Simple measured.\n" if ll128 else
            "# LL and Simple measured; LL128 is derived from them (with_ll128).\n") +
@@ -255,14 +260,17 @@ def write_preset(block: str, path: Path = Path(cost_config.__file__)) -> None:
     text = path.read_text()
     pat = re.compile(r"# CALIBRATED h200 BEGIN.*?# CALIBRATED h200 END\n", re.S)
     if not pat.search(text):
-        raise SystemExit(f"{path}: no CALIBRATED h200 block to replace")
+        raise InputError(f"{path}: no CALIBRATED h200 block to replace")
     path.write_text(pat.sub(lambda _m: block, text))
 
 
 def holdout(points: Sequence[MeasuredPoint], limit: int) -> int:
     """Fit to the small sizes only and predict the large ones: how far the model extrapolates."""
-    train = PointSet([p for p in points if p.size <= limit])
-    test = PointSet([p for p in points if p.size > limit])
+    below, above = [p for p in points if p.size <= limit], [p for p in points if p.size > limit]
+    if not below or not above:
+        raise InputError(f"--holdout-above {limit}: the points must fall on both sides of it "
+                         f"({len(below)} at or below, {len(above)} above)")
+    train, test = PointSet(below), PointSet(above)
     x = fit(train, GUESS, preset("h200"), verbose=False)
     cfg = config_of(x, preset("h200"), ll128=has_ll128(train))
     print(summary(f"fitted to {len(train.points)} points <= {_h(limit)}", train.relative_errors(cfg)))
@@ -270,11 +278,14 @@ def holdout(points: Sequence[MeasuredPoint], limit: int) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--from-sweep", type=Path, nargs="*", default=None,
-                    help="rebuild the CSV from these bench --log files (none named: SWEEPS)")
-    ap.add_argument("--csv", type=Path, default=MEASURED_CSV)
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gc3 calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("--from-sweep", type=Path, nargs="*", default=None, metavar="LOG",
+                    help="rebuild the CSV from these scripts/bench_runtime.py --log files "
+                         "(none named: the committed sweeps in measured/)")
+    ap.add_argument("--csv", type=Path, default=MEASURED_CSV,
+                    help="the measured points, read (or, with --from-sweep, written) "
+                         "(default: gc3/simulator/measured_h200x2.csv)")
     ap.add_argument("--date", default="2026-11-22 and 2026-11-23",
                     help="date(s) of the measurements, for the preset's label")
     ap.add_argument("--fit", default=None, metavar="NAMES",
@@ -283,21 +294,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="fit and print; write neither CSV nor preset")
     ap.add_argument("--holdout-above", type=int, default=None, metavar="BYTES",
                     help="validation only: fit to the points up to BYTES, report the error on the larger ones")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """`gc3 calibrate`: 0 fitted (and written, unless --dry-run); 2 with one line on stderr for
+    options it refuses, or inputs it cannot read (a sweep, the CSV, measured/ outside a checkout)."""
+    ap = parser()
+    args = ap.parse_args(argv)
     free = None
-    if args.fit:
+    if args.fit is not None:
         free = [n.strip() for n in args.fit.split(",") if n.strip()]
         bad = [n for n in free if n not in PARAMS]
-        if bad:
-            ap.error(f"--fit: unknown parameter(s) {', '.join(bad)} (have {', '.join(PARAMS)})")
+        if bad or not free:
+            ap.error(f"--fit: unknown parameter(s) {', '.join(bad) or '(none named)'} (have {', '.join(PARAMS)})")
+    if args.holdout_above is not None and args.holdout_above < 1:
+        ap.error(f"--holdout-above: a size in bytes, at least 1 (got {args.holdout_above})")
+    try:
+        return calibrate(args, free)
+    except GC3Error as exc:
+        print(f"gc3 calibrate: {exc}", file=sys.stderr)
+        return exit_status(exc)
+    except OSError as exc:
+        print(f"gc3 calibrate: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def calibrate(args: argparse.Namespace, free: Optional[List[str]]) -> int:
     if args.from_sweep is not None:
-        points = [p for sweep in (args.from_sweep or SWEEPS) for p in points_from_sweep(sweep)]
+        points = [p for sweep in (args.from_sweep or sweeps()) for p in points_from_sweep(sweep)]
         if not args.dry_run:
             write_points(points, args.csv)
             print(f"wrote {len(points)} points to {args.csv}")
     else:
-        points = read_points(args.csv)
+        try:
+            points = read_points(args.csv)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{args.csv}: not a CSV of measured points ({type(exc).__name__}: {exc})") from None
+    if not points:
+        raise InputError(f"{args.csv}: no measured points to fit to")
     if args.holdout_above is not None:
         return holdout(points, args.holdout_above)
     ps = PointSet(points)
@@ -330,7 +365,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_preset(preset_block(best, note, ll128))
         print(f"wrote the h200 preset into {cost_config.__file__}: {note}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
