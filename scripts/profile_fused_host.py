@@ -5,7 +5,8 @@
 
 Rank 0 prints the host time per call (a timer around 20 calls, no
 synchronisation, median of 5 rounds) of: torch.mm alone, the collective through
-dist on the gc3 group and on an NCCL group, torch.mm then NCCL, the operator's
+dist on the gc3 group and on an NCCL group, torch.mm then the collective on
+either group, the operator's gate and choice alone, the operator's
 sequential path and its fused path (4 chunks), then a cProfile of 20 calls of
 each path.
 """
@@ -36,10 +37,10 @@ out = C.new_empty((M // G, N))
 nccl = dist.new_group(backend="nccl")
 
 
-def plain_nccl():
+def plain(group):
     D = torch.mm(A, B)
     o = D.new_empty((M // G, N))
-    dist.reduce_scatter_tensor(o, D, group=nccl)
+    dist.reduce_scatter_tensor(o, D, group=group)
 
 
 def host(fn, calls=20, rounds=5):
@@ -61,7 +62,10 @@ cases = {
     "mm_out_cols4": lambda: [torch.mm(A, B[:, i * N // 4:(i + 1) * N // 4]) for i in range(4)],
     "rs_dist": lambda: dist.reduce_scatter_tensor(out, C, group=pg),
     "rs_nccl": lambda: dist.reduce_scatter_tensor(out, C, group=nccl),
-    "seq_nccl": plain_nccl,
+    "seq_nccl": lambda: plain(nccl),
+    "seq_plain_gc3": lambda: plain(pg),
+    "refusal": lambda: ops._gemm_refusal(pg, A, B, True),
+    "choose": lambda: ops._choose("gemm_rs", pg, A.dtype, ops._mkn(A, B), None, None, A),
     "event_pair": lambda: torch.cuda.Event().record(),
     "seq_op": lambda: ops.fused_matmul_reduce_scatter(A, B, "sum", 0, pg, path="sequential"),
     "auto_op": lambda: ops.fused_matmul_reduce_scatter(A, B, "sum", 0, pg),
