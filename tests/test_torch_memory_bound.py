@@ -60,7 +60,7 @@ def routed(tmp_path, monkeypatch):
         monkeypatch.setattr(ops, fn, lambda *a, _fn=fn, **k: ran.append(_fn))
 
     def use(entries):
-        choice._decided.clear()          # the same file, rewritten: forget what it decided
+        choice.forget()          # the same file, rewritten: forget what it decided
         path = tmp_path / "catalog.json"
         path.write_text(json.dumps({"version": 1, "algorithms": [], "fused": {"entries": entries}}))
         monkeypatch.setattr(choice, "catalog_path", lambda: path)

@@ -100,6 +100,15 @@ class FusedTable:
 _loaded: Dict[Tuple[str, float], FusedTable] = {}
 # choose() on the hot path: one dictionary hit per call once a shape has been decided.
 _decided: Dict[Tuple, Choice] = {}
+# Bumped by forget(): callers that keep choices of their own key them with it.
+generation = 0
+
+
+def forget() -> None:
+    """Decide every shape again (a catalog was rewritten in place, or another one named)."""
+    global generation
+    _decided.clear()
+    generation += 1
 
 
 def _default_catalog() -> Optional[Path]:

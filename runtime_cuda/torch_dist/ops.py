@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
+
+from runtime_cuda.fused import choice
 
 from . import overlap
 
@@ -108,18 +111,35 @@ def _mkn(A: torch.Tensor, B: torch.Tensor) -> dict:
     return {"M": A.shape[0], "K": A.shape[1], "N": B.shape[1]}
 
 
+# Choices a group keeps (cleared when full): the hot path of a repeated shape is one dictionary hit.
+_CHOICES_KEPT = 4096
+
+
 def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int],
             like: torch.Tensor):
-    """The measured choice for this shape, in the catalog the group's communicator serves."""
-    from runtime_cuda.fused import choice
-
+    """The measured choice for this shape, in the catalog the group's communicator serves.
+    Kept on the group per call signature, the two variables that change the answer and
+    choice.generation (choice.forget())."""
+    env = os.environ
+    key = (op, dtype, tuple(shape.items()), path, chunks, env.get("GC3_FUSED"), env.get("GC3_CONFIG"),
+           choice.generation)
+    kept = pg.__dict__.get("_gc3_choices")
+    if kept is None:
+        kept = pg.__dict__["_gc3_choices"] = {}
+    got = kept.get(key)
+    if got is not None:
+        return got
     from .process_group import _DTYPES
     # Built here on a group's first CUDA call, from a contiguous stand-in: the operands may be
     # strided (B = W.t()), which the sequential path takes as they are.
     comm = pg._comm if pg._comm is not None else pg._cuda([like.new_empty(1)], op)
     machine = getattr(comm, "machine", None)
-    return choice.choose(op, pg.size(), _DTYPES[dtype], shape, path=path, chunks=chunks,
-                         catalog=getattr(machine, "path", None))
+    got = choice.choose(op, pg.size(), _DTYPES[dtype], shape, path=path, chunks=chunks,
+                        catalog=getattr(machine, "path", None))
+    if len(kept) >= _CHOICES_KEPT:
+        kept.clear()
+    kept[key] = got
+    return got
 
 
 def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run, reduce_op: str = "sum"):
