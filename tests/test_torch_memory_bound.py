@@ -52,7 +52,7 @@ def routed(tmp_path, monkeypatch):
             assert path == "fused", f"{_fn} must run its fused program, not choose again: path={path!r}"
             ran.append(_fn)
         monkeypatch.setattr(fused_mod, fn, fused)
-    monkeypatch.setattr(ops, "_gemv_fused", lambda pg, x, w: (ran.append("gemv_allreduce"),
+    monkeypatch.setattr(ops, "_gemv_fused", lambda pg, x, w, repeat=None: (ran.append("gemv_allreduce"),
                                                               x.new_zeros(x.shape[0], w.shape[1]), "")[1:])
     # The epilogue's fused path calls the kernels itself (no runtime_cuda.fused entry point).
     monkeypatch.setattr(ops, "epilogue_fused", lambda *a, **k: (ran.append("allreduce_epilogue"), (a[0], ""))[1])
