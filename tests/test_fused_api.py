@@ -153,7 +153,9 @@ def test_gemv_kernel_refusals_and_tiles():
     assert refusal("bfloat16", 32, 28672, 8192, 4) is None
     assert tile_columns(1, 8192, 132) == 64 and tile_columns(1, 4096, 132) == 32
     assert tile_columns(32, 8192, 16) == 128          # a tile's shared memory bounds it; tiles wrap the grid
-    assert split_plan(1, 2048, 8192, 2, 132) == (256, 4)     # 32 tiles of 256 columns, 4 slices of K each
+    assert split_plan(1, 2048, 8192, 2, 132) == (1024, 16)   # 8 tiles of 4 vectors a lane, 16 slices of K each
+    assert split_plan(3, 2048, 8192, 2, 132) == (256, 4)     # 4 rows of accumulators: one vector a lane
     assert split_plan(8, 7168, 8192, 2, 132) == (128, 2)     # batch 8: 8-byte loads, so 128 columns a tile
-    assert split_plan(1, 100, 8192, 2, 132) == (256, 1)      # too few rows to split
+    assert split_plan(1, 100, 8192, 2, 132) == (1024, 1)     # too few rows to split
+    assert split_plan(1, 2048, 8192, 4, 132) == (512, 8)     # fp32: 16-byte vectors of 4
     assert split_plan(9, 2048, 8192, 2, 132) is None and split_plan(1, 2048, 8193, 2, 132) is None

@@ -31,15 +31,16 @@ SCRATCH_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
 LINE_DATA = limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
 # Tiles start at multiples of this many columns: a 16-byte weight load never straddles two tiles.
 COLUMN_STEP = 8
-# Split-K (batches up to SPLIT_MAX_BATCH): a tile is one warp's row of vectors, 32 of them, and
-# the blocks of a tile each take a slice of K of at least SPLIT_MIN_ROWS rows, their fp32
-# partials in a workspace of SPLIT_WORK_BYTES per rank after the tiles' arrival counters.
+# Split-K (batches up to SPLIT_MAX_BATCH; gemv_allreduce.cu says how): a tile is one warp's
+# row of vectors, and the blocks of a tile each take a slice of K of at least SPLIT_MIN_ROWS
+# rows, their fp32 partials in a workspace of SPLIT_WORK_BYTES per rank after the tiles'
+# arrival counters.
 SPLIT_MAX_BATCH = abi.C["GC3_GV_SPLIT_MAX_BATCH"]
 SPLIT_COUNTER_BYTES = abi.C["GC3_GV_COUNTER_BYTES"]
-SPLIT_MIN_ROWS = 256
+SPLIT_ACC = abi.C["GC3_GV_SPLIT_ACC"]
+SPLIT_MIN_ROWS = 128
 SPLIT_WORK_BYTES = 8 << 20
-# Elements per weight load (gemv_allreduce.cu's splitk_vec) and accumulators a thread may hold (GC3_CMP_ACC).
-_VEC_BYTES, _ACC = 16, 32
+_VEC_BYTES = 16
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,21 +57,26 @@ def kernel(dtype: str, device: int, split: bool = False):
     return _module(dtype, device).get_function(SPLITK_KERNEL_NAME if split else KERNEL_NAME)
 
 
-def split_vec(batch: int, itemsize: int) -> int:
-    """Elements per weight load of a split-K call: 16 bytes, or 8 where 16-byte vectors would
-    give a thread more than _ACC accumulators."""
+def split_vectors(batch: int, itemsize: int, acc: int = SPLIT_ACC) -> Tuple[int, int]:
+    """(elements per vector, vectors per lane) of a split-K call, as the kernel's splitk_vec and
+    splitk_run pick them for the batch's bucket of rows (1, 2, 4, 8) within `acc` accumulators a
+    thread: 16-byte vectors where a bucket's row of them fits, up to 4 per lane."""
+    rows = 1 if batch <= 1 else 2 if batch <= 2 else 4 if batch <= 4 else 8
     vec = _VEC_BYTES // itemsize
-    return vec if batch * vec <= _ACC else vec // 2
+    if rows * vec > acc:
+        vec //= 2
+    return vec, max(1, min(4, acc // (rows * vec)))
 
 
-def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int) -> Optional[Tuple[int, int]]:
+def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int,
+               acc: int = SPLIT_ACC) -> Optional[Tuple[int, int]]:
     """(columns per tile, slices of K per tile) of the split-K form, or None where it does not
-    serve the shape (too many rows, columns that 32-lane vectors do not divide, more tiles than
+    serve the shape (too many rows, columns that the vectors do not divide, more tiles than
     counters, one slice's partial larger than the workspace)."""
     if batch > SPLIT_MAX_BATCH:
         return None
-    vec = split_vec(batch, itemsize)
-    tw = 32 * vec
+    vec, lanes = split_vectors(batch, itemsize, acc)
+    tw = 32 * vec * lanes
     tiles = -(-n_out // tw)
     if n_out % vec or tiles > SPLIT_COUNTER_BYTES // 4 or batch * n_out * 4 > SPLIT_WORK_BYTES:
         return None

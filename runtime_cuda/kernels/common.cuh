@@ -221,3 +221,11 @@ struct Plan {
 // arrival counter per column group (int32), then the splits' fp32 partials.
 #define GC3_GV_SPLIT_MAX_BATCH 8
 #define GC3_GV_COUNTER_BYTES 65536
+// fp32 accumulators a split-K thread holds (batch bucket x tile columns it owns), and
+// the weight bytes it loads before using any.
+#ifndef GC3_GV_SPLIT_ACC
+#define GC3_GV_SPLIT_ACC 32
+#endif
+#ifndef GC3_GV_SPLIT_INFLIGHT
+#define GC3_GV_SPLIT_INFLIGHT 128
+#endif

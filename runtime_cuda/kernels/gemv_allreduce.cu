@@ -34,45 +34,60 @@ constexpr int LANES = 8 / (int)sizeof(elem_t);   // elements of one LL line's 8 
 // LL lines of one tile's slot: tiles sit at fixed offsets (the widest tile's lines).
 __device__ __forceinline__ u64 tile_lines(int batch, int tw) { return ((u64)batch * tw + LANES - 1) / LANES; }
 
-constexpr int WARPS = GC3_MAX_THREADS / 32;
+// Split-K tiles: lane l of every warp owns LV vectors of V columns, at l*V,
+// (32 + l)*V, ... of the tile, so a warp's loads of one row are LV runs of
+// 32 * V contiguous elements.  An RB-row batch bucket (1, 2, 4, 8) gives a
+// thread RB * V * LV fp32 accumulators, at most GC3_GV_SPLIT_ACC: wider tiles
+// (LV up to 4) where the batch is small, 8-byte vectors where 16-byte ones
+// would not fit a row of 8 (the host mirrors this in gemv_kernel.split_vec).
+__device__ __forceinline__ int splitk_rows(int batch) { return batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : 8; }
+__device__ __forceinline__ int splitk_vec(int batch) {
+  return splitk_rows(batch) * GC3_CMP_VEC <= GC3_GV_SPLIT_ACC ? GC3_CMP_VEC : GC3_CMP_VEC / 2;
+}
 
-// One split-K item: columns [c0, c0 + width) of rows [k0, k1) of w (width a
-// multiple of V, at most 32 * V).  Lane l of every warp owns columns
-// c0 + l*V .. +V, warp q rows k0 + q, k0 + q + WARPS, ...: a warp's loads of
-// one row are 32 * V contiguous elements, the block streams a contiguous
-// stretch of w, and every thread has U loads in flight before it uses one.
-// The warps' sums meet in `sred` in warp order (the same bits every run) and
-// go to part[r * N + column] in fp32.
-template <int V, int RB, bool ALIGNED>
+// One slice: columns [c0, c0 + width) of rows [k0, k1) of w (width a multiple of
+// V, at most 32 * V * LV).  Warp q takes rows k0 + q, k0 + q + WARPS, ..., the
+// block a contiguous stretch of w, and every thread has U rows of loads in
+// flight (GC3_GV_SPLIT_INFLIGHT bytes) before it uses one.  The warps' sums meet
+// in `sred` in warp order (the same bits every run) and go to
+// part[r * N + column] in fp32.
+template <int V, int RB, int LV, bool ALIGNED>
 __device__ void splitk_item(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int batch, int K, int N,
                             int c0, int width, int k0, int k1, float* part, float* sred) {
-  constexpr int BYTES = RB >= 4 ? 64 : 128;
-  constexpr int U = BYTES / (V * (int)sizeof(elem_t)) < 16 ? BYTES / (V * (int)sizeof(elem_t)) : 16;
+  constexpr int ROW = V * LV * (int)sizeof(elem_t);   // bytes a thread loads per row
+  // Half as many bytes in flight where 4 or more batch rows of accumulators share the registers.
+  constexpr int BYTES = RB >= 4 ? GC3_GV_SPLIT_INFLIGHT / 2 : GC3_GV_SPLIT_INFLIGHT;
+  constexpr int U = BYTES / ROW < 1 ? 1 : BYTES / ROW > 8 ? 8 : BYTES / ROW;
+  constexpr int TW = 32 * V * LV;
   const int lane = threadIdx.x & 31, q = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const bool live = lane * V < width;
-  float acc[RB][V];
+  float acc[RB][LV][V];
 #pragma unroll
   for (int r = 0; r < RB; ++r)
 #pragma unroll
-    for (int c = 0; c < V; ++c) acc[r][c] = 0.f;
+    for (int j = 0; j < LV; ++j)
+#pragma unroll
+      for (int c = 0; c < V; ++c) acc[r][j][c] = 0.f;
   const i64 step = (i64)nw * N;
   const elem_t* wp = w + (i64)(k0 + q) * N + c0 + lane * V;
   for (int k = k0 + q; k < k1; k += nw * U) {
-    CmpVec<V> wv[U];
+    CmpVec<V> wv[U][LV];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (live && k + nw * u < k1) {
-        if constexpr (ALIGNED) {
-          wv[u] = cmp_load<V>(wp + u * step);
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < LV; ++j) {
+        if ((lane + 32 * j) * V < width && k + nw * u < k1) {
+          const elem_t* src = wp + u * step + 32 * j * V;
+          if constexpr (ALIGNED) {
+            wv[u][j] = cmp_load<V>(src);
+          } else {
+#pragma unroll
+            for (int c = 0; c < V; ++c) wv[u][j].e[c] = src[c];
+          }
         } else {
 #pragma unroll
-          for (int c = 0; c < V; ++c) wv[u].e[c] = wp[u * step + c];
+          for (int c = 0; c < V; ++c) wv[u][j].e[c] = from_acc(0.f);
         }
-      } else {
-#pragma unroll
-        for (int c = 0; c < V; ++c) wv[u].e[c] = from_acc(0.f);
       }
-    }
     wp += U * step;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -82,39 +97,75 @@ __device__ void splitk_item(const elem_t* __restrict__ x, const elem_t* __restri
       for (int r = 0; r < RB; ++r) {
         const float xv = r < batch ? cmp_f32(x[(i64)r * K + kk]) : 0.f;
 #pragma unroll
-        for (int c = 0; c < V; ++c) acc[r][c] = fmaf(xv, cmp_f32(wv[u].e[c]), acc[r][c]);
+        for (int j = 0; j < LV; ++j)
+#pragma unroll
+          for (int c = 0; c < V; ++c) acc[r][j][c] = fmaf(xv, cmp_f32(wv[u][j].e[c]), acc[r][j][c]);
       }
     }
   }
+  // The warps' sums, in a fixed tree (the upper half of the warps adds into the lower
+  // half, until warp 0 holds the block's), so the bits do not vary from run to run.
 #pragma unroll
   for (int r = 0; r < RB; ++r) {
     if (r >= batch) break;
+    for (int h = nw / 2; h >= 1; h /= 2) {
+      if (q >= h && q < 2 * h)
 #pragma unroll
-    for (int c = 0; c < V; ++c) sred[q * 32 * V + lane * V + c] = acc[r][c];
-    __syncthreads();
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-      float sum = 0.f;
-      for (int p = 0; p < nw; ++p) sum += sred[p * 32 * V + i];
-      part[(i64)r * N + c0 + i] = sum;
+        for (int j = 0; j < LV; ++j)
+#pragma unroll
+          for (int c = 0; c < V; ++c) sred[(q - h) * TW + (lane + 32 * j) * V + c] = acc[r][j][c];
+      __syncthreads();
+      if (q < h)
+#pragma unroll
+        for (int j = 0; j < LV; ++j)
+#pragma unroll
+          for (int c = 0; c < V; ++c) acc[r][j][c] += sred[q * TW + (lane + 32 * j) * V + c];
+      __syncthreads();
     }
-    __syncthreads();
+    if (q == 0)
+#pragma unroll
+      for (int j = 0; j < LV; ++j)
+        if ((lane + 32 * j) * V < width)
+#pragma unroll
+          for (int c = 0; c < V; ++c) part[(i64)r * N + c0 + (lane + 32 * j) * V + c] = acc[r][j][c];
   }
 }
 
 template <int V, int RB>
 __device__ __forceinline__ void splitk_run(const elem_t* x, const elem_t* w, int batch, int K, int N, int c0,
                                            int width, int k0, int k1, float* part, float* sred) {
+  constexpr int FIT = GC3_GV_SPLIT_ACC / (RB * V);
+  constexpr int LV = FIT < 1 ? 1 : FIT > 4 ? 4 : FIT;
   if (((u64)w & (V * sizeof(elem_t) - 1)) == 0)
-    splitk_item<V, RB, true>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
+    splitk_item<V, RB, LV, true>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
   else
-    splitk_item<V, RB, false>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
+    splitk_item<V, RB, LV, false>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
 }
 
-// The vector width a split-K call of `batch` rows takes (the host's tile is 32 of them):
-// 16-byte loads, or 8-byte ones where 16-byte vectors would give a thread more
-// accumulators than GC3_CMP_ACC.
-__device__ __forceinline__ int splitk_vec(int batch) {
-  return batch * GC3_CMP_VEC <= GC3_CMP_ACC ? GC3_CMP_VEC : GC3_CMP_VEC / 2;
+// Floats of the warps' partial sums a split-K block holds in shared memory: half the
+// warps' tiles of the widest tile (LV at most 4).  The tree needs a power-of-two warp count.
+constexpr int SPLIT_SRED = GC3_MAX_THREADS / 64 * 32 * GC3_CMP_VEC * 4;
+static_assert((GC3_MAX_THREADS / 32 & (GC3_MAX_THREADS / 32 - 1)) == 0, "split-K blocks: a power-of-two warp count");
+
+// Item i of a split-K call (slice i % split of K for tile i / split of tw columns)
+// into the slice's fp32 partial [batch][N] in `part`.
+__device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, int batch, int K, int N, int tw,
+                                             int split, int i, float* part, float* sred) {
+  const int j = i / split, s = i - j * split;
+  const int c0 = j * tw, width = min(tw, N - c0);
+  const int per = ((K + split - 1) / split + 15) / 16 * 16;
+  const int k0 = min(K, s * per), k1 = min(K, k0 + per);
+  float* mine = part + (i64)s * batch * N;
+  if (splitk_vec(batch) != GC3_CMP_VEC)
+    splitk_run<GC3_CMP_VEC / 2, 8>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
+  else if (batch == 1)
+    splitk_run<GC3_CMP_VEC, 1>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
+  else if (batch == 2)
+    splitk_run<GC3_CMP_VEC, 2>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
+  else if (batch <= 4)
+    splitk_run<GC3_CMP_VEC, 4>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
+  else
+    splitk_run<GC3_CMP_VEC, 8>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
 }
 
 }  // namespace gv
@@ -183,27 +234,14 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
     // arrival counter says so) sums the slices in slice order, rounds once and puts
     // the tile, so the sum's bits do not depend on which block came last.  That block
     // also sets the counter back to 0 for the next call (all slices have arrived).
-    __shared__ __align__(16) float sred[GC3_MAX_THREADS * GC3_CMP_VEC];   // [warps][32 * V]
+    __shared__ __align__(16) float sred[gv::SPLIT_SRED];
     __shared__ int s_last;
     int* arrived = (int*)work;
     float* part = (float*)(work + GC3_GV_COUNTER_BYTES);
-    const int per = ((K + split - 1) / split + 15) / 16 * 16;
-    const int V = gv::splitk_vec(batch);
     for (int i = blockIdx.x; i < tiles * split; i += gridDim.x) {
-      const int j = i / split, s = i - j * split;
+      const int j = i / split;
       const int c0 = j * tw, width = min(tw, N - c0);
-      const int k0 = min(K, s * per), k1 = min(K, k0 + per);
-      float* mine_part = part + (i64)s * batch * N;
-      if (V != GC3_CMP_VEC)
-        gv::splitk_run<GC3_CMP_VEC / 2, GC3_GV_SPLIT_MAX_BATCH>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
-      else if (batch == 1)
-        gv::splitk_run<GC3_CMP_VEC, 1>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
-      else if (batch == 2)
-        gv::splitk_run<GC3_CMP_VEC, 2>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
-      else if (batch <= 4)
-        gv::splitk_run<GC3_CMP_VEC, 4>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
-      else
-        gv::splitk_run<GC3_CMP_VEC, GC3_CMP_ACC / GC3_CMP_VEC>(x, w, batch, K, N, c0, width, k0, k1, mine_part, sred);
+      gv::splitk_slice(x, w, batch, K, N, tw, split, i, part, sred);
       __threadfence();
       __syncthreads();
       if (threadIdx.x == 0) {
