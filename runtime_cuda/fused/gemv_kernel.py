@@ -36,6 +36,7 @@ COLUMN_STEP = 8
 # rows, their fp32 partials in a workspace of SPLIT_WORK_BYTES per rank after the tiles'
 # arrival counters.
 SPLIT_MAX_BATCH = abi.C["GC3_GV_SPLIT_MAX_BATCH"]
+SPLIT_MAX_BATCH_MMA = abi.C["GC3_GV_SPLIT_MAX_BATCH_MMA"]   # 16-bit types (tensor cores from 3 rows)
 SPLIT_COUNTER_BYTES = abi.C["GC3_GV_COUNTER_BYTES"]
 SPLIT_ACC = abi.C["GC3_GV_SPLIT_ACC"]
 SPLIT_MIN_ROWS = 128
@@ -73,7 +74,7 @@ def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int,
     """(columns per tile, slices of K per tile) of the split-K form, or None where it does not
     serve the shape (too many rows, columns that the vectors do not divide, more tiles than
     counters, one slice's partial larger than the workspace)."""
-    if batch > SPLIT_MAX_BATCH:
+    if batch > (SPLIT_MAX_BATCH if itemsize == 4 else SPLIT_MAX_BATCH_MMA):
         return None
     vec, lanes = split_vectors(batch, itemsize, acc)
     tw = 32 * vec * lanes

@@ -224,8 +224,11 @@ struct Plan {
 // fp32 accumulators a split-K thread holds (batch bucket x tile columns it owns), and
 // the weight bytes it loads before using any.
 #ifndef GC3_GV_SPLIT_ACC
-#define GC3_GV_SPLIT_ACC 32
+#define GC3_GV_SPLIT_ACC 64
 #endif
+// 16-bit types take the split-K form up to this batch: from 3 rows the column tiles'
+// tensor-core passes read the weight faster than CUDA-core FMAs over split-K slices.
+#define GC3_GV_SPLIT_MAX_BATCH_MMA 2
 #ifndef GC3_GV_SPLIT_INFLIGHT
 #define GC3_GV_SPLIT_INFLIGHT 128
 #endif

@@ -55,8 +55,8 @@ template <int V, int RB, int LV, bool ALIGNED>
 __device__ void splitk_item(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int batch, int K, int N,
                             int c0, int width, int k0, int k1, float* part, float* sred) {
   constexpr int ROW = V * LV * (int)sizeof(elem_t);   // bytes a thread loads per row
-  // Half as many bytes in flight where 4 or more batch rows of accumulators share the registers.
-  constexpr int BYTES = RB >= 4 ? GC3_GV_SPLIT_INFLIGHT / 2 : GC3_GV_SPLIT_INFLIGHT;
+  // Half as many bytes in flight where more than 32 accumulators share the registers.
+  constexpr int BYTES = RB * V * LV > 32 ? GC3_GV_SPLIT_INFLIGHT / 2 : GC3_GV_SPLIT_INFLIGHT;
   constexpr int U = BYTES / ROW < 1 ? 1 : BYTES / ROW > 8 ? 8 : BYTES / ROW;
   constexpr int TW = 32 * V * LV;
   const int lane = threadIdx.x & 31, q = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -156,6 +156,14 @@ __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, i
   const int per = ((K + split - 1) / split + 15) / 16 * 16;
   const int k0 = min(K, s * per), k1 = min(K, k0 + per);
   float* mine = part + (i64)s * batch * N;
+#ifdef GC3_CMP_MMA
+  // The host sends batches above GC3_GV_SPLIT_MAX_BATCH_MMA to the column tiles: no code for them here.
+  if (batch == 1)
+    splitk_run<GC3_CMP_VEC, 1>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
+  else
+    splitk_run<GC3_CMP_VEC, 2>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
+  return;
+#endif
   if (splitk_vec(batch) != GC3_CMP_VEC)
     splitk_run<GC3_CMP_VEC / 2, 8>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
   else if (batch == 1)
