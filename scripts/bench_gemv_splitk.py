@@ -2,7 +2,7 @@
 for each variant of the kernel's tunables (accumulators a thread, bytes in flight) and each
 shape, the median of 50 launches and the weight's bandwidth, beside torch.matmul's.
 
-    python3 scripts/bench_gemv_splitk.py [ACC:INFLIGHT ...]      (default 32:128 32:256 64:128 8:128)
+    python3 scripts/bench_gemv_splitk.py [ACC:INFLIGHT[:PREFETCH] ...]      (default 64:128 64:128:1 64:128:2)
 """
 import statistics
 import sys
@@ -24,8 +24,8 @@ gc3_bench_splitk(const elem_t* x, const elem_t* w, int batch, int K, int N, int 
     gv::splitk_slice(x, w, batch, K, N, tw, split, i, part, sred);
 }
 """
-SHAPES = [(1, 2048, 8192), (1, 3584, 4096), (1, 7168, 8192), (1, 14336, 8192), (2, 7168, 8192),
-          (4, 7168, 8192), (8, 2048, 8192), (8, 7168, 8192), (32, 7168, 8192)]
+SHAPES = [(1, 2048, 8192), (1, 3584, 4096), (1, 7168, 8192), (1, 14336, 8192), (2, 2048, 8192),
+          (2, 7168, 8192), (2, 14336, 8192)]
 
 
 def timed(fn, reps=50):
@@ -42,23 +42,24 @@ def timed(fn, reps=50):
 
 
 def main(argv):
-    variants = [tuple(int(v) for v in a.split(":")) for a in argv] or [(32, 128), (32, 256), (64, 128), (8, 128)]
+    variants = [tuple(int(v) for v in (a + ":0").split(":")[:3]) for a in argv] or [(64, 128, 0), (64, 128, 1),
+                                                                                   (64, 128, 2)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name(0)}, bf16, median of 50 launches, us (weight GB/s)")
     data = {s: (torch.randn(s[0], s[1], device="cuda", dtype=torch.bfloat16),
                 torch.randn(s[1], s[2], device="cuda", dtype=torch.bfloat16)) for s in SHAPES}
     part = torch.empty((8 << 20) // 4, device="cuda", dtype=torch.float32)
     rows = {s: [f"cublas {timed(lambda: torch.matmul(*data[s])):7.1f}"] for s in SHAPES}
-    for acc, inflight in variants:
+    for acc, inflight, ahead in variants:
         opts = module.options("bfloat16", "sum", "LL", compute=True) + (
-            f"-DGC3_GV_SPLIT_ACC={acc}", f"-DGC3_GV_SPLIT_INFLIGHT={inflight}")
+            f"-DGC3_GV_SPLIT_ACC={acc}", f"-DGC3_GV_SPLIT_INFLIGHT={inflight}", f"-DGC3_GV_SPLIT_PREFETCH={ahead}")
         fn = cupy.RawModule(code=module.source("gemv_allreduce.cu") + BENCH, options=opts).get_function(
             "gc3_bench_splitk")
         for s in SHAPES:
             b, k, n = s
             plan = split_plan(b, k, n, 2, sms, acc=acc)
             if plan is None:
-                rows[s].append(f"{acc}:{inflight} n/a")
+                rows[s].append(f"{acc}:{inflight}:{ahead} n/a")
                 continue
             tw, split = plan
             grid = min(sms, -(-n // tw) * split)
@@ -70,7 +71,7 @@ def main(argv):
             want = x.float() @ w.float()
             err = float((got - want).abs().max() / want.abs().max())
             ok = "" if err < 1e-3 else f" WRONG({err:.1e})"
-            rows[s].append(f"{acc}:{inflight} {us:7.1f} ({k * n * 2 / us / 1e3:5.0f}){ok}")
+            rows[s].append(f"{acc}:{inflight}:{ahead} {us:7.1f} ({k * n * 2 / us / 1e3:5.0f}){ok}")
     for s in SHAPES:
         print(f"b={s[0]:<2} K={s[1]:<5} N={s[2]:<5} " + " | ".join(rows[s]))
 

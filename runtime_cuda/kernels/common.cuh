@@ -232,3 +232,7 @@ struct Plan {
 #ifndef GC3_GV_SPLIT_INFLIGHT
 #define GC3_GV_SPLIT_INFLIGHT 128
 #endif
+// Iterations of rows ahead a split-K thread prefetches into L2 (0: none).
+#ifndef GC3_GV_SPLIT_PREFETCH
+#define GC3_GV_SPLIT_PREFETCH 0
+#endif

@@ -70,6 +70,21 @@ __device__ void splitk_item(const elem_t* __restrict__ x, const elem_t* __restri
   const i64 step = (i64)nw * N;
   const elem_t* wp = w + (i64)(k0 + q) * N + c0 + lane * V;
   for (int k = k0 + q; k < k1; k += nw * U) {
+#if GC3_GV_SPLIT_PREFETCH > 0
+    // The rows GC3_GV_SPLIT_PREFETCH iterations ahead into L2, one lane per 128-byte line:
+    // more of the weight in flight than the registers hold.
+    if ((lane * V * (int)sizeof(elem_t)) % 128 == 0)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int ahead = k + nw * (U * GC3_GV_SPLIT_PREFETCH + u);
+        if (ahead < k1)
+#pragma unroll
+          for (int j = 0; j < LV; ++j)
+            if ((lane + 32 * j) * V < width)
+              asm volatile("prefetch.global.L2 [%0];" ::"l"(wp + (i64)(U * GC3_GV_SPLIT_PREFETCH + u) * step +
+                                                            32 * j * V));
+      }
+#endif
     CmpVec<V> wv[U][LV];
 #pragma unroll
     for (int u = 0; u < U; ++u)
