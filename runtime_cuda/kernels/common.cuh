@@ -232,7 +232,8 @@ struct Plan {
 #ifndef GC3_GV_SPLIT_INFLIGHT
 #define GC3_GV_SPLIT_INFLIGHT 128
 #endif
-// Iterations of rows ahead a split-K thread prefetches into L2 (0: none).
+// Iterations of rows ahead a split-K thread prefetches into L2 (0: none): one measured best on
+// H100 (scripts/bench_gemv_splitk.py), more thrashed L2 at the largest K.
 #ifndef GC3_GV_SPLIT_PREFETCH
-#define GC3_GV_SPLIT_PREFETCH 0
+#define GC3_GV_SPLIT_PREFETCH 1
 #endif
