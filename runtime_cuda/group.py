@@ -18,6 +18,7 @@ from .tables import Tables, epilogue_words
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
 _LEGACY = streams.LEGACY_PTRS
+_LASTING = streams.LASTING
 
 
 class CollectiveGroup(Protocol):
@@ -124,6 +125,10 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
             plain(stream_ptr, params, 0)
         else:
             coop(stream_ptr, params)
+        if not captured and stream_ptr not in _LASTING:   # StreamOrder.leave's own tests, done here once
+            order.leave(stream_ptr, False)
+            if outer is not None:
+                outer.leave(stream_ptr, False)
         if tally is not None:
             tally[0] += 1
         return True
@@ -303,6 +308,7 @@ class LaunchGroup:
         if captured:
             self._captured[id(call)] = call
         call(ptr, captured)
+        self.executor.order.leave(ptr, captured)
 
     def _drop_prepared(self) -> None:
         self._prepared = {}

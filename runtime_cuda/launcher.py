@@ -278,6 +278,7 @@ class Executor:
             ptr = streams.handle(stream)
             self.order.enter(ptr)
             go(ptr)
+            self.order.leave(ptr)
 
     def clear_trace(self) -> None:
         if self._trace is not None:

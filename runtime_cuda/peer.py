@@ -151,9 +151,10 @@ class PeerRanks(LaunchGroup):
                     self._set_device(d)
                     calls.append(part._prepare([in_ptrs[k]], [out_ptrs[k]], in_elems, dtype, op, streams[k].ptr))
                 self._prepared[key] = calls
-            for call, d, s in zip(calls, self.devices, streams):
+            for part, call, d, s in zip(self.parts, calls, self.devices, streams):
                 self._set_device(d)
                 call(s.ptr)
+                part.executor.order.leave(s.ptr)
         finally:
             self._set_device(prev)
 

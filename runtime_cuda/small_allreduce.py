@@ -428,6 +428,7 @@ class SmallAllreduce:
         if captured:
             self._captured[id(call)] = call
         call(ptr)
+        self.executor.order.leave(ptr, captured)
 
     def reissue(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                 kind: str = "oneshot", coll: str = "allreduce"):

@@ -40,6 +40,7 @@ from typing import Any, Deque, Dict, Optional, Tuple
 
 LEGACY_PTRS = (0, 1)   # 0: the null stream; 1: cudaStreamLegacy (the same stream)
 PER_THREAD_PTR = 2     # cudaStreamPerThread
+LASTING = frozenset(LEGACY_PTRS + (PER_THREAD_PTR,))   # streams as long-lived as the process
 _NOT_READY = 600       # cudaErrorNotReady
 
 
@@ -160,6 +161,7 @@ class StreamOrder:
         self._events = events
         self._last: Optional[int] = None
         self._link: Optional[int] = None
+        self._marked: Optional[int] = None   # the stream `_link` was last recorded on (leave, or a hand-over)
         self._graves: Deque[Tuple[int, Any]] = deque()
         self._spare: list = []
         self._held: list = []   # retired while the last stream was capturing: kept for good
@@ -190,20 +192,48 @@ class StreamOrder:
                 capturing = self.events.capturing(stream)
             if capturing:
                 return
-            if self.events.capturing(last):
+            if self._marked == last:
+                # leave() marked `last`'s end after its latest issue: wait on that mark and
+                # touch `last` no more (its owner may have destroyed it since).  A capture
+                # begun on it later holds nothing the mark waits for.
+                if not self._fault:
+                    self.events.wait(stream, self._link)
+            elif self.events.capturing(last):
                 self._last = stream
                 return
-        if last is not None and last != stream and not self._fault:
-            ev = self.events
-            if self._link is None:
-                self._link = ev.new()
-            # cudaStreamWaitEvent captures the event's latest record at the
-            # time of the call, so one event serves every hand-over.
-            ev.record(self._link, last)
-            ev.wait(stream, self._link)
+            elif not self._fault:
+                ev = self.events
+                if self._link is None:
+                    self._link = ev.new()
+                # cudaStreamWaitEvent captures the event's latest record at the
+                # time of the call, so one event serves every hand-over.
+                ev.record(self._link, last)
+                ev.wait(stream, self._link)
+                self._marked = last
         self._last = stream
         if self._graves:
             self.reap()
+
+    def leave(self, stream: int, capturing: Optional[bool] = None) -> None:
+        """After issuing on `stream` (entered last): mark its end now, while the stream
+        surely exists.  A later call on another stream then waits on the mark and never
+        touches `stream`, which may be gone by then (a temporary CuPy stream destroyed
+        after its call).  One event record per call, none on the default streams (they
+        last as long as the process) nor on a capturing one (captured work takes no part)."""
+        if stream in LASTING or stream != self._last or self._fault:
+            return
+        try:
+            ev = self.events
+        except ImportError:   # no CUDA in this process (the CPU tests): no GPU work to order
+            return
+        if capturing is None:
+            capturing = ev.capturing(stream)
+        if capturing:
+            return
+        if self._link is None:
+            self._link = ev.new()
+        ev.record(self._link, stream)
+        self._marked = stream
 
     def adopt(self, stream: int) -> None:
         """Take `stream` as the last one with no hand-over: the caller has ordered

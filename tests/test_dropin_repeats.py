@@ -133,7 +133,8 @@ def test_a_repeat_on_another_stream_still_waits_for_the_last_call(monkeypatch):
     comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, 22)
     comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, 11)     # a repeat, after a call on 22
     assert log[-1] == ("again", R, 1000, 11)
-    assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1)]
+    # Every call marks its stream's end (StreamOrder.leave); a call on another stream waits on it.
+    assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1), ("record", 1, 11)]
 
 
 def test_a_repeat_inside_a_group_is_recorded_until_group_end(monkeypatch):
@@ -281,7 +282,7 @@ def test_reissue_keeps_the_group_order_and_graph_capture_rules(monkeypatch):
     again(6)     # another stream: waits for 5
     again(9)     # a capturing stream: captured as a plain node, kept for the group's life
     assert call.calls == [(5, False), (6, False), (9, True)]
-    assert ev.log == [("record", 1, 5), ("wait", 6, 1)]
+    assert ev.log == [("record", 1, 5), ("wait", 6, 1), ("record", 1, 6)]   # nothing recorded in the capture
     assert g._captured == {id(call): call}
 
 
@@ -335,7 +336,8 @@ def test_a_capture_begun_on_the_same_stream_between_repeats_is_seen(monkeypatch)
     ev.capturing_streams.discard(5)  # end_capture()
     again(5)
     assert call.calls == [(5, False), (5, True), (5, False)]
-    assert g._captured == {id(call): call} and ev.log == []
+    # The eager calls mark their end (StreamOrder.leave); the captured one records nothing.
+    assert g._captured == {id(call): call} and ev.log == [("record", 1, 5)] * 2
 
 
 def test_the_legacy_stream_is_never_asked_about_capture(monkeypatch):

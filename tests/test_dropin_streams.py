@@ -126,6 +126,56 @@ def test_graph_capture_takes_no_part_in_the_order():
     assert ev.log[-2:] == [("record", 1, 3), ("wait", 9, 1)]
 
 
+class GoneStreams(Events):
+    """Events that fail the test on any use of a stream its owner destroyed."""
+
+    def __init__(self):
+        super().__init__()
+        self.gone = set()
+
+    def _alive(self, stream):
+        assert stream not in self.gone, f"stream {stream} was used after its owner destroyed it"
+
+    def record(self, event, stream):
+        self._alive(stream)
+        super().record(event, stream)
+
+    def wait(self, stream, event):
+        self._alive(stream)
+        super().wait(stream, event)
+
+    def capturing(self, stream):
+        self._alive(stream)
+        return super().capturing(stream)
+
+
+def test_a_destroyed_stream_is_never_touched_again():
+    """A call on a temporary stream, the stream destroyed, the next call on another: the
+    hand-over waits on the mark leave() recorded while the stream existed."""
+    ev = GoneStreams()
+    order = StreamOrder(ev)
+    for stream in (7, 8, 9):
+        order.enter(stream)
+        order.leave(stream)
+        ev.gone.add(stream)
+    assert ev.log == [("record", 1, 7), ("wait", 8, 1), ("record", 1, 8), ("wait", 9, 1), ("record", 1, 9)]
+
+
+def test_leave_marks_nothing_on_default_or_capturing_streams():
+    ev = Events()
+    order = StreamOrder(ev)
+    order.enter(0)
+    order.leave(0)                      # the legacy stream lives as long as the process
+    order.enter(5)
+    ev.capturing_streams.add(5)         # a capture begun on the last stream
+    order.leave(5)
+    assert ev.log == [("record", 1, 0), ("wait", 5, 1)]
+    ev.capturing_streams.clear()
+    order.leave(5)
+    order.enter(6)
+    assert ev.log[2:] == [("record", 1, 5), ("wait", 6, 1)]
+
+
 class RecordingGc3:
     def __init__(self, log):
         self.log = log
@@ -152,7 +202,8 @@ def test_the_communicator_orders_gc3_and_nccl_calls_across_streams(monkeypatch):
     comm.allReduce(0x1000, 0x2000, 1000, NCCL_FLOAT32, NCCL_SUM, 22)   # NCCL (out of place)
     comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 11)   # gc3 again
     assert [e[0] for e in log] == ["gc3", "allReduce", "gc3"]
-    assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1)]
+    # Each call marks its stream's end after issuing (leave); the next stream waits on that mark.
+    assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1), ("record", 1, 11)]
 
 
 def test_an_adopted_capture_stream_reaches_every_order(monkeypatch):
@@ -165,10 +216,11 @@ def test_an_adopted_capture_stream_reaches_every_order(monkeypatch):
     comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
     comm._setup(RecordingNccl(log), 2, 0, lambda *a: backend, order=StreamOrder(ev))
     comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 11)
+    ev.capturing_streams.add(33)
     comm.adopt_stream(33)
     comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 33)
     assert log == [("gc3", 11), ("adopt", 33), ("gc3", 33)]
-    assert ev.log == []
+    assert ev.log == [("record", 1, 11)]     # 11's end marked; nothing waits or records in the capture
 
 
 def test_faults_are_named():

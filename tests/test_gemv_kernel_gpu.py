@@ -27,9 +27,6 @@ if not _gpu():
 from runtime_cuda.fused.gemv_kernel import GemvAllreduce  # noqa: E402
 
 _GROUPS = {}
-# Streams a group has run on stay alive with it: the group's stream order hands over from the last
-# stream it used, by raw handle, when the next call comes on another.
-_STREAMS = []
 
 
 def _run(g, xs, ws, outs, dtype, stream=None):
@@ -104,7 +101,6 @@ def test_back_to_back_on_a_stream_and_graph_replay():
     n, dtype = 2, "bfloat16"
     g = group(n)
     stream = cupy.cuda.Stream(non_blocking=True)
-    _STREAMS.append(stream)
     cases = []
     for i, shape in enumerate([(1, 256, 2048), (4, 128, 520), (1, 2560, 2048), (8, 64, 4096), (2, 3000, 1032)] * 3):
         rng = np.random.default_rng(i)
@@ -121,7 +117,6 @@ def test_back_to_back_on_a_stream_and_graph_replay():
     # A captured call replays as a new call (the call number lives on the device).
     outs, _, _, shape, xs, ws = cases[0]
     cap = cupy.cuda.Stream(non_blocking=True)
-    _STREAMS.append(cap)
     cap.begin_capture()
     _run(g, xs, ws, outs, dtype, cap)
     graph = cap.end_capture()
@@ -148,3 +143,26 @@ def test_a_partial_in_the_wrong_place_is_wrong():
     cupy.cuda.Device().synchronize()
     with pytest.raises(AssertionError, match="wrong"):
         _check(outs, want, scale, dtype, "shifted")
+
+
+def test_a_call_after_the_last_calls_stream_was_destroyed():
+    """Each call on a temporary stream, destroyed once the call is done: the next call, on
+    another stream (made while the old one lived, so its handle differs), must not touch the old
+    one (the hand-over used to be recorded there and the process crashed)."""
+    import gc
+    n, dtype = 2, "bfloat16"
+    g = group(n)
+    current = cupy.cuda.Stream(non_blocking=True)
+    for i in range(4):
+        rng = np.random.default_rng(200 + i)
+        xs, ws, want, scale = gemv_case(rng, n, 1, 512, 1024, dtype)
+        outs = [poisoned((1, 1024), dtype) for _ in range(n)]
+        cupy.cuda.Device().synchronize()
+        following = cupy.cuda.Stream(non_blocking=True)
+        assert following.ptr != current.ptr
+        _run(g, xs, ws, outs, dtype, current)
+        current.synchronize()
+        _check(outs, want, scale, dtype, f"call {i} on a temporary stream")
+        del current
+        gc.collect()
+        current = following

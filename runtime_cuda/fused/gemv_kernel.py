@@ -219,12 +219,14 @@ class GemvAllreduce:
                            f"{len(x_ptrs)}, {len(w_ptrs)} and {len(out_ptrs)}")
         launch, tw, split, most = self._shape(batch, k, n_out, dtype)
         ptr = streams.handle(stream)
-        self.executor.order.enter(ptr, streams.is_capturing(ptr))
+        captured = streams.is_capturing(ptr)
+        self.executor.order.enter(ptr, captured)
         a = self._args
         for i in range(self.nlocal):
             a.io[4 * i], a.io[4 * i + 1], a.io[4 * i + 2] = x_ptrs[i], w_ptrs[i], out_ptrs[i]
         a.batch, a.K, a.N, a.tw, a.split, a.grid_max = batch, k, n_out, tw, split, most
         launch(ptr, self._params_ptr, 0)   # the driver copies the parameters now
+        self.executor.order.leave(ptr, captured)
 
     def __call__(self, xs: Sequence, ws: Sequence, outs: Sequence, dtype: Optional[str] = None,
                  stream=None) -> list:

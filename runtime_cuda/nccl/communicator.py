@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 
 from gc3.errors import CommunicatorError
 from runtime_cuda import faults
-from runtime_cuda.streams import StreamOrder
+from runtime_cuda.streams import LASTING, StreamOrder
 
 from .arrays import ArrayCollectives, is_array
 from .backend import make_backend, unavailable_backend
@@ -501,6 +501,8 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
             order.enter(ptr)
         if go(ptr) is False:
             return False
+        if ptr not in LASTING:
+            order.leave(ptr)
         tally[0] += 1
         return True
     return issue

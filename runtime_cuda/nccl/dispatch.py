@@ -64,6 +64,10 @@ class Dispatcher:
         if self.order is not None:
             self.order.enter(stream)
 
+    def leave(self, stream: int) -> None:
+        if self.order is not None:
+            self.order.leave(stream)
+
     def run(self, call: Call) -> Decision:
         decision = self.decide(call)
         self.enter(call.stream)
@@ -71,6 +75,7 @@ class Dispatcher:
             self.gc3.run(decision)
         else:
             self.nccl.run(call)
+        self.leave(call.stream)
         return decision
 
 
@@ -82,6 +87,7 @@ def run_group(items: Sequence[Tuple[Dispatcher, Call]]) -> List[Optional[Decisio
         for (disp, call), d in zip(items, decisions):
             disp.enter(call.stream)
             disp.gc3.run(d)
+            disp.leave(call.stream)
         return decisions
     reason = (f"its group also holds {blocker.describe()}, which gc3 cannot serve; "
               "the whole group goes to NCCL")
@@ -99,4 +105,6 @@ def run_group(items: Sequence[Tuple[Dispatcher, Call]]) -> List[Optional[Decisio
             disp.nccl.run(call)
     finally:
         nccl.group_end()
+    for disp, call in items:
+        disp.leave(call.stream)
     return [None] * len(items)
