@@ -166,3 +166,4 @@ def test_a_call_after_the_last_calls_stream_was_destroyed():
         del current
         gc.collect()
         current = following
+    current.synchronize()
