@@ -14,9 +14,12 @@
 3. One communicator's calls run in the order they were issued, whatever
    streams they arrive on (`StreamOrder.enter`): they share FIFOs, counters
    and scratch, and every rank must meet its peers' kernels in the same
-   order.  This costs one event record and one stream wait, only when the
-   stream changes between two calls (NCCL orders a communicator's operations
-   the same way).
+   order.  Each call marks its stream's end after issuing (`StreamOrder.leave`:
+   one event record, none on the default streams), and a call on another
+   stream waits on that mark (one stream wait).  The next call never touches
+   the previous call's stream, which its owner may have destroyed in between
+   (a temporary CuPy stream).  NCCL orders a communicator's operations the
+   same way.
 4. A buffer a queued launch may still read is never handed back to the pool
    at once: `StreamOrder.retire` keeps it until an event recorded after the
    last call has completed (no host synchronization; checked lazily).
