@@ -91,11 +91,7 @@ CANDIDATES: Tuple[ProgramConfig, ...] = (
 
 
 def compile_candidate(c: ProgramConfig):
-    """The lowered program a candidate runs."""
-    from gc3.compiler.pipeline import lower
-    from gc3.dsl.program import run_script
+    """The lowered program a candidate runs, compiled as `gc3 tune` compiles its variants."""
+    from .nccl.library import compile_program
 
-    from .nccl.library import ALGORITHMS_DIR
-
-    traced = run_script(str(ALGORITHMS_DIR / f"{c.script}.py"), list(c.argv))
-    return lower(traced, instances=c.instances, protocol=c.proto, instr_fusion=c.fusion)
+    return compile_program(c.script, c.argv, c.instances, c.proto, fusion=c.fusion)[1]

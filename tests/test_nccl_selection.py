@@ -447,3 +447,16 @@ def test_default_index_found_in_a_checkout_and_in_a_wheel_install(tmp_path, monk
     monkeypatch.setattr(catalog_mod, "__file__", str(tmp_path / "site" / "runtime_cuda" / "nccl" / "catalog.py"))
     monkeypatch.setattr(catalog_mod.sys, "prefix", str(tmp_path))
     assert catalog_mod.default_index() == shared
+
+
+def test_catalog_candidate_is_the_only_class_named_candidate():
+    # tune's program variants (tune.Variant) and the sweep's configurations (candidates.ProgramConfig)
+    # are other things; one name for the entry calls select from keeps a reader from confusing them.
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    found = sorted(str(path.relative_to(root)) for package in ("gc3", "runtime_cuda", "scripts")
+                   for path in (root / package).rglob("*.py")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.ClassDef) and node.name == "Candidate")
+    assert found == ["runtime_cuda/nccl/catalog.py"]

@@ -35,6 +35,7 @@ from .log import get_logger
 from .machine import agree
 from .rendezvous import NcclExchange
 from .selection import Selector
+from .surface import CommunicatorSurface
 
 
 class _GroupState(threading.local):
@@ -108,7 +109,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class NcclCommunicator(ArrayCollectives):
+class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
     """One rank of a communicator, for the GPU current at construction.
 
     Args (as cupy.cuda.nccl): ndev, total ranks; commId, from get_unique_id();
@@ -205,19 +206,10 @@ class NcclCommunicator(ArrayCollectives):
                 cell[0] = 0
         return served
 
-    # --- what cupy's communicator reports --------------------------------
+    # --- what cupy's communicator reports (device_id, rank_id, size: CommunicatorSurface) ---
     @property
     def comm(self) -> int:
         return self._nccl.comm
-
-    def device_id(self) -> int:
-        return self._device
-
-    def rank_id(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
 
     def check_async_error(self) -> None:
         self._nccl.check_async_error()

@@ -16,6 +16,7 @@ from functools import partial
 from gc3.errors import CommunicatorError
 
 from .call import Call
+from .surface import NcclHandle
 
 
 def originals():
@@ -118,20 +119,15 @@ class NoFallback(CommunicatorError):
     """A call gc3 does not serve, on a communicator with no NCCL behind it."""
 
 
-class Refusing:
+class Refusing(NcclHandle):
     """The fallback where there is no NCCL (ranks sharing one GPU, which NCCL
     refuses, or the fallback switched off): every call gc3 does not serve fails
     here, before anything is enqueued, naming the call and why NCCL is absent.
-    It also stands in for the raw NCCL communicator the drop-in holds."""
-
-    comm = 0
+    It also stands in for the raw NCCL communicator the drop-in holds (`NcclHandle`)."""
 
     def __init__(self, device: int, reason: str):
         self._device = device
         self.reason = reason
-
-    def device_id(self) -> int:
-        return self._device
 
     def run(self, call: Call) -> None:
         raise NoFallback(
@@ -142,13 +138,4 @@ class Refusing:
         pass
 
     def group_end(self) -> None:
-        pass
-
-    def check_async_error(self) -> None:
-        pass
-
-    def destroy(self) -> None:
-        pass
-
-    def abort(self) -> None:
         pass

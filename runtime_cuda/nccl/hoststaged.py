@@ -22,43 +22,21 @@ import numpy as np
 from gc3.ir.epilogue import avg_divide
 
 from .constants import (DTYPE_NAMES, NCCL_AVG, NCCL_MAX, NCCL_MIN, NCCL_PROD, NCCL_SUM, numpy_dtype)
+from .surface import CommunicatorSurface
 
 _REDUCE = {NCCL_SUM: np.add, NCCL_PROD: np.multiply, NCCL_MAX: np.maximum, NCCL_MIN: np.minimum,
            NCCL_AVG: np.add}
 
 
-class HostStagedNccl:
+class HostStagedNccl(CommunicatorSurface):
     """cupy.cuda.nccl.NcclCommunicator's pointer methods, over an mpi4py communicator."""
 
     def __init__(self, mpi_comm, device: int):
         self.mpi = mpi_comm
-        self.rank, self.n, self._device = mpi_comm.Get_rank(), mpi_comm.Get_size(), device
+        self._rank, self._size, self._device = mpi_comm.Get_rank(), mpi_comm.Get_size(), device
         self._queued: Optional[List[Callable[[], None]]] = None
         self._p2p: List[tuple] = []
         self.calls = 0
-
-    # -- what cupy's communicator reports -------------------------------------
-    @property
-    def comm(self) -> int:
-        return 0
-
-    def device_id(self) -> int:
-        return self._device
-
-    def rank_id(self) -> int:
-        return self.rank
-
-    def size(self) -> int:
-        return self.n
-
-    def check_async_error(self) -> None:
-        pass
-
-    def destroy(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
 
     # -- host staging --------------------------------------------------------------
     @staticmethod
@@ -71,7 +49,7 @@ class HostStagedNccl:
 
         if is_capturing(stream):
             raise CommunicatorError(
-                f"rank {self.rank}: a call that gc3 does not serve went to the host-staged stand-in for NCCL "
+                f"rank {self._rank}: a call that gc3 does not serve went to the host-staged stand-in for NCCL "
                 f"(NcclCommunicator.from_mpi), which waits on the host and cannot be captured in a CUDA graph")
 
     def _get(self, ptr: int, count: int, code: int, stream: int) -> np.ndarray:
@@ -96,7 +74,7 @@ class HostStagedNccl:
 
     def _allgather(self, a: np.ndarray) -> List[np.ndarray]:
         # Buffer-based (no pickling): these carry up to hundreds of MiB per call.
-        out = np.empty((self.n, a.size), dtype=a.dtype)
+        out = np.empty((self._size, a.size), dtype=a.dtype)
         self.mpi.Allgather(a.view(np.uint8), out.view(np.uint8))
         return list(out)
 
@@ -106,7 +84,7 @@ class HostStagedNccl:
             acc = _REDUCE[op](acc, p)
         if op == NCCL_AVG:
             # NCCL divides integers toward zero (avg_divide: |x| taken unsigned, so int8's -128 divides right).
-            acc = avg_divide(acc, self.n) if acc.dtype.kind in "iu" else (acc / self.n).astype(acc.dtype)
+            acc = avg_divide(acc, self._size) if acc.dtype.kind in "iu" else (acc / self._size).astype(acc.dtype)
         return acc
 
     def _run(self, fn: Callable[[], None]) -> None:
@@ -116,51 +94,49 @@ class HostStagedNccl:
         else:
             fn()
 
-    # -- collectives ------------------------------------------------------------------
-    def allReduce(self, send, recv, count, code, op, stream):
+    # -- collectives, with cupy's parameter names ------------------------------------
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
         def go():
-            parts = self._allgather(self._get(send, count, code, stream))
-            self._put(recv, self._reduce(parts, op), stream)
+            parts = self._allgather(self._get(sendbuf, count, datatype, stream))
+            self._put(recvbuf, self._reduce(parts, op), stream)
         self._run(go)
 
-    def reduceScatter(self, send, recv, count, code, op, stream):
+    def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
         def go():
-            parts = self._allgather(self._get(send, count * self.n, code, stream))
-            self._put(recv, self._reduce(parts, op)[self.rank * count:(self.rank + 1) * count], stream)
+            parts = self._allgather(self._get(sendbuf, recvcount * self._size, datatype, stream))
+            self._put(recvbuf, self._reduce(parts, op)[self._rank * recvcount:(self._rank + 1) * recvcount], stream)
         self._run(go)
 
-    def allGather(self, send, recv, count, code, stream):
+    def allGather(self, sendbuf, recvbuf, count, datatype, stream):
         def go():
-            parts = self._allgather(self._get(send, count, code, stream))
-            self._put(recv, np.concatenate(parts), stream)
+            parts = self._allgather(self._get(sendbuf, count, datatype, stream))
+            self._put(recvbuf, np.concatenate(parts), stream)
         self._run(go)
 
-    def broadcast(self, send, recv, count, code, root, stream):
+    def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
         def go():
-            buf = self._get(send, count, code, stream) if self.rank == root else np.empty(count, self._dtype(code))
+            buf = (self._get(sendbuff, count, datatype, stream) if self._rank == root
+                   else np.empty(count, self._dtype(datatype)))
             self.mpi.Bcast(buf.view(np.uint8), root=root)
-            self._put(recv, buf, stream)
+            self._put(recvbuff, buf, stream)
         self._run(go)
 
-    def bcast(self, buff, count, code, root, stream):
-        self.broadcast(buff, buff, count, code, root, stream)
-
-    def reduce(self, send, recv, count, code, op, root, stream):
+    def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
         def go():
-            parts = self._allgather(self._get(send, count, code, stream))
-            if self.rank == root:
-                self._put(recv, self._reduce(parts, op), stream)
+            parts = self._allgather(self._get(sendbuf, count, datatype, stream))
+            if self._rank == root:
+                self._put(recvbuf, self._reduce(parts, op), stream)
         self._run(go)
 
-    def send(self, send, count, code, peer, stream):
-        self.calls += 1
-        self._p2p.append(("send", send, count, code, peer, stream))
-        if self._queued is None:
-            self._flush_p2p()
+    def send(self, sendbuf, count, datatype, peer, stream):
+        self._queue_p2p("send", sendbuf, count, datatype, peer, stream)
 
-    def recv(self, recv, count, code, peer, stream):
+    def recv(self, recvbuf, count, datatype, peer, stream):
+        self._queue_p2p("recv", recvbuf, count, datatype, peer, stream)
+
+    def _queue_p2p(self, kind: str, ptr, count, datatype, peer, stream) -> None:
         self.calls += 1
-        self._p2p.append(("recv", recv, count, code, peer, stream))
+        self._p2p.append((kind, ptr, count, datatype, peer, stream))
         if self._queued is None:
             self._flush_p2p()
 
