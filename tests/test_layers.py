@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYER = {"": 0, "ir": 1, "dsl": 2, "compiler": 3, "verify": 4, "simulator": 4, "cli": 5}
 # (importing module, imported stage): why it is allowed for now.
 KNOWN_UPWARD = {
-    ("gc3.collectives", "dsl"): "the users' import path for the collective specifications, which live in dsl/",
+    ("gc3.collectives", "ir"): "the users' import path for the collective specifications, which live in ir/",
     ("gc3.topology", "dsl"): "the users' import path for dsl/topology.py",
     ("gc3.__main__", "cli"): "`python -m gc3` runs the command line",
     ("gc3.compiler.pipeline", "verify"): "lowering ends by proving what it produced",
@@ -107,6 +107,20 @@ def test_gc3_stages_import_in_pipeline_order():
 def test_known_exceptions_still_exist():
     """An exception removed from the code is removed from the list, so the list stays the truth."""
     assert sorted(set(KNOWN_UPWARD) - set(upward(EDGES))) == []
+
+
+def test_verify_imports_nothing_of_the_dsl():
+    """The verifier proves an IR from any source (gc3's compiler, msccl-tools' XML): what a
+    collective must compute comes from gc3.ir, never from the language that traced it."""
+    assert sorted({(s, d) for s, d in EDGES if s.startswith("gc3.verify") and stage(d) == "dsl"}) == []
+
+
+def test_gc3_imports_collectives_from_where_they_are_defined():
+    """gc3.collectives and gc3.dsl.collectives are the users' import paths; gc3's own modules
+    (other than those two re-exports) import gc3.ir.collectives."""
+    reexports = {"gc3.collectives", "gc3.dsl.collectives"}
+    assert sorted({(s, d) for s, d in EDGES if s.startswith("gc3") and s not in reexports
+                   and d in reexports}) == []
 
 
 def test_gc3_never_imports_runtime_cuda():

@@ -38,7 +38,7 @@ from ..errors import GC3Error, LoweringError, ScheduleError
 from .fusion import fuse
 from .instruction_dag import build_instr_dag
 from ..dsl.chunk_dag import ChunkDAG
-from ..dsl.collectives import NCCL_COLLECTIVES, Collective
+from ..ir.collectives import NCCL_COLLECTIVES, Collective
 from ..ir import PROTOCOLS, Postcondition, Program
 from .buffers import fit_scratch, plan_buffers
 from .replication import replicate
