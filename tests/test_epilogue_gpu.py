@@ -31,7 +31,7 @@ SHAPES = ((7, 13), (131, 129), (1031, 1030))
 
 
 def _lower(*args, fusion=True):
-    from gc3.compiler.pipeline import lower
+    from gc3.toolchain import lower
     return lower(runpy.run_path(str(ALGO))["allreduce_epilogue"](*args), instr_fusion=fusion)
 
 
