@@ -59,7 +59,13 @@ def test_issue_exchange_deadlocks_with_two_slots_and_names_both_tbs():
 
 @pytest.mark.parametrize("slots", [3, 4, 8])
 def test_issue_exchange_accepted_with_enough_slots(slots):
-    verify(exchange(["s", "s", "s", "r", "r", "r"]), slots=slots)
+    prog = exchange(["s", "s", "s", "r", "r", "r"])
+    summary = verify(prog, slots=slots)
+    # what was checked: the slots asked for (not the protocol's), every one of the 2 x 3 sends
+    # matched over the two connections, and no semantics (these schedules compute nothing)
+    assert (summary.slots, summary.pairs, summary.connections) == (slots, 6, 2)
+    assert (summary.ranks, summary.threadblocks, summary.steps, summary.deps) == (2, 2, 12, 0)
+    assert summary.proven is None and summary.slots >= min_slots(build_model(prog)) == 3
 
 
 def test_exchange_needs_exactly_as_many_slots_as_sends_in_a_row():
@@ -191,7 +197,7 @@ def test_gc3_convention_does_not_compare_remote_operands():
     # In gc3's convention every operand is local: different offsets on the two sides are fine.
     prog = program([[tb(0, send=1, steps=[step("s", src=("i", 1), dst=("i", 1))])],
                     [tb(0, recv=0, steps=[step("r", src=("o", 3), dst=("o", 3))])]])
-    verify(prog)
+    assert verify(prog).pairs == 1     # matched, whatever each side's offsets
     prog.gc3version = None  # the same fields read as msccl-tools' remote operands disagree
     with pytest.raises(FifoOrderError):
         verify(prog)
@@ -262,7 +268,14 @@ def test_in_place_program_cannot_name_the_output_buffer():
 
 def test_msccl_nops_may_have_zero_count_and_no_operands():
     prog = program([[tb(0, steps=[step("nop", src=("i", -1), dst=("o", -1), cnt=0)])]], gc3=False)
-    verify(prog)
+    summary = verify(prog)
+    # the nop is a step of the schedule, and it moves nothing: no connection, no transfer
+    assert (summary.ranks, summary.threadblocks, summary.steps) == (1, 1, 1)
+    assert (summary.connections, summary.pairs, summary.deps) == (0, 0, 0)
+    # only a nop: the same fields on a copy are a step that moves nothing
+    prog.gpus[0].threadblocks[0].steps[0].type = "cpy"
+    with pytest.raises(IRStructureError, match=r"\(cpy\): cnt=0; a step moves at least one chunk"):
+        verify(prog)
 
 
 # --- runtime limits ---------------------------------------------------------
