@@ -447,3 +447,14 @@ def test_default_index_found_in_a_checkout_and_in_a_wheel_install(tmp_path, monk
     monkeypatch.setattr(catalog_mod, "__file__", str(tmp_path / "site" / "runtime_cuda" / "nccl" / "catalog.py"))
     monkeypatch.setattr(catalog_mod.sys, "prefix", str(tmp_path))
     assert catalog_mod.default_index() == shared
+
+
+def test_count_multiple_is_exact(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"algorithms": [{"file": str(PAIRS), "count_multiple": 3}]}))
+    env = {"GC3_CONFIG": str(cfg)}
+    assert decide(env, make_call(count=3 * 341)).uses_gc3
+    for count in (1024, 3 * 341 + 1, 2):
+        assert only_rejection(env, make_call(count=count)).field == "count"
+    cfg.write_text(json.dumps({"algorithms": [{"file": str(PAIRS), "count_multiple": 0}]}))
+    assert not decide(env, make_call(count=1024)).uses_gc3

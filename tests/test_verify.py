@@ -325,6 +325,45 @@ def test_reduce_fanin_of_consecutive_re_chain():
         verify(chain(6), max_fanin=5)
 
 
+def _re_chain(n, change=None):
+    steps = [Step(s=k, type="re", srcbuf="s", srcoff=k, dstbuf="i", dstoff=0) for k in range(n)]
+    waiter = Threadblock(id=1, steps=[Step(s=0, type="nop", srcbuf="i", srcoff=0, dstbuf="i", dstoff=0)])
+    if change is not None:
+        change(steps, waiter)
+    gpu = Gpu(0, i_chunks=2, o_chunks=0, s_chunks=n, threadblocks=[Threadblock(id=0, steps=steps), waiter])
+    return Program("chain", "Simple", 1, 2, 1, "custom", True, [gpu], gc3version="0.1.0")
+
+
+def _hasdep_at(k):
+    def change(steps, waiter):
+        steps[k].hasdep = True
+        waiter.steps[0].depid, waiter.steps[0].deps = 0, k
+    return change
+
+
+def _field_at(k, **fields):
+    def change(steps, waiter):
+        for name, value in fields.items():
+            setattr(steps[k], name, value)
+    return change
+
+
+@pytest.mark.parametrize("change, fused_too_far", [
+    (None, True),
+    (_hasdep_at(3), False),              # another TB waits on step 3: the pass ends there
+    (_field_at(4, dstoff=1), False),     # another destination starts a new pass
+    (_field_at(4, cnt=2, srcoff=0), False),   # another count too
+    (_field_at(4, hasdep=False), True),
+])
+def test_fanin_chain_ends_where_the_runtime_ends_a_fused_pass(change, fused_too_far):
+    prog = _re_chain(limits.MAX_REDUCE_FANIN + 1, change)
+    if fused_too_far:
+        with pytest.raises(LimitError, match="consecutive 're' steps"):
+            verify(prog)
+    else:
+        verify(prog)
+
+
 # --- report -----------------------------------------------------------------
 def test_check_report_says_what_was_checked():
     prog = read_xml(MSCCL[[p.name for p in MSCCL].index("alltoall_two_step_2n_4g.xml")])
