@@ -1,8 +1,6 @@
 """Fusion (pass 2) pinned by exact opcode sequences on small programs."""
 from pathlib import Path
 
-import pytest
-
 from gc3 import Check, GC3Program, chunk
 from gc3.dsl.collectives import AllGather, AllReduce, Collective, input_chunk
 from gc3.compiler.instruction_dag import build_instr_dag
