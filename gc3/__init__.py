@@ -8,6 +8,8 @@ runtime) does not pay for the DSL, networkx or matplotlib.
 
 How it is built (one folder per stage, in the order a chunk goes through them):
 dsl/ -> compiler/ -> ir/ -> verify/, simulator/; cli/ is the `gc3` command.
+`lower` is toolchain.py's: the compiler's lowering, with the epilogue placed by
+the verifier's symbolic run.
 """
 from importlib import import_module
 
@@ -22,7 +24,7 @@ _EXPORTS = {
     "parallelize": "gc3.dsl.program",
     "Check": "gc3.dsl.program",
     "int_args": "gc3.dsl.program",
-    "lower": "gc3.compiler.pipeline",
+    "lower": "gc3.toolchain",
     "simulate": "gc3.simulator",
 }
 

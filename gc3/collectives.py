@@ -1,3 +1,3 @@
-"""The collectives users import (`from gc3.collectives import AllReduce`); defined in gc3/dsl/collectives.py."""
-from .dsl.collectives import *  # noqa: F401,F403
-from .dsl.collectives import __all__  # noqa: F401
+"""The collectives users import (`from gc3.collectives import AllReduce`); defined in gc3/ir/collectives.py."""
+from .ir.collectives import *  # noqa: F401,F403
+from .ir.collectives import __all__  # noqa: F401

@@ -1,6 +1,9 @@
 """Bad input, table-driven: each ends in a clear error naming the field or option,
 exit status 2, no traceback, fast (sizes are bounded before anything is allocated)."""
+import dataclasses
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -8,7 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from runtime_cuda.commands import cli
-from gc3.errors import InputError
+from gc3.errors import GC3Error, InputError, IRStructureError
+from gc3.ir.xml_io import read_xml, to_xml
+from gc3.simulator import simulate
+from gc3.verify import verify
 
 main = cli()   # gc3's CLI with the runtime's commands, installed or not
 
@@ -177,3 +183,45 @@ def test_strict_integers():
     with pytest.raises(ValueError, match="out of range"):
         strict_int("5", 0, 4)
     assert issubclass(InputError, Exception)
+
+
+# --- IR fields out of range: the verifier and the simulator refuse them alike ---------------
+SAMPLE = ROOT / "ir_samples" / "allgather_ring_4r_Simple.xml"
+
+
+def _with_gpu0(**fields):
+    prog = read_xml(SAMPLE)
+    gpus = [dataclasses.replace(g, **fields) if g.id == 0 else g for g in prog.gpus]
+    return dataclasses.replace(prog, gpus=gpus)
+
+
+@pytest.mark.parametrize("field", ["i_chunks", "o_chunks", "s_chunks"])
+def test_negative_chunk_counts_are_structure_errors_not_crashes(field):
+    prog = _with_gpu0(**{field: -2})
+    with pytest.raises(IRStructureError, match=rf"rank 0: {field}=-2"):
+        verify(prog)
+    # the simulator must fail with a GC3Error (never numpy's ValueError)
+    try:
+        res = simulate(prog, count=8)
+    except GC3Error as exc:
+        assert "-2" in str(exc)
+    else:
+        assert not res.ok
+
+
+def test_cli_simulate_negative_scratch_is_a_clear_failure(tmp_path):
+    path = tmp_path / "neg.xml"
+    path.write_text(to_xml(_with_gpu0(s_chunks=-2)))
+    for cmd in ("check", "simulate"):
+        r = subprocess.run([sys.executable, "-m", "gc3", cmd, str(path), *(["--count", "8"] if cmd == "simulate" else [])],
+                           capture_output=True, text=True, cwd=ROOT)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)   # refused while reading: bad input
+        assert "Traceback" not in r.stderr and "s_chunks='-2'" in r.stderr, (cmd, r.stderr)
+
+
+def test_simulate_rejects_a_channel_outside_nchannels_like_check():
+    prog = dataclasses.replace(read_xml(SAMPLE), nchannels=0)
+    with pytest.raises(IRStructureError, match="chan=0 outside"):
+        verify(prog)
+    res = simulate(prog, count=8)
+    assert not res.ok and any("chan=0" in e and "nchannels=0" in e for e in res.errors), res.errors

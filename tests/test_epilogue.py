@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gc3.errors import GC3Error, IRFormatError, SemanticError
+from gc3.errors import IRFormatError, SemanticError
 from gc3.ir.epilogue import EpilogueError, avg_divide, parse
 from gc3.ir.xml_io import from_xml, to_xml
 from gc3.simulator.driver import simulate
@@ -47,6 +47,51 @@ def test_every_output_chunk_gets_it_once_in_the_ring():
     prog = compiled(4, 2, 64, 1)
     # ring: the last reduction and each of the N-1 all-gather receives store a final chunk
     assert len(marked(prog)) == 4 * 4
+
+
+def _traced(*argv):
+    from gc3.dsl.program import run_script
+    return run_script(ALGO, [str(a) for a in argv])
+
+
+def test_the_compiler_places_an_epilogue_only_with_the_placer_it_is_given():
+    """The compiler sits below the verifier and cannot find the final stores by itself: without
+    a placer it refuses rather than drop the epilogue; with one it hands over the plain program
+    it produced, and wraps the placer's refusal as its own."""
+    from gc3.compiler import pipeline
+    from gc3.dsl.program import run_script
+    from gc3.errors import LoweringError
+
+    traced = _traced(4, 2, 64, 1)
+    with pytest.raises(LoweringError, match="gc3.lower"):
+        pipeline.lower(traced)
+    seen = []
+    prog = pipeline.lower(traced, place_epilogue=lambda p, e: seen.append((p, marked(p), e)))
+    assert [(p is prog, m, e) for p, m, e in seen] == [(True, [], traced.collective.epilogue)]
+    assert prog.epilogue is None
+
+    def refuse(p, e):
+        raise SemanticError("no final store")
+
+    with pytest.raises(LoweringError, match="cannot place the epilogue .*no final store"):
+        pipeline.lower(traced, place_epilogue=refuse)
+    plain = run_script(ROOT / "algorithms" / "allreduce_ring.py", ["4"])
+    assert plain.collective.epilogue is None
+    assert pipeline.lower(plain, place_epilogue=refuse).epilogue is None
+
+
+def test_gc3_lower_proves_the_plain_program_before_placing_the_epilogue(monkeypatch):
+    import gc3
+    from gc3 import toolchain
+    from gc3.compiler import pipeline
+
+    assert gc3.lower is toolchain.lower
+    proven = []
+    monkeypatch.setattr(toolchain, "verify", lambda p: proven.append((p.name, marked(p), verify(p).proven)))
+    prog = compiled(4, 2, 64, 1)
+    assert proven == [(prog.name, [], 4 * 4)] and len(marked(prog)) == 4 * 4
+    same = pipeline.lower(_traced(4, 2, 64, 1), place_epilogue=toolchain.place_epilogue)
+    assert to_xml(same) == to_xml(prog)
 
 
 def _mutate(prog, how):

@@ -31,7 +31,7 @@ SHAPES = ((7, 13), (131, 129), (1031, 1030))
 
 
 def _lower(*args, fusion=True):
-    from gc3.compiler.pipeline import lower
+    from gc3.toolchain import lower
     return lower(runpy.run_path(str(ALGO))["allreduce_epilogue"](*args), instr_fusion=fusion)
 
 
@@ -67,7 +67,7 @@ def test_api_on_virtual_ranks_bit_exact(n, dtype, which, monkeypatch):
 def test_api_bf16_random_data_within_tolerance():
     import cupy
     from fused_cases import RTOL, poisoned, to_host, values
-    from runtime_cuda.fused import VirtualComm, allreduce_epilogue, check
+    from runtime_cuda.fused import VirtualComm, allreduce_epilogue
     n, shape, dtype = 4, (97, 333), "bfloat16"
     rng = np.random.default_rng(16)
     xs = [values(rng, shape, dtype) for _ in range(n)]

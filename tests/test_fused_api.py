@@ -15,6 +15,8 @@ from gc3.verify import verify
 
 mb = pytest.importorskip("runtime_cuda.fused.memory_bound")
 ROOT = Path(__file__).resolve().parents[1]
+# The benchmark's operators and shapes: the programs below are compiled for them.
+BENCH = runpy.run_path(str(ROOT / "scripts" / "bench_fused.py"))
 
 
 @pytest.fixture(autouse=True)
@@ -34,11 +36,13 @@ def _geometry_agrees(prog):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("b", [2048, 8192, 5])
-def test_embedding_programs_of_the_api(n, b):
-    args = mb._ebag_args(n, 8, 1 << 20, 128, b, 32, 1)
-    prog = mb.fused_program("embedding_bag_alltoall", args, "float32")
-    assert prog.compute.ebag_dims() == (8, 1 << 20, 128, n * b * 32, n * b)
+@pytest.mark.parametrize("dtype", BENCH["EBAG_DTYPES"])
+@pytest.mark.parametrize("t, rows, dim, pooling, b", BENCH["EBAG_SHAPES"]["full"] + BENCH["EBAG_SHAPES"]["quick"]
+                         + [(8, 1 << 20, 128, 32, 5)])      # and samples per rank that split into no blocks
+def test_embedding_programs_of_the_api(n, dtype, t, rows, dim, pooling, b):
+    args = mb._ebag_args(n, t, rows, dim, b, pooling, 1)
+    prog = mb.fused_program("embedding_bag_alltoall", args, dtype)
+    assert prog.compute.ebag_dims() == (t, rows, dim, n * b * pooling, n * b)
     _, ok = _geometry_agrees(prog)
     assert ok and mb._compute_blocks(prog) == min(16, n * args[6])
 
@@ -106,16 +110,36 @@ def test_the_gemv_kernel_is_refused_where_it_cannot_serve(monkeypatch):
         mb._gemv_kernel(mb.VirtualComm(1), "fused", 1, 1, 64, 64, "bfloat16", 1, "one")
 
 
-def test_benchmark_script_lists_both_operators_and_its_options():
+def test_benchmark_script_runs_operators_of_the_api_and_offers_each():
+    """Every operator the benchmark times is a fused API function with its program in
+    algorithms/fused/, and its command line offers each of them."""
     import subprocess
     import sys
-    spec = runpy.run_path(str(ROOT / "scripts" / "bench_fused.py"))
-    assert list(spec["OPERATORS"]) == ["gemv_allreduce", "embedding_bag_alltoall"]
-    assert spec["GEMV_SHAPES"]["full"] == [(b, k, 8192) for b in (1, 8, 32) for k in (2048, 7168, 4096)]
-    assert spec["EBAG_SHAPES"]["full"] == [(8, 1 << 20, 128, 32, 2048), (8, 1 << 20, 128, 32, 8192)]
+
+    import runtime_cuda.fused as fused
+
+    assert BENCH["OPERATORS"]
+    for name in BENCH["OPERATORS"]:
+        assert callable(getattr(fused, name, None)), name
+        assert (ROOT / "algorithms" / "fused" / f"{name}.py").is_file(), name
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_fused.py"), "--help"], capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert out.returncode == 0 and "--virtual" in out.stdout and "--compute-only" in out.stdout
+    assert "--op {" + ",".join(sorted(BENCH["OPERATORS"])) + "}" in out.stdout
+
+
+@pytest.mark.parametrize("size", ["full", "quick"])
+def test_the_gemv_kernel_serves_every_shape_the_benchmark_times(size):
+    """The benchmark forces the fused path, which raises where the GEMV kernel refuses a shape:
+    each of its shapes must be one the kernel serves, whether the ranks are processes or all
+    virtual in one."""
+    from runtime_cuda.fused.gemv_kernel import refusal
+
+    for dtype in BENCH["GEMV_DTYPES"]:
+        for batch, k, n_out in BENCH["GEMV_SHAPES"][size]:
+            for n in (2, 4, 8):
+                for nlocal in (1, n):
+                    assert refusal(dtype, batch, k, n_out, n, nlocal) is None, (dtype, batch, k, n_out, n, nlocal)
 
 
 def test_gc3_run_refuses_a_fused_ir_in_peer_mode(tmp_path):

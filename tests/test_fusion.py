@@ -1,9 +1,7 @@
 """Fusion (pass 2) pinned by exact opcode sequences on small programs."""
 from pathlib import Path
 
-import pytest
-
-from gc3 import GC3Program, chunk
+from gc3 import Check, GC3Program, chunk
 from gc3.dsl.collectives import AllGather, AllReduce, Collective, input_chunk
 from gc3.compiler.instruction_dag import build_instr_dag
 from gc3.compiler.fusion import fuse
@@ -11,6 +9,7 @@ from gc3.ir import Convention, local_input, local_output
 from gc3.compiler.pipeline import lower
 from gc3.compiler.buffers import plan_buffers
 from gc3.simulator import simulate
+from gc3.verify import verify
 from gc3.ir.xml_io import read_xml
 
 from lower_programs import ring_allreduce
@@ -157,3 +156,28 @@ def test_custom_collective_chain_fuses_into_rcs_run():
             c = c.copy(r, "out", 0)
     prog = lower(p)
     assert [types(prog, r) for r in range(4)] == [["cpy", "s"], ["rcs"], ["rcs"], ["r"]]
+
+
+def test_fusion_never_turns_a_valid_program_with_channel_hints_into_a_schedule_error():
+    # Rank 1 forwards two chunks it receives from rank 0 on channel 0 to two
+    # different peers, all on ch=0: fine unfused (one TB per connection), but
+    # two fused rcs would need the one receive connection in two TBs.
+    with GC3Program("fanout", AllGather(4, 2, inplace=False)) as prog:
+        for r in range(4):
+            chunk(r, "in", 0, count=2).copy(r, "out", 2 * r)
+        chunk(0, "in", 0).copy(1, "out", 0, ch=0).copy(2, "out", 0, ch=0)
+        chunk(0, "in", 1).copy(1, "out", 1, ch=0).copy(3, "out", 1, ch=0)
+        chunk(0, "in", 1).copy(2, "out", 1)
+        chunk(0, "in", 0).copy(3, "out", 0)
+        for s in (1, 2, 3):
+            for d in range(4):
+                if d != s:
+                    chunk(s, "in", 0, count=2).copy(d, "out", 2 * s)
+        Check()
+    for fused in (False, True):
+        for k in (1, 2):
+            ir = lower(prog, instr_fusion=fused, instances=k)
+            verify(ir)
+            for count in (8, 13):
+                res = simulate(ir, count=count, dtype="int32")
+                assert res.ok, res.errors[:2]

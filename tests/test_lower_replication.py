@@ -1,8 +1,11 @@
 """Replication (pass 3): instances and parallelize under the layout's block rule."""
 import itertools
 
-from gc3 import GC3Program, chunk, parallelize
-from gc3.dsl.collectives import AllReduce, AllToAll
+import numpy as np
+
+from gc3 import Check, GC3Program, chunk, parallelize
+from gc3.dsl.collectives import AllReduce, AllToAll, Collective, input_chunk
+from gc3.errors import LoweringError
 from gc3.ir.layout import layout_for
 from gc3.compiler.pipeline import lower
 from gc3.compiler.buffers import plan_buffers
@@ -110,3 +113,70 @@ def test_parallel_and_plain_ops_touching_one_chunk_agree_on_data():
             res = simulate(prog, count=count)
             assert res.ok, res.errors[:2]
         assert layout_for(prog, 400).chunks_per_block == 2 * 2 * k
+
+
+class _Reverse(Collective):
+    """A custom collective: out[j] = in[C-1-j] on every rank."""
+    name = "reverse"
+
+    def postcondition(self, rank, index):
+        return input_chunk(rank, self.chunk_factor - 1 - index)
+
+
+def _reverse_program():
+    with GC3Program("rev", _Reverse(2, 2)) as prog:
+        for r in range(2):
+            chunk(r, "in", 0).copy(r, "out", 1)
+            chunk(r, "in", 1).copy(r, "out", 0)
+        Check()
+    return prog
+
+
+def _reversed_halves(inputs, op, n):
+    return [np.concatenate([x[len(x) // 2:], x[:len(x) // 2]]) for x in inputs]
+
+
+def test_custom_collective_pairing_other_chunk_positions_is_not_silently_miscompiled():
+    prog = _reverse_program()
+    for count in (4, 12):
+        assert simulate(lower(prog, instances=1), count=count, reference=_reversed_halves).ok
+    # Instances cut every block instance-major, which only keeps pairings of
+    # the same chunk position: anything else must be refused, not compiled wrong.
+    for k in (2, 3):
+        try:
+            ir = lower(prog, instances=k)
+        except LoweringError as exc:
+            assert "instances" in str(exc) and "(rank 0, 'o', 0)" in str(exc)
+        else:
+            res = simulate(ir, count=4 * k, reference=_reversed_halves)
+            assert res.ok, res.errors[:1]
+
+
+class _Diagonal(Collective):
+    """A custom collective: out_r[j] = in_j[j] (same positions, but the source rank depends on j)."""
+    name = "diagonal"
+
+    def postcondition(self, rank, index):
+        return input_chunk(index, index)
+
+
+def test_custom_collective_whose_source_rank_varies_inside_a_block_is_refused_with_instances():
+    n = 2
+    with GC3Program("diag", _Diagonal(n, n)) as prog:
+        for r in range(n):
+            for j in range(n):
+                chunk(j, "in", j).copy(r, "out", j)
+        Check()
+
+    def ref(inputs, op, nranks):
+        u = len(inputs[0]) // n
+        return [np.concatenate([inputs[j][j * u:(j + 1) * u] for j in range(n)]) for _ in range(nranks)]
+
+    assert simulate(lower(prog), count=12, reference=ref).ok
+    try:
+        ir = lower(prog, instances=2)
+    except LoweringError as exc:
+        assert "instances" in str(exc) and "(rank 0, 'o', 1)" in str(exc)
+    else:
+        res = simulate(ir, count=12, reference=ref)
+        assert res.ok, res.errors[:1]

@@ -2,6 +2,7 @@
 import pytest
 
 from gc3 import GC3Program, chunk
+from gc3 import Check
 from gc3.dsl.collectives import AllGather, AllReduce
 from gc3.errors import ScheduleError
 from gc3.compiler.pipeline import lower
@@ -234,3 +235,36 @@ def test_too_many_threadblocks_is_a_schedule_error():
     with pytest.raises(ScheduleError, match="max_tbs=3"):
         lower(allpairs_allreduce(3), instances=2, max_tbs=3)
     assert len(lower(allpairs_allreduce(3), instances=2, max_tbs=6).gpu(0).threadblocks) == 6
+
+
+def _staged_through_one_slot():
+    # Rank 1 receives both chunks from rank 0 into ONE reused scratch slot.
+    # Chunk 1 is ready at once, chunk 0 only after a reduce, but the slot's
+    # reuse makes chunk 1's receive wait for chunk 0's: sending chunk 1 first
+    # on the shared connection would be a FIFO deadlock.
+    with GC3Program("stage_reuse", AllReduce(3, 2, inplace=True)) as prog:
+        for j in (0, 1):
+            acc = chunk(0, "in", j)
+            if j == 0:
+                acc = acc.reduce(chunk(2, "in", j))
+            t = acc.copy(1, "tmp", 0)
+            acc = chunk(1, "in", j).reduce(t)
+            if j == 1:
+                acc = chunk(2, "in", j).reduce(acc)
+                acc.copy(1, "in", j)
+                acc.copy(0, "in", j)
+            else:
+                acc.copy(0, "in", j)
+                acc.copy(2, "in", j)
+        Check()
+    return prog
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("instances", [1, 2])
+def test_reused_staging_slot_on_one_connection_lowers_and_runs(fused, instances):
+    ir = lower(_staged_through_one_slot(), instr_fusion=fused, instances=instances)
+    full_verify(ir)
+    for count in (6, 7 * 2, 3):
+        res = simulate(ir, count=count, dtype="int64", op="max", interleave_seed=count)
+        assert res.ok, res.errors[:3]

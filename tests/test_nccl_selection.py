@@ -460,3 +460,14 @@ def test_catalog_candidate_is_the_only_class_named_candidate():
                    for node in ast.walk(ast.parse(path.read_text()))
                    if isinstance(node, ast.ClassDef) and node.name == "Candidate")
     assert found == ["runtime_cuda/nccl/catalog.py"]
+
+
+def test_count_multiple_is_exact(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"algorithms": [{"file": str(PAIRS), "count_multiple": 3}]}))
+    env = {"GC3_CONFIG": str(cfg)}
+    assert decide(env, make_call(count=3 * 341)).uses_gc3
+    for count in (1024, 3 * 341 + 1, 2):
+        assert only_rejection(env, make_call(count=count)).field == "count"
+    cfg.write_text(json.dumps({"algorithms": [{"file": str(PAIRS), "count_multiple": 0}]}))
+    assert not decide(env, make_call(count=1024)).uses_gc3

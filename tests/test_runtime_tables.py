@@ -263,3 +263,24 @@ def test_nop_dependencies_in_a_cycle_are_refused():
                                                                                      depid=0, deps=0)])
     with pytest.raises(IRStructureError, match="nop dependencies form a cycle"):
         tables.build(one_rank(a, b))
+
+
+def test_latest_keeps_the_latest_wait_per_threadblock():
+    # Waiting for step 5 of TB 1 covers step 2 (program order); the earliest would be too weak.
+    assert tables._latest([(1, 2), (1, 5), (2, 0), (0, 9)], own_tb=0) == {1: 5, 2: 0}
+    assert tables._latest([(1, 5), (1, 2)], own_tb=0) == {1: 5}
+
+
+@pytest.mark.parametrize("a, b, cnt, alias", [
+    (("i", 0), ("o", 7), 1, True),      # one allocation when called in place
+    (("o", 3), ("i", 0), 1, True),
+    (("s", 0), ("s", 0), 1, True),
+    (("s", 0), ("s", 1), 2, True),      # [0,2) and [1,3) overlap
+    (("s", 1), ("s", 0), 2, True),
+    (("s", 0), ("s", 2), 2, False),     # [0,2) and [2,4) touch, do not overlap
+    (("s", 2), ("s", 0), 2, False),
+    (("s", 0), ("i", 0), 4, False),     # scratch is its own allocation
+    (("i", 0), ("i", 1), 1, False),
+])
+def test_may_alias(a, b, cnt, alias):
+    assert tables._may_alias(a, b, cnt) is alias

@@ -1,4 +1,6 @@
 """`gc3 simulate` on the command line, the cost model and the timeline."""
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,31 @@ def test_timeline_needs_a_completed_run(tmp_path):
     res = simulate(str(RING), count=8, slots=1)
     with pytest.raises(SimulationError, match="did not complete"):
         res.draw_timeline(tmp_path / "x.png")
+
+
+def test_cli_simulate_dsl_program_uses_its_root(tmp_path):
+    src = tmp_path / "bcast3.py"
+    src.write_text(
+        "from gc3 import Check, GC3Program, chunk\n"
+        "from gc3.collectives import Broadcast\n"
+        "with GC3Program('b', Broadcast(num_ranks=5, chunk_factor=1, root=3)) as prog:\n"
+        "    c = chunk(3, 'in', 0).copy(3, 'out', 0)\n"
+        "    for s in range(1, 5):\n"
+        "        c = c.copy((3 + s) % 5, 'out', 0)\n"
+        "    Check()\n")
+    r = subprocess.run([sys.executable, "-m", "gc3", "simulate", str(src), "--count", "7"],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "result     OK" in r.stdout
+
+
+def test_cli_simulate_out_of_memory_is_a_clear_failure(monkeypatch):
+    import gc3.simulator as sim
+
+    def too_big(*args, **kwargs):
+        raise MemoryError("Unable to allocate 60.0 GiB")
+
+    monkeypatch.setattr(sim, "simulate", too_big)
+    res = CliRunner().invoke(main, ["simulate", str(RING), "--size", "10GiB"])
+    assert res.exit_code == 2 and not isinstance(res.exception, MemoryError), res.output
+    assert "FAILED" in res.output and "memory" in res.output and "--size" in res.output

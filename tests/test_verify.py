@@ -59,7 +59,13 @@ def test_issue_exchange_deadlocks_with_two_slots_and_names_both_tbs():
 
 @pytest.mark.parametrize("slots", [3, 4, 8])
 def test_issue_exchange_accepted_with_enough_slots(slots):
-    verify(exchange(["s", "s", "s", "r", "r", "r"]), slots=slots)
+    prog = exchange(["s", "s", "s", "r", "r", "r"])
+    summary = verify(prog, slots=slots)
+    # what was checked: the slots asked for (not the protocol's), every one of the 2 x 3 sends
+    # matched over the two connections, and no semantics (these schedules compute nothing)
+    assert (summary.slots, summary.pairs, summary.connections) == (slots, 6, 2)
+    assert (summary.ranks, summary.threadblocks, summary.steps, summary.deps) == (2, 2, 12, 0)
+    assert summary.proven is None and summary.slots >= min_slots(build_model(prog)) == 3
 
 
 def test_exchange_needs_exactly_as_many_slots_as_sends_in_a_row():
@@ -191,7 +197,7 @@ def test_gc3_convention_does_not_compare_remote_operands():
     # In gc3's convention every operand is local: different offsets on the two sides are fine.
     prog = program([[tb(0, send=1, steps=[step("s", src=("i", 1), dst=("i", 1))])],
                     [tb(0, recv=0, steps=[step("r", src=("o", 3), dst=("o", 3))])]])
-    verify(prog)
+    assert verify(prog).pairs == 1     # matched, whatever each side's offsets
     prog.gc3version = None  # the same fields read as msccl-tools' remote operands disagree
     with pytest.raises(FifoOrderError):
         verify(prog)
@@ -262,7 +268,14 @@ def test_in_place_program_cannot_name_the_output_buffer():
 
 def test_msccl_nops_may_have_zero_count_and_no_operands():
     prog = program([[tb(0, steps=[step("nop", src=("i", -1), dst=("o", -1), cnt=0)])]], gc3=False)
-    verify(prog)
+    summary = verify(prog)
+    # the nop is a step of the schedule, and it moves nothing: no connection, no transfer
+    assert (summary.ranks, summary.threadblocks, summary.steps) == (1, 1, 1)
+    assert (summary.connections, summary.pairs, summary.deps) == (0, 0, 0)
+    # only a nop: the same fields on a copy are a step that moves nothing
+    prog.gpus[0].threadblocks[0].steps[0].type = "cpy"
+    with pytest.raises(IRStructureError, match=r"\(cpy\): cnt=0; a step moves at least one chunk"):
+        verify(prog)
 
 
 # --- runtime limits ---------------------------------------------------------
@@ -310,6 +323,45 @@ def test_reduce_fanin_of_consecutive_re_chain():
     verify(chain(5), max_fanin=5)
     with pytest.raises(LimitError):
         verify(chain(6), max_fanin=5)
+
+
+def _re_chain(n, change=None):
+    steps = [Step(s=k, type="re", srcbuf="s", srcoff=k, dstbuf="i", dstoff=0) for k in range(n)]
+    waiter = Threadblock(id=1, steps=[Step(s=0, type="nop", srcbuf="i", srcoff=0, dstbuf="i", dstoff=0)])
+    if change is not None:
+        change(steps, waiter)
+    gpu = Gpu(0, i_chunks=2, o_chunks=0, s_chunks=n, threadblocks=[Threadblock(id=0, steps=steps), waiter])
+    return Program("chain", "Simple", 1, 2, 1, "custom", True, [gpu], gc3version="0.1.0")
+
+
+def _hasdep_at(k):
+    def change(steps, waiter):
+        steps[k].hasdep = True
+        waiter.steps[0].depid, waiter.steps[0].deps = 0, k
+    return change
+
+
+def _field_at(k, **fields):
+    def change(steps, waiter):
+        for name, value in fields.items():
+            setattr(steps[k], name, value)
+    return change
+
+
+@pytest.mark.parametrize("change, fused_too_far", [
+    (None, True),
+    (_hasdep_at(3), False),              # another TB waits on step 3: the pass ends there
+    (_field_at(4, dstoff=1), False),     # another destination starts a new pass
+    (_field_at(4, cnt=2, srcoff=0), False),   # another count too
+    (_field_at(4, hasdep=False), True),
+])
+def test_fanin_chain_ends_where_the_runtime_ends_a_fused_pass(change, fused_too_far):
+    prog = _re_chain(limits.MAX_REDUCE_FANIN + 1, change)
+    if fused_too_far:
+        with pytest.raises(LimitError, match="consecutive 're' steps"):
+            verify(prog)
+    else:
+        verify(prog)
 
 
 # --- report -----------------------------------------------------------------

@@ -61,7 +61,7 @@ def command(file: str, args, output: str, instances, protocol, no_fusion: bool, 
     Options given here override the program's own settings.  Put `--` before
     program arguments that look like options of this command.
     """
-    from ..compiler.pipeline import lower
+    from ..toolchain import lower
     from ..dsl.program import run_script
     from ..verify import verify
     from ..ir.xml_io import write_xml

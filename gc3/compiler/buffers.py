@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from math import lcm
 from typing import Dict, Sequence, Tuple
 
-from ..dsl import collectives
+from ..ir import collectives
 from ..dsl.chunk_dag import ChunkDAG
 from ..dsl.ops import Op
 from ..errors import LoweringError

@@ -24,6 +24,12 @@ never from the indices the program happens to touch, so `gc3/ir/layout.py` maps
 every chunk of a call exactly as the program meant.  Scratch is the declared
 size too, except that after absorption it is cut to the chunks the program
 still names (`buffers.fit_scratch`).
+
+A collective's epilogue goes last, on the steps that store final output chunks;
+which steps those are, only a symbolic run of the lowered program says, and
+that run is the verifier's, a stage above this one.  So `lower` takes it as a
+parameter (`place_epilogue`), and `gc3.toolchain.lower` (which is `gc3.lower`)
+passes the verifier's: compile through that unless you bring your own.
 """
 from __future__ import annotations
 
@@ -38,8 +44,9 @@ from ..errors import GC3Error, LoweringError, ScheduleError
 from .fusion import fuse
 from .instruction_dag import build_instr_dag
 from ..dsl.chunk_dag import ChunkDAG
-from ..dsl.collectives import NCCL_COLLECTIVES, Collective
+from ..ir.collectives import NCCL_COLLECTIVES, Collective
 from ..ir import PROTOCOLS, Postcondition, Program
+from ..ir.epilogue import Epilogue
 from .buffers import fit_scratch, plan_buffers
 from .replication import replicate
 from .sync import insert_sync
@@ -90,13 +97,16 @@ def schedule(dag, o: Options):
 
 def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] = None,
           instr_fusion: Optional[bool] = None, max_tbs: Optional[int] = None,
-          absorption: Optional[bool] = None, tb_merge: Optional[bool] = None) -> Program:
+          absorption: Optional[bool] = None, tb_merge: Optional[bool] = None,
+          place_epilogue: Optional[Callable[[Program, Epilogue], object]] = None) -> Program:
     """Compile a `ChunkDAG`, or a traced `GC3Program`'s; keyword arguments override its own settings.
 
     `absorption` (default: on whenever fusion is) can be turned off alone, to
     get the schedules compiled before it existed (measurements taken on them).
     `tb_merge` (default: on for LL) joins a channel's lone send and lone
     receive threadblocks (threadblocks.merge_lone_pairs).
+    `place_epilogue(prog, epilogue)` marks the steps of the plain `prog` that must
+    apply the collective's epilogue; needed only when the collective has one.
     """
     dag = program if isinstance(program, ChunkDAG) else getattr(program, "chunk_dag", None)
     if not isinstance(dag, ChunkDAG):
@@ -168,21 +178,14 @@ def lower(program, *, instances: Optional[int] = None, protocol: Optional[str] =
         compute=getattr(coll, "compute", None),
     )
     if coll.epilogue is not None:
-        _place_epilogue(prog, coll.epilogue)
+        if place_epilogue is None:
+            raise LoweringError(f"program {prog.name!r}: the epilogue {coll.epilogue} goes on the steps that store "
+                                f"final output chunks, which only the verifier finds: lower it with gc3.lower")
+        try:
+            place_epilogue(prog, coll.epilogue)
+        except GC3Error as exc:
+            raise LoweringError(f"program {prog.name!r}: cannot place the epilogue {coll.epilogue}: {exc}") from None
     return prog
-
-
-def _place_epilogue(prog: Program, epi) -> None:
-    """Mark the steps that store final output chunks (gc3.verify.semantics.place_epilogue, which
-    runs the program symbolically: so the program must verify without it first)."""
-    from .. import verify
-    from ..verify.semantics import place_epilogue
-
-    try:
-        verify.verify(prog)
-        place_epilogue(prog, epi)
-    except GC3Error as exc:
-        raise LoweringError(f"program {prog.name!r}: cannot place the epilogue {epi}: {exc}") from None
 
 
 def ir_postcondition(coll, plan) -> Optional[Postcondition]:

@@ -36,7 +36,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import GC3Error, LoweringError
 from ..ir.opcodes import COMPUTE, OPCODES
-from .collectives import Collective
+from ..ir.collectives import Collective
 from .ops import Op, Slot
 
 __all__ = ["ChunkDAG", "build_chunk_dag", "op_nodes", "depth", "draw"]

@@ -35,12 +35,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .. import limits
 from .chunk_dag import ChunkDAG, input_slots
 from .chunk_ref import ChunkRef
-from .collectives import Collective
+from ..ir.collectives import Collective
 from ..errors import GC3Error, IndexOutOfRangeError, InputError, PostconditionError, TraceError, UninitializedChunkError
 from ..ir import PROTOCOLS
 from ..ir.opcodes import COMPUTE, OPCODES
 from .ops import Op, Slot
-from .symbolic import Value, computed_chunk, describe, difference, input_chunk
+from ..ir.symbolic import Value, computed_chunk, describe, difference, input_chunk
 from .topology import Topology, fully_connected
 from .tracing import Buffer, _current, _tracing, canonical_buffer  # noqa: F401  (Buffer: the DSL's name)
 from ..units import as_int, user_location

@@ -65,7 +65,7 @@ def compile_spec(spec: str) -> Program:
         raise GC3Error(f"measured point names {words[0]!r}, which is not in {REPO}")
     if path.suffix == ".xml":
         return read_xml(path)
-    from ..compiler.pipeline import lower
+    from ..toolchain import lower
     from ..dsl.program import run_script
     opts: Dict[str, str] = {}
     args = []

@@ -1,7 +1,6 @@
 """`simulate()`: load a program, run it on numpy buffers, check and time it."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Union
@@ -98,7 +97,7 @@ def load_program(obj) -> Program:
     if isinstance(obj, str):
         return from_xml(obj) if obj.lstrip().startswith("<") else read_xml(obj)
     if hasattr(obj, "ops") and hasattr(obj, "collective"):
-        from ..compiler.pipeline import lower  # the compiler is only needed for DSL programs
+        from ..toolchain import lower  # the compiler is only needed for DSL programs
         return lower(obj)
     raise SimulationError(f"cannot simulate a {type(obj).__name__}: pass an ir.Program, an XML path or text, "
                           "or a GC3Program or ChunkDAG")

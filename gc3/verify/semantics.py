@@ -77,11 +77,11 @@ from ..errors import (DeadlockError, DuplicateContributionError, PostconditionUn
                       SemanticError, UnwrittenReadError)
 from ..ir.opcodes import OPCODES, STEP_VALUE
 from ..ir import Postcondition, Program, local_input, local_output
-from ..dsl.collectives import NCCL_COLLECTIVES
+from ..ir import collectives as C
 from ..ir.layout import layout_for
 from .model import Model
 
-BUILTIN = NCCL_COLLECTIVES   # known without being told; any other carries its postcondition
+BUILTIN = C.NCCL_COLLECTIVES   # known without being told; any other carries its postcondition
 
 _SHOWN = 6
 
@@ -154,8 +154,6 @@ def same(a: Sym, b: Sym) -> bool:
 # --- postconditions -----------------------------------------------------------------
 def builtin_collective(prog: Program):
     """The gc3.collectives object of an NCCL collective at the IR's chunk count, or None."""
-    from ..dsl import collectives as C
-
     if prog.coll not in BUILTIN:
         return None
     n = prog.ngpus

@@ -71,7 +71,7 @@ _failed: Dict[tuple, str] = {}
 def fused_program(algo: str, args: Tuple[int, ...], dtype: Optional[str]):
     """The lowered IR of algorithms/fused/<algo>.py with positional `args` and `dtype` (None: a
     program that holds no dtype, such as an epilogue's, which serves calls of every type)."""
-    from gc3.compiler.pipeline import lower
+    from gc3.toolchain import lower
 
     fn = runpy.run_path(str(ALGORITHMS_DIR / "fused" / f"{algo}.py"))[algo]
     return lower(fn(*args) if dtype is None else fn(*args, dtype=dtype))
