@@ -18,6 +18,8 @@ from .errors import SizeError, TraceError
 from .limits import MAX_BYTES
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The algorithm library is DSL programs like a user's: an error in one names its own line.
+_LIBRARY_DIR = os.path.join(_PACKAGE_DIR, "algorithms") + os.sep
 
 
 def user_location() -> str:
@@ -33,7 +35,8 @@ def user_location() -> str:
 
 @lru_cache(maxsize=None)
 def _internal(filename: str) -> bool:
-    return filename.startswith("<frozen") or os.path.abspath(filename).startswith(_PACKAGE_DIR)
+    path = os.path.abspath(filename)
+    return filename.startswith("<frozen") or (path.startswith(_PACKAGE_DIR) and not path.startswith(_LIBRARY_DIR))
 
 
 def as_int(value, what: str, low: int = 0, where: Optional[str] = None,

@@ -13,11 +13,11 @@ KiB, MiB = 1 << 10, 1 << 20
 
 @dataclass(frozen=True)
 class ProgramConfig:
-    """One configuration timed: a program of algorithms/, its protocol and instances, the sizes it
+    """One configuration timed: a program of gc3.algorithms, its protocol and instances, the sizes it
     serves and the environment it runs with."""
     label: str
     coll: str
-    script: str                      # algorithms/<script>.py
+    script: str                      # gc3.algorithms.<script>
     argv: Tuple[str, ...]
     proto: str
     instances: int

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 GC3=.venv/bin/gc3
 mkdir -p build
-$GC3 compile algorithms/allreduce_ring.py 4 -o build/allreduce_ring_4.xml
+$GC3 compile gc3/algorithms/allreduce_ring.py 4 -o build/allreduce_ring_4.xml
 $GC3 check build/allreduce_ring_4.xml
 $GC3 simulate build/allreduce_ring_4.xml --size 1MiB --dtype float32 --op sum
 if nvidia-smi -L >/dev/null 2>&1; then

@@ -17,7 +17,7 @@ from gc3.verify import verify
 
 from lower_programs import ring_allreduce
 
-ALGORITHMS = Path(__file__).resolve().parents[1] / "algorithms"
+ALGORITHMS = Path(__file__).resolve().parents[1] / "gc3" / "algorithms"
 
 
 def algorithm(name, *args):

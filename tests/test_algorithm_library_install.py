@@ -1,7 +1,9 @@
-"""The algorithm library outside a checkout: a wheel carries algorithms/ (pyproject's
-data-files) and runtime_cuda.nccl.library finds it under sys.prefix, so a non-editable
-install can still tune, build catalogs and run the fused operators' programs."""
-import shutil
+"""The algorithm library is the package gc3.algorithms: a wheel ships it as code like any other
+package of gc3, and gc3's own callers (the catalog builders, `gc3 tune`, the fused operators)
+import its modules, so an installed gc3 can tune, build catalogs and run the fused operators'
+programs with no checkout and nothing run by path.  (scripts/test.sh installs a wheel in a fresh
+venv and compiles a fused program from it.)"""
+import runpy
 import subprocess
 import sys
 import zipfile
@@ -9,47 +11,106 @@ from pathlib import Path
 
 import pytest
 
+import gc3.algorithms
+from gc3 import algorithms
+from gc3.errors import GC3Error, InputError
+
 ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "gc3" / "algorithms"
 
 
-def test_pyproject_ships_every_folder_of_the_library():
-    lines = (ROOT / "pyproject.toml").read_text().splitlines()
-    folders = sorted({p.parent for p in (ROOT / "algorithms").rglob("*.py")})
-    assert folders, "no algorithm library in this checkout"
-    for folder in folders:
-        rel = folder.relative_to(ROOT).as_posix()
-        assert f'"share/gc3/{rel}" = ["{rel}/*.py"]' in lines, f"pyproject.toml's data-files lacks {rel}"
+def _folders():
+    return sorted({p.parent for p in LIBRARY.rglob("*.py") if "__pycache__" not in p.parts})
 
 
-def test_setuptools_reads_the_data_files_as_covering_every_algorithm(monkeypatch):
-    """As setuptools itself reads pyproject.toml (globs expanded): every algorithm file is
-    installed under share/gc3/ at its path relative to the checkout."""
+def test_every_folder_of_the_library_is_a_package_that_setuptools_finds(monkeypatch):
+    """As setuptools itself reads pyproject.toml: each folder of the library is a package that
+    packages.find includes, so the wheel carries its modules where `import` finds them."""
     config = pytest.importorskip("setuptools.config.pyprojecttoml")
     monkeypatch.chdir(ROOT)
-    data_files = config.read_configuration(ROOT / "pyproject.toml")["tool"]["setuptools"]["data-files"]
+    tool = config.read_configuration(ROOT / "pyproject.toml")["tool"]["setuptools"]
+    found = set(tool["packages"])       # packages.find, run
+    for folder in _folders():
+        assert (folder / "__init__.py").is_file(), f"{folder} is not a package"
+        assert ".".join(folder.relative_to(ROOT).parts) in found, folder
+    # Code, not data: nothing of the library is copied under share/ beside the package.
+    data_files = tool.get("data-files", {})
     pairs = data_files.items() if isinstance(data_files, dict) else data_files
-    installed = {f"{dest}/{Path(f).name}" for dest, files in pairs for f in files}
-    for p in sorted((ROOT / "algorithms").rglob("*.py")):
-        assert f"share/gc3/{p.relative_to(ROOT).as_posix()}" in installed, p
+    assert not [dest for dest, files in pairs if "algorithms" in dest or any("algorithms" in f for f in files)]
 
 
-def test_the_library_is_found_under_the_prefix_outside_a_checkout(tmp_path, monkeypatch):
-    """With no algorithms/ beside the sources, the copy a wheel installs under sys.prefix serves."""
+def test_names_are_the_modules_of_the_package():
+    assert algorithms.names() == sorted(p.stem for p in LIBRARY.glob("[!_]*.py"))
+    assert algorithms.names("fused") == sorted(f"fused.{p.stem}" for p in (LIBRARY / "fused").glob("[!_]*.py"))
+    assert "allreduce_ring" in algorithms.names() and "fused.gemm_allreduce" in algorithms.names("fused")
+
+
+def test_the_catalog_library_reads_the_package():
     from runtime_cuda.nccl import library
 
-    share = tmp_path / "share" / "gc3" / "algorithms"
-    shutil.copytree(ROOT / "algorithms", share)
-    monkeypatch.setattr(sys, "prefix", str(tmp_path))
-    real_is_dir = Path.is_dir
-    checkout = (ROOT / "algorithms").resolve()
-    monkeypatch.setattr(Path, "is_dir", lambda self: False if self.resolve() == checkout else real_is_dir(self))
-    assert library.algorithms_dir() == share
-    monkeypatch.undo()
-    assert library.algorithms_dir() == checkout == library.ALGORITHMS_DIR.resolve()
+    assert library.algorithms_dir() == Path(gc3.algorithms.__file__).resolve().parent == LIBRARY.resolve()
+    assert list(library.ALGORITHMS) == algorithms.names()
+    assert library.algorithm("allreduce_ring").params == ("ranks", "instances", "channels", "inplace")
+
+
+def test_trace_and_builder_import_the_module():
+    prog = algorithms.trace("allreduce_ring", (3, 1, 1, 0))
+    assert prog.name == "allreduce_ring" and prog.num_ranks == 3
+    assert algorithms.builder("fused.gemm_allreduce") is sys.modules["gc3.algorithms.fused.gemm_allreduce"].gemm_allreduce
+    assert algorithms.trace("fused.gemv_allreduce").name == "gemv_allreduce_twoshot"    # its own defaults
+
+
+@pytest.mark.parametrize("name, argv, needle", [
+    ("nope", (), "no algorithm 'nope' in gc3.algorithms (known: allgather_direct"),
+    ("fused.nope", (), "no algorithm 'fused.nope' in gc3.algorithms (known: fused.allgather_gemm"),
+    ("../allreduce_ring", (), "names no algorithm"),
+    ("allreduce_ring", ("four",), "argument ranks must be an int"),
+    ("allreduce_ring", (4, 1, 1, 1, 9), "expected at most 4 arguments"),
+    ("fused.gemv_allreduce", (2, 1, 16, 64, 2, 3), "gc3.algorithms.fused.gemv_allreduce 2 1 16 64 2 3: the program "
+                                                   "raised ValueError: variant must be 1"),
+])
+def test_a_bad_name_or_argument_is_an_input_error(name, argv, needle):
+    with pytest.raises(InputError) as err:
+        algorithms.trace(name, argv)
+    assert needle in str(err.value)
+
+
+def test_an_error_in_a_library_program_names_its_own_line():
+    """The library's files are DSL programs: an error names the line in them, as for a user's file,
+    and not the line of gc3's caller."""
+    with pytest.raises(GC3Error) as err:
+        algorithms.trace("allreduce_ring", ("four",))
+    where = str(err.value).split(": ")[0]
+    assert where.startswith(str(LIBRARY / "allreduce_ring.py:")), err.value
+
+
+def test_gc3s_own_callers_run_no_file_by_path(monkeypatch):
+    """The catalog builders, the calibration points and the fused operators' programs come
+    through import: with every way of running a file by path broken, they still compile."""
+    import gc3.dsl.program
+    from gc3.simulator.calibration import compile_spec
+    from runtime_cuda import candidates
+    from runtime_cuda.fused import memory_bound, schedule
+    from runtime_cuda.nccl import library, samples
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"ran a file by path: {args}")
+
+    monkeypatch.setattr(runpy, "run_path", refuse)
+    monkeypatch.setattr(gc3.dsl.program, "run_script", refuse)
+    schedule.compiled.cache_clear()
+    memory_bound.fused_program.cache_clear()
+    _, prog = library.compile_program("allreduce_ring", (2,), instances=1)
+    assert prog.coll == "allreduce" and prog.ngpus == 2
+    assert samples.compile_fused("gemm_allreduce").fused
+    assert candidates.compile_candidate(candidates.CANDIDATES[0]).ngpus == 2
+    assert compile_spec("algorithms/allgather_direct.py 2 --instances 2 --protocol LL").proto == "LL"
+    assert schedule.compiled("gemm_all_reduce", 2).fused
+    assert memory_bound.fused_program("gemv_allreduce", (2, 1, 16, 64, 2, 2), "float32").fused
 
 
 @pytest.mark.slow
-def test_a_built_wheel_carries_the_library(tmp_path):
+def test_a_built_wheel_carries_the_library_as_a_package(tmp_path):
     import importlib.util
 
     # setuptools builds wheels itself from 70.1; before that it needs the wheel package.
@@ -61,7 +122,7 @@ def test_a_built_wheel_carries_the_library(tmp_path):
                           str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     wheel = next(tmp_path.glob("*.whl"))
-    names = zipfile.ZipFile(wheel).namelist()
-    for p in sorted((ROOT / "algorithms").rglob("*.py")):
-        rel = p.relative_to(ROOT).as_posix()
-        assert any(n.endswith(f".data/data/share/gc3/{rel}") for n in names), f"the wheel lacks {rel}"
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for p in sorted(LIBRARY.rglob("*.py")):
+        assert p.relative_to(ROOT).as_posix() in names, f"the wheel lacks {p.relative_to(ROOT)}"
+    assert not [n for n in names if ".data/" in n and "algorithms" in n]

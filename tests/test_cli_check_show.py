@@ -108,7 +108,7 @@ def test_show_dag_needs_a_program(exchange_xml, tmp_path):
 
 def test_show_program_draws_its_chunk_dag(tmp_path):
     png = tmp_path / "dag.png"
-    r = gc3("show", ROOT / "algorithms" / "allreduce_ring.py", 3, "--dag", png)
+    r = gc3("show", ROOT / "gc3" / "algorithms" / "allreduce_ring.py", 3, "--dag", png)
     assert r.exit_code == 0, r.output
     assert "allreduce_ring" in r.output and f"wrote the chunk DAG to {png}" in r.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -32,7 +32,7 @@ def points():
 
 
 def _program(script, instances, proto, ranks=2):
-    return lower(run_script(str(ROOT / "algorithms" / f"{script}.py"), [str(ranks)]),
+    return lower(run_script(str(ROOT / "gc3" / "algorithms" / f"{script}.py"), [str(ranks)]),
                  instances=instances, protocol=proto)
 
 
@@ -229,7 +229,7 @@ def test_a_derived_ll128_prediction_is_not_reported_as_calibrated():
 
     from gc3.simulator.cost_config import with_ll128
 
-    script = str(Path(__file__).resolve().parents[1] / "algorithms" / "allgather_direct.py")
+    script = str(Path(__file__).resolve().parents[1] / "gc3" / "algorithms" / "allgather_direct.py")
     h200 = preset("h200")
     nv = h200.links["nvlink"]
     bare = dc_replace(nv, alpha_s={k: v for k, v in nv.alpha_s.items() if k != "LL128"},

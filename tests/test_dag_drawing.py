@@ -20,7 +20,7 @@ def png_size(path):
 @pytest.mark.parametrize("ranks", [4, 8])
 def test_dag_png_has_bounded_width_and_a_readable_aspect(ranks, tmp_path):
     out = tmp_path / "dag.png"
-    res = CliRunner().invoke(main, ["trace", str(ROOT / "algorithms" / "allreduce_ring.py"), str(ranks),
+    res = CliRunner().invoke(main, ["trace", str(ROOT / "gc3" / "algorithms" / "allreduce_ring.py"), str(ranks),
                                     "--dag", str(out), "-q"])
     assert res.exit_code == 0, res.output
     width, height = png_size(out)

@@ -13,7 +13,7 @@ from gc3.errors import GC3Error, UninitializedChunkError
 from gc3.dsl.program import run_script
 from gc3.dsl.topology import hierarchical
 
-ALGOS = Path(__file__).resolve().parent.parent / "algorithms"
+ALGOS = Path(__file__).resolve().parent.parent / "gc3" / "algorithms"
 
 
 def kinds(prog):

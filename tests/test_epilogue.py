@@ -14,7 +14,7 @@ from gc3.simulator.reference import reference
 from gc3.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
-ALGO = ROOT / "algorithms" / "fused" / "allreduce_epilogue.py"
+ALGO = ROOT / "gc3" / "algorithms" / "fused" / "allreduce_epilogue.py"
 
 
 def compiled(*argv, fusion=True):

@@ -14,7 +14,6 @@
 """
 import copy
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -25,14 +24,14 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
-ALGO = ROOT / "algorithms" / "fused" / "allreduce_epilogue.py"
 # Odd shapes: a few lines; over 64 KiB; over the small kernels' 2 MiB in every type (allreduce + pass).
 SHAPES = ((7, 13), (131, 129), (1031, 1030))
 
 
 def _lower(*args, fusion=True):
+    from gc3.algorithms.fused.allreduce_epilogue import allreduce_epilogue
     from gc3.toolchain import lower
-    return lower(runpy.run_path(str(ALGO))["allreduce_epilogue"](*args), instr_fusion=fusion)
+    return lower(allreduce_epilogue(*args), instr_fusion=fusion)
 
 
 @pytest.mark.parametrize("n", [2, 4])

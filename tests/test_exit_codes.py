@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from gc3.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-RING_PY = ROOT / "algorithms" / "allreduce_ring.py"
+RING_PY = ROOT / "gc3" / "algorithms" / "allreduce_ring.py"
 RING_XML = ROOT / "ir_samples" / "allreduce_ring_8r_Simple.xml"
 FUSED = ROOT / "ir_samples" / "allgather_gemm.xml"
 ALLTONEXT = ROOT / "tests" / "data" / "alltonext_custom_16r.xml"
@@ -50,8 +50,8 @@ CASES = [
      "GC3_SIM_MAX_BYTES='lots'"),
     ("unknown-attribute", lambda t: ["check", _typo(t)], {}, 2, "did you mean `maxBytes`?"),
     ("check-a-program-file", ["check", RING_PY], {}, 2, "compile it first"),
-    ("algorithm-library-missing", ["compile", "algorithms/nope.py", "-o", "x.xml"], {}, 2,
-     "comes with a checkout of gc3"),
+    ("algorithm-library-moved", ["compile", "algorithms/nope.py", "-o", "x.xml"], {}, 2,
+     "the package gc3.algorithms"),
     ("wrong-program", lambda t: ["check", _wrong(t)], {}, 1, "FifoOrderError"),
     ("custom-without-postcondition-check", ["check", ALLTONEXT], {}, 3, "PostconditionUnprovableError"),
     ("custom-without-postcondition-run", ["run", ALLTONEXT], {}, 3, "--unproven"),
@@ -81,6 +81,7 @@ def test_tune_without_an_algorithm_library_says_where_it_comes_from(monkeypatch,
     from runtime_cuda.nccl import library
 
     monkeypatch.setattr(library, "ALGORITHMS", {})
-    monkeypatch.setattr(library, "ALGORITHMS_DIR", tmp_path / "site-packages" / "algorithms")
+    monkeypatch.setattr(library, "ALGORITHMS_DIR", tmp_path / "site-packages" / "gc3" / "algorithms")
     res = CliRunner().invoke(main, ["tune", "--model-only", "--ranks", "2", "-o", str(tmp_path / "c.json")])
-    assert res.exit_code == 2 and "no algorithm library at" in res.output and "checkout" in res.output, res.output
+    assert res.exit_code == 2 and "no algorithm library at" in res.output and "gc3.algorithms" in res.output, \
+        res.output

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gc3 import algorithms
 from gc3.compiler.pipeline import lower
 from gc3.ir.xml_io import from_xml, to_xml
 from gc3.simulator import simulate
@@ -52,7 +53,7 @@ def test_embedding_programs_of_the_api(n, dtype, t, rows, dim, pooling, b):
                                        ("embedding_bag_alltoall", (2, 3, 20, 8, 4, 3, 2, 1, 3)),
                                        ("embedding_bag_alltoall", (4, 2, 20, 8, 4, 2, 2, 0, 5))])
 def test_compute_tb_variants_simulate_and_a_shift_is_wrong(name, args):
-    prog = lower(runpy.run_path(str(ROOT / "algorithms" / "fused" / f"{name}.py"))[name](*args))
+    prog = lower(algorithms.builder(f"fused.{name}")(*args))
     assert verify(prog).proven
     res = simulate(from_xml(to_xml(prog)))
     assert res.ok, res.errors
@@ -145,8 +146,7 @@ def test_the_gemv_kernel_serves_every_shape_the_benchmark_times(size):
 def test_gc3_run_refuses_a_fused_ir_in_peer_mode(tmp_path):
     from click.testing import CliRunner
     from runtime_cuda.commands import cli
-    prog = lower(runpy.run_path(str(ROOT / "algorithms" / "fused" / "gemv_allreduce.py"))["gemv_allreduce"](2, 1, 16,
-                                                                                                         64, 2, 2))
+    prog = lower(algorithms.builder("fused.gemv_allreduce")(2, 1, 16, 64, 2, 2))
     xml = tmp_path / "g.xml"
     xml.write_text(to_xml(prog))
     res = CliRunner().invoke(cli(), ["run", str(xml), "--mode", "peer"])

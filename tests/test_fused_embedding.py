@@ -1,13 +1,11 @@
 """Fused embedding-bag + AllToAll (CPU layers): DSL -> IR -> check ->
 simulate, the runtime's refusal.  The same compute-step mechanism as gemv
 (tests/test_fused_gemv.py), a second operator in its tables."""
-import runpy
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from gc3 import Check, GC3Program, embedding_bag
+from gc3.algorithms.fused.embedding_bag_alltoall import embedding_bag_alltoall
 from gc3.collectives import EmbeddingBagAllToAll, GemvAllReduce
 from gc3.compiler.pipeline import lower
 from gc3.errors import IRStructureError, PostconditionError, SemanticError, TraceError
@@ -16,11 +14,9 @@ from gc3.ir.xml_io import from_xml, to_xml
 from gc3.simulator import simulate
 from gc3.verify import verify
 
-ALGO = Path(__file__).resolve().parent.parent / "algorithms" / "fused" / "embedding_bag_alltoall.py"
-
 
 def _algo():
-    return runpy.run_path(str(ALGO))["embedding_bag_alltoall"]
+    return embedding_bag_alltoall
 
 
 @pytest.fixture(scope="module")

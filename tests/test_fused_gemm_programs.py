@@ -1,14 +1,13 @@
 """Fused GEMM + ReduceScatter / AllReduce / AllToAll and AllGather + GEMM (CPU layers): DSL -> IR ->
 check -> simulate, the fused (not compute-then-send) dependency structure, the cost
 model's compute term and overlap, the chunk-count chooser, and the runtime's refusal."""
-import runpy
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gc3 import Check, GC3Program, chunk, gemm
+from gc3 import Check, GC3Program, algorithms, chunk, gemm
 from gc3.collectives import GemmAllToAll, GemmReduceScatter
 from gc3.compiler.pipeline import lower
 from gc3.errors import NotOnDeviceError, PostconditionError, SemanticError, TraceError
@@ -22,13 +21,13 @@ from gc3.verify import verify
 
 from fused_deps import happens_before
 
-FUSED = Path(__file__).resolve().parent.parent / "algorithms" / "fused"
+ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ("gemm_reducescatter", "allgather_gemm", "gemm_allreduce", "gemm_alltoall")
 GEMMS = ("gemm", "agemm")
 
 
 def _algo(name):
-    return runpy.run_path(str(FUSED / f"{name}.py"))[name]
+    return algorithms.builder(f"fused.{name}")
 
 
 @pytest.fixture(scope="module", params=PROGRAMS)
@@ -44,7 +43,7 @@ def test_default_arguments_compile_check_and_simulate(default):
     assert from_xml(text) == prog
     res = simulate(from_xml(text))
     assert res.ok, res.errors
-    assert (FUSED.parent.parent / "ir_samples" / f"{name}.xml").read_text() == text
+    assert (ROOT / "ir_samples" / f"{name}.xml").read_text() == text
 
 
 @pytest.mark.parametrize("name", PROGRAMS)

@@ -1,13 +1,11 @@
 """Fused GEMV + AllReduce (CPU layers): DSL -> IR -> check -> simulate, and
 the runtime's refusal.  Every test here fails if the compute leaf, the opcode row,
 the XML extension or the simulator's gemv is taken away or changed."""
-import runpy
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from gc3 import GC3Program, Check, chunk, gemv
+from gc3.algorithms.fused.gemv_allreduce import gemv_allreduce
 from gc3.collectives import AllReduce, GemvAllReduce
 from gc3.compiler.pipeline import lower
 from gc3.errors import (IRFormatError, IRStructureError, LoweringError, NotOnDeviceError, PostconditionError, SemanticError,
@@ -19,11 +17,9 @@ from gc3.verify import verify
 
 from fused_deps import happens_before
 
-ALGO = Path(__file__).resolve().parent.parent / "algorithms" / "fused" / "gemv_allreduce.py"
-
 
 def _algo():
-    return runpy.run_path(str(ALGO))["gemv_allreduce"]
+    return gemv_allreduce
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@
 * both operators in 2 processes sharing the GPU (tests/gpu_programs/fused_ops.py under mpirun).
 """
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -20,12 +19,12 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
-FUSED = ROOT / "algorithms" / "fused"
 
 
 def _lower(name, *args, **kw):
+    from gc3 import algorithms
     from gc3.compiler.pipeline import lower
-    return lower(runpy.run_path(str(FUSED / f"{name}.py"))[name](*args, **kw))
+    return lower(algorithms.builder(f"fused.{name}")(*args, **kw))
 
 
 def _shifted(prog, by=1):

@@ -17,7 +17,7 @@ from gc3.compiler.pipeline import lower
 from gc3.dsl.program import run_script
 
 ROOT = Path(__file__).resolve().parent.parent
-ALGOS = ROOT / "algorithms"
+ALGOS = ROOT / "gc3" / "algorithms"
 pytestmark = pytest.mark.gpu
 
 

@@ -21,8 +21,8 @@ from gc3.errors import GC3Error, RuntimeTimeoutError
 from gc3.ir.xml_io import write_xml
 
 ROOT = Path(__file__).resolve().parent.parent
-ALGOS = ROOT / "algorithms"
-EVERY_ALGORITHM = sorted(ALGOS.glob("*.py")) + sorted((ALGOS / "fused").glob("*.py"))
+ALGOS = ROOT / "gc3" / "algorithms"
+EVERY_ALGORITHM = sorted(ALGOS.glob("[!_]*.py")) + sorted((ALGOS / "fused").glob("[!_]*.py"))
 
 
 # --- CPU ---------------------------------------------------------------------

@@ -76,7 +76,7 @@ def irs(tmp_path_factory):
     from gc3.ir.xml_io import write_xml
     folder = tmp_path_factory.mktemp("irs")
     for name in ("allreduce_ring", "allgather_ring", "alltoall_direct"):
-        write_xml(lower(run_script(str(ROOT / "algorithms" / f"{name}.py"), [str(N)])), folder / f"{name}.xml")
+        write_xml(lower(run_script(str(ROOT / "gc3" / "algorithms" / f"{name}.py"), [str(N)])), folder / f"{name}.xml")
     return folder
 
 

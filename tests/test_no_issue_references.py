@@ -6,7 +6,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = re.compile(r"\bissues? #?\d+|\(#\d+\)|\bthe issue's\b|\b(?:see|fixes|closes|PR|pull request) #\d+"
                        r"|/(?:issues|pull)/\d+", re.I)
-FOLDERS = ("gc3", "runtime_cuda", "scripts", "tests", "algorithms", "examples", ".ci")
+FOLDERS = ("gc3", "runtime_cuda", "scripts", "tests", "examples", ".ci")
 FILES = ("README.md", "pyproject.toml", "setup.py")
 SUFFIXES = {".py", ".sh", ".md", ".cu", ".cuh", ".toml", ""}
 

@@ -80,8 +80,8 @@ def test_the_time_left_comes_from_the_phase_fraction():
 @pytest.mark.parametrize("argv", [
     ["simulate", str(RING), "--size", "64K"],
     ["check", str(RING)],
-    ["compile", str(ROOT / "algorithms" / "allreduce_ring.py"), "4", "-o", "{tmp}/r.xml"],
-    ["trace", str(ROOT / "algorithms" / "allreduce_ring.py"), "4"],
+    ["compile", str(ROOT / "gc3" / "algorithms" / "allreduce_ring.py"), "4", "-o", "{tmp}/r.xml"],
+    ["trace", str(ROOT / "gc3" / "algorithms" / "allreduce_ring.py"), "4"],
     ["catalog", "check", str(ROOT / "ir_samples" / "index.json")],
 ])
 def test_long_commands_report_on_stderr_and_q_silences_them(argv, fast, tmp_path):

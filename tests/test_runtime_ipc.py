@@ -59,7 +59,7 @@ def test_two_processes_256mib_per_rank(tmp_path):
     from gc3.ir.xml_io import write_xml
 
     a2a = tmp_path / "alltoall_direct_2r_Simple_i8.xml"
-    write_xml(lower(run_script(str(ROOT / "algorithms" / "alltoall_direct.py"), ["2"]), instances=8,
+    write_xml(lower(run_script(str(ROOT / "gc3" / "algorithms" / "alltoall_direct.py"), ["2"]), instances=8,
                     protocol="Simple"), a2a)
     paths = [ROOT / "ir_samples" / "allreduce_ring_2r_inplace_Simple_i64_unfused.xml",   # serves 256 MiB
              ROOT / "ir_samples" / "allreduce_oneshot_2r_LL_i16.xml", a2a]

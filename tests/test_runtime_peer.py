@@ -52,7 +52,7 @@ def alltoall_xml(tmp_path_factory) -> Path:
     from gc3.ir.xml_io import write_xml
 
     out = tmp_path_factory.mktemp("a2a") / "alltoall_direct_2r_Simple_i8.xml"
-    write_xml(lower(run_script(str(ROOT / "algorithms" / "alltoall_direct.py"), ["2"]), instances=8,
+    write_xml(lower(run_script(str(ROOT / "gc3" / "algorithms" / "alltoall_direct.py"), ["2"]), instances=8,
                     protocol="Simple"), out)
     return out
 

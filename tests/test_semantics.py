@@ -174,7 +174,7 @@ def gc3(*args):
 
 def test_custom_collective_round_trips_its_postcondition(tmp_path):
     out = tmp_path / "atn.xml"
-    r = gc3("compile", ROOT / "algorithms" / "alltonext.py", 2, 3, 2, "--instances", 2, "-o", out)
+    r = gc3("compile", ROOT / "gc3" / "algorithms" / "alltonext.py", 2, 3, 2, "--instances", 2, "-o", out)
     assert r.exit_code == 0, r.output
     prog = read_xml(out)
     assert prog.postcondition and from_xml(to_xml(prog)).postcondition == prog.postcondition
@@ -233,7 +233,7 @@ def test_communication_only_xml_satisfies_msccls_reader(path):
 
 def test_a_custom_collectives_postcondition_is_skipped_by_msccls_reader(tmp_path):
     out = tmp_path / "atn.xml"
-    assert gc3("compile", ROOT / "algorithms" / "alltonext.py", 3, 2, "-o", out).exit_code == 0
+    assert gc3("compile", ROOT / "gc3" / "algorithms" / "alltonext.py", 3, 2, "-o", out).exit_code == 0
     assert msccl_reader_accepts(out.read_text()) > 0
 
 

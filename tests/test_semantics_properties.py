@@ -41,7 +41,7 @@ def programs(tmp_path_factory):
     from test_semantics import CUSTOM
     progs = [(name, read_xml(ROOT / "ir_samples" / f"{name}.xml")) for name in SMALL]
     progs += [(p.name, read_xml(p)) for p in sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml"))]
-    progs.append(("alltonext_2x2", lower(run_script(ROOT / "algorithms" / "alltonext.py", ["2", "2"]))))
+    progs.append(("alltonext_2x2", lower(run_script(ROOT / "gc3" / "algorithms" / "alltonext.py", ["2", "2"]))))
     custom = tmp_path_factory.mktemp("custom") / "pairsums.py"
     custom.write_text(CUSTOM)
     # checked by simulate against the postcondition its XML carries

@@ -100,7 +100,7 @@ def test_the_estimate_covers_a_long_schedule(tmp_path):
     """A 64-rank ring with 8 instances (65024 steps): there the trace and the race
     detector's clocks and cells weigh as much as the buffers, and must be counted."""
     xml = tmp_path / "ring64.xml"
-    res = subprocess.run([sys.executable, "-m", "gc3", "compile", str(ROOT / "algorithms" / "allreduce_ring.py"),
+    res = subprocess.run([sys.executable, "-m", "gc3", "compile", str(ROOT / "gc3" / "algorithms" / "allreduce_ring.py"),
                           "64", "--instances", "8", "-o", str(xml), "-q"], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     size = 1 << 18

@@ -11,7 +11,7 @@ from gc3.compiler.pipeline import lower
 from gc3.dsl.program import run_script
 from gc3.simulator import simulate
 
-ALGOS = Path(__file__).parent.parent / "algorithms"
+ALGOS = Path(__file__).parent.parent / "gc3" / "algorithms"
 CASES = [("allreduce_ring.py", ["4"]), ("allgather_ring.py", ["4"]), ("alltoall_direct.py", ["4"]),
          ("allreduce_hierarchical.py", ["2", "2"])]
 

@@ -12,7 +12,7 @@ from gc3.dsl.program import run_script
 from gc3.simulator import simulate
 from gc3.verify import verify
 
-ALGORITHMS = Path(__file__).resolve().parents[1] / "algorithms"
+ALGORITHMS = Path(__file__).resolve().parents[1] / "gc3" / "algorithms"
 TWO_RANK = [("allreduce_oneshot", "allreduce"), ("allreduce_allpairs", "allreduce"),
             ("reducescatter_ring", "reducescatter"), ("reducescatter_direct", "reducescatter"),
             ("alltoall_direct", "alltoall"), ("allgather_direct", "allgather"), ("allreduce_ring", "allreduce")]

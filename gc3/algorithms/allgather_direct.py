@@ -25,6 +25,10 @@ def allgather_direct(num_ranks: int, chunk_factor: int = 1, inplace: bool = Fals
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    ranks, chunk_factor, inplace = int_args(argv, ranks=4, chunk_factor=1, inplace=0)
+    return allgather_direct(ranks, chunk_factor, bool(inplace))
+
+
 if __name__ == "__main__":
-    ranks, chunk_factor, inplace = int_args(ranks=4, chunk_factor=1, inplace=0)
-    allgather_direct(ranks, chunk_factor, bool(inplace))
+    main()

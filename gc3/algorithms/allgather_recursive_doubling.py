@@ -37,6 +37,10 @@ def allgather_recursive_doubling(num_ranks: int, chunk_factor: int = 1, inplace:
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    ranks, chunk_factor, inplace = int_args(argv, ranks=8, chunk_factor=1, inplace=0)
+    return allgather_recursive_doubling(ranks, chunk_factor, bool(inplace))
+
+
 if __name__ == "__main__":
-    ranks, chunk_factor, inplace = int_args(ranks=8, chunk_factor=1, inplace=0)
-    allgather_recursive_doubling(ranks, chunk_factor, bool(inplace))
+    main()

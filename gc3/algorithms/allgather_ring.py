@@ -23,5 +23,9 @@ def allgather_ring(num_ranks: int, chunk_factor: int = 1) -> GC3Program:
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return allgather_ring(*int_args(argv, ranks=4, chunk_factor=1))
+
+
 if __name__ == "__main__":
-    allgather_ring(*int_args(ranks=4, chunk_factor=1))
+    main()

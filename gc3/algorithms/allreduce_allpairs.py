@@ -34,5 +34,9 @@ def allreduce_allpairs(num_ranks: int, chunks: int = 1) -> GC3Program:
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return allreduce_allpairs(*int_args(argv, ranks=4, chunks=1))
+
+
 if __name__ == "__main__":
-    allreduce_allpairs(*int_args(ranks=4, chunks=1))
+    main()

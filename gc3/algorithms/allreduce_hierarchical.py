@@ -43,5 +43,9 @@ def allreduce_hierarchical(nodes: int, gpus: int, instances: int = 1) -> GC3Prog
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return allreduce_hierarchical(*int_args(argv, nodes=2, gpus=4, instances=1))
+
+
 if __name__ == "__main__":
-    allreduce_hierarchical(*int_args(nodes=2, gpus=4, instances=1))
+    main()

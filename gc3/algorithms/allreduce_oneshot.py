@@ -32,5 +32,9 @@ def allreduce_oneshot(num_ranks: int, chunks: int = 1) -> GC3Program:
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return allreduce_oneshot(*int_args(argv, ranks=4, chunks=1))
+
+
 if __name__ == "__main__":
-    allreduce_oneshot(*int_args(ranks=4, chunks=1))
+    main()

@@ -45,5 +45,9 @@ def allreduce_recursive_doubling(num_ranks: int) -> GC3Program:
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return allreduce_recursive_doubling(*int_args(argv, ranks=8))
+
+
 if __name__ == "__main__":
-    allreduce_recursive_doubling(*int_args(ranks=8))
+    main()

@@ -40,6 +40,10 @@ def allreduce_ring(num_ranks: int, instances: int = 1, channels: int = 1, inplac
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    ranks, instances, channels, inplace = int_args(argv, ranks=4, instances=1, channels=1, inplace=1)
+    return allreduce_ring(ranks, instances, channels, bool(inplace))
+
+
 if __name__ == "__main__":
-    ranks, instances, channels, inplace = int_args(ranks=4, instances=1, channels=1, inplace=1)
-    allreduce_ring(ranks, instances, channels, bool(inplace))
+    main()

@@ -34,6 +34,10 @@ def alltoall_direct(num_ranks: int, chunk_factor: int = 1, inplace: bool = False
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    ranks, chunk_factor, inplace = int_args(argv, ranks=4, chunk_factor=1, inplace=0)
+    return alltoall_direct(ranks, chunk_factor, bool(inplace))
+
+
 if __name__ == "__main__":
-    ranks, chunk_factor, inplace = int_args(ranks=4, chunk_factor=1, inplace=0)
-    alltoall_direct(ranks, chunk_factor, bool(inplace))
+    main()

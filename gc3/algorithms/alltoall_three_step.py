@@ -62,5 +62,9 @@ def alltoall_three_step(nodes: int, gpus: int, chunk_factor: int = 1) -> GC3Prog
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return alltoall_three_step(*int_args(argv, nodes=2, gpus=4, chunk_factor=1))
+
+
 if __name__ == "__main__":
-    alltoall_three_step(*int_args(nodes=2, gpus=4, chunk_factor=1))
+    main()

@@ -48,5 +48,9 @@ def alltoall_two_step(nodes: int, gpus: int, chunk_factor: int = 1) -> GC3Progra
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return alltoall_two_step(*int_args(argv, nodes=2, gpus=4, chunk_factor=1))
+
+
 if __name__ == "__main__":
-    alltoall_two_step(*int_args(nodes=2, gpus=4, chunk_factor=1))
+    main()

@@ -40,5 +40,9 @@ def alltonext(nodes: int, gpus: int, chunks: int = 1) -> GC3Program:
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return alltonext(*int_args(argv, nodes=2, gpus=4, chunks=1))
+
+
 if __name__ == "__main__":
-    alltonext(*int_args(nodes=2, gpus=4, chunks=1))
+    main()

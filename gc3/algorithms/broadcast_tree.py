@@ -33,6 +33,10 @@ def broadcast_tree(num_ranks: int, chunks: int = 2, root: int = 0, inplace: bool
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    ranks, chunks, root, inplace = int_args(argv, ranks=8, chunks=2, root=0, inplace=0)
+    return broadcast_tree(ranks, chunks, root, bool(inplace))
+
+
 if __name__ == "__main__":
-    ranks, chunks, root, inplace = int_args(ranks=8, chunks=2, root=0, inplace=0)
-    broadcast_tree(ranks, chunks, root, bool(inplace))
+    main()

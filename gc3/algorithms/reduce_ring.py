@@ -31,6 +31,10 @@ def reduce_ring(num_ranks: int, chunks: int = 4, root: int = 0, inplace: bool = 
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    ranks, chunks, root, inplace = int_args(argv, ranks=4, chunks=4, root=0, inplace=0)
+    return reduce_ring(ranks, chunks, root, bool(inplace))
+
+
 if __name__ == "__main__":
-    ranks, chunks, root, inplace = int_args(ranks=4, chunks=4, root=0, inplace=0)
-    reduce_ring(ranks, chunks, root, bool(inplace))
+    main()

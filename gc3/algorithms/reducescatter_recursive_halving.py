@@ -56,6 +56,10 @@ def reducescatter_recursive_halving(num_ranks: int, chunk_factor: int = 1, inpla
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    ranks, chunk_factor, inplace = int_args(argv, ranks=8, chunk_factor=1, inplace=0)
+    return reducescatter_recursive_halving(ranks, chunk_factor, bool(inplace))
+
+
 if __name__ == "__main__":
-    ranks, chunk_factor, inplace = int_args(ranks=8, chunk_factor=1, inplace=0)
-    reducescatter_recursive_halving(ranks, chunk_factor, bool(inplace))
+    main()

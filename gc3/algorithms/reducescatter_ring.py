@@ -39,6 +39,10 @@ def reducescatter_ring(num_ranks: int, chunk_factor: int = 1, inplace: bool = Fa
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    ranks, chunk_factor, inplace = int_args(argv, ranks=4, chunk_factor=1, inplace=0)
+    return reducescatter_ring(ranks, chunk_factor, bool(inplace))
+
+
 if __name__ == "__main__":
-    ranks, chunk_factor, inplace = int_args(ranks=4, chunk_factor=1, inplace=0)
-    reducescatter_ring(ranks, chunk_factor, bool(inplace))
+    main()

@@ -35,12 +35,12 @@ def output_path(path: Optional[str], option: str,
 
 def existing_file(ctx, param, value):
     """Click callback: a DSL program `value` if it exists; else a usage error (exit 2) which, for
-    a path into algorithms/, says where the algorithm library comes from (an installed wheel has
-    none).  Other files are left to their reader, whose error names what it expected."""
+    a path into algorithms/ (as older copies of the docs spell the library's files), says where the
+    algorithm library is.  Other files are left to their reader, whose error names what it expected."""
     if value is not None and Path(value).suffix == ".py" and not Path(value).exists():
         hint = ""
         if Path(value).parts[:1] == ("algorithms",):
-            hint = ("; the algorithm library (algorithms/) comes with a checkout of gc3 (git clone), not with an "
-                    "installed package: run gc3 from the checkout's folder")
+            hint = ("; the algorithm library is the package gc3.algorithms: gc3/algorithms/ in a checkout, and "
+                    "`python -m gc3.algorithms.NAME ARGS` traces one wherever gc3 is installed")
         raise click.BadParameter(f"{value} does not exist{hint}")
     return value

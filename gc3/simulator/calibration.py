@@ -1,7 +1,7 @@
 """Runtime measurements the cost model is fitted to, and its predictions for them.
 
 A measured point is one row of measured/sweep_*.txt: a program
-(an ir_samples/ XML, or an algorithm compiled as `gc3 compile` would), a call
+(an ir_samples/ XML, or an algorithm of gc3.algorithms compiled as `gc3 compile` would), a call
 size, runtime environment settings and the measured time per call.  The
 points live in `measured_h200x2.csv` next to this file
 (`gc3 calibrate` writes it from the sweep and fits to it).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import shlex
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Dict, List, Sequence, Union
 
 import numpy as np
@@ -33,7 +33,7 @@ class MeasuredPoint:
     size: int            # nccl-tests' size: bytes of the larger user buffer
     count: int           # elements of each rank's input buffer (float32)
     label: str           # the candidate's name in the sweep
-    program: str         # "ir_samples/x.xml", or "algorithms/x.py ARGS --instances N --protocol P"
+    program: str         # "ir_samples/x.xml", or "algorithms/x.py ARGS --instances N --protocol P" (gc3.algorithms.x)
     protocol: str
     instances: int
     env: str             # runtime settings in force, "NAME=VALUE;..." ("" for none)
@@ -56,17 +56,18 @@ def write_points(points: Sequence[MeasuredPoint], path: Union[str, Path] = MEASU
 
 
 def compile_spec(spec: str) -> Program:
-    """The program a point names: an XML path, or an algorithm with its
-    arguments and `gc3 compile`'s --instances/--protocol/--no-absorption/
-    --no-tb-merge (paths relative to the repository)."""
+    """The program a point names: an XML path relative to the repository, or an algorithm of the
+    library as algorithms/NAME.py (gc3.algorithms.NAME) with its arguments and `gc3 compile`'s
+    --instances/--protocol/--no-absorption/--no-tb-merge."""
     words = shlex.split(spec)
-    path = REPO / words[0]
-    if not path.exists():
-        raise GC3Error(f"measured point names {words[0]!r}, which is not in {REPO}")
-    if path.suffix == ".xml":
-        return read_xml(path)
+    path = PurePosixPath(words[0])
+    if path.parent != PurePosixPath("algorithms") or path.suffix != ".py":
+        if path.suffix != ".xml" or not (REPO / path).exists():
+            raise GC3Error(f"measured point names {words[0]!r}, which is neither an XML file in {REPO} nor "
+                           "algorithms/NAME.py (gc3.algorithms.NAME)")
+        return read_xml(REPO / path)
+    from .. import algorithms
     from ..toolchain import lower
-    from ..dsl.program import run_script
     opts: Dict[str, str] = {}
     args = []
     rest = iter(words[1:])
@@ -80,7 +81,7 @@ def compile_spec(spec: str) -> Program:
         else:
             args.append(w)
     inst = int(opts["instances"]) if "instances" in opts else None
-    return lower(run_script(str(path), args), instances=inst, protocol=opts.get("protocol"),
+    return lower(algorithms.trace(path.stem, args), instances=inst, protocol=opts.get("protocol"),
                  absorption=False if "absorption" in opts else None,
                  tb_merge=False if "tb_merge" in opts else None)
 

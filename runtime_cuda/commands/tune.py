@@ -136,8 +136,8 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     except (GC3Error, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     if not library.ALGORITHMS:
-        raise click.UsageError(f"no algorithm library at {library.ALGORITHMS_DIR} (it ships with a checkout "
-                               "of gc3, not with an installed wheel)")
+        raise click.UsageError(f"no algorithm library at {library.ALGORITHMS_DIR}: the package gc3.algorithms "
+                               "holds no algorithm (is gc3 installed whole?)")
     colls = tune.applicable(ranks, nodes, collectives or tune.COLLECTIVES)
     if not colls:
         raise click.UsageError(f"no algorithm in the library for {', '.join(collectives or tune.COLLECTIVES)} on {ranks} ranks"

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import functools
 import os
-import runpy
 import weakref
 from typing import Dict, List, Optional, Tuple
 
+from gc3 import algorithms
 from gc3.errors import GC3Error
 
 from .. import streams
-from ..nccl.library import ALGORITHMS_DIR
 from ..nccl.log import get_logger
 from ..tables import COMPUTE_DTYPES
 
@@ -69,11 +68,11 @@ _failed: Dict[tuple, str] = {}
 # --- programs ---------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=64)
 def fused_program(algo: str, args: Tuple[int, ...], dtype: Optional[str]):
-    """The lowered IR of algorithms/fused/<algo>.py with positional `args` and `dtype` (None: a
+    """The lowered IR of gc3.algorithms.fused.<algo> with positional `args` and `dtype` (None: a
     program that holds no dtype, such as an epilogue's, which serves calls of every type)."""
     from gc3.toolchain import lower
 
-    fn = runpy.run_path(str(ALGORITHMS_DIR / "fused" / f"{algo}.py"))[algo]
+    fn = algorithms.builder(f"fused.{algo}")
     return lower(fn(*args) if dtype is None else fn(*args, dtype=dtype))
 
 

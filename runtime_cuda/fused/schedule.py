@@ -1,7 +1,7 @@
 """Which GEMM chunk feeds which transfer, read from the compiled program.
 
 The executor (gemm.py) issues each rank's GEMM chunks in `chunk_schedule`
-order (stated here, beside the check); the IR of the matching algorithms/fused program says the same thing
+order (stated here, beside the check); the IR of the matching gc3.algorithms.fused program says the same thing
 as a partial order: a rank's GEMM steps sit on threadblocks, each chain of
 steps on one threadblock ordered, and each GEMM chunk is carried by the send
 that follows it on its threadblock (GEMM+RS/AR/A2A) or computed from the
@@ -18,14 +18,12 @@ GEMMs read them from there rather than from scratch).
 from __future__ import annotations
 
 import functools
-import runpy
 from typing import Dict, List, Optional, Tuple
 
+from gc3 import algorithms
 from gc3.errors import GC3Error
 
-from ..nccl.library import ALGORITHMS_DIR
-
-# operator -> its DSL program in algorithms/fused
+# operator -> its DSL program in gc3.algorithms.fused
 PROGRAMS = {"gemm_reduce_scatter": "gemm_reducescatter", "gemm_all_reduce": "gemm_allreduce",
             "gemm_all_to_all": "gemm_alltoall", "all_gather_gemm": "allgather_gemm"}
 
@@ -63,7 +61,7 @@ def compiled(op: str, n: int, return_a: bool = False):
     if return_a and op != "all_gather_gemm":
         raise GC3Error(f"{op}: return_a is all_gather_gemm's (the gathered A); {op} gathers no A")
     name = PROGRAMS[op]
-    build = runpy.run_path(str(ALGORITHMS_DIR / "fused" / f"{name}.py"))[name]
+    build = algorithms.builder(f"fused.{name}")
     return lower(build(n, 2 * n, 1, 1, 1, *([1] if return_a else [])))
 
 

@@ -1,11 +1,11 @@
-"""The algorithm library (algorithms/*.py) as the catalog builders see it:
-every file there, the collective it implements (its name's first word), what
+"""The algorithm library (the package gc3.algorithms) as the catalog builders see it:
+every algorithm there, the collective it implements (its name's first word), what
 its positional arguments are, and which need a power-of-two rank count.
 
-Each file's docstring documents its arguments and its `int_args(...)` call
-reads them; their names and order are read from that call (`Algorithm.params`),
-so `gc3 catalog build` and `gc3 tune` build argument lists by name and
-never by position, and a file that changes its arguments changes them here.  Arguments
+Each module's docstring documents its arguments and the `int_args(...)` call of its main()
+reads them; their names and order are read from that call in the module's source
+(`Algorithm.params`), so `gc3 catalog build` and `gc3 tune` build argument lists by name and
+never by position, and a module that changes its arguments changes them here.  Arguments
 not given take the defaults written in that same call.
 
 Argument names: ranks N; nodes and gpus (N x G programs: ranks = nodes * gpus);
@@ -15,20 +15,19 @@ channels (`gc3.lower(instances=)` overrides instances anyway).
 from __future__ import annotations
 
 import ast
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+import gc3.algorithms
 from gc3.errors import InputError
 
+
 def algorithms_dir() -> Path:
-    """The algorithm library: beside the sources (a checkout or an editable install), else
-    where a wheel puts it (pyproject's data-files), as catalog.default_index finds the samples."""
-    candidates = [Path(__file__).resolve().parents[2] / "algorithms",
-                  Path(sys.prefix) / "share" / "gc3" / "algorithms"]
-    return next((c for c in candidates if c.is_dir()), candidates[0])
+    """The algorithm library's source folder, a checkout's or an installed wheel's alike: its
+    modules' arguments are read from their source, which is parsed there, never run."""
+    return Path(gc3.algorithms.__file__).resolve().parent
 
 
 ALGORITHMS_DIR = algorithms_dir()
@@ -67,7 +66,7 @@ PIPELINED = frozenset({"broadcast_ring", "broadcast_tree", "reduce_ring"})   # c
 
 @dataclass(frozen=True)
 class Algorithm:
-    name: str                      # algorithms/<name>.py
+    name: str                      # gc3.algorithms.<name>
 
     @property
     def collective(self) -> str:
@@ -86,8 +85,8 @@ class Algorithm:
     def params(self) -> Tuple[str, ...]:
         """Its positional arguments, in order (names from PARAMS)."""
         if not self.path.is_file():
-            raise InputError(f"{self.path}: the algorithm library is not here (it ships with a checkout of gc3, "
-                             "not with an installed wheel)")
+            raise InputError(f"{self.path}: the source of gc3.algorithms.{self.name} is not there, and its "
+                             "arguments are read from it")
         return tuple(name for name, _ in _int_args(self.path))
 
     @property
@@ -116,8 +115,9 @@ class Algorithm:
         return not self.power_of_two or ranks & (ranks - 1) == 0
 
 
-# Every file of algorithms/ is in the library; its collective is its name's first word.
-ALGORITHMS: Dict[str, Algorithm] = {p.stem: Algorithm(p.stem) for p in sorted(ALGORITHMS_DIR.glob("*.py"))}
+# Every algorithm of gc3.algorithms (not its fused ones) is in the library; its collective is its
+# name's first word.
+ALGORITHMS: Dict[str, Algorithm] = {name: Algorithm(name) for name in gc3.algorithms.names()}
 
 
 def algorithm(name: str) -> Algorithm:
@@ -134,11 +134,10 @@ def args(name: str, **values: int) -> Tuple[str, Tuple[int, ...]]:
 
 def compile_program(name: str, argv: Tuple[int, ...], instances: Optional[int] = None,
                     protocol: Optional[str] = None, fusion: Optional[bool] = None):
-    """(traced GC3Program, lowered ir.Program) of algorithms/<name>.py with `argv`,
-    through gc3's public entry points; GC3Error when it does not trace or lower.
+    """(traced GC3Program, lowered ir.Program) of gc3.algorithms.<name> with command-line
+    arguments `argv`, through gc3's public entry points; GC3Error when it does not trace or lower.
     `fusion` False compiles without instruction fusion (gc3.lower's instr_fusion)."""
     from gc3 import lower
-    from gc3.dsl.program import run_script
 
-    traced = run_script(algorithm(name).path, [str(a) for a in argv])
+    traced = gc3.algorithms.trace(algorithm(name).name, argv)
     return traced, lower(traced, instances=instances, protocol=protocol, instr_fusion=fusion)

@@ -2,7 +2,7 @@
 index.json, as `gc3 catalog build` writes them (`gc3 catalog build --check`: exit 1 if
 the folder differs from what it would write).
 
-Each sample is an algorithm from algorithms/ with fixed arguments, instances
+Each sample is an algorithm of gc3.algorithms with fixed arguments, instances
 and protocol, plus the message sizes it is recommended for.  index.json
 follows the schema in runtime_cuda/nccl/catalog.py; the NCCL-replacement
 layer takes the first entry, in file order, that serves a call, so the size
@@ -24,7 +24,7 @@ from gc3.ir.xml_io import to_xml
 from gc3.verify import verify
 
 from .catalog import DEFAULT_INDEX
-from .library import ALGORITHMS_DIR, args as A, compile_program  # arguments by name
+from .library import args as A, compile_program  # arguments by name
 
 # Where the drop-in reads the sample index from: a checkout's ir_samples/, else a wheel's copy.
 SAMPLES_DIR = DEFAULT_INDEX.parent
@@ -34,7 +34,7 @@ KiB, MiB = 1 << 10, 1 << 20
 @dataclass(frozen=True)
 class Sample:
     file: str                     # ir_samples/<file>.xml
-    algorithm: str                # algorithms/<algorithm>.py
+    algorithm: str                # gc3.algorithms.<algorithm>
     args: Tuple[int, ...]         # its positional arguments (built by name: runtime_cuda.nccl.library.args)
     instances: int
     protocol: str
@@ -147,10 +147,9 @@ FUSED: Tuple[str, ...] = ("gemm_reducescatter", "allgather_gemm", "gemm_allreduc
 
 
 def compile_fused(name: str):
-    from gc3 import lower
-    from gc3.dsl.program import run_script
+    from gc3 import algorithms, lower
 
-    prog = lower(run_script(ALGORITHMS_DIR / "fused" / f"{name}.py", []))
+    prog = lower(algorithms.trace(f"fused.{name}"))
     verify(prog)
     return prog
 

@@ -20,7 +20,7 @@ With return_a the blocks arrive straight into their place in the gathered A
 costs one local copy of the rank's own blocks and no scratch.
 
 Compile and run on the CPU:
-    gc3 compile algorithms/fused/allgather_gemm.py -o ag_gemm.xml && gc3 simulate ag_gemm.xml
+    gc3 compile gc3/algorithms/fused/allgather_gemm.py -o ag_gemm.xml && gc3 simulate ag_gemm.xml
 The interpreter has no agemm opcode (the GPU side drives cuBLAS per chunk): `gc3 run` refuses the IR.
 """
 from gc3 import Check, GC3Program, chunk, gemm, int_args
@@ -50,5 +50,9 @@ def allgather_gemm(num_ranks: int = 4, m: int = 64, k: int = 32, n: int = 32, ch
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return allgather_gemm(*int_args(argv, ranks=4, m=64, k=32, n=32, chunks=2, return_a=0))
+
+
 if __name__ == "__main__":
-    allgather_gemm(*int_args(ranks=4, m=64, k=32, n=32, chunks=2, return_a=0))
+    main()

@@ -17,7 +17,7 @@ reduction and every all-gather receive: each rank applies it to what it stores
 and forwards the raw sum), and `gc3 check` proves every output chunk gets it
 exactly once.  Named inputs: `bias` [cols], `residual` (the output's layout).
 
-    gc3 compile algorithms/fused/allreduce_epilogue.py -o ar_epi.xml && gc3 simulate ar_epi.xml
+    gc3 compile gc3/algorithms/fused/allreduce_epilogue.py -o ar_epi.xml && gc3 simulate ar_epi.xml
 """
 from gc3 import Check, GC3Program, chunk, int_args
 from gc3.collectives import AllReduce
@@ -58,5 +58,9 @@ def allreduce_epilogue(num_ranks: int = 4, variant: int = 2, cols: int = 64, cas
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return allreduce_epilogue(*int_args(argv, ranks=4, variant=2, cols=64, cast=1))
+
+
 if __name__ == "__main__":
-    allreduce_epilogue(*int_args(ranks=4, variant=2, cols=64, cast=1))
+    main()

@@ -22,7 +22,7 @@ first send waits for its own block only; the rank's own block is computed
 straight into its output (no copy).
 
 Compile and run on the CPU:
-    gc3 compile algorithms/fused/embedding_bag_alltoall.py -o ebag_a2a.xml && gc3 simulate ebag_a2a.xml
+    gc3 compile gc3/algorithms/fused/embedding_bag_alltoall.py -o ebag_a2a.xml && gc3 simulate ebag_a2a.xml
 On a GPU, runtime_cuda.fused.embedding_bag_alltoall runs it with the caller's tables, indices and offsets.
 """
 from gc3 import Check, GC3Program, embedding_bag, int_args
@@ -50,6 +50,10 @@ def embedding_bag_alltoall(num_ranks: int = 4, tables: int = 2, rows: int = 64, 
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return embedding_bag_alltoall(*int_args(argv, ranks=4, tables=2, rows=64, dim=16, batch=4, pooling=4, chunks=2,
+                                            bf16=0, compute_tbs=0))
+
+
 if __name__ == "__main__":
-    embedding_bag_alltoall(*int_args(ranks=4, tables=2, rows=64, dim=16, batch=4, pooling=4, chunks=2, bf16=0,
-                                     compute_tbs=0))
+    main()

@@ -16,7 +16,7 @@ owner adds the N-1 arrivals to its own block and sends the sum to everyone
 (a reduce-scatter then an all-gather, the first overlapped with the GEMM).
 
 Compile and run on the CPU:
-    gc3 compile algorithms/fused/gemm_allreduce.py -o gemm_ar.xml && gc3 simulate gemm_ar.xml
+    gc3 compile gc3/algorithms/fused/gemm_allreduce.py -o gemm_ar.xml && gc3 simulate gemm_ar.xml
 The interpreter has no gemm opcode (the GPU side drives cuBLAS per chunk): `gc3 run` refuses the IR.
 """
 from gc3 import Check, GC3Program, chunk, gemm, int_args
@@ -53,5 +53,9 @@ def gemm_allreduce(num_ranks: int = 4, m: int = 64, k_shard: int = 32, n: int = 
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return gemm_allreduce(*int_args(argv, ranks=4, m=64, k_shard=32, n=32, chunks=2, fp32=1))
+
+
 if __name__ == "__main__":
-    gemm_allreduce(*int_args(ranks=4, m=64, k_shard=32, n=32, chunks=2, fp32=1))
+    main()

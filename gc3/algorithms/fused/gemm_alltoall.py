@@ -17,7 +17,7 @@ r+2's, ..., its own last, block by block into scratch, and sends each block
 as soon as it is computed; its own slice is computed straight into its output.
 
 Compile and run on the CPU:
-    gc3 compile algorithms/fused/gemm_alltoall.py -o gemm_a2a.xml && gc3 simulate gemm_a2a.xml
+    gc3 compile gc3/algorithms/fused/gemm_alltoall.py -o gemm_a2a.xml && gc3 simulate gemm_a2a.xml
 The interpreter has no gemm opcode (the GPU side drives cuBLAS per chunk): `gc3 run` refuses the IR.
 """
 from gc3 import Check, GC3Program, gemm, int_args
@@ -53,5 +53,9 @@ def gemm_alltoall(num_ranks: int = 4, m: int = 64, k: int = 32, n: int = 32, chu
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return gemm_alltoall(*int_args(argv, ranks=4, m=64, k=32, n=32, chunks=2, skew=0))
+
+
 if __name__ == "__main__":
-    gemm_alltoall(*int_args(ranks=4, m=64, k=32, n=32, chunks=2, skew=0))
+    main()

@@ -16,7 +16,7 @@ the first send waits for the first GEMM chunk only.  The owner adds the N-1
 arrived blocks to its own.
 
 Compile and run on the CPU:
-    gc3 compile algorithms/fused/gemm_reducescatter.py -o gemm_rs.xml && gc3 simulate gemm_rs.xml
+    gc3 compile gc3/algorithms/fused/gemm_reducescatter.py -o gemm_rs.xml && gc3 simulate gemm_rs.xml
 The interpreter has no gemm opcode (the GPU side drives cuBLAS per chunk): `gc3 run` refuses the IR.
 """
 from gc3 import Check, GC3Program, chunk, gemm, int_args
@@ -51,5 +51,9 @@ def gemm_reducescatter(num_ranks: int = 4, m: int = 64, k_shard: int = 32, n: in
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return gemm_reducescatter(*int_args(argv, ranks=4, m=64, k_shard=32, n=32, chunks=2, fp32=1))
+
+
 if __name__ == "__main__":
-    gemm_reducescatter(*int_args(ranks=4, m=64, k_shard=32, n=32, chunks=2, fp32=1))
+    main()

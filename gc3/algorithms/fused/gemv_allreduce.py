@@ -24,7 +24,7 @@ it is computed, while the rank computes the next ones.
   the sum to everyone (all-gather): 2 steps, 2(N-1)/N of the data per rank.
 
 Compile and run on the CPU:
-    gc3 compile algorithms/fused/gemv_allreduce.py -o gemv_ar.xml && gc3 simulate gemv_ar.xml
+    gc3 compile gc3/algorithms/fused/gemv_allreduce.py -o gemv_ar.xml && gc3 simulate gemv_ar.xml
 On a GPU, runtime_cuda.fused.gemv_allreduce runs it with the caller's x and w.
 """
 from gc3 import Check, GC3Program, chunk, gemv, int_args
@@ -64,5 +64,10 @@ def gemv_allreduce(num_ranks: int = 4, batch: int = 1, k_shard: int = 512, n_out
     return prog
 
 
+def main(argv=None) -> GC3Program:
+    return gemv_allreduce(*int_args(argv, ranks=4, batch=1, k_shard=512, n_out=2048, chunks=8, variant=2,
+                                    compute_tbs=0))
+
+
 if __name__ == "__main__":
-    gemv_allreduce(*int_args(ranks=4, batch=1, k_shard=512, n_out=2048, chunks=8, variant=2, compute_tbs=0))
+    main()
