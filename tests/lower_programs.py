@@ -1,5 +1,5 @@
 """Small DSL programs the lowering tests compile (written here so the tests do
-not depend on algorithms/, which other work may change)."""
+not depend on gc3/algorithms/, which other work may change)."""
 import importlib.util
 from pathlib import Path
 

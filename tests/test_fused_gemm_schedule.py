@@ -1,6 +1,6 @@
 """The GEMM fusions' executor against the compiled programs (runtime_cuda/fused/schedule.py):
 which GEMM chunk feeds which transfer, and in which order per threadblock, read from the IR of
-algorithms/fused/*; the executor runs only a schedule its program states, and what it issues
+gc3/algorithms/fused/*; the executor runs only a schedule its program states, and what it issues
 follows gemm.chunk_schedule."""
 import numpy as np
 import pytest

@@ -69,7 +69,7 @@ def run_ranks(fn, *args, env=None, timeout=240):
 
 @pytest.fixture(scope="module")
 def irs(tmp_path_factory):
-    """gc3 IRs for 2 ranks compiled from algorithms/: ring allreduce (in-place),
+    """gc3 IRs for 2 ranks compiled from gc3/algorithms/: ring allreduce (in-place),
     ring allgather and direct alltoall (out-of-place)."""
     from gc3.compiler.pipeline import lower
     from gc3.dsl.program import run_script
