@@ -63,7 +63,9 @@ def test_trace_and_builder_import_the_module():
 @pytest.mark.parametrize("name, argv, needle", [
     ("nope", (), "no algorithm 'nope' in gc3.algorithms (known: allgather_direct"),
     ("fused.nope", (), "no algorithm 'fused.nope' in gc3.algorithms (known: fused.allgather_gemm"),
+    ("nope.ring", (), "no algorithm 'nope.ring' in gc3.algorithms (known: allgather_direct"),
     ("../allreduce_ring", (), "names no algorithm"),
+    ("fused", (), "gc3.algorithms.fused is not an algorithm"),
     ("allreduce_ring", ("four",), "argument ranks must be an int"),
     ("allreduce_ring", (4, 1, 1, 1, 9), "expected at most 4 arguments"),
     ("fused.gemv_allreduce", (2, 1, 16, 64, 2, 3), "gc3.algorithms.fused.gemv_allreduce 2 1 16 64 2 3: the program "

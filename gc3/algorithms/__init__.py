@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def names(package: str = "") -> List[str]:
     """The algorithms of the library, sorted; package "fused": the fused ones (as "fused.NAME")."""
-    pkg = module(package) if package else importlib.import_module(__name__)
+    pkg = importlib.import_module(f"{__name__}.{package}" if package else __name__)
     prefix = f"{package}." if package else ""
     return sorted(prefix + m.name for m in pkgutil.iter_modules(pkg.__path__)
                   if not m.ispkg and not m.name.startswith("_"))
@@ -37,13 +37,19 @@ def module(name: str):
     if not name or not all(part.isidentifier() for part in name.split(".")):
         raise InputError(f"{name!r} names no algorithm of {__name__}")
     try:
-        return importlib.import_module(full)
+        found = importlib.import_module(full)
     except ModuleNotFoundError as exc:
         # Only the algorithm itself missing is the caller's mistake; a module it imports missing is not.
         if exc.name is None or not (full == exc.name or full.startswith(exc.name + ".")):
             raise
-        where = name.rpartition(".")[0]
-        raise InputError(f"no algorithm {name!r} in {__name__} (known: {', '.join(names(where))})") from None
+        try:
+            known = names(name.rpartition(".")[0])
+        except ModuleNotFoundError:
+            known = names()
+        raise InputError(f"no algorithm {name!r} in {__name__} (known: {', '.join(known)})") from None
+    if not callable(getattr(found, "main", None)):
+        raise InputError(f"{full} is not an algorithm (a module with main(argv))")
+    return found
 
 
 def builder(name: str) -> Callable[..., "GC3Program"]:
