@@ -75,7 +75,7 @@ def test_the_compiler_places_an_epilogue_only_with_the_placer_it_is_given():
 
     with pytest.raises(LoweringError, match="cannot place the epilogue .*no final store"):
         pipeline.lower(traced, place_epilogue=refuse)
-    plain = run_script(ROOT / "algorithms" / "allreduce_ring.py", ["4"])
+    plain = run_script(ROOT / "gc3" / "algorithms" / "allreduce_ring.py", ["4"])
     assert plain.collective.epilogue is None
     assert pipeline.lower(plain, place_epilogue=refuse).epilogue is None
 
