@@ -9,7 +9,7 @@ Cost: 1 step; each directed link carries 1/N of the output buffer (every
 rank sends and receives (N-1)/N of it).
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllGather
+from gc3.ir.collectives import AllGather
 from gc3.topology import fully_connected
 
 

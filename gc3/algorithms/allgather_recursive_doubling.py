@@ -11,7 +11,7 @@ Cost: log2 N steps; each rank sends and receives (N-1)/N of the output,
 1/N of it in the first round, 2/N in the second, ..., half in the last.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllGather
+from gc3.ir.collectives import AllGather
 from gc3.errors import TraceError
 from gc3.topology import fully_connected
 

@@ -7,7 +7,7 @@ Intended sizes: medium to large messages on a single node.
 Cost: N-1 steps; each ring link carries (N-1)/N of the output buffer.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllGather
+from gc3.ir.collectives import AllGather
 from gc3.topology import fully_connected
 
 

@@ -10,7 +10,7 @@ Cost: 2 steps; each directed link carries 2/N of the buffer (every rank sends
 and receives 2(N-1)/N of it).
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllReduce
+from gc3.ir.collectives import AllReduce
 from gc3.topology import fully_connected
 
 

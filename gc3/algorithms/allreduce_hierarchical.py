@@ -12,7 +12,7 @@ Cost: 2(G-1) intra-node + 2(N-1) inter-node steps; each intra-node ring link
 carries 2(G-1)/G of the buffer, each GPU's inter-node link 2(N-1)/(N*G).
 """
 from gc3 import Check, GC3Program, chunk, int_args, parallelize
-from gc3.collectives import AllReduce
+from gc3.ir.collectives import AllReduce
 from gc3.topology import hierarchical
 
 

@@ -11,7 +11,7 @@ Cost: 1 step; each directed link carries the whole buffer (every rank sends
 and receives N-1 buffers).
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllReduce
+from gc3.ir.collectives import AllReduce
 from gc3.topology import fully_connected
 
 

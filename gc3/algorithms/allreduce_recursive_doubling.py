@@ -12,7 +12,7 @@ Cost: 2 log2 N steps; each rank sends and receives 2(N-1)/N of the buffer,
 half of it on the link of the first round, a quarter on the second, ...
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllReduce
+from gc3.ir.collectives import AllReduce
 from gc3.errors import TraceError
 from gc3.topology import fully_connected
 

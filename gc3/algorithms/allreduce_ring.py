@@ -13,7 +13,7 @@ Intended sizes: medium to large messages (>= 1 MiB) on a single node.
 Cost: 2(N-1) steps; each ring link carries 2(N-1)/N of the buffer.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllReduce
+from gc3.ir.collectives import AllReduce
 from gc3.topology import fully_connected
 
 

@@ -12,7 +12,7 @@ Cost: 1 step; each directed link carries 1/N of the input buffer; in place,
 one local copy of (N-1)/N of the buffer more.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllToAll
+from gc3.ir.collectives import AllToAll
 from gc3.topology import fully_connected
 
 

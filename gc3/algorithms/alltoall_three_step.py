@@ -13,7 +13,7 @@ Cost: 3 steps; N*(N-1) network messages of G*G*C chunks (G*G blocks) in all;
 NVLink carries each remote block twice.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllToAll
+from gc3.ir.collectives import AllToAll
 from gc3.topology import hierarchical
 
 

@@ -14,7 +14,7 @@ messages (instead of (N-1)*G); NVLink carries (G-1)/G of the remote part
 plus the local part.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllToAll
+from gc3.ir.collectives import AllToAll
 from gc3.topology import hierarchical
 
 

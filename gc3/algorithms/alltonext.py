@@ -13,7 +13,7 @@ Cost: intra-node 1 step; cross-node 3 steps in which each of the G network
 links carries 1/G of the buffer.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllToNext
+from gc3.ir.collectives import AllToNext
 from gc3.errors import TraceError
 from gc3.topology import hierarchical
 

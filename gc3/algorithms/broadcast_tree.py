@@ -10,7 +10,7 @@ Cost: floor(log2 N) + C-1 chunk steps; each inner rank sends the buffer
 twice (the root's two links carry it once each).
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import Broadcast
+from gc3.ir.collectives import Broadcast
 from gc3.topology import fully_connected
 
 

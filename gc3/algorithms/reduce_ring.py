@@ -10,7 +10,7 @@ sooner but add a per-message latency each.
 Cost: N-1+C-1 chunk steps; each ring link carries the whole buffer once.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import Reduce
+from gc3.ir.collectives import Reduce
 from gc3.errors import TraceError
 from gc3.topology import fully_connected
 

@@ -13,7 +13,7 @@ Cost: log2 N steps; each rank sends and receives (N-1)/N of the input, half
 of it in the first round, a quarter in the second, ...
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import ReduceScatter
+from gc3.ir.collectives import ReduceScatter
 from gc3.errors import TraceError
 from gc3.topology import fully_connected
 

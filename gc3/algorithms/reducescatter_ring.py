@@ -10,7 +10,7 @@ Intended sizes: medium to large messages (>= 1 MiB) on a single node.
 Cost: N-1 steps; each ring link carries (N-1)/N of the input buffer.
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import ReduceScatter
+from gc3.ir.collectives import ReduceScatter
 from gc3.errors import TraceError
 from gc3.topology import fully_connected
 

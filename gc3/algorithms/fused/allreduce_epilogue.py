@@ -20,7 +20,7 @@ exactly once.  Named inputs: `bias` [cols], `residual` (the output's layout).
     gc3 compile gc3/algorithms/fused/allreduce_epilogue.py -o ar_epi.xml && gc3 simulate ar_epi.xml
 """
 from gc3 import Check, GC3Program, chunk, int_args
-from gc3.collectives import AllReduce
+from gc3.ir.collectives import AllReduce
 from gc3.topology import fully_connected
 
 

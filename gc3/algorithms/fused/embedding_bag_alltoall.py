@@ -26,7 +26,7 @@ Compile and run on the CPU:
 On a GPU, runtime_cuda.fused.embedding_bag_alltoall runs it with the caller's tables, indices and offsets.
 """
 from gc3 import Check, GC3Program, embedding_bag, int_args
-from gc3.collectives import EmbeddingBagAllToAll
+from gc3.ir.collectives import EmbeddingBagAllToAll
 from gc3.topology import fully_connected
 
 

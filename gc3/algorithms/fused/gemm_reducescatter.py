@@ -20,7 +20,7 @@ Compile and run on the CPU:
 The interpreter has no gemm opcode (the GPU side drives cuBLAS per chunk): `gc3 run` refuses the IR.
 """
 from gc3 import Check, GC3Program, chunk, gemm, int_args
-from gc3.collectives import GemmReduceScatter
+from gc3.ir.collectives import GemmReduceScatter
 from gc3.topology import fully_connected
 
 

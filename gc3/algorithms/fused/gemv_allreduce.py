@@ -28,7 +28,7 @@ Compile and run on the CPU:
 On a GPU, runtime_cuda.fused.gemv_allreduce runs it with the caller's x and w.
 """
 from gc3 import Check, GC3Program, chunk, gemv, int_args
-from gc3.collectives import GemvAllReduce
+from gc3.ir.collectives import GemvAllReduce
 from gc3.topology import fully_connected
 
 
