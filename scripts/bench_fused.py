@@ -198,7 +198,7 @@ class Bench:
         return out
 
     def gc3_collective(self, name: str, args: tuple, instances: Optional[int] = None):
-        """gc3's own launch group of algorithms/<name>.py (virtual ranks or this process's rank)."""
+        """gc3's own launch group of gc3/algorithms/<name>.py (virtual ranks or this process's rank)."""
         key = (name, args, instances)
         if key not in self._groups:
             from runtime_cuda.nccl.library import compile_program

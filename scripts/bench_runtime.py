@@ -5,7 +5,7 @@
 For allreduce, allgather, reducescatter and alltoall at sizes from 1 KiB to
 --max (x4 steps, sizes as nccl-tests counts them), it runs every candidate
 program of runtime_cuda.candidates.CANDIDATES that serves the size (2-rank algorithms from
-algorithms/, a protocol, a channel count, and optionally environment
+gc3/algorithms/, a protocol, a channel count, and optionally environment
 settings such as the slot size), each through runtime_cuda.ipc, and NCCL
 (cupy.cuda.nccl) on the same buffers in the same processes.  The table shows
 the fastest candidate per size (`program`), its time and busbw, NCCL's, and

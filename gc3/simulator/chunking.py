@@ -31,7 +31,7 @@ def gemm_cost(cost: Union[str, CostConfig] = DEFAULT_COST) -> CostConfig:
 
 def predict_gemm_program(build: Callable, num_ranks: int, m: int, k: int, n: int, chunks: int,
                          cost: Union[str, CostConfig] = DEFAULT_COST) -> float:
-    """Predicted seconds of `build(num_ranks, m, k, n, chunks)` (an algorithms/fused GEMM program
+    """Predicted seconds of `build(num_ranks, m, k, n, chunks)` (a gc3/algorithms/fused GEMM program
     whose C is cut into num_ranks * chunks row blocks) at the shape m, k, n."""
     from .driver import simulate
 

@@ -2,7 +2,7 @@
 
 *Fused*: GEMV + AllReduce is one kernel on every SM (runtime_cuda.fused.gemv_kernel,
 kernels/gemv_allreduce.cu: every rank's partial reduced in rank order, the same bits on every
-rank); embedding-bag + AllToAll is one gc3 program (algorithms/fused/embedding_bag_alltoall.py)
+rank); embedding-bag + AllToAll is one gc3 program (gc3/algorithms/fused/embedding_bag_alltoall.py)
 whose compute steps produce each chunk right before it is sent, run by the interpreter with
 the caller's arrays as its compute inputs.  *Sequential*: cuBLAS / CuPy computes the whole
 result, then the communicator's collective moves it.  Both give the same values up to
@@ -425,7 +425,7 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
     tables [T, rows, dim] (values), indices [T, nnz] and offsets [T, B+1] (int32, CSR bags: bag s
     of table t is indices[t, offsets[t, s]:offsets[t, s+1]]), B = ranks * b.  Returns out
     [ranks, b, T*dim]: out[r] holds rank r's pooled vectors of this rank's b samples
-    (algorithms/fused/embedding_bag_alltoall.py); TorchRec's [b, ranks*T*dim] is
+    (gc3/algorithms/fused/embedding_bag_alltoall.py); TorchRec's [b, ranks*T*dim] is
     out.transpose(1, 0, 2).reshape(b, -1).  mode "sum" or "mean" (mean: sequential path).
     check_inputs: verify indices and offsets on the device first (synchronizes the stream).
     Ranks may hold different numbers of indices (nnz); the program's per-table index stride must
