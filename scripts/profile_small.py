@@ -35,8 +35,9 @@ def main() -> int:
     from mpi4py import MPI
 
     import bench_runtime as br
+    from gc3.units import parse_size
     from runtime_cuda.ipc import IpcRanks
-    from runtime_cuda.perf import in_elems_for, parse_size
+    from runtime_cuda.perf import in_elems_for
 
     world = MPI.COMM_WORLD
     rank = world.rank
