@@ -3,13 +3,12 @@ own header (kernels/common.cuh) so that they are written down once."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Dict
 
 from gc3.dtypes import DTYPES
 from gc3.ir.opcodes import DEVICE_OPCODES
 
-KERNEL_DIR = Path(__file__).with_name("kernels")
+from . import KERNEL_DIR
 _DEFINE = re.compile(r"^#define\s+(GC3_[A-Z0-9_]+)\s+\(?(-?\d+)\)?", re.M)
 
 

@@ -435,3 +435,26 @@ def test_a_stale_reference_is_found():
 @pytest.mark.parametrize("dotted", ["gc3.ir", "gc3.dsl.program", "runtime_cuda.nccl", "runtime_cuda.__main__"])
 def test_the_index_knows_the_packages(dotted):
     assert dotted in MODULES
+
+
+def test_every_kernel_source_runtime_cuda_names_is_in_its_kernel_folder():
+    """The CUDA files runtime_cuda's modules read (`source("avg_pass.cu")`, "common.cuh") are
+    found through runtime_cuda.KERNEL_DIR wherever the module sits."""
+    from runtime_cuda import KERNEL_DIR
+
+    named = {node.value for path in (ROOT / "runtime_cuda").rglob("*.py") for node in ast.walk(tree_of(path))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and re.fullmatch(r"\w+\.cuh?", node.value)}
+    assert {"interpreter.cu", "common.cuh", "avg_pass.cu", "small_allreduce.cu"} <= named
+    assert sorted(n for n in named if not (KERNEL_DIR / n).is_file()) == []
+
+
+def test_no_module_of_runtime_cuda_locates_files_from_its_own_path():
+    """Files are found from the package root that runtime_cuda/__init__.py names once (or from
+    another package's __file__), so that a module can move between subpackages; the drop-in's
+    catalog looks for the checkout's ir_samples/ beside its installed path on purpose (a test
+    moves its __file__ to check that search)."""
+    allowed = {"runtime_cuda/__init__.py", "runtime_cuda/nccl/catalog.py"}
+    found = sorted(rel(path) for path in (ROOT / "runtime_cuda").rglob("*.py")
+                   if any(isinstance(n, ast.Name) and n.id == "__file__" for n in ast.walk(tree_of(path))))
+    assert [f for f in found if f not in allowed] == []
