@@ -83,7 +83,7 @@ MAX_BYTES = 1 << 40            # bytes of one call's buffer (sizes, minBytes/max
 MAX_SIMULATED_BYTES = 8 << 30  # default of GC3_SIM_MAX_BYTES: `gc3 simulate`'s estimated peak memory
 INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, step numbers)
 
-# --- Small-message allreduce kernels (runtime_cuda/small_allreduce.py) -----------
+# --- Small-message allreduce kernels (runtime_cuda/ranks/small_allreduce.py) -----------
 # The dedicated one-shot/two-shot LL kernels serve allreduce calls up to
 # SMALL_ALLREDUCE_MAX_BYTES; each rank's scratch is sized once per communicator
 # for the largest call its catalog gives them (SMALL_ALLREDUCE_DEFAULT_BYTES

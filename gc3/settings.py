@@ -8,7 +8,7 @@ GPU.  Defaults that depend on the machine (the cache folder, the flag-release ba
 compute TBs) are declared as None and described; the reader that needs them computes them.
 
 Not settings: the kernels' GC3_* macros (opcodes, table field counts, GC3_DTYPE and the
-like, set with -D by runtime_cuda/module.py or defined in kernels/*.cuh).  Only the gemv
+like, set with -D by runtime_cuda/core/module.py or defined in kernels/*.cuh).  Only the gemv
 tunables (GC3_CMP_*) are both, since the environment overrides the macro's default."""
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def _text(raw: str) -> str:
     return raw.strip()
 
 
-# The gemv opcode's tunables and the values a build may set (runtime_cuda/module.py says what each does).
+# The gemv opcode's tunables and the values a build may set (runtime_cuda/core/module.py says what each does).
 GEMV_TUNABLES = {"GC3_CMP_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_INFLIGHT": (64, 128, 256), "GC3_CMP_MMA_WIDE": (0, 1)}
 
 _ZERO_ONE = _choice({"0": False, "1": True}, "0 or 1")
@@ -135,8 +135,9 @@ _DECLARED: List[Setting] = [
             "gemv opcode: 1 takes wider warp tiles above 16 rows (unset: prims_compute.cuh's)",
             _one_of_ints(GEMV_TUNABLES["GC3_CMP_MMA_WIDE"]), "0, 1", blank_is_unset=False),
     Setting("GC3_FAULT", "names", "",
-            "known bugs put back on purpose, for the differential fuzz (runtime_cuda/faults.py); never in production",
-            _text, "comma-separated names from runtime_cuda/faults.py"),
+            "known bugs put back on purpose, for the differential fuzz (runtime_cuda/core/faults.py); "
+            "never in production",
+            _text, "comma-separated names from runtime_cuda/core/faults.py"),
     # --- NCCL drop-in ---------------------------------------------------------
     Setting("GC3_NCCL", "bool", False,
             "importing runtime_cuda.auto (the startup hook) replaces CuPy's NCCL communicator with gc3's",

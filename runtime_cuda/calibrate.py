@@ -101,7 +101,7 @@ OLD_SCHEDULE_FLAGS = " --no-absorption --no-tb-merge"
 
 
 def points_from_sweep(path: Path) -> List[MeasuredPoint]:
-    from runtime_cuda.perf import in_elems_for   # the bench's own size rule
+    from runtime_cuda.core.perf import in_elems_for  # the bench's own size rule
 
     cands = _bench_candidates()
     samples = {p: compile_spec(str(p.relative_to(REPO))) for p in sorted((REPO / "ir_samples").glob("*_2r_*.xml"))}

@@ -141,7 +141,7 @@ class Bench:
         return self.world.allreduce(value, op=MPI.MAX)
 
     def on(self):
-        from runtime_cuda import streams
+        from runtime_cuda.core import streams
 
         return streams.current(self.stream)
 
@@ -205,11 +205,11 @@ class Bench:
 
             _, prog = compile_program(name, args, instances=instances)
             if self.world is None:
-                from runtime_cuda.virtual import VirtualRanks
+                from runtime_cuda.ranks.virtual import VirtualRanks
 
                 self._groups[key] = VirtualRanks(prog)
             else:
-                from runtime_cuda.ipc import IpcRanks
+                from runtime_cuda.ranks.ipc import IpcRanks
 
                 self._groups[key] = IpcRanks(prog, self.world)
         return self._groups[key]
@@ -217,7 +217,7 @@ class Bench:
     def compute_group(self, algo: str, args: tuple, dtype: str):
         """A 1-rank fused program on this GPU: the opcode alone, spread over `args`' compute TBs."""
         from runtime_cuda.fused.memory_bound import fused_program
-        from runtime_cuda.virtual import VirtualRanks
+        from runtime_cuda.ranks.virtual import VirtualRanks
 
         key = ("compute", algo, args, dtype)
         if key not in self._groups:

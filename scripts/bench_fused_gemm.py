@@ -122,7 +122,7 @@ def compute_side(s: Dict, n: int, args, stream) -> Dict:
     AG+GEMM multiplies the gathered A (n copies of the rank's rows) by its B."""
     import cupy
 
-    from runtime_cuda import streams
+    from runtime_cuda.core import streams
     from runtime_cuda.fused import gemm as G
     from runtime_cuda.fused import gemm_reference as ref
     from runtime_cuda.fused import gemm_signal as sig
@@ -173,7 +173,7 @@ def flag_costs(stream, reps: int = 2000) -> Dict:
     """µs per release (each backend available) and per wait on a flag already set."""
     import cupy
 
-    from runtime_cuda import streams
+    from runtime_cuda.core import streams
     from runtime_cuda.fused import gemm_signal as sig
     from runtime_cuda.fused.groups import VirtualGemmGroup
 
@@ -305,7 +305,7 @@ def nccl_comm_time(s: Dict, n: int, rank: int, mpi, args, stream) -> Optional[fl
     a_shape, b_shape, _ = local_dims(s, n)
     M, N = a_shape[0], b_shape[1]
     bf16 = nccl.NCCL_BFLOAT16 if hasattr(nccl, "NCCL_BFLOAT16") else 9
-    from runtime_cuda import streams
+    from runtime_cuda.core import streams
     with streams.current(stream):
         if s["op"] == "all_gather_gemm":
             send = cupy.zeros(a_shape, dtype=cupy.uint16)

@@ -12,7 +12,7 @@ result is checked against cuBLAS's (bf16/fp16: rtol 2e-2 / 4e-3 of the magnitude
 small multiples of 1/8, so the products are exact and only the rounding of y differs).  Exit 1
 when a check fails.
 
---sweep: the same per variant of the opcode -- its build's tunables (runtime_cuda.module.
+--sweep: the same per variant of the opcode -- its build's tunables (runtime_cuda.core.module.
 GEMV_LEVELS, the settings the GPU tests cover; on sm_80+ the 16-bit types' batch 1 uses only
 "inflight", batch 2..16 only "mma_inflight", batch 17+ "mma_wide" and, where that is 0,
 "mma_inflight" up to 128, so the best row of each batch names each tunable's best value) x
@@ -75,11 +75,11 @@ def _launch_axes(a, vary):
 
 def _tunings(a, vary):
     """Tunable settings to build ({}: the defaults): --vary's product where it names tunables, else
-    with --sweep the levels the GPU tests cover (runtime_cuda.module.GEMV_LEVELS: each a build),
+    with --sweep the levels the GPU tests cover (runtime_cuda.core.module.GEMV_LEVELS: each a build),
     else the defaults."""
     import itertools
 
-    from runtime_cuda.module import GEMV_LEVELS, GEMV_TUNABLES
+    from runtime_cuda.core.module import GEMV_LEVELS, GEMV_TUNABLES
 
     named = {k: v for k, v in vary.items() if k in GEMV_TUNABLES}
     if named:
@@ -88,7 +88,7 @@ def _tunings(a, vary):
 
 
 def _parse_vary(ap, items):
-    from runtime_cuda.module import GEMV_TUNABLES
+    from runtime_cuda.core.module import GEMV_TUNABLES
 
     vary = {}
     for item in items or ():
@@ -110,7 +110,7 @@ def _parse_vary(ap, items):
 
 def _label(threads, chunks, tune):
     """The variant as built: the tunables' values after the environment's and prims_compute.cuh's."""
-    from runtime_cuda.module import gemv_defaults, gemv_tuning
+    from runtime_cuda.core.module import gemv_defaults, gemv_tuning
 
     values = dict(gemv_defaults(), **dict(gemv_tuning(tune)))
     knobs = " ".join(f"{k.replace('GC3_CMP_', '').lower()} {v:3d}" for k, v in values.items())

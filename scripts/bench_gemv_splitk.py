@@ -11,9 +11,9 @@ import cupy
 import numpy as np
 import torch
 
-from runtime_cuda import module
+from runtime_cuda.core import module
 from runtime_cuda.fused.gemv_kernel import split_plan
-from runtime_cuda.small_allreduce import THREADS
+from runtime_cuda.ranks.small_allreduce import THREADS
 
 BENCH = r"""
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)

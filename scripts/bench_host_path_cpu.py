@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python3 scripts/bench_host_path_cpu.py [--calls 200000]
 
 A communicator over the 2-rank all-pairs test IR, whose gc3 backend is the
-real Gc3Backend holding a real LaunchGroup (runtime_cuda/group.py) with one
-prepared call whose launch is a real `Launch` (runtime_cuda/launcher.py) over
+real Gc3Backend holding a real LaunchGroup (runtime_cuda/core/group.py) with one
+prepared call whose launch is a real `Launch` (runtime_cuda/core/launcher.py) over
 a stand-in driver, and whose stream-capture query answers "not capturing"
 without CUDA.  Both stand-ins are C builtins taking the driver's arguments,
 so what is timed is the Python above them, as CuPy's Cython wrappers see it.  Timed per call (the fastest of 21
@@ -67,8 +67,8 @@ class _Ex:
 def stub_call():
     """A PreparedCall with no copies around a real Launch over the stand-in driver
     (cooperative, as GC3_COOPERATIVE's default makes it)."""
-    from runtime_cuda.group import PreparedCall
-    from runtime_cuda.launcher import Launch
+    from runtime_cuda.core.group import PreparedCall
+    from runtime_cuda.core.launcher import Launch
 
     launch = Launch.__new__(Launch)
     launch.ex, launch.fn, launch.grid, launch.block, launch.coop = _Ex(), 0x7000, 4, 512, True
@@ -85,11 +85,11 @@ def stub_call():
 def build(n_elems: int, buf: int, stream: int):
     import os
 
-    from runtime_cuda import streams
-    from runtime_cuda.group import LaunchGroup
+    from runtime_cuda.core import streams
+    from runtime_cuda.core.group import LaunchGroup
     from runtime_cuda.nccl import communicator as cm
     from runtime_cuda.nccl.gc3_backend import Gc3Backend, _key
-    from runtime_cuda.streams import StreamOrder
+    from runtime_cuda.core.streams import StreamOrder
 
     os.environ["GC3_XML_FILES"] = str(PAIRS)
     os.environ.pop("GC3_DEBUG", None)
@@ -105,7 +105,7 @@ def build(n_elems: int, buf: int, stream: int):
     g._prepared[g._key([buf], [buf], n_elems, "float32", "sum")] = stub_call()
 
     be = Gc3Backend.__new__(Gc3Backend)
-    from runtime_cuda import abi, binding, launcher, tables
+    from runtime_cuda.core import abi, binding, launcher, tables
     be._abi, be._binding, be._launcher, be._tables_mod = abi, binding, launcher, tables
     be.rank, be.size, be.device = 0, 2, 0
     be._groups, be._failed, be._tables = {}, {}, {}

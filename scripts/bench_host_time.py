@@ -319,7 +319,7 @@ def turns(stream, world, columns, n: int, per_sync: int) -> dict:
 
 def time_row(args, comm, host, launchers, coll, label, inplace, send, recv, stream, code) -> dict:
     """One row: the collective served by `label` through `comm`, checked, then timed every way."""
-    from runtime_cuda import streams
+    from runtime_cuda.core import streams
     from runtime_cuda.nccl.constants import ITEMSIZE, OP_CODES
     from runtime_cuda.nccl.perf import element_count, nccl_count
     from runtime_cuda.nccl.perf_gpu import BenchConfig, place, run_case

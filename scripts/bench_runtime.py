@@ -6,7 +6,7 @@ For allreduce, allgather, reducescatter and alltoall at sizes from 1 KiB to
 --max (x4 steps, sizes as nccl-tests counts them), it runs every candidate
 program of runtime_cuda.candidates.CANDIDATES that serves the size (2-rank algorithms from
 gc3/algorithms/, a protocol, a channel count, and optionally environment
-settings such as the slot size), each through runtime_cuda.ipc, and NCCL
+settings such as the slot size), each through runtime_cuda.ranks.ipc, and NCCL
 (cupy.cuda.nccl) on the same buffers in the same processes.  The table shows
 the fastest candidate per size (`program`), its time and busbw, NCCL's, and
 the ratio of busbw (ours / NCCL); --log writes every candidate's row.
@@ -99,7 +99,7 @@ def check_once(call, coll, sbuf, rbuf, n_in, mpi_comm, stream) -> Tuple[int, str
     wrong element)."""
     import cupy
 
-    from runtime_cuda import streams
+    from runtime_cuda.core import streams
     from runtime_cuda.nccl import datacheck
 
     rank, n = mpi_comm.rank, mpi_comm.size
@@ -144,9 +144,9 @@ def main() -> int:
     from mpi4py import MPI
 
     from gc3.errors import RuntimeTimeoutError
-    from runtime_cuda.ipc import IpcRanks
+    from runtime_cuda.ranks.ipc import IpcRanks
     from gc3.units import bus_factor, parse_size
-    from runtime_cuda.perf import in_elems_for, nbytes_of
+    from runtime_cuda.core.perf import in_elems_for, nbytes_of
 
     world = MPI.COMM_WORLD
     rank, n = world.rank, world.size

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Show that gc3 fuzz catches each root cause in runtime_cuda/faults.py when GC3_FAULT puts it back
+# Show that gc3 fuzz catches each root cause in runtime_cuda/core/faults.py when GC3_FAULT puts it back
 # (one GPU; virtual ranks and 2 processes sharing it).  Each run must end with mismatches > 0.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1

@@ -36,8 +36,8 @@ def main() -> int:
 
     import bench_runtime as br
     from gc3.units import parse_size
-    from runtime_cuda.ipc import IpcRanks
-    from runtime_cuda.perf import in_elems_for
+    from runtime_cuda.ranks.ipc import IpcRanks
+    from runtime_cuda.core.perf import in_elems_for
 
     world = MPI.COMM_WORLD
     rank = world.rank

@@ -160,10 +160,12 @@ def test_bad_catalog_entries_are_named_and_skipped(tmp_path, case):
 
 
 @pytest.mark.parametrize("var, value, call", [
-    ("GC3_TIMEOUT_S", "nan", lambda: __import__("runtime_cuda.launcher").launcher.gpu_wait_timeout_s()),
-    ("GC3_TIMEOUT_S", "-3", lambda: __import__("runtime_cuda.launcher").launcher.gpu_wait_timeout_s()),
-    ("GC3_SLOT_BYTES_SIMPLE", "1e9", lambda: __import__("runtime_cuda.connections").connections.slot_bytes("Simple")),
-    ("GC3_TILE_SPLIT_LL", "4:\u0661", lambda: __import__("runtime_cuda.connections").connections.tile_split("LL")),
+    ("GC3_TIMEOUT_S", "nan", lambda: __import__("runtime_cuda.core.launcher").core.launcher.gpu_wait_timeout_s()),
+    ("GC3_TIMEOUT_S", "-3", lambda: __import__("runtime_cuda.core.launcher").core.launcher.gpu_wait_timeout_s()),
+    ("GC3_SLOT_BYTES_SIMPLE", "1e9",
+     lambda: __import__("runtime_cuda.core.connections").core.connections.slot_bytes("Simple")),
+    ("GC3_TILE_SPLIT_LL", "4:\u0661",
+     lambda: __import__("runtime_cuda.core.connections").core.connections.tile_split("LL")),
     ("OMPI_COMM_WORLD_SIZE", "0_2", lambda: __import__("runtime_cuda.commands.run").commands.run._world_size()),
 ])
 def test_bad_environment_variables_are_named(monkeypatch, var, value, call):

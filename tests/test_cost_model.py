@@ -153,9 +153,9 @@ def test_faster_hardware_is_never_slower():
 @pytest.mark.parametrize("split", [None, (4, 65536), (2, 0)])
 @pytest.mark.parametrize("proto", ["Simple", "LL"])
 def test_tiles_follow_the_runtime_rule(proto, split):
-    """The model tiles chunks exactly as the runtime does (runtime_cuda.binding)."""
-    from runtime_cuda.binding import tile_lanes
-    from runtime_cuda.connections import TileSplit
+    """The model tiles chunks exactly as the runtime does (runtime_cuda.core.binding)."""
+    from runtime_cuda.core.binding import tile_lanes
+    from runtime_cuda.core.connections import TileSplit
     cfg = preset("h200") if split is None else preset("h200", tile_split=split)
     ts = TileSplit() if split is None else TileSplit(*split)
     for cs in (1, 3, 4, 100, 4096, 65536 + 7, 1 << 21, (1 << 22) + 1):

@@ -5,7 +5,7 @@ buffers, calls on several streams, no synchronization between calls.
 
 * gc3 fuzz (runtime_cuda/commands/fuzz.py), short, on 2 and 4 processes and on virtual ranks:
   every call bit-exact against the reference computed from the seed;
-* the fuzz catches each root cause in runtime_cuda/faults.py when GC3_FAULT puts it back;
+* the fuzz catches each root cause in runtime_cuda/core/faults.py when GC3_FAULT puts it back;
 * the original report's program (tests/gpu_programs/dropin_stream_reset.py).
 """
 import os

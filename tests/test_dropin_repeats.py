@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from gc3.errors import CommunicatorError
-from runtime_cuda import group as group_mod
-from runtime_cuda.group import LaunchGroup, Reissue
+from runtime_cuda.core import group as group_mod
+from runtime_cuda.core.group import LaunchGroup, Reissue
 from runtime_cuda.nccl import communicator as cm
 from runtime_cuda.nccl.call import Call
 from runtime_cuda.nccl.constants import NCCL_AVG, NCCL_FLOAT32, NCCL_SUM
 from runtime_cuda.nccl.gc3_backend import Gc3Backend, _key
 from runtime_cuda.nccl.selection import Decision
-from runtime_cuda.streams import StreamOrder
+from runtime_cuda.core.streams import StreamOrder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -410,7 +410,7 @@ class _Driver:
 
 @pytest.mark.parametrize("coop", [True, False])
 def test_launch_issues_the_packed_call_plain_when_captured_and_refuses_once_broken(coop):
-    from runtime_cuda.launcher import CommunicatorBroken, Launch
+    from runtime_cuda.core.launcher import CommunicatorBroken, Launch
 
     class Ex:
         broken = None

@@ -1,4 +1,4 @@
-"""The drop-in's stream contract on the CPU (runtime_cuda/streams.py): calls
+"""The drop-in's stream contract on the CPU (runtime_cuda/core/streams.py): calls
 on a new stream wait for the communicator's earlier ones, retired buffers are
 held until the work before them is done, library code never enters a stream
 with `with`, the GC3_NCCL startup hook, and the fuzz's deterministic parts.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime_cuda import faults
+from runtime_cuda.core import faults
 from runtime_cuda.nccl import communicator as cm
 from runtime_cuda.nccl.constants import DTYPE_NAMES, NCCL_FLOAT32, NCCL_SUM, OP_NAMES
-from runtime_cuda.streams import StreamOrder
+from runtime_cuda.core.streams import StreamOrder
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"

@@ -146,7 +146,7 @@ def test_reader_wants_fused_with_an_epilogue():
 def test_runtime_flags_exactly_the_steps_that_carry_it(argv, fusion):
     """The interpreter applies the epilogue on the device rows of the IR's carrying steps and no
     others: a fused `re` run takes it from its last (final) step; nothing reduces into a row after."""
-    from runtime_cuda import abi, tables
+    from runtime_cuda.core import abi, tables
     prog = compiled(*argv, fusion=fusion)
     t = tables.build(prog)
     flag = abi.C["GC3_F_EPILOGUE"]
@@ -163,7 +163,7 @@ def test_runtime_flags_exactly_the_steps_that_carry_it(argv, fusion):
 
 def test_a_fused_re_run_takes_the_epilogue_of_its_last_step_and_ends_there():
     from gc3.ir.epilogue import make
-    from runtime_cuda.tables import DeviceStep, _fuse_reduces
+    from runtime_cuda.core.tables import DeviceStep, _fuse_reduces
     epi = make([("scale", 2)])
 
     def re(k, e=None):
@@ -175,7 +175,7 @@ def test_a_fused_re_run_takes_the_epilogue_of_its_last_step_and_ends_there():
 
 
 def test_runtime_epilogue_words():
-    from runtime_cuda import abi, tables
+    from runtime_cuda.core import abi, tables
     prog = compiled(4, 2, 16, 0)          # scale(0.25),bias(bias),residual(residual)
     w = tables.epilogue_words(prog, 0x1000, 0x2008)
     C = abi.C
@@ -189,7 +189,7 @@ def test_runtime_epilogue_words():
 def test_runtime_refuses_what_the_interpreter_cannot_apply():
     from gc3.errors import IRStructureError, NotOnDeviceError
     from gc3.ir.epilogue import make
-    from runtime_cuda import tables
+    from runtime_cuda.core import tables
     with pytest.raises(NotOnDeviceError, match=r"does not apply cast\(bfloat16\)"):
         tables.build(compiled(2, 1, 8, 1))
     prog = compiled(2, 2, 8, 0)
@@ -249,13 +249,13 @@ def test_simulate_avg_on_a_sum_program(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "int64", "uint8", "int8", "uint32", "uint64"])
 def test_gpu_avg_is_sum_then_ncclavg(nranks, dtype):
     """What the drop-in's gc3 backend runs for op avg: the sum program (virtual ranks),
-    then runtime_cuda.avg.divide on the output; vs numpy: bit-exact."""
+    then runtime_cuda.core.avg.divide on the output; vs numpy: bit-exact."""
     import cupy
     from gc3.dtypes import dtype_info
     from gc3.ir.xml_io import read_xml
     from gc3.simulator.reference import make_inputs
-    from runtime_cuda import avg
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core import avg
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     path = ROOT / "ir_samples" / ("allreduce_ring_2r_inplace_Simple_i64.xml" if nranks == 2 else
                                   "allreduce_ring_4r_inplace_Simple_i2.xml")

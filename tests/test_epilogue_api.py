@@ -56,7 +56,7 @@ def test_argument_checks(monkeypatch):
 
 def test_epilogue_words_are_the_interpreters():
     """The small kernels read the interpreter's GC3_EPW_* words (kernels/epilogue.cuh, load_epi)."""
-    from runtime_cuda import abi, tables
+    from runtime_cuda.core import abi, tables
     w = ep.words(["scale", "bias", "residual"], 0.5, 4096, 4, [0x1000, 0x2000], [0x3000, 0])
     assert len(w) == 2 and all(len(r) == abi.C["GC3_CMP_PTRS"] for r in w)
     assert w[0][abi.C["GC3_EPW_BIAS"]] == 0x1000 and w[1][abi.C["GC3_EPW_RESIDUAL"]] == 0

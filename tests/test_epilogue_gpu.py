@@ -102,7 +102,7 @@ def _run_ir(group, xs, named, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_ir_under_ll_protocols(proto, dtype):
     from epilogue_cases import case, wrong
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
     n, shape = 4, (33, 71)
     xs, scale, bias, res, want, _, _ = case(np.random.default_rng(9), n, shape, dtype, "all")
     items = [("scale", scale), ("bias", "bias"), ("residual", "residual")]
@@ -116,7 +116,7 @@ def test_ir_under_ll_protocols(proto, dtype):
 def test_avg_epilogue_is_ncclavg(dtype):
     import cupy
     from gc3.ir.epilogue import avg_divide
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
     n, count = 4, 5003
     rng = np.random.default_rng(4)
     xs = [rng.integers(-100, 100, size=count).astype(dtype) for _ in range(n)]
@@ -138,7 +138,7 @@ def test_the_interpreter_follows_the_irs_flags(how):
     """Mutated IRs (what the semantic checker refuses) run as written: the output is wrong where
     the epilogue was skipped or applied twice, so the kernel applies it exactly on flagged steps."""
     from epilogue_cases import case, wrong
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
     n, shape, dtype = 4, (5, 40), "float32"
     xs, scale, _, _, want, skipped, twice = case(np.random.default_rng(1), n, shape, dtype, "scale")
     prog = copy.deepcopy(_lower(n, 1, 0, 0, [("scale", scale)], fusion=False))
@@ -162,7 +162,7 @@ def test_refusals_on_the_device():
     import cupy
     from gc3.errors import GC3Error
     from runtime_cuda.fused import VirtualComm, allreduce_epilogue
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
     comm = VirtualComm(2)
     x = [cupy.ones((4, 8), cupy.float32) for _ in range(2)]
     with pytest.raises(ValueError, match="out overlaps residual"):

@@ -177,7 +177,7 @@ def test_back_to_back_alternating_sizes_without_synchronisation(n):
 @pytest.mark.parametrize("shape", [(9, 64), (1024, 512)])       # one-shot; two-shot at 4 ranks
 def test_a_shifted_peer_fails_the_check(n, shape, monkeypatch):
     import cupy
-    from runtime_cuda import small_allreduce
+    from runtime_cuda.ranks import small_allreduce
     from runtime_cuda.fused import VirtualComm
     s = cupy.cuda.Stream(non_blocking=True)
     xs, bias, res, scale, ref = make(np.random.default_rng(n), n, shape, "bfloat16", TERMS[-1])

@@ -29,7 +29,7 @@ def fixed_compute_tbs(monkeypatch):
 def _geometry_agrees(prog):
     """What LaunchGroup._compute_table checks at a call: compute steps fill whole chunks of the
     layout the operator's element count makes."""
-    from runtime_cuda import binding, tables
+    from runtime_cuda.core import binding, tables
     t = tables.build(prog)
     _, _, unit = prog.compute.split()
     _, shape = binding.call_shape(prog, prog.compute.out_elems, 2, "Simple", t.max_cnt)
@@ -156,10 +156,10 @@ def test_gc3_run_refuses_a_fused_ir_in_peer_mode(tmp_path):
 @pytest.mark.parametrize("name,args", [("gemv_allreduce", (2, 3, 40, 96, 8, 2, 3)),
                                        ("embedding_bag_alltoall", (2, 3, 20, 8, 4, 3, 2, 1, 3))])
 def test_the_runtime_check_builds_its_reference_on_the_cpu(name, args):
-    """`gc3 run FUSED.xml` and the GPU tests compare with runtime_cuda.checking.fused_case: its
+    """`gc3 run FUSED.xml` and the GPU tests compare with runtime_cuda.core.checking.fused_case: its
     reference must match what the simulator accepts (a changed simulator signature broke it once,
     unseen by any CPU test)."""
-    from runtime_cuda.checking import fused_case
+    from runtime_cuda.core.checking import fused_case
 
     prog = mb.fused_program(name, args, "float32")
     inputs, pairs = fused_case(prog, seed=2)

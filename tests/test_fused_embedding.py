@@ -115,8 +115,8 @@ def test_dsl_checks():
 def test_runtime_tables_carry_the_compute_operands(default):
     """ebag device steps point at their sample range and (T, rows, dim, nnz, B); the program never
     names buffer i (the runtime binds no input), and a step reading other inputs is refused."""
-    tables = pytest.importorskip("runtime_cuda.tables")
-    from runtime_cuda import abi
+    tables = pytest.importorskip("runtime_cuda.core.tables")
+    from runtime_cuda.core import abi
     t = tables.build(default)
     dims = list(default.compute.ebag_dims())
     rows = t.steps[t.steps[:, abi.field("ST", "OP")] == abi.OPCODE["ebag"]]

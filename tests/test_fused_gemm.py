@@ -290,7 +290,7 @@ def cp(monkeypatch):
     monkeypatch.setattr(gemm, "_sum_kernels", {})
     from runtime_cuda.fused import memory_bound
     memory_bound._bf16_round.cache_clear()   # built by the stand-in from here on; never kept for a real CuPy
-    from runtime_cuda import streams
+    from runtime_cuda.core import streams
     monkeypatch.setattr(streams, "_setup_streams", {})
     yield fake
     memory_bound._bf16_round.cache_clear()

@@ -386,7 +386,7 @@ def test_dsl_checks():
 def test_opcode_row_is_cpu_only_and_the_runtime_refuses_it(default):
     for op in GEMMS:
         assert op in COMPUTE and op in NOT_ON_DEVICE and op not in DEVICE_OPCODES
-    tables = pytest.importorskip("runtime_cuda.tables")
+    tables = pytest.importorskip("runtime_cuda.core.tables")
     with pytest.raises(NotOnDeviceError, match="'a?gemm' step"):
         tables.build(default[1])
 

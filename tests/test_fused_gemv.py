@@ -133,8 +133,8 @@ def test_opcode_table_marks_gemv_as_a_device_compute_opcode():
 def test_runtime_tables_carry_the_compute_operands(twoshot):
     """Each gemv device step points at GC3_CMP_EXTRA_PAIRS extras rows: its column range, then
     (batch, K, N); a range outside the operator, or the wrong inputs, is refused naming the step."""
-    tables = pytest.importorskip("runtime_cuda.tables")
-    from runtime_cuda import abi
+    tables = pytest.importorskip("runtime_cuda.core.tables")
+    from runtime_cuda.core import abi
     t = tables.build(twoshot)
     batch, k, n = twoshot.compute.gemv_dims()
     pairs = abi.C["GC3_CMP_EXTRA_PAIRS"]

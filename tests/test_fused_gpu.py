@@ -1,7 +1,7 @@
 """The compute opcodes (gemv, ebag) and the fused operators on a real GPU:
 
 * fused IRs on virtual ranks with the simulator's seeded inputs, checked against its
-  unfused reference (runtime_cuda.checking.run_fused_checked), odd shapes, every float
+  unfused reference (runtime_cuda.core.checking.run_fused_checked), odd shapes, every float
   type, both protocols; a compute step's range shifted by one must come out wrong;
 * runtime_cuda.fused's API on VirtualComm(2) and VirtualComm(4), fused and sequential,
   random data vs a float64 reference of the same inputs, poisoned outputs, a
@@ -55,8 +55,8 @@ EBAG_CASES = [  # (ranks, tables, rows, dim, samples per rank, pooling, chunks, 
 
 @pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_gemv_allreduce_ir_on_virtual_ranks(case):
-    from runtime_cuda.checking import run_fused_checked
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core.checking import run_fused_checked
+    from runtime_cuda.ranks.virtual import VirtualRanks
     *args, dtype = case
     group = VirtualRanks(_lower("gemv_allreduce", *args, dtype=dtype))
     res = run_fused_checked(group, seed=3, repeat=2)
@@ -65,8 +65,8 @@ def test_gemv_allreduce_ir_on_virtual_ranks(case):
 
 @pytest.mark.parametrize("case", EBAG_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_embedding_bag_alltoall_ir_on_virtual_ranks(case):
-    from runtime_cuda.checking import run_fused_checked
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core.checking import run_fused_checked
+    from runtime_cuda.ranks.virtual import VirtualRanks
     *args, tbs, dtype = case
     group = VirtualRanks(_lower("embedding_bag_alltoall", *args, 0, tbs, dtype=dtype))
     res = run_fused_checked(group, seed=5, repeat=2)
@@ -76,8 +76,8 @@ def test_embedding_bag_alltoall_ir_on_virtual_ranks(case):
 
 @pytest.mark.parametrize("proto", ["LL", "Simple"])
 def test_both_operators_under_each_protocol(proto):
-    from runtime_cuda.checking import run_fused_checked
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core.checking import run_fused_checked
+    from runtime_cuda.ranks.virtual import VirtualRanks
     for prog in (_lower("gemv_allreduce", 2, 2, 48, 128, 4, 2, 2, dtype="bfloat16"),
                  _lower("embedding_bag_alltoall", 2, 2, 30, 16, 4, 3, 2, 0, 2, dtype="float32")):
         res = run_fused_checked(VirtualRanks(prog, proto=proto), seed=1)
@@ -89,8 +89,8 @@ def test_both_operators_under_each_protocol(proto):
 def test_a_shifted_compute_range_gives_wrong_results(name, args):
     """The mutation `gc3 simulate` calls WRONG is wrong on the GPU too: the opcode computes the
     range the step names (a test of the test: the unshifted IR passes)."""
-    from runtime_cuda.checking import run_fused_checked
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core.checking import run_fused_checked
+    from runtime_cuda.ranks.virtual import VirtualRanks
     prog = _lower(name, *args)
     assert run_fused_checked(VirtualRanks(prog), seed=2).wrong == 0
     res = run_fused_checked(VirtualRanks(_shifted(prog)), seed=2)
@@ -103,8 +103,8 @@ def test_first_chunk_leaves_before_the_last_compute_chunk_ends(monkeypatch):
     16 column blocks on 4 compute TBs: each TB computes 4 blocks one after the other."""
     monkeypatch.setenv("GC3_TRACE", "1")
     from gc3.ir import OPCODES
-    from runtime_cuda.checking import fused_buffers, fused_case, run_fused
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core.checking import fused_buffers, fused_case, run_fused
+    from runtime_cuda.ranks.virtual import VirtualRanks
     prog = _lower("gemv_allreduce", 2, 1, 4096, 8192, 16, 2, 4)
     group = VirtualRanks(prog)
     ins, outs = fused_buffers(group, fused_case(prog)[0])
@@ -135,7 +135,7 @@ def test_first_chunk_leaves_before_the_last_compute_chunk_ends(monkeypatch):
 def test_a_fused_call_without_compute_inputs_is_refused():
     import cupy
     from gc3.errors import GC3Error
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
     group = VirtualRanks(_lower("gemv_allreduce", 2, 1, 16, 64, 2, 2))
     out = [cupy.zeros(64, cupy.uint16) for _ in range(2)]
     with pytest.raises(GC3Error, match="needs the compute inputs"):

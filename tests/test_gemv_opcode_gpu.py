@@ -10,7 +10,7 @@ import pytest
 
 from gc3.errors import GC3Error
 
-from runtime_cuda.module import GEMV_LEVELS
+from runtime_cuda.core.module import GEMV_LEVELS
 
 pytestmark = pytest.mark.gpu
 

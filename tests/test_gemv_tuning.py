@@ -1,4 +1,4 @@
-"""The gemv opcode's tunables (runtime_cuda.module.GEMV_TUNABLES) on the CPU: their defaults come
+"""The gemv opcode's tunables (runtime_cuda.core.module.GEMV_TUNABLES) on the CPU: their defaults come
 from prims_compute.cuh, overrides from the environment or the caller reach the compute builds only,
 bad values are refused by name, and every tested level of the opcode harness compiles (nvcc), the
 defaults without register spills."""
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gc3.errors import InputError
-from runtime_cuda import module
+from runtime_cuda.core import module
 
 
 def test_defaults_are_read_from_the_kernel_and_are_a_tested_level():

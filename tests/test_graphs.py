@@ -22,14 +22,14 @@ pytestmark = pytest.mark.gpu
 
 
 def _group(name, ranks, proto, instances=1):
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     return VirtualRanks(lower(run_script(str(ALGOS / f"{name}.py"), [str(ranks)]), instances=instances,
                               protocol=proto))
 
 
 def _upload(group, ins, inputs, dtype, stream):
-    from runtime_cuda.checking import storage_dtype
+    from runtime_cuda.core.checking import storage_dtype
 
     for r, a in zip(group.ranks, ins):
         a.set(np.ascontiguousarray(inputs[r]).view(storage_dtype(dtype)), stream=stream)
@@ -37,7 +37,7 @@ def _upload(group, ins, inputs, dtype, stream):
 
 def _wrong(group, outs, expected, dtype):
     from gc3.dtypes import dtype_info
-    from runtime_cuda.checking import CheckResult, compare
+    from runtime_cuda.core.checking import CheckResult, compare
 
     res = CheckResult()
     for r, out in zip(group.ranks, outs):
@@ -47,7 +47,7 @@ def _wrong(group, outs, expected, dtype):
 
 
 def _epochs(group):
-    from runtime_cuda import abi
+    from runtime_cuda.core import abi
 
     rows = group.executor.rows.get().view(np.uint64).reshape(group.tables.nblocks, -1)
     return rows[:, abi.C["GC3_BKQ_EPOCH"]].copy()
@@ -58,7 +58,7 @@ def _epochs(group):
 def test_replays_follow_changing_inputs_and_interleave_with_eager_calls(proto, dtype):
     import cupy
 
-    from runtime_cuda.checking import device_buffers, reference_case
+    from runtime_cuda.core.checking import device_buffers, reference_case
 
     group = _group("allreduce_ring", 4, proto)
     prog = group.prog
@@ -89,7 +89,7 @@ def test_replays_follow_changing_inputs_and_interleave_with_eager_calls(proto, d
 def test_a_graph_of_100_calls_runs_100_calls_per_replay():
     import cupy
 
-    from runtime_cuda.checking import device_buffers, reference_case
+    from runtime_cuda.core.checking import device_buffers, reference_case
 
     group = _group("allreduce_allpairs", 2, "LL")
     prog = group.prog

@@ -9,8 +9,8 @@ examples/, at module level and inside functions alike:
   package of the checkout, and each name taken by `from X import name` is a submodule of X or
   a name X binds at module level (def, class, assignment, import, `global` in a function,
   `__all__`; names X serves lazily through a module `__getattr__` are listed below);
-- a dotted reference to gc3 or runtime_cuda in code or in a string (`runtime_cuda.ipc.IpcRanks`,
-  `pytest.importorskip("runtime_cuda.tables")`, `__import__("runtime_cuda.launcher").launcher.f`)
+- a dotted reference to gc3 or runtime_cuda in code or in a string (`runtime_cuda.ranks.ipc.IpcRanks`,
+  `pytest.importorskip("runtime_cuda.core.tables")`, `__import__("runtime_cuda.core.launcher").launcher.f`)
   names a module, and its next part a name that module binds;
 - every `-m gc3...` / `-m runtime_cuda...` in .py, .sh, .md and .toml files, and the startup
   hook's import in gc3_nccl_hook.pth, name a module (a package only with a __main__.py);
@@ -288,8 +288,8 @@ def not_a_module(path: Path, text: str) -> bool:
 
 
 def code_reference_problems(path: Path):
-    """Attribute chains (`runtime_cuda.streams.current`) and dotted strings
-    (`"runtime_cuda.tables"`, `"pkg.mod:attr"`) of a Python file."""
+    """Attribute chains (`runtime_cuda.core.streams.current`) and dotted strings
+    (`"runtime_cuda.core.tables"`, `"pkg.mod:attr"`) of a Python file."""
     if rel(path) == SELF:
         return
     tree = tree_of(path)

@@ -14,7 +14,7 @@ import pytest
 from gc3.dtypes import DTYPES, OPS, TOLERANCES, dtype_info
 from gc3.ir.epilogue import avg_divide
 from gc3.simulator.reference import make_inputs
-from runtime_cuda import abi, module
+from runtime_cuda.core import abi, module
 from runtime_cuda.nccl import constants, datacheck
 
 NEW = ("int8", "uint32", "uint64")

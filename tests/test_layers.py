@@ -73,7 +73,7 @@ def upward(pairs):
 
 def top(module: str) -> str:
     """The top-level subpackage (gc3.ir, runtime_cuda.nccl); a module at a package's root
-    (gc3.errors, runtime_cuda.launcher) stands for itself."""
+    (gc3.errors, runtime_cuda.core.launcher) stands for itself."""
     return ".".join(module.split(".")[:2])
 
 
@@ -146,14 +146,14 @@ def test_imports_are_read_relative_and_inside_functions(tmp_path):
 
 
 def test_every_launch_group_the_drop_in_serves_from_has_the_one_interface():
-    """nccl/gc3_backend.py calls its groups through runtime_cuda.group.CollectiveGroup: each
+    """nccl/gc3_backend.py calls its groups through runtime_cuda.core.group.CollectiveGroup: each
     implementation defines every method of it, taking the Protocol's positional parameters
     first, in its order (further keyword parameters are each implementation's own)."""
     import inspect
 
-    from runtime_cuda.group import CollectiveGroup
-    from runtime_cuda.ipc import IpcRanks
-    from runtime_cuda.small_allreduce import SmallAllreduce
+    from runtime_cuda.core.group import CollectiveGroup
+    from runtime_cuda.ranks.ipc import IpcRanks
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
 
     def positional(fn):
         return [p.name for p in inspect.signature(fn).parameters.values()

@@ -40,8 +40,8 @@ def test_every_algorithm_compiles_and_simulates_with_ll128(path, tmp_path):
 
 
 def test_no_protocol_is_substituted():
-    from runtime_cuda import abi
-    from runtime_cuda.launcher import runtime_protocol
+    from runtime_cuda.core import abi
+    from runtime_cuda.core.launcher import runtime_protocol
 
     for p in ("Simple", "LL", "LL128"):
         assert runtime_protocol(p) == p
@@ -52,7 +52,7 @@ def test_no_protocol_is_substituted():
 
 
 def test_ll128_slot_geometry_comes_from_limits(monkeypatch):
-    from runtime_cuda import connections, module
+    from runtime_cuda.core import connections, module
 
     assert limits.slot_data_bytes("LL128", 256 << 10) == 2048 * 120
     opts = module.options("float32", "sum", "LL128")
@@ -69,7 +69,7 @@ def test_ll128_slot_geometry_comes_from_limits(monkeypatch):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int32", "float64", "uint8"])
 def test_ll128_kernel_compiles_for_every_element_size(dtype, tmp_path):
-    from runtime_cuda import module
+    from runtime_cuda.core import module
 
     src = tmp_path / "k.cu"
     src.write_text(module.source())
@@ -96,14 +96,14 @@ def _program(name, args, instances):
 
 def _sizes(prog):
     """Odd sizes: one lane per chunk, short and empty last chunks, a tile plus one lane."""
-    from runtime_cuda.checking import geometry
+    from runtime_cuda.core.checking import geometry
 
     bi, c = geometry(prog)
     return [bi * c, bi * (2 * c - 1), bi * (c * 61 + 3), bi * (c * 70001 + c - 1)]
 
 
 def _check(group, n, dtype, inplace, repeat=1):
-    from runtime_cuda.checking import run_checked
+    from runtime_cuda.core.checking import run_checked
 
     res = run_checked(group, n, dtype, "sum", inplace, repeat=repeat)
     assert res.checked > 0 and res.wrong == 0, f"{group.prog.name} n={n} {dtype} inplace={inplace}: {res.first}"
@@ -112,7 +112,7 @@ def _check(group, n, dtype, inplace, repeat=1):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,args,instances", VIRTUAL, ids=[f"{n}{a}x{i}" for n, a, i in VIRTUAL])
 def test_every_collective_runs_ll128_on_virtual_ranks(name, args, instances):
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     group = VirtualRanks(_program(name, args, instances))
     assert group.proto == "LL128"
@@ -126,7 +126,7 @@ def test_ll128_wraps_the_slot_ring_many_times(dtype, monkeypatch):
     """Small slots (32 lines) make every call cycle each 8-slot FIFO many
     times, and repeated calls carry the flags over: a stale flag or a
     mis-sized slot shows as wrong data or a timeout."""
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     monkeypatch.setenv("GC3_SLOT_BYTES_LL128", "4096")
     for name, args in (("allreduce_ring", (4,)), ("alltoall_direct", (2,))):
@@ -143,8 +143,8 @@ def test_ll128_keeps_every_payload_bit():
     import cupy
 
     from gc3.simulator.reference import reference
-    from runtime_cuda.checking import device_buffers
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core.checking import device_buffers
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     group = VirtualRanks(_program("allgather_direct", (4,), 1))
     n = 4 * 1001
@@ -164,8 +164,8 @@ def test_ll128_keeps_every_payload_bit():
 
 @pytest.mark.gpu
 def test_ll128_recv_without_send_times_out_naming_the_protocol():
-    from runtime_cuda.checking import run_checked
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core.checking import run_checked
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     prog = copy.deepcopy(_program("allreduce_ring", (4,), 1))
     tb = next(t for t in prog.gpu(1).threadblocks if any(s.type == "s" for s in t.steps))
@@ -190,7 +190,7 @@ def test_two_processes_run_ll128(tmp_path):
         paths.append(p)
     env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-    proc = subprocess.run(["mpirun", "-np", "2", sys.executable, "-m", "runtime_cuda.ipc_check", "--quick",
+    proc = subprocess.run(["mpirun", "-np", "2", sys.executable, "-m", "runtime_cuda.ranks.ipc_check", "--quick",
                            "--proto=LL128", "--dtypes=float16,bfloat16,float32,int32", *map(str, paths)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     out = proc.stdout + proc.stderr

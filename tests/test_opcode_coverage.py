@@ -25,7 +25,7 @@ def _timeline():
 
 
 def _abi():
-    from runtime_cuda import abi
+    from runtime_cuda.core import abi
     return {name[len("GC3_OP_"):].lower() for name in abi.C if name.startswith("GC3_OP_")}
 
 

@@ -1,4 +1,4 @@
-"""The per-block rows the kernel copies into shared memory (runtime_cuda/block_rows.py), no GPU needed:
+"""The per-block rows the kernel copies into shared memory (runtime_cuda/core/block_rows.py), no GPU needed:
 every field the kernel reads must say what the host tables say."""
 import dataclasses
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from gc3.errors import LimitError
 from gc3.ir import Gpu, Program, Step, Threadblock
 from gc3.ir.xml_io import read_xml
-from runtime_cuda import abi, block_rows, connections, tables
+from runtime_cuda.core import abi, block_rows, connections, tables
 
 DATA = Path(__file__).resolve().parent / "data" / "msccl"
 RING = DATA / "allreduce_ring_4r_1i.xml"

@@ -1,5 +1,5 @@
 """One process per GPU (mpirun, CUDA IPC): every 2-rank sample, checked on
-data by runtime_cuda.ipc_check, plus a broken program ending in the timeout
+data by runtime_cuda.ranks.ipc_check, plus a broken program ending in the timeout
 error on both processes."""
 import os
 import shutil
@@ -17,12 +17,12 @@ TWO_RANK = [p for p in sorted((ROOT / "tests" / "data" / "msccl").glob("*.xml"))
 
 
 def _ipc_check(args, timeout):
-    """Run runtime_cuda.ipc_check with 2 processes; its output and IPC-CHECK lines."""
+    """Run runtime_cuda.ranks.ipc_check with 2 processes; its output and IPC-CHECK lines."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                NVSHMEM_DISABLE_NVLS="1")
     proc = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-m", "runtime_cuda.ipc_check",
-         *map(str, args)],
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable,
+         "-m", "runtime_cuda.ranks.ipc_check", *map(str, args)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     print(out)

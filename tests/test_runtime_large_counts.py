@@ -40,10 +40,10 @@ def _int_fits(value, ctype):
 
 @pytest.mark.parametrize("sample,dtype,count,inplace", CASES, ids=IDS)
 def test_geometry_of_large_calls_fits_the_kernel_arguments(sample, dtype, count, inplace):
-    from runtime_cuda import abi
-    from runtime_cuda import tables as tables_mod
-    from runtime_cuda.binding import bind, call_shape
-    from runtime_cuda.launcher import _Args, runtime_protocol
+    from runtime_cuda.core import abi
+    from runtime_cuda.core import tables as tables_mod
+    from runtime_cuda.core.binding import bind, call_shape
+    from runtime_cuda.core.launcher import _Args, runtime_protocol
 
     prog = read_xml(SAMPLES / sample)
     proto = runtime_protocol(prog.proto)
@@ -80,9 +80,9 @@ def _free_bytes():
 def test_large_allreduce_on_virtual_ranks(sample, dtype, count, inplace):
     import cupy
 
-    from runtime_cuda.checking import storage_dtype
+    from runtime_cuda.core.checking import storage_dtype
     from runtime_cuda.nccl import datacheck as dc
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     window = 1 << 26
     prog = read_xml(SAMPLES / sample)

@@ -1,4 +1,4 @@
-"""One process driving two GPUs through peer access (runtime_cuda.peer),
+"""One process driving two GPUs through peer access (runtime_cuda.ranks.peer),
 data-checked against gc3.simulator.reference: every 2-rank sample, sampled dtypes and
 ops, in and out of place, 256 MiB per rank, and a broken program ending in
 the timeout error.  The device choice and `gc3 run --mode` are checked on
@@ -28,7 +28,7 @@ _GROUPS = {}
 
 
 def group(path, proto=None):
-    from runtime_cuda.peer import PeerRanks
+    from runtime_cuda.ranks.peer import PeerRanks
 
     key = (str(path), proto)
     if key not in _GROUPS:
@@ -37,7 +37,7 @@ def group(path, proto=None):
 
 
 def check(g, n, dtype="float32", op="sum", inplace=False, repeat=1):
-    from runtime_cuda.checking import run_checked
+    from runtime_cuda.core.checking import run_checked
 
     res = run_checked(g, n, dtype, op, inplace, repeat=repeat)
     assert res.checked > 0, (g.prog.name, n, dtype, op, inplace)
@@ -65,7 +65,7 @@ def test_two_rank_samples_found():
 
 
 def test_device_choice():
-    from runtime_cuda.peer import choose_devices
+    from runtime_cuda.ranks.peer import choose_devices
 
     yes = lambda a, b: True  # noqa: E731
     assert choose_devices(2, None, 2, yes) == [0, 1]
@@ -82,7 +82,7 @@ def test_device_choice():
     (2, None, 2, False, ["GPU 0 cannot access GPU 1", "mpirun"]),
 ])
 def test_device_choice_refusals_say_why(nranks, devices, ndev, access, words):
-    from runtime_cuda.peer import choose_devices
+    from runtime_cuda.ranks.peer import choose_devices
 
     with pytest.raises(GC3Error) as exc:
         choose_devices(nranks, devices, ndev, lambda a, b: access)
@@ -90,8 +90,8 @@ def test_device_choice_refusals_say_why(nranks, devices, ndev, access, words):
 
 
 def test_large_cases_are_256mib_and_an_uneven_count_near_it():
-    from runtime_cuda.checking import LARGE_BYTES, geometry, large_cases, recommended_max_bytes
-    from runtime_cuda.perf import nbytes_of
+    from runtime_cuda.core.checking import LARGE_BYTES, geometry, large_cases, recommended_max_bytes
+    from runtime_cuda.core.perf import nbytes_of
 
     assert recommended_max_bytes(ONESHOT) == 256 << 10
     assert recommended_max_bytes(RING) is None          # no upper bound in the catalog
@@ -111,7 +111,7 @@ def test_large_cases_are_256mib_and_an_uneven_count_near_it():
 def test_compare_counts_exactly_what_differs():
     import numpy as np
 
-    from runtime_cuda.checking import compare
+    from runtime_cuda.core.checking import compare
 
     x = np.arange(1000, dtype=np.float32)
     assert compare(0, x.copy(), x, "float32").wrong == 0
@@ -142,7 +142,7 @@ def test_run_mode_must_match_how_the_process_started(monkeypatch):
 
 def sizes(prog):
     """1 lane per chunk, short and empty last chunks, several tiles per chunk."""
-    from runtime_cuda.checking import geometry
+    from runtime_cuda.core.checking import geometry
 
     bi, c = geometry(prog)
     return [bi * c, bi * (c + 1), bi * (2 * c - 1), bi * (c * 1000 + 3), bi * (c * 70001 + c - 1)]
@@ -173,7 +173,7 @@ def test_alltoall(alltoall_xml):
                                        ("int32", "sum"), ("int64", "max"), ("uint8", "min")])
 @pytest.mark.parametrize("path", [RING, PAIRS], ids=["ring_simple", "allpairs_ll"])
 def test_sampled_dtypes_and_ops(path, dtype, op):
-    from runtime_cuda.checking import geometry
+    from runtime_cuda.core.checking import geometry
 
     g = group(path)
     bi, c = geometry(g.prog)
@@ -196,8 +196,8 @@ def test_other_protocol_and_repeated_calls():
 def test_large_sizes_256mib_per_rank(alltoall_xml):
     """256 MiB per rank (the one-shot LL program at the most its catalog entry
     recommends) in float32, and an uneven count near it in bfloat16."""
-    from runtime_cuda.checking import LARGE_BYTES, large_cases, recommended_max_bytes
-    from runtime_cuda.perf import nbytes_of
+    from runtime_cuda.core.checking import LARGE_BYTES, large_cases, recommended_max_bytes
+    from runtime_cuda.core.perf import nbytes_of
 
     assert recommended_max_bytes(ONESHOT) == 256 << 10
     for path in (RING, ONESHOT, alltoall_xml):
@@ -215,7 +215,7 @@ def test_array_streams_per_gpu():
     """Calls on explicit per-GPU streams; a single stream for two GPUs is refused."""
     import cupy
 
-    from runtime_cuda.checking import device_buffers, reference_case
+    from runtime_cuda.core.checking import device_buffers, reference_case
 
     g = group(RING)
     n = 128 * 999
@@ -239,8 +239,8 @@ def test_array_streams_per_gpu():
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_recv_without_send_times_out_with_location():
-    from runtime_cuda.launcher import CommunicatorBroken
-    from runtime_cuda.peer import PeerRanks
+    from runtime_cuda.core.launcher import CommunicatorBroken
+    from runtime_cuda.ranks.peer import PeerRanks
 
     broken = copy.deepcopy(read_xml(PAIRS))
     tb = next(t for t in broken.gpu(0).threadblocks if any(s.type == "s" for s in t.steps))

@@ -12,7 +12,7 @@ from gc3.errors import FifoOrderError, LayoutError
 from gc3.ir import Gpu, Program, Step, Threadblock
 from gc3.ir.layout import layout_for
 from gc3.ir.xml_io import read_xml
-from runtime_cuda import abi, binding, connections, module, tables
+from runtime_cuda.core import abi, binding, connections, module, tables
 
 DATA = Path(__file__).resolve().parent / "data" / "msccl"
 RING = DATA / "allreduce_ring_4r_1i.xml"

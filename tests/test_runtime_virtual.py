@@ -28,7 +28,7 @@ _CACHE = {}
 
 
 def ranks(path, proto=None, timeout=None):
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     key = (str(path), proto, timeout)
     if key not in _CACHE:
@@ -39,14 +39,14 @@ def ranks(path, proto=None, timeout=None):
 def sizes(prog):
     """Input element counts: 1 lane per chunk, short last chunks, empty last
     chunks, several tiles (> one FIFO slot per chunk)."""
-    from runtime_cuda.checking import geometry
+    from runtime_cuda.core.checking import geometry
 
     bi, c = geometry(prog)
     return [bi * c, bi * (c + 1), bi * (2 * c - 1), bi * (c * 1000 + 3), bi * c * 70001, bi * (c * 300007 + c - 1)]
 
 
 def check(path, in_elems, dtype="float32", op="sum", inplace=False, proto=None, repeat=1):
-    from runtime_cuda.checking import run_checked
+    from runtime_cuda.core.checking import run_checked
 
     res = run_checked(ranks(path, proto), in_elems, dtype, op, inplace, repeat=repeat)
     assert res.checked > 0
@@ -79,7 +79,7 @@ def test_every_sample_every_size(path, inplace):
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min"])
 @pytest.mark.parametrize("path", [RING, PAIRS], ids=["ring_simple", "pairs_ll"])
 def test_every_dtype_and_op(path, dtype, op):
-    from runtime_cuda.checking import geometry
+    from runtime_cuda.core.checking import geometry
 
     bi, c = geometry(read_xml(path))
     for n in (bi * (c * 33 + 1), bi * c * 4099):
@@ -96,7 +96,7 @@ def test_both_protocols_run_every_sample(path, proto):
 
 
 def test_repeated_calls_reuse_fifos_and_flags():
-    from runtime_cuda.checking import geometry
+    from runtime_cuda.core.checking import geometry
 
     for path in MSCCL:
         bi, c = geometry(read_xml(path))
@@ -104,8 +104,8 @@ def test_repeated_calls_reuse_fifos_and_flags():
 
 
 def test_recv_without_send_times_out_with_location():
-    from runtime_cuda.virtual import VirtualRanks
-    from runtime_cuda.checking import run_checked
+    from runtime_cuda.ranks.virtual import VirtualRanks
+    from runtime_cuda.core.checking import run_checked
 
     prog = read_xml(RING)
     broken = copy.deepcopy(prog)
@@ -126,7 +126,7 @@ def test_stress_10000_back_to_back_calls():
     synchronisation at the end: any wrong element or hang fails."""
     import cupy
 
-    from runtime_cuda.checking import geometry, host_buffers, reference_case, storage_dtype
+    from runtime_cuda.core.checking import geometry, host_buffers, reference_case, storage_dtype
     from gc3.ir.layout import layout_for
 
     rng = np.random.default_rng(7)

@@ -1,5 +1,5 @@
 """The one-shot and two-shot small-message allreduce kernels
-(runtime_cuda/small_allreduce.py): catalog entries, selection, the drop-in's
+(runtime_cuda/ranks/small_allreduce.py): catalog entries, selection, the drop-in's
 runtime check and the cost model on the CPU; on a GPU, virtual ranks (2, 4, 8)
 and 2 and 4 processes sharing the GPU (tests/gpu_programs/small_allreduce_ipc.py),
 every result compared bit for bit with an exact reference."""
@@ -193,8 +193,8 @@ def test_model_timer_times_kernel_candidates_only_where_they_serve():
 # --- kernel source ------------------------------------------------------------------------
 
 def test_scratch_holds_both_kernels_largest_calls():
-    from runtime_cuda import abi
-    from runtime_cuda.small_allreduce import BLOCKS, HEADER_BYTES, scratch_shape
+    from runtime_cuda.core import abi
+    from runtime_cuda.ranks.small_allreduce import BLOCKS, HEADER_BYTES, scratch_shape
 
     C = abi.C
     assert 8 * (C["GC3_SA_COUNTERS"] + C["GC3_SA_MAX_BLOCKS"]) <= HEADER_BYTES
@@ -214,7 +214,7 @@ def test_scratch_holds_both_kernels_largest_calls():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("dtype, op", [("bfloat16", "sum"), ("uint8", "max"), ("float64", "min")])
 def test_kernel_compiles(dtype, op, tmp_path):
-    from runtime_cuda import module
+    from runtime_cuda.core import module
 
     src = tmp_path / "k.cu"
     src.write_text(module.source("small_allreduce.cu"))
@@ -229,7 +229,7 @@ def test_kernel_compiles(dtype, op, tmp_path):
                                                      ("float32", "bfloat16", False), ("bfloat16", "float32", True)])
 def test_epilogue_build_compiles(dtype, out_dtype, shift, tmp_path):
     """The epilogue build (and its pass kernel), with a cast and with the shifted-peer test hook."""
-    from runtime_cuda import module
+    from runtime_cuda.core import module
 
     src = tmp_path / "k.cu"
     src.write_text(module.source("small_allreduce.cu"))
@@ -265,7 +265,7 @@ class Bufs:
 def _issue_and_wait(group, in_ptrs, out_ptrs, in_elems, avg_elems, dtype, op, stream, **which):
     """One call through the group (avg: the sum kernel, then the division pass over
     `avg_elems` of each output, as the drop-in does), waited for and checked."""
-    from runtime_cuda import avg
+    from runtime_cuda.core import avg
 
     group.run_ptrs(in_ptrs, out_ptrs, in_elems, dtype, "sum" if op == "avg" else op, stream, **which)
     if op == "avg":
@@ -304,7 +304,7 @@ def _run_case(group, bufs, dtype, op, kind, count, inplace, off, seed, stream):
 def test_virtual_every_dtype_op_count_and_placement(n, dtype):
     import cupy
 
-    from runtime_cuda.small_allreduce import SmallAllreduce
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
 
     group = SmallAllreduce.virtual(n, timeout=10, max_bytes=MAX)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -325,7 +325,7 @@ def test_virtual_every_dtype_op_count_and_placement(n, dtype):
 def test_negative_zero_survives():
     import cupy
 
-    from runtime_cuda.small_allreduce import SmallAllreduce
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
 
     group = SmallAllreduce.virtual(4, timeout=10)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -350,7 +350,7 @@ def test_negative_zero_survives():
 def test_200_calls_back_to_back_with_changing_inputs_sizes_and_kernels():
     import cupy
 
-    from runtime_cuda.small_allreduce import SmallAllreduce
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
 
     # Sizes that take 1 block, 3 and the most: every block of a call must agree on its number
     # whatever grid the calls before it had.
@@ -382,7 +382,7 @@ def test_200_calls_back_to_back_with_changing_inputs_sizes_and_kernels():
 
 
 def _counters(group, rank):
-    from runtime_cuda import abi
+    from runtime_cuda.core import abi
 
     words = group._keep[rank][abi.C["GC3_SA_COUNTERS"]:abi.C["GC3_SA_COUNTERS"] + group._blocks].get()
     assert np.all(words == words[0]), "the blocks of one rank disagree on the call count"
@@ -394,7 +394,7 @@ def _counters(group, rank):
 def test_graph_replays_are_new_calls(kind):
     import cupy
 
-    from runtime_cuda.small_allreduce import SmallAllreduce
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
 
     n, count, dtype = 4, 5003, "int32"
     group = SmallAllreduce.virtual(n, timeout=10)
@@ -429,9 +429,9 @@ def test_a_rank_out_of_step_times_out_with_a_message_and_stops_the_group():
     import cupy
 
     from gc3.errors import RuntimeTimeoutError
-    from runtime_cuda.launcher import CommunicatorBroken
-    from runtime_cuda.small_allreduce import SmallAllreduce
-    from runtime_cuda import abi
+    from runtime_cuda.core.launcher import CommunicatorBroken
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
+    from runtime_cuda.core import abi
 
     group = SmallAllreduce.virtual(2, timeout=0.5)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -523,7 +523,7 @@ def test_virtual_allgather_and_reducescatter_kernels(n):
     on the same group (their block counters must keep agreeing on the call number)."""
     import cupy
 
-    from runtime_cuda.small_allreduce import SmallAllreduce
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
 
     group = SmallAllreduce.virtual(n, timeout=10, max_bytes=MAX)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -548,7 +548,7 @@ def test_virtual_allgather_and_reducescatter_kernels(n):
 
 
 def test_gather_scatter_refusals_name_the_call():
-    from runtime_cuda.small_allreduce import KINDS, block_elems, refusal
+    from runtime_cuda.ranks.small_allreduce import KINDS, block_elems, refusal
 
     assert ("allgather", "twoshot") not in KINDS and ("reducescatter", "oneshot") in KINDS
     assert block_elems("reducescatter", 4096, 4) == 1024 and block_elems("allgather", 4096, 4) == 4096

@@ -1,4 +1,4 @@
-"""runtime_cuda.stuck: a body that overruns its deadline ends the process with
+"""runtime_cuda.core.stuck: a body that overruns its deadline ends the process with
 status 3 and the message naming it; one that finishes in time leaves nothing
 behind."""
 import subprocess
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(body: str):
-    code = ("import time\nfrom runtime_cuda.stuck import deadline\n"
+    code = ("import time\nfrom runtime_cuda.core.stuck import deadline\n"
             f"with deadline(0.3, 'allreduce 4096 bytes in place did not finish'):\n    {body}\nprint('after')\n")
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -31,6 +31,6 @@ def test_body_in_time_continues():
 
 
 def test_no_deadline_when_zero():
-    from runtime_cuda.stuck import deadline
+    from runtime_cuda.core.stuck import deadline
     with deadline(0, "never"):
         time.sleep(0.01)

@@ -1,4 +1,4 @@
-"""runtime_cuda.perf.time_rounds, the one timing loop of `gc3 run` and the drop-in's benchmark,
+"""runtime_cuda.core.perf.time_rounds, the one timing loop of `gc3 run` and the drop-in's benchmark,
 on the CPU: CUDA events replaced by a recorder whose elapsed times are given."""
 import ast
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_cuda.perf import ROUNDS, time_rounds
+from runtime_cuda.core.perf import ROUNDS, time_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -57,8 +57,8 @@ def test_runtime_and_cost_model_tile_alike(proto, itemsize, split):
 
     from gc3.simulator.cost_config import DEFAULT, preset
     from gc3.simulator.cost_model import tile_of
-    from runtime_cuda.binding import tile_lanes
-    from runtime_cuda.connections import TileSplit
+    from runtime_cuda.core.binding import tile_lanes
+    from runtime_cuda.core.connections import TileSplit
 
     cfg = replace(preset(DEFAULT), tile_split=split)
     for cs in (1, 7, 4096, 100_000):

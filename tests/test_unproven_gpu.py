@@ -36,8 +36,8 @@ def test_every_rank_buffer_is_the_simulators():
 
     from gc3.ir.xml_io import read_xml
     from gc3.simulator import simulate
-    from runtime_cuda.checking import device_buffers
-    from runtime_cuda.virtual import VirtualRanks
+    from runtime_cuda.core.checking import device_buffers
+    from runtime_cuda.ranks.virtual import VirtualRanks
 
     prog = read_xml(ALLTONEXT)
     n = 4 * 1024 + 3 * 4             # whole chunks plus short ones

@@ -5,7 +5,7 @@ names: the IR's operand roles (`program.local_input`), the compiler's sets
 (`RECVS`, `SENDS`, `FUSED`, `SEND_FUSION`), the verifier's and simulator's
 step semantics (tables keyed by opcode, checked against this one by
 tests/test_opcode_coverage.py) and the runtime's opcode numbers
-(`runtime_cuda/abi.py` reads `DEVICE_OPCODES`; `runtime_cuda/tables.py` refuses
+(`runtime_cuda/core/abi.py` reads `DEVICE_OPCODES`; `runtime_cuda/core/tables.py` refuses
 `NOT_ON_DEVICE`).  Adding an opcode starts with a
 row here; the coverage test then names every layer that lacks it.
 """

@@ -135,7 +135,7 @@ class Schedule:
 
 def tile_of(chunk_bytes: int, itemsize: int, proto: str, max_cnt: int, config: CostConfig) -> Tuple[int, int]:
     """(bytes per chunk-tile, tiles per chunk), the runtime's rule
-    (runtime_cuda.binding.tile_lanes) in bytes."""
+    (runtime_cuda.core.binding.tile_lanes) in bytes."""
     if chunk_bytes <= 0:
         return 0, 0
     tiles, min_bytes = config.tile_split

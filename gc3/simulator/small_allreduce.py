@@ -1,5 +1,5 @@
 """The cost model's estimate for the dedicated small-message allreduce kernels
-(runtime_cuda/small_allreduce.py; kernels/small_allreduce.cu says what they do).
+(runtime_cuda/ranks/small_allreduce.py; kernels/small_allreduce.cu says what they do).
 
 They run no IR, so the tile-level model does not apply; the estimate is built
 from the same preset's figures:

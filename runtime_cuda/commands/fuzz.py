@@ -31,7 +31,7 @@ values, then searches for the shortest run of calls ending in the failing one
 that still fails.  The exit status is 1 on any mismatch or GPU timeout, and 3 when
 a batch never finishes (the watchdog, --hang-s).
 `--record FILE` appends the one-line summary (measured/fuzz.txt).
-`GC3_FAULT=...` (runtime_cuda/faults.py) puts known bugs back, to show the
+`GC3_FAULT=...` (runtime_cuda/core/faults.py) puts known bugs back, to show the
 fuzz catches them.
 """
 from __future__ import annotations
@@ -468,7 +468,7 @@ class StreamChanged(RuntimeError):
 
 class VirtualRanksRunner:
     """mode=virtual: one process runs every rank of a catalog algorithm as
-    virtual ranks on one GPU (runtime_cuda.virtual); calls no algorithm
+    virtual ranks on one GPU (runtime_cuda.ranks.virtual); calls no algorithm
     serves are skipped (there is no NCCL to fall back to)."""
 
     def __init__(self, args):
@@ -488,11 +488,10 @@ class VirtualRanksRunner:
         self.groups: Dict[str, object] = {}
 
     def run(self, spec: Spec) -> Outcome:
+        from runtime_cuda.core import abi
         from runtime_cuda.nccl.selection import select
-        from runtime_cuda.small_allreduce import SmallAllreduce
-        from runtime_cuda.virtual import VirtualRanks
-
-        from runtime_cuda import abi
+        from runtime_cuda.ranks.small_allreduce import SmallAllreduce
+        from runtime_cuda.ranks.virtual import VirtualRanks
 
         cp, gpu, st = self.cp, self.gpu, self.streams
         cur = cp.cuda.get_current_stream().ptr   # before any set-up: that must not change it either
@@ -561,7 +560,7 @@ class VirtualRanksRunner:
 def hang(rank: int, seed: int, index: int) -> None:
     """A batch that never finishes: say so, show where the host is, and stop
     (the GPU may be stuck, so nothing after this could be trusted)."""
-    from runtime_cuda.stuck import end_process
+    from runtime_cuda.core.stuck import end_process
 
     end_process(f"rank {rank}: HANG: the batch of seed {seed} starting at call #{index} did not finish; "
                 "host stacks follow")

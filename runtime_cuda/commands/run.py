@@ -130,26 +130,26 @@ def _simulated_case(prog, n, dtype, op, inplace):
 
 
 def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, mode, unproven=False):
-    from runtime_cuda.checking import device_buffers, reference_case, run_checked
+    from runtime_cuda.core.checking import device_buffers, reference_case, run_checked
     from gc3.units import bus_factor, parse_size
-    from runtime_cuda.perf import ROUNDS, in_elems_for, nbytes_of
+    from runtime_cuda.core.perf import ROUNDS, in_elems_for, nbytes_of
     from gc3.dtypes import dtype_info
 
     itemsize = dtype_info(dtype).np.itemsize
     if mode == "ipc":
-        from runtime_cuda.ipc import IpcRanks
+        from runtime_cuda.ranks.ipc import IpcRanks
 
         group = IpcRanks(prog, proto=proto, timeout=timeout)
         where = f"rank {group.rank} of {prog.ngpus} processes"
         lead = group.rank == 0
     elif mode == "peer":
-        from runtime_cuda.peer import PeerRanks
+        from runtime_cuda.ranks.peer import PeerRanks
 
         group = PeerRanks(prog, proto=proto, timeout=timeout)
         where = f"{prog.ngpus} ranks on GPUs {', '.join(map(str, group.devices))} in one process (peer access)"
         lead = True
     else:
-        from runtime_cuda.virtual import VirtualRanks
+        from runtime_cuda.ranks.virtual import VirtualRanks
 
         group = VirtualRanks(prog, proto=proto, timeout=timeout)
         where = f"{prog.ngpus} virtual ranks on one GPU"
@@ -179,8 +179,8 @@ def _run(prog, size, dtype, op, iters, warmup, inplace, proto, check, timeout, m
 def _check_and_time(group, lead, checked, call, report, iters, warmup, check) -> None:
     """The one check-then-time step of `gc3 run`: `checked()` runs one call on seeded data and
     compares it (when `check`), then `warmup` untimed calls of `call()` and timed rounds of `iters`
-    (runtime_cuda.perf.time_rounds), and `report(us per call of the median round)`.  Wrong results raise after the report, so the time is still shown."""
-    from runtime_cuda.perf import time_rounds
+    (runtime_cuda.core.perf.time_rounds), and `report(us per call of the median round)`.  Wrong results raise after the report, so the time is still shown."""
+    from runtime_cuda.core.perf import time_rounds
 
     ok = True
     if check:
@@ -205,8 +205,8 @@ def _check_and_time(group, lead, checked, call, report, iters, warmup, check) ->
 def _run_fused(prog, group, iters, warmup, check, mode):
     """A fused IR: its operator's shapes and dtype are the XML's (--size and --dtype do not
     apply); seeded compute inputs, checked against the unfused reference, then timed."""
-    from runtime_cuda.checking import fused_buffers, fused_case, run_fused, run_fused_checked
-    from runtime_cuda.perf import ROUNDS
+    from runtime_cuda.core.checking import fused_buffers, fused_case, run_fused, run_fused_checked
+    from runtime_cuda.core.perf import ROUNDS
 
     lead = getattr(group, "rank", 0) == 0
     say = click.echo if lead else (lambda *a, **k: None)

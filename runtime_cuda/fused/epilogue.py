@@ -2,7 +2,7 @@
 y = sum over ranks of x_r, then y * scale + bias + residual on every rank, stored as out_dtype.
 
 *Fused*, up to gc3.limits.SMALL_ALLREDUCE_MAX_BYTES of x: one launch of the small-message
-allreduce kernels' epilogue build (kernels/small_allreduce.cu, runtime_cuda/small_allreduce.py):
+allreduce kernels' epilogue build (kernels/small_allreduce.cu, runtime_cuda/ranks/small_allreduce.py):
 the n contributions summed in rank order in fp32, the epilogue applied in fp32 where each rank
 stores its result, rounded once to out_dtype, the same bits on every rank (given the same bias
 and residual).  Its group, scratch sized for that limit, is built on the first such call of a
@@ -24,7 +24,7 @@ from gc3 import limits
 from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error
 
-from .. import streams
+from ..core import streams
 from .memory_bound import (VirtualComm, _allreduce, _check_array, _comm_groups, _failed, _path, _ranks, _where,
                            exchange_of, from_f32, settle, storage, to_f32, value_dtype)
 
@@ -84,7 +84,7 @@ def kernel_kind(nbytes: int, nranks: int) -> str:
 def small_group(comm):
     """The small kernels' group of `comm` for epilogue calls, built on its first use (collective:
     every rank gets here with the same call); its scratch serves calls up to SMALL_MAX_BYTES."""
-    from ..small_allreduce import SmallAllreduce
+    from ..ranks.small_allreduce import SmallAllreduce
 
     groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
     group = groups.get(_GROUP_KEY)
@@ -100,7 +100,7 @@ def small_group(comm):
 def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str) -> str:
     """'' where the fused path serves this call (its group built where it needs one), else why not
     (logged at INFO); raises GC3Error where `path` is "fused" and it cannot."""
-    from ..small_allreduce import EPILOGUE_DTYPES
+    from ..ranks.small_allreduce import EPILOGUE_DTYPES
 
     why = ("path=sequential" if path == "sequential" else "a single rank: nothing to reduce" if nranks < 2
            else "an empty x" if count == 0
@@ -120,7 +120,7 @@ def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str) -> 
 def words(items: Sequence[str], scale: Optional[float], cols: int, nranks: int, biases: Sequence[int],
           residuals: Sequence[int]) -> List[List[int]]:
     """Per rank the epilogue's GC3_EPW_* words, with that rank's bias and residual addresses (0: none)."""
-    from ..tables import pack_epilogue
+    from ..core.tables import pack_epilogue
 
     return [pack_epilogue(items, scale, cols, nranks, b, r) for b, r in zip(biases, residuals)]
 
@@ -135,7 +135,7 @@ def run_kernel(comm, xs: Sequence[int], outs: Sequence[int], count: int, dtype: 
 def run_pass(ys: Sequence[int], outs: Sequence[int], count: int, dtype: str, out_dtype: str,
              epw: Sequence[Sequence[int]], stream: int) -> None:
     """The epilogue as one pass over each rank's allreduced y (above the kernels' limit)."""
-    from ..small_allreduce import epilogue_pass
+    from ..ranks.small_allreduce import epilogue_pass
 
     for y, o, w in zip(ys, outs, epw):
         epilogue_pass(y, o, count, dtype, out_dtype, w, stream)

@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from gc3.errors import GC3Error, InputError
 from gc3 import settings
 
-from runtime_cuda import streams
+from runtime_cuda.core import streams
 from runtime_cuda.nccl.log import get_logger
 
 from .groups import ARRIVE, DONE, ShapeState, VirtualGemmGroup, _Group, _LocalRank

@@ -35,7 +35,7 @@ def matrix(seed: int, rank: int, name: str, shape, dtype: str, stream=None):
     import cupy
     import numpy as np
 
-    from runtime_cuda import streams
+    from runtime_cuda.core import streams
 
     key = [seed, rank, sum(ord(c) * 131 ** i for i, c in enumerate(name)) % (1 << 31)]
     with streams.current(stream if stream is not None else cupy.cuda.get_current_stream()):

@@ -39,8 +39,8 @@ from typing import Deque, List, NamedTuple, Optional, Tuple
 
 from gc3.errors import GC3Error, InputError, RuntimeTimeoutError
 from gc3 import settings
-from runtime_cuda import streams
-from runtime_cuda.stuck import end_process
+from runtime_cuda.core import streams
+from runtime_cuda.core.stuck import end_process
 
 DEFAULT_TIMEOUT_S = settings.default("GC3_FUSED_TIMEOUT")
 KERNELS = ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns", "gc3_stamp")

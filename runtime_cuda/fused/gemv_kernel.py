@@ -1,7 +1,7 @@
 """GEMV + AllReduce as one launch on every SM (kernels/gemv_allreduce.cu, which says
 how): y = sum over ranks of x_r [batch, K] @ w_r [K, N], identical bits on every rank.
 
-A group holds the small-message kernels' scratch (runtime_cuda.small_allreduce:
+A group holds the small-message kernels' scratch (runtime_cuda.ranks.small_allreduce:
 one allocation per rank, mapped by the peers once, the call number on the
 device), sized for the largest partial it serves, SCRATCH_BYTES.  A call passes
 its addresses by value in the launch's parameters, so nothing is uploaded or
@@ -18,9 +18,9 @@ from gc3 import limits
 from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error
 
-from .. import abi, module, streams
-from ..launcher import CommunicatorBroken, _blocks_per_sm
-from ..small_allreduce import THREADS, SmallAllreduce
+from ..core import abi, module, streams
+from ..core.launcher import CommunicatorBroken, _blocks_per_sm
+from ..ranks.small_allreduce import THREADS, SmallAllreduce
 
 KERNEL_NAME = "gc3_gemv_allreduce"
 SPLITK_KERNEL_NAME = "gc3_gemv_allreduce_splitk"

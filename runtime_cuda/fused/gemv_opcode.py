@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Mapping, Optional, Tuple
 
-from .. import module
+from ..core import module
 from .memory_bound import storage, value_dtype
 
 _KERNEL = "gc3_gemv_opcode"

@@ -18,8 +18,8 @@ from typing import Any, Dict, Hashable, List, Optional
 
 from gc3.errors import GC3Error
 
-from runtime_cuda import streams
-from runtime_cuda.ipc import _LAZY_PEER_ACCESS, _RawBuffer
+from runtime_cuda.core import streams
+from runtime_cuda.ranks.ipc import _LAZY_PEER_ACCESS, _RawBuffer
 
 from .gemm_signal import Trace, Watchdog, trace_enabled
 

@@ -12,7 +12,7 @@ Ranks.  `comm` is a communicator of the drop-in
 (`runtime_cuda.nccl.NcclCommunicator`, one rank per process: the fused kernel or program
 is set up over the communicator's own rendezvous, so every rank must make the same calls
 in the same order), or `VirtualComm(n)`: n ranks in this process on this GPU
-(`runtime_cuda.virtual`), each array argument then a list of n arrays, rank r's at index r.
+(`runtime_cuda.ranks.virtual`), each array argument then a list of n arrays, rank r's at index r.
 
 Types: bfloat16, float16, float32 values (indices and offsets int32).  CuPy
 has no bfloat16, so a uint16 array is read as bfloat16.
@@ -39,9 +39,9 @@ from typing import Dict, List, Optional, Tuple
 from gc3 import algorithms
 from gc3.errors import GC3Error
 
-from .. import streams
+from ..core import streams
 from ..nccl.log import get_logger
-from ..tables import COMPUTE_DTYPES
+from ..core.tables import COMPUTE_DTYPES
 
 PATHS = ("auto", "fused", "sequential")
 DEFAULT_MAX_BLOCK_BYTES = 1 << 20
@@ -269,8 +269,8 @@ def exchange_of(comm):
 
 def _group(comm, algo: str, args: tuple, dtype: str):
     """The launch group of a fused program for `comm` (built on first use, collectively), or raise."""
-    from ..ipc import IpcRanks
-    from ..virtual import VirtualRanks
+    from ..ranks.ipc import IpcRanks
+    from ..ranks.virtual import VirtualRanks
 
     key = (algo, args, dtype)
     groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})

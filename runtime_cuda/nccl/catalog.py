@@ -35,7 +35,7 @@ JSON schema (``GC3_CONFIG`` *.json and ``ir_samples/index.json``)::
         "root": 0,                             # broadcast/reduce root the IR was built for
         "name": "label for logs"},
        {"kernel": "oneshot",                   # instead of "file": a dedicated small-message
-        "collective": "allreduce",             #   kernel (runtime_cuda/small_allreduce.py): allreduce
+        "collective": "allreduce",             #   kernel (runtime_cuda/ranks/small_allreduce.py): allreduce
         "ranks": 2,                            #   "oneshot" or "twoshot", allgather and reducescatter
         "max_bytes": "256KiB"}],               #   "oneshot" (gc3.limits.SMALL_KERNELS; no collective:
                                                #   allreduce); ranks required; it serves in and out of
@@ -345,7 +345,7 @@ def _candidate(path: Path, origin: str, s: _Settings, cache: Optional[Path] = No
     if prog.fused:
         raise CatalogEntryError(f"{path}: a fused IR ({prog.compute.op} + {prog.coll}) is no NCCL call's algorithm: "
                                 f"its compute steps read inputs that no NCCL call passes (runtime_cuda.fused runs it)")
-    from ..tables import refuse_not_on_device
+    from ..core.tables import refuse_not_on_device
     try:
         refuse_not_on_device(prog)
     except GC3Error as exc:

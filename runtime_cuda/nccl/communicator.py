@@ -21,8 +21,8 @@ from collections import Counter
 from typing import Dict, List, Tuple
 
 from gc3.errors import CommunicatorError
-from runtime_cuda import faults
-from runtime_cuda.streams import LASTING, StreamOrder
+from runtime_cuda.core import faults
+from runtime_cuda.core.streams import LASTING, StreamOrder
 
 from .arrays import ArrayCollectives, is_array
 from .backend import make_backend, unavailable_backend
@@ -449,7 +449,7 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
             return
 
     def prepared_launch(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0):
-        """The kernel launch (runtime_cuda.launcher.Launch) that a repeat of exactly this
+        """The kernel launch (runtime_cuda.core.launcher.Launch) that a repeat of exactly this
         call issues, once gc3 has served it; None when it has not (not called yet, served
         by NCCL, avg, or GC3_DEBUG=TRACE, which takes every call through selection).
         For measuring the drop-in's host path against a bare launch of the same kernel."""
@@ -458,7 +458,7 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
 
     def prepared_reissue(self, coll: str, sendbuf, recvbuf, count, datatype, op, stream, root=0):
         """What a repeat of exactly this call runs under the communicator's own lookup
-        (runtime_cuda.group.Reissue, called with the stream handle), or None as above."""
+        (runtime_cuda.core.group.Reissue, called with the stream handle), or None as above."""
         hit = self._repeats.get((coll, sendbuf, recvbuf, count, datatype, op, stream, root))
         return None if hit is None else hit[2]
 

@@ -42,7 +42,7 @@ class Dispatcher:
         self.selector = selector
         self.nccl = nccl
         self.gc3 = gc3
-        # runtime_cuda.streams.StreamOrder: the communicator's calls, gc3's and
+        # runtime_cuda.core.streams.StreamOrder: the communicator's calls, gc3's and
         # NCCL's alike, run in issue order whatever streams they come on.
         self.order = order
 

@@ -95,7 +95,7 @@ class NcclFallback:
             else:
                 import cupy
 
-                from runtime_cuda import streams
+                from runtime_cuda.core import streams
                 # Allocated under the call's stream so cupy's pool reuses it only
                 # for work ordered after this call on that stream (and without
                 # `with stream:`, which would reset the caller's current stream).

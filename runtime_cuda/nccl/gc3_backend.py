@@ -1,4 +1,4 @@
-"""gc3's CUDA runtime behind the communicator: one `runtime_cuda.ipc.IpcRanks`
+"""gc3's CUDA runtime behind the communicator: one `runtime_cuda.ranks.ipc.IpcRanks`
 launch group per selected algorithm, set up on its first call.
 
 The rendezvous is the communicator's exchange: its own NCCL communicator
@@ -22,7 +22,7 @@ from .catalog import Candidate
 from .selection import Decision
 
 if TYPE_CHECKING:
-    from runtime_cuda.group import CollectiveGroup
+    from runtime_cuda.core.group import CollectiveGroup
 
 
 def _kernel_op(call: Call) -> str:
@@ -44,8 +44,9 @@ class Gc3Backend:
     def __init__(self, exchange, rank: int, size: int, device: int, catalog=None):
         # Imported here so that a machine without the runtime's dependencies
         # gets an `Unavailable` backend from make_backend instead of an error.
-        from runtime_cuda import abi, binding, launcher, small_allreduce, tables
-        from runtime_cuda.ipc import IpcRanks
+        from runtime_cuda.core import abi, binding, launcher, tables
+        from runtime_cuda.ranks import small_allreduce
+        from runtime_cuda.ranks.ipc import IpcRanks
 
         self._abi, self._binding, self._launcher, self._tables_mod = abi, binding, launcher, tables
         self._IpcRanks = IpcRanks
@@ -115,12 +116,12 @@ class Gc3Backend:
         if c.coll in REDUCING and c.op_name == "avg" and (c.coll != "reduce" or c.rank == c.root):
             # A catalog program is a plain sum program: avg is its sum, then NCCL's division
             # in a second pass on the same stream (only where the call defines the output).
-            from runtime_cuda import avg
+            from runtime_cuda.core import avg
             avg.divide(c.recvbuf, c.out_elems, c.dtype_name, c.nranks, c.stream)
 
     def reissue(self, decision: Decision):
         """The call `run` just issued, bound for repeats that skip selection and set-up
-        (runtime_cuda.group.Reissue), or None where a repeat must take the full path:
+        (runtime_cuda.core.group.Reissue), or None where a repeat must take the full path:
         avg, whose division pass runs here, not in the group."""
         c = decision.call
         group = self._groups.get(_key(decision.candidate))

@@ -45,7 +45,7 @@ class HostStagedNccl(CommunicatorSurface):
 
     def _not_capturing(self, stream: int) -> None:
         from gc3.errors import CommunicatorError
-        from runtime_cuda.streams import is_capturing
+        from runtime_cuda.core.streams import is_capturing
 
         if is_capturing(stream):
             raise CommunicatorError(

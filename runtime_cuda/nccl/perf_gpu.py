@@ -22,7 +22,7 @@ untimed: an idle GPU and CPU take that long to reach their clocks, and without i
 the first sizes of a sweep read 2-3 us slow for every implementation alike.
 
 The caller's current CuPy stream is never changed for longer than the data
-set-up and check, and is restored afterwards (runtime_cuda.streams.current).
+set-up and check, and is restored afterwards (runtime_cuda.core.streams.current).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from runtime_cuda import streams, stuck
-from runtime_cuda.perf import ROUNDS, time_rounds
+from runtime_cuda.core import streams, stuck
+from runtime_cuda.core.perf import ROUNDS, time_rounds
 
 from . import datacheck
 from .call import REDUCING, Call

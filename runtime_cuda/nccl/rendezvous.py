@@ -70,7 +70,7 @@ class NcclExchange(_BytesExchange):
         import cupy
         import numpy as np
 
-        from runtime_cuda import streams
+        from runtime_cuda.core import streams
 
         # The private set-up stream, synchronized before returning: the
         # exchange is a blocking host operation.  Never `with stream:` here

@@ -177,7 +177,7 @@ def index_entry(sample: Sample, traced, prog) -> dict:
     return entry
 
 
-# The dedicated small-message allreduce kernels (runtime_cuda/small_allreduce.py) lead the index
+# The dedicated small-message allreduce kernels (runtime_cuda/ranks/small_allreduce.py) lead the index
 # at these rank counts, ahead of the IR allreduces, up to KERNEL_TOP: one-shot up to the size
 # where the cost model's two-shot becomes cheaper, two-shot from there.  2 ranks: measured on
 # 2x H200 (2026-11-23, one block per 4 KiB up to 128): one-shot beats NCCL and the ring up to

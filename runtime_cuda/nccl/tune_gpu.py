@@ -1,8 +1,8 @@
 """The measuring `Timer` of `gc3 tune` (runtime_cuda.nccl.tune.Timer): under
 mpirun, one process per rank; processes may share a GPU.
 
-Each candidate runs on a launch group of its own (runtime_cuda.ipc.IpcRanks, or
-runtime_cuda.small_allreduce.SmallAllreduce for the small-message kernels),
+Each candidate runs on a launch group of its own (runtime_cuda.ranks.ipc.IpcRanks, or
+runtime_cuda.ranks.small_allreduce.SmallAllreduce for the small-message kernels),
 set up collectively when it is first timed and closed when the tune moves on
 to the next collective.  Every (candidate, size, placement) is checked on data
 first and then timed, by the method of `gc3 bench` (perf_gpu.run_case:
@@ -136,7 +136,7 @@ class MeasuredTimer:
     def _serves(self, group, cand: Variant, nbytes: int) -> bool:
         """Whether this size splits into the program's chunks and tiles (the
         same answer on every rank: it depends on the program alone)."""
-        from runtime_cuda.binding import call_shape
+        from runtime_cuda.core.binding import call_shape
 
         from .constants import DTYPE_CODES, ITEMSIZE
 
@@ -144,7 +144,7 @@ class MeasuredTimer:
         if not elems:
             return False
         if cand.kernel:
-            from runtime_cuda.small_allreduce import refusal
+            from runtime_cuda.ranks.small_allreduce import refusal
             return refusal(DTYPE, "sum", elems, limits.SMALL_ALLREDUCE_MAX_BYTES, cand.collective,
                            self.host.size) is None
         try:
@@ -155,8 +155,8 @@ class MeasuredTimer:
 
     # -- launch groups -------------------------------------------------------------
     def _group(self, cand: Variant):
-        from runtime_cuda.ipc import IpcRanks
-        from runtime_cuda.small_allreduce import SmallAllreduce
+        from runtime_cuda.ranks.ipc import IpcRanks
+        from runtime_cuda.ranks.small_allreduce import SmallAllreduce
 
         if cand.collective != self._coll:       # the tune moved on: free the last collective's groups
             self.close()

@@ -179,7 +179,7 @@ def _fused_call(pg, tensors: Sequence[torch.Tensor], what: str):
     (named so as not to read as `with stream:`, which tests/test_dropin_streams.py bans)."""
     import cupy
 
-    from runtime_cuda import streams
+    from runtime_cuda.core import streams
 
     pg._cuda(list(tensors), what)
     ptr = torch.cuda.current_stream(pg._device).cuda_stream

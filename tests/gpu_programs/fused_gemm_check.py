@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import cupy as cp  # noqa: E402
 
 from gc3.errors import GC3Error, RuntimeTimeoutError  # noqa: E402
-from runtime_cuda import streams  # noqa: E402
+from runtime_cuda.core import streams  # noqa: E402
 from runtime_cuda.fused import (IpcGemmGroup, VirtualGemmGroup, all_gather_gemm, gemm_all_reduce,  # noqa: E402
                                 gemm_all_to_all, gemm_reduce_scatter, gemm_signal)
 from runtime_cuda.fused import gemm_reference as ref  # noqa: E402

@@ -1,7 +1,7 @@
 """The small-message allreduce kernels under `mpirun -np N`, one rank per
 process (processes may share one GPU; CUDA IPC between them).
 
-1. runtime_cuda.small_allreduce.SmallAllreduce.ipc directly: every dtype,
+1. runtime_cuda.ranks.small_allreduce.SmallAllreduce.ipc directly: every dtype,
    sum/max/avg, both kernels, odd counts up to the largest served, in and out
    of place, buffers offset by one element.
 2. Through the drop-in (NcclCommunicator.from_mpi, a catalog naming the two
@@ -28,8 +28,8 @@ from mpi4py import MPI  # noqa: E402
 
 import small_cases as cases  # noqa: E402
 from gc3 import limits  # noqa: E402
-from runtime_cuda import avg  # noqa: E402
-from runtime_cuda.small_allreduce import SmallAllreduce  # noqa: E402
+from runtime_cuda.core import avg  # noqa: E402
+from runtime_cuda.ranks.small_allreduce import SmallAllreduce  # noqa: E402
 
 comm = MPI.COMM_WORLD
 rank, n = comm.rank, comm.size

@@ -7,7 +7,7 @@ every rank in its own process (ranks may share one GPU):
   reference no larger than the sequential path's, and the same bits on every rank;
 - CUDA-graph capture of the fused path (up to 2 MiB), replayed on new input values;
 - back-to-back calls of alternating sizes and types with no synchronisation;
-- the shifted-peer hook (runtime_cuda.small_allreduce.SHIFT_PEERS) gives a result the check rejects;
+- the shifted-peer hook (runtime_cuda.ranks.small_allreduce.SHIFT_PEERS) gives a result the check rejects;
 - x is left unchanged.
 
     python torch_epilogue.py RANK WORLD STORE_PATH
@@ -161,7 +161,7 @@ passed("back to back alternating sizes")
 
 # Negative control: the kernels' shifted-peer hook must fail the same check (a shape no earlier
 # call used, so its launch is prepared, and built, with the hook on).
-from runtime_cuda import small_allreduce  # noqa: E402
+from runtime_cuda.ranks import small_allreduce  # noqa: E402
 for shape in ((3, 333), (1000, 333)):
     a, ref = operands(200, shape, torch.bfloat16, TERMS[-1]), reference(200, shape, torch.bfloat16, TERMS[-1])
     seq = run(a, None, "sequential")

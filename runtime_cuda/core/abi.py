@@ -8,7 +8,8 @@ from typing import Dict
 from gc3.dtypes import DTYPES
 from gc3.ir.opcodes import DEVICE_OPCODES
 
-from . import KERNEL_DIR
+from .. import KERNEL_DIR
+
 _DEFINE = re.compile(r"^#define\s+(GC3_[A-Z0-9_]+)\s+\(?(-?\d+)\)?", re.M)
 
 

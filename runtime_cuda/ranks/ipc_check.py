@@ -1,6 +1,6 @@
 """Data-checks XML programs with one process per GPU:
 
-    mpirun --allow-run-as-root -np 2 python3 -m runtime_cuda.ipc_check a.xml [b.xml ...] [--quick | --large]
+    mpirun --allow-run-as-root -np 2 python3 -m runtime_cuda.ranks.ipc_check a.xml [b.xml ...] [--quick | --large]
         [--proto=PROTO] [--dtypes=D1,D2,...]
 
 Runs each program for sizes from one lane per chunk to tens of MiB, uneven
@@ -25,7 +25,7 @@ from gc3.dtypes import DTYPES
 from gc3.errors import GC3Error, RuntimeTimeoutError
 from gc3.ir.xml_io import read_xml
 
-from .checking import LARGE_BYTES, CheckResult, geometry, large_cases, recommended_max_bytes, run_checked
+from ..core.checking import LARGE_BYTES, CheckResult, geometry, large_cases, recommended_max_bytes, run_checked
 from .ipc import IpcRanks
 
 OPS = ("sum", "prod", "max", "min")

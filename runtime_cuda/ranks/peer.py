@@ -15,11 +15,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 from gc3.errors import GC3Error, RuntimeTimeoutError
 from gc3.ir import Program
 
-from . import streams, tables as tables_mod
-from .connections import control_words, rank_layout, records
-from .group import LaunchGroup, PreparedCall
-from .launcher import Executor, PREPARED_CALLS_MAX, abort_words, runtime_protocol
-from .tables import Tables
+from ..core import streams, tables as tables_mod
+from ..core.connections import control_words, rank_layout, records
+from ..core.group import LaunchGroup, PreparedCall
+from ..core.launcher import Executor, PREPARED_CALLS_MAX, abort_words, runtime_protocol
+from ..core.tables import Tables
 
 _PEER_ACCESS_ALREADY_ENABLED = 704   # cudaErrorPeerAccessAlreadyEnabled
 

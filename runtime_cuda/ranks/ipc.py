@@ -9,10 +9,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from gc3.errors import GC3Error
 from gc3.ir import Program
 
-from . import streams, tables as tables_mod
-from .connections import CONTROL_ABORT, control_words, rank_layout, records
-from .group import LaunchGroup
-from .launcher import Executor, runtime_protocol
+from ..core import streams, tables as tables_mod
+from ..core.connections import CONTROL_ABORT, control_words, rank_layout, records
+from ..core.group import LaunchGroup
+from ..core.launcher import Executor, runtime_protocol
 
 _LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 

@@ -11,7 +11,7 @@ every rank in one launch on one GPU).  The call number lives on the device
 (per-block counters in the scratch header), so the kernels' arguments never
 change between calls and a captured launch replays as a new call.
 
-avg is the sum kernel then runtime_cuda.avg's division pass (the caller's).
+avg is the sum kernel then runtime_cuda.core.avg's division pass (the caller's).
 
 The same kernel built with the epilogue (`run_ptrs(..., epilogue=[per rank words],
 out_dtype=)`) applies y * scale + bias + residual where each rank stores its result,
@@ -30,9 +30,9 @@ from gc3 import limits
 from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error, LimitError
 
-from . import abi, module, streams
-from .launcher import CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_per_sm, gpu_wait_timeout_s
-from .streams import StreamOrder
+from ..core import abi, module, streams
+from ..core.launcher import CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_per_sm, gpu_wait_timeout_s
+from ..core.streams import StreamOrder
 
 KERNEL_NAME = "gc3_small_allreduce"
 KINDS = {("allreduce", "oneshot"): abi.C["GC3_SA_ONESHOT"], ("allreduce", "twoshot"): abi.C["GC3_SA_TWOSHOT"],
@@ -82,7 +82,7 @@ def refusal(dtype: str, op: str, in_elems: int, max_bytes: int = limits.SMALL_AL
         return f"no build for {name} (have {', '.join(abi.DTYPE)})"
     info = dtype_info(name)
     if op not in abi.REDOP:
-        return f"no {op!r} reduction (have {', '.join(abi.REDOP)}; avg is sum followed by runtime_cuda.avg.divide)"
+        return f"no {op!r} reduction (have {', '.join(abi.REDOP)}; avg is sum followed by runtime_cuda.core.avg.divide)"
     nbytes = in_elems * info.np.itemsize
     if in_elems < 1 or nbytes > max_bytes:
         return f"{in_elems} elements of {info.name} ({nbytes} B); the scratch serves 1 element to {max_bytes} B"
@@ -135,7 +135,7 @@ def epilogue_pass(y: int, out: int, count: int, dtype: str, out_dtype: str, word
                   stream: int) -> None:
     """out = epilogue(y) over `count` elements on `stream`: y of `dtype`, out of `out_dtype`
     (out may be y itself where they are the same type); `words`: one rank's GC3_EPW_* words
-    (runtime_cuda.tables.pack_epilogue)."""
+    (runtime_cuda.core.tables.pack_epilogue)."""
     import cupy
 
     why = epilogue_refusal(dtype, "sum", "allreduce", out_dtype)
@@ -178,7 +178,7 @@ class _Launch:
         """As launcher.Launch.driver_calls: a plain launch only."""
         return self._launch, None, self.params_ptr
 
-    # What runtime_cuda.group.Reissue reads of a prepared call: no copies around the launch.
+    # What runtime_cuda.core.group.Reissue reads of a prepared call: no copies around the launch.
     pre = post = ()
 
     @property
@@ -410,7 +410,7 @@ class SmallAllreduce:
         """Enqueue one `coll` (allreduce by default) of `in_elems` input elements per
         rank on raw device addresses (one per rank of the group), on `stream`; a
         capturing stream captures it.  Everything but the launch is cached per call.
-        `epilogue`: per rank its GC3_EPW_* words (runtime_cuda.tables.pack_epilogue), applied
+        `epilogue`: per rank its GC3_EPW_* words (runtime_cuda.core.tables.pack_epilogue), applied
         at the final store, which holds `out_dtype` (default: dtype)."""
         ptr = streams.handle(stream)
         captured = streams.is_capturing(ptr)
@@ -432,8 +432,8 @@ class SmallAllreduce:
 
     def reissue(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                 kind: str = "oneshot", coll: str = "allreduce"):
-        """The drop-in's repeat path (runtime_cuda.group.Reissue) for a call run_ptrs made, or None."""
-        from .group import Reissue
+        """The drop-in's repeat path (runtime_cuda.core.group.Reissue) for a call run_ptrs made, or None."""
+        from ..core.group import Reissue
 
         call = self._prepared.get((tuple(in_ptrs), tuple(out_ptrs), in_elems, dtype, op, kind, coll, None, None))
         return None if call is None else Reissue(self, call)

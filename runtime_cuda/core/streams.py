@@ -54,7 +54,7 @@ def capture_query():
     """The runtime's cudaStreamIsCapturing as CuPy wraps it, bound once: called
     with a stream handle, it answers the capture status (0: not capturing;
     otherwise capturing, or a capture invalidated).  For a caller that binds it
-    for every call (runtime_cuda.group.Reissue) and itself rules out the legacy
+    for every call (runtime_cuda.core.group.Reissue) and itself rules out the legacy
     stream, on which the query is an error while another stream captures."""
     global _capture_status
     if _capture_status is None:

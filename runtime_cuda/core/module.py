@@ -8,6 +8,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from gc3 import limits, settings
 
+from .. import KERNEL_DIR
 from . import abi
 
 KERNEL_NAME = "gc3_interpreter"
@@ -24,7 +25,7 @@ def source(entry: str = "interpreter.cu") -> str:
         if name in seen:
             return ""
         seen.add(name)
-        text = (abi.KERNEL_DIR / name).read_text()
+        text = (KERNEL_DIR / name).read_text()
         return _INCLUDE.sub(lambda m: expand(m.group(1)), text.replace("#pragma once", ""))
 
     return expand(entry)
@@ -52,7 +53,7 @@ GEMV_LEVELS = ({"GC3_CMP_INFLIGHT": 64, "GC3_CMP_MMA_INFLIGHT": 64, "GC3_CMP_MMA
 @functools.lru_cache(maxsize=None)
 def gemv_defaults() -> Dict[str, int]:
     """Each tunable's default, as prims_compute.cuh defines it (#ifndef NAME / #define NAME value)."""
-    text = (abi.KERNEL_DIR / "prims_compute.cuh").read_text()
+    text = (KERNEL_DIR / "prims_compute.cuh").read_text()
     found = {}
     for name in GEMV_TUNABLES:
         m = re.search(rf"^#ifndef {name}\n#define {name} (\d+)$", text, re.M)

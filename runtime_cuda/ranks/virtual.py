@@ -8,10 +8,10 @@ from typing import Optional
 
 from gc3.ir import Program
 
-from . import streams, tables as tables_mod
-from .connections import control_words, rank_layout, records
-from .group import LaunchGroup
-from .launcher import Executor, runtime_protocol
+from ..core import streams, tables as tables_mod
+from ..core.connections import control_words, rank_layout, records
+from ..core.group import LaunchGroup
+from ..core.launcher import Executor, runtime_protocol
 
 
 class VirtualRanks(LaunchGroup):
