@@ -78,9 +78,20 @@ def test_gc3_cli_lists_the_runtime_commands():
 def test_readme_stage_table_matches_the_folders():
     text = (ROOT / "README.md").read_text()
     table = text[text.index("## How it is built"):text.index("## Where a chunk goes")]
-    named = {m.rstrip("/") for m in re.findall(r"^\| `(gc3/\w*/?|runtime_cuda/)`", table, re.M)}
-    folders = {f"gc3/{p.parent.name}" for p in (ROOT / "gc3").glob("*/__init__.py")} | {"gc3", "runtime_cuda"}
-    assert named == folders
+    named = {m.rstrip("/") for m in re.findall(r"^\| `((?:gc3|runtime_cuda)/\w*/?)`", table, re.M)}
+    folders = {f"{pkg}/{p.parent.name}" for pkg in PACKAGES for p in (ROOT / pkg).glob("*/__init__.py")}
+    assert named == folders | {"gc3", "runtime_cuda", "runtime_cuda/kernels"}
+
+
+def test_readme_names_every_module_of_the_runtime_folders():
+    """The stage table's rows for runtime_cuda/core/, runtime_cuda/ranks/ and runtime_cuda/ (root)
+    name each module there, so the table is the tree."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## How it is built"):text.index("## Where a chunk goes")]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(runtime_cuda/\w*/?)`[^|]*\|(.*)$", table, re.M)}
+    for folder in ("runtime_cuda/core/", "runtime_cuda/ranks/", "runtime_cuda/"):
+        files = {p.name for p in (ROOT / folder).glob("*.py")} - {"__init__.py"}
+        assert sorted(f for f in files if f"`{f}`" not in rows[folder]) == [], folder
 
 
 def test_runtime_commands_without_installed_metadata(monkeypatch):

@@ -1,7 +1,8 @@
 """Import direction, read from the source (every import, those inside functions too): within
 gc3 the stages import in pipeline order, ir -> dsl -> compiler -> verify -> toolchain (the
 lowering users call, which needs the verifier) -> simulator -> cli (a module imports its own
-stage or a lower one), gc3 never imports runtime_cuda, and no two top-level subpackages import
+stage or a lower one), gc3 never imports runtime_cuda, within runtime_cuda the layers import
+core -> ranks -> nccl, fused -> torch_dist, commands, and no two top-level subpackages import
 each other in a circle.  Today's exceptions are listed with their
 reason, so that only a new one fails."""
 import ast
@@ -23,6 +24,27 @@ KNOWN_UPWARD = {
 }
 # Circles of top-level subpackages that exist today, each with its reason.
 KNOWN_CIRCLES = {}
+
+# runtime_cuda's layers, lowest first: core/ (the kernel ABI and build, device tables,
+# connections, the launch and the launch group's call path, streams) -> ranks/ (the ways ranks
+# run on core's launch group: virtual, CUDA IPC, peer access, and the small-message kernels'
+# group) -> nccl/ (the drop-in) and fused/ (the fused operators), which serve calls on ranks ->
+# torch_dist/ (the torch.distributed backend) and commands/ (the gc3 subcommands), which use
+# all of them.  kernels/ holds the CUDA sources, no Python.  A new subpackage must be placed here.
+RUNTIME_LAYER = {"core": 1, "ranks": 2, "nccl": 3, "fused": 3, "torch_dist": 4, "commands": 4}
+# The package's root, each module placed on its own (a new one must be placed here too).
+RUNTIME_ROOT_LAYER = {
+    "__init__": 0,      # the package root and measured/'s location: below everything
+    "auto": 3,          # swaps runtime_cuda.nccl in under cupy.cuda.nccl: the drop-in's layer
+    "candidates": 4,    # the sweep's program configurations, compiled through the drop-in's library
+    "calibrate": 4,     # `gc3 calibrate`: fits the cost model to the sweeps of those candidates
+    "startup": 4,       # the interpreter-start hook: installs auto and the torch hook
+    "__main__": 4,      # `python -m runtime_cuda`: the gc3 command with the runtime's commands
+}
+# At most this many modules at runtime_cuda's root (not counting __init__ and __main__).
+RUNTIME_ROOT_MAX = 8
+# (importing module, imported layer's folder or root module): why it is allowed for now.
+KNOWN_RUNTIME_UPWARD = {}
 
 
 def modules(package: str):
@@ -73,7 +95,7 @@ def upward(pairs):
 
 def top(module: str) -> str:
     """The top-level subpackage (gc3.ir, runtime_cuda.nccl); a module at a package's root
-    (gc3.errors, runtime_cuda.core.launcher) stands for itself."""
+    (gc3.errors, runtime_cuda.auto) stands for itself."""
     return ".".join(module.split(".")[:2])
 
 
@@ -98,6 +120,33 @@ def circles(pairs):
 
 
 EDGES = list(edges())
+RUNTIME_MODULES = {name for name, _, _ in modules("runtime_cuda")}
+
+
+def runtime_place(module: str, known=None) -> str:
+    """The folder (core, nccl, ...) or root module (auto, __init__) of a runtime_cuda module;
+    a name a package binds (`from .. import KERNEL_DIR`) is its package's."""
+    known = RUNTIME_MODULES if known is None else known
+    while module not in known and "." in module:
+        module = module.rsplit(".", 1)[0]
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1]
+
+
+def runtime_layer(module: str, known=None) -> int:
+    place = runtime_place(module, known)
+    return RUNTIME_LAYER[place] if place in RUNTIME_LAYER else RUNTIME_ROOT_LAYER[place]
+
+
+def runtime_upward(pairs, known=None):
+    found = {}
+    for src, dst in pairs:
+        if src.startswith("runtime_cuda") and dst.startswith("runtime_cuda") \
+                and runtime_layer(dst, known) > runtime_layer(src, known):
+            found.setdefault((src, runtime_place(dst, known)), dst)
+    return found
 
 
 def test_gc3_stages_import_in_pipeline_order():
@@ -130,6 +179,51 @@ def test_gc3_never_imports_runtime_cuda():
 
 def test_no_circles_between_top_level_subpackages():
     assert {g for g in circles(EDGES) if g not in KNOWN_CIRCLES} == set()
+
+
+def test_runtime_layers_import_downward():
+    found = runtime_upward(EDGES)
+    assert sorted(set(found) - set(KNOWN_RUNTIME_UPWARD)) == []
+
+
+def test_known_runtime_exceptions_still_exist():
+    assert sorted(set(KNOWN_RUNTIME_UPWARD) - set(runtime_upward(EDGES))) == []
+
+
+def test_every_runtime_folder_and_root_module_has_a_layer():
+    folders = {p.parent.name for p in (ROOT / "runtime_cuda").glob("*/__init__.py")}
+    roots = {p.stem for p in (ROOT / "runtime_cuda").glob("*.py")}
+    assert folders == set(RUNTIME_LAYER)
+    assert roots == set(RUNTIME_ROOT_LAYER)
+    assert max(RUNTIME_ROOT_LAYER.values()) <= max(RUNTIME_LAYER.values())
+
+
+def test_runtime_root_holds_few_modules():
+    roots = {p.stem for p in (ROOT / "runtime_cuda").glob("*.py")} - {"__init__", "__main__"}
+    assert len(roots) <= RUNTIME_ROOT_MAX, sorted(roots)
+
+
+def test_runtime_kernels_hold_no_python():
+    """kernels/ is the CUDA sources, package data: the Python that builds them is core's."""
+    assert sorted((ROOT / "runtime_cuda" / "kernels").rglob("*.py")) == []
+    assert not (ROOT / "runtime_cuda" / "kernels" / "__init__.py").exists()
+
+
+def test_a_new_runtime_violation_is_found():
+    known = {"runtime_cuda", "runtime_cuda.core", "runtime_cuda.core.tables", "runtime_cuda.ranks",
+             "runtime_cuda.ranks.ipc", "runtime_cuda.nccl", "runtime_cuda.nccl.catalog", "runtime_cuda.auto",
+             "runtime_cuda.commands", "runtime_cuda.commands.run"}
+    assert runtime_upward([("runtime_cuda.core.tables", "runtime_cuda.ranks.ipc")], known) == {
+        ("runtime_cuda.core.tables", "ranks"): "runtime_cuda.ranks.ipc"}
+    assert runtime_upward([("runtime_cuda.ranks.ipc", "runtime_cuda.auto")], known) == {
+        ("runtime_cuda.ranks.ipc", "auto"): "runtime_cuda.auto"}
+    assert runtime_upward([("runtime_cuda.nccl.catalog", "runtime_cuda.commands.run")], known)
+    assert not runtime_upward([("runtime_cuda.commands.run", "runtime_cuda.nccl.catalog"),
+                               ("runtime_cuda.core.tables", "runtime_cuda.KERNEL_DIR"),
+                               ("runtime_cuda.ranks.ipc", "runtime_cuda.core.tables")], known)
+    assert circles([("runtime_cuda.core.tables", "runtime_cuda.ranks.ipc"),
+                    ("runtime_cuda.ranks.ipc", "runtime_cuda.core.abi")]) == {
+        frozenset({"runtime_cuda.core", "runtime_cuda.ranks"})}
 
 
 def test_a_new_violation_is_found():

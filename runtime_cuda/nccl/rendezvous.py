@@ -74,7 +74,7 @@ class NcclExchange(_BytesExchange):
 
         # The private set-up stream, synchronized before returning: the
         # exchange is a blocking host operation.  Never `with stream:` here
-        # (streams.py says why).
+        # (core/streams.py says why).
         stream = streams.setup_stream()
         if self._order is not None:
             self._order.enter(stream.ptr)
