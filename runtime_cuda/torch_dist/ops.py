@@ -115,14 +115,19 @@ def _mkn(A: torch.Tensor, B: torch.Tensor) -> dict:
 _CHOICES_KEPT = 4096
 
 
+def _decision_context() -> Tuple:
+    """What changes a kept decision besides the call itself: the two variables choice.choose
+    reads, and choice.generation (choice.forget())."""
+    env = os.environ
+    return env.get("GC3_FUSED"), env.get("GC3_CONFIG"), choice.generation
+
+
 def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int],
             like: torch.Tensor):
     """The measured choice for this shape, in the catalog the group's communicator serves.
     Kept on the group per call signature, the two variables that change the answer and
     choice.generation (choice.forget())."""
-    env = os.environ
-    key = (op, dtype, tuple(shape.items()), path, chunks, env.get("GC3_FUSED"), env.get("GC3_CONFIG"),
-           choice.generation)
+    key = (op, dtype, tuple(shape.items()), path, chunks) + _decision_context()
     kept = pg.__dict__.get("_gc3_choices")
     if kept is None:
         kept = pg.__dict__["_gc3_choices"] = {}
@@ -354,9 +359,7 @@ def _gemv_launch(group, x: torch.Tensor, w: torch.Tensor, dtype: str, index: int
 
 def _repeat_key(x: torch.Tensor, w: torch.Tensor, path: Optional[str]) -> Tuple:
     """What a fused call's decision depends on, besides contiguity (checked every call)."""
-    env = os.environ
-    return (x.shape, w.shape, x.dtype, w.dtype, x.device, w.device, path, env.get("GC3_FUSED"),
-            env.get("GC3_CONFIG"), choice.generation)
+    return (x.shape, w.shape, x.dtype, w.dtype, x.device, w.device, path) + _decision_context()
 
 
 def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group, *,
