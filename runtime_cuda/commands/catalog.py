@@ -1,5 +1,6 @@
 """`gc3 catalog check FILE`: validate a catalog (JSON or XML) as the NCCL drop-in loads it.
 `gc3 catalog plot FILE -o p.png`: draw what `gc3 tune` chose for a catalog it wrote.
+`gc3 catalog merge A.json B.json -o OUT.json`: one catalog from tunes of other collectives.
 `gc3 catalog build [--out DIR] [--check]`: compile the shipped samples and their index
 (ir_samples/), or say how the folder differs from what that would write.
 
@@ -14,7 +15,7 @@ from gc3.errors import EXIT_WRONG, GC3Error, InputError
 from gc3.cli._common import fail
 from gc3.cli._progress import Progress, quiet_option
 
-from .tune import choices_title, png_option
+from .tune import choices_title, png_option, writable
 
 
 @click.group("catalog")
@@ -79,6 +80,35 @@ def plot(file: str, output) -> None:
         plot_choices(prov["choices"], output, title=choices_title(prov))
     click.echo(f"wrote {output}")
 
+
+@command.command("merge")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="catalog JSON to write")
+@click.option("--ir-dir", type=click.Path(file_okay=False), default=None,
+              help="folder to copy the IR files into [default: -o's folder]")
+def merge(files, output: str, ir_dir) -> None:
+    """Merge catalogs that `gc3 tune` wrote on the same GPUs for the same ranks, each for
+    other collectives (tuned in pieces, within a job's time limit or on two GPU pairs at
+    once), into one: every entry, its IR copied, the provenance of all.
+    Exit status: 0 written; 2 a catalog unreadable, not tune's, or not mergeable with the others."""
+    from pathlib import Path
+
+    from runtime_cuda.nccl.tune import MergeError, merge_catalogs
+
+    if len(files) < 2:
+        raise click.UsageError("name at least two catalogs to merge")
+    out = writable(output, ".json", "catalog", "-o")
+    try:
+        catalog = merge_catalogs([Path(f) for f in files], out, Path(ir_dir) if ir_dir else None)
+    except MergeError as exc:
+        fail(exc.source, exc)
+    except OSError as exc:
+        fail(output, InputError(f"cannot write the merged catalog: {exc.strerror or exc}"))
+    prov = catalog["provenance"]
+    click.echo(f"wrote {output}: {len(catalog['algorithms'])} entries for {', '.join(prov['choices'])} "
+               f"from {len(files)} catalogs")
+    if prov.get("shippable") is False:
+        click.echo(f"NOT SHIPPABLE: {prov['not_shippable']}")
 
 @command.command("build")
 @click.option("--out", type=click.Path(file_okay=False), default=None,

@@ -8,6 +8,8 @@
     write_catalog(...)                    the catalog the drop-in loads (schema:
                                           runtime_cuda/nccl/catalog.py), its IRs
                                           beside it, and a "provenance" object
+    merge_catalogs(paths, out)            one catalog from several tunes of the same
+                                          GPUs, each of other collectives
 
 How times are obtained is the `Timer`'s business alone: `ModelTimer` asks the
 simulator's cost model (no GPU; `gc3 tune --model-only`), and a timer that
@@ -558,6 +560,131 @@ def provenance(timer: Timer, ranks: int, nodes: int, sizes: Sequence[int], grid:
                            for place, cs in t.choices.items() for c in cs if c.unmeasured]}
 
 
+class MergeError(InputError):
+    """A catalog that cannot join a merge; `source` is the file to blame."""
+
+    def __init__(self, source: object, message: str):
+        super().__init__(message)
+        self.source = str(source)
+
+
+# What must agree between merged catalogs, beyond the GPUs: a catalog serves one shape of communicator.
+_SAME = ("ranks", "nodes", "dtype", "measured")
+
+
+def _tune_catalog(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise MergeError(path, f"cannot read it as a JSON catalog: {exc}") from None
+    prov = data.get("provenance") if isinstance(data, dict) else None
+    if not isinstance(prov, dict) or not isinstance(prov.get("choices"), dict) or not prov["choices"] \
+            or not isinstance(data.get("algorithms"), list) or data.get("version", 1) != 1:
+        raise MergeError(path, 'not a catalog written by `gc3 tune` (version 1, "algorithms" and provenance '
+                               '"choices"): only those say which collectives they tuned')
+    return data
+
+
+def _machine(prov: dict) -> Tuple[str, object]:
+    """What the times were taken on.  A model-only catalog has no GPUs: its cost-model preset
+    stands in for them, as two presets price the same candidate differently."""
+    from .machine import fingerprint_of_provenance
+    if not prov.get("measured"):
+        return "cost model", (prov.get("cost_model") or {}).get("preset")
+    return "fingerprint", fingerprint_of_provenance(prov)
+
+
+def merge_catalogs(paths: Sequence[Path], out: Path, ir_dir: Optional[Path] = None) -> dict:
+    """Merge catalogs that `gc3 tune` wrote for the same GPUs and communicator, each tuning
+    collectives the others did not, into `out`, their IRs copied into `ir_dir` (default: beside
+    `out`); return the catalog.  Everything is read and checked before anything is written."""
+    paths, out = [Path(p) for p in paths], Path(out)
+    ir_dir = Path(ir_dir) if ir_dir is not None else out.parent
+    cats = [_tune_catalog(p) for p in paths]
+    provs = [c["provenance"] for c in cats]
+    first, p0 = paths[0], provs[0]
+    for path, prov in zip(paths[1:], provs[1:]):
+        for key in _SAME:
+            if prov.get(key) != p0.get(key):
+                raise MergeError(path, f'"{key}" is {prov.get(key)!r} but {first} has {p0.get(key)!r}: '
+                                       "a merged catalog must hold times of one communicator shape")
+        what, mine = _machine(prov)
+        theirs = _machine(p0)[1]
+        if prov.get("measured") and (mine is None or theirs is None):
+            raise MergeError(path if mine is None else first,
+                             "its provenance does not say which GPUs it was measured on, so it cannot be "
+                             "shown to share them with the other catalogs")
+        if mine != theirs:
+            raise MergeError(path, f"{what} {mine} but {first} has {theirs}: times of different "
+                                   "machines do not compare")
+    owner: Dict[str, Path] = {}
+    for path, prov in zip(paths, provs):
+        for coll in prov["choices"]:
+            if coll in owner:
+                raise MergeError(path, f"{coll} was tuned by both {owner[coll]} and {path}: "
+                                       "each collective must come from one catalog")
+            owner[coll] = path
+    fused = [(p, c["fused"]) for p, c in zip(paths, cats) if "fused" in c]
+    if len(fused) > 1:
+        raise MergeError(fused[1][0], f'both {fused[0][0]} and {fused[1][0]} carry a "fused" section; '
+                                      "at most one may")
+
+    copies: Dict[Path, bytes] = {}      # destination -> content
+    algorithms = []
+    for path, cat in zip(paths, cats):
+        for i, e in enumerate(cat["algorithms"]):
+            coll = e.get("collective", "allreduce" if "kernel" in e else None) if isinstance(e, dict) else None
+            if owner.get(coll) != path:
+                raise MergeError(path, f"algorithms[{i}] serves {coll!r}, which its provenance \"choices\" "
+                                       "does not list")
+            if "file" in e:
+                src = path.parent / str(e["file"])
+                try:
+                    data = src.read_bytes()
+                except OSError as exc:
+                    raise MergeError(path, f"algorithms[{i}]: cannot read {src}: {exc.strerror or exc}") from None
+                dest = ir_dir / src.name
+                if copies.setdefault(dest, data) != data:
+                    raise MergeError(path, f"algorithms[{i}]: {src} and another catalog's IR of the same name "
+                                           f"differ; both would be {dest}")
+                e = dict(e, file=os.path.relpath(dest, out.parent))   # the loader reads it relative to the JSON
+            algorithms.append(e)
+
+    prov = dict(p0, choices={k: v for p in provs for k, v in p["choices"].items()},
+                unmeasured=[u for p in provs for u in p.get("unmeasured", [])],
+                command=" + ".join(str(p.get("command", "?")) for p in provs),
+                parts=[{"file": os.path.relpath(path, out.parent), "command": p.get("command"),
+                        "date": p.get("date"), "collectives": list(p["choices"]), "sizes": p.get("sizes"),
+                        "grid": p.get("grid")} for path, p in zip(paths, provs)])
+    dates = [p["date"] for p in provs if isinstance(p.get("date"), str)]
+    if dates:
+        prov["date"] = max(dates)      # tune writes ISO 8601 in UTC: text order is time order
+    if any(p.get("shippable") is False for p in provs):
+        prov["shippable"] = False
+        prov["not_shippable"] = "; ".join(f"{path}: {p.get('not_shippable', 'not shippable')}"
+                                          for path, p in zip(paths, provs) if p.get("shippable") is False)
+    rejected = {k: v for p in provs for k, v in (p.get("rejected") or {}).items()}
+    if rejected:
+        prov["rejected"] = rejected
+    priors = [p["prior"] for p in provs if isinstance(p.get("prior"), dict)]
+    if priors:
+        prov["prior"] = dict(priors[0], ruled_out=sum(q.get("ruled_out", 0) for q in priors))
+
+    catalog = {"version": 1, "provenance": prov, "algorithms": algorithms, **({"fused": fused[0][1]} if fused else {})}
+    def replace(path: Path, data: bytes) -> None:
+        # A drop-in starting meanwhile reads the old file or the new one, never half of one.
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    ir_dir.mkdir(parents=True, exist_ok=True)
+    for dest, data in copies.items():
+        if not (dest.is_file() and dest.read_bytes() == data):
+            replace(dest, data)
+    replace(out, (json.dumps(catalog, indent=2) + "\n").encode())
+    return catalog
+
+
 def summary(results: Sequence[Tuned]) -> List[str]:
     """One line per chosen range, for the terminal."""
     lines = []
@@ -591,4 +718,4 @@ def check_shape(ranks: int, nodes: int) -> None:
 
 
 __all__ = ["COLLECTIVES", "FULL", "QUICK", "Budget", "Variant", "Choice", "Grid", "ModelTimer", "Prior", "Timer",
-           "Tuned", "applicable", "candidates", "choose", "ranges", "tune", "write_catalog"]
+           "Tuned", "applicable", "candidates", "choose", "merge_catalogs", "ranges", "tune", "write_catalog"]
