@@ -544,3 +544,43 @@ def test_a_repeat_routed_to_nccl_is_looked_up_in_the_named_call_too(monkeypatch,
         monkeypatch.setattr(comm, path, lambda *a, **k: pytest.fail("a repeat left the named call's own lookup"))
     getattr(comm, name)(*args)
     assert len(log) == 2 and log[0] == log[1] and comm.served == {"NCCL": 2}
+
+
+def test_a_repeat_under_the_groups_own_order_marks_its_end_once(monkeypatch):
+    """A communicator's launch groups order their calls by the communicator's own order
+    (Gc3Backend.prepare): a repeat bound with that order enters and leaves it once, so a
+    call costs one event record, not one per order."""
+    g, ev = bare_group(monkeypatch)
+    call = CountingCall()
+    g._prepared[g._key([1], [2], 8, "float32", "sum")] = call
+    shared = g.reissue([1], [2], 8, "float32", "sum").bind(5, g.executor.order, [0])
+    assert shared() and shared()
+    assert ev.log == [("record", 1, 5)] * 2
+    apart = StreamOrder(ev)                     # an order of its own: each marks the end
+    twice = g.reissue([1], [2], 8, "float32", "sum").bind(5, apart, [0])
+    ev.log.clear()
+    assert twice()
+    assert sorted(ev.log) == [("record", 1, 5), ("record", 2, 5)]
+
+
+class Exchange:
+    def __init__(self, order):
+        self.order = order
+
+    def all_agree(self, ok, why):
+        return [why, ""]
+
+
+def test_prepare_gives_a_new_group_the_communicators_order(monkeypatch):
+    ev = Events()
+    be, cand, _ = backend_with_group(monkeypatch, [])
+    be._groups, be._failed, be.device = {}, {}, 0
+    be.exchange = Exchange(StreamOrder(ev))
+    made = []
+
+    def ranks(prog, exchange, device):
+        made.append(type("Group", (), {"executor": Executor(ev), "close": lambda self: None})())
+        return made[-1]
+    be._IpcRanks = ranks
+    assert be.prepare(Decision(Call("allreduce", R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST, 2, 0), cand)) is None
+    assert made[0].executor.order is be.exchange.order

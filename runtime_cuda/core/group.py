@@ -98,6 +98,8 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
     calls, so a repeat is one Python frame above the driver.  `stream`, `outer`,
     `tally`: see Reissue.bind."""
     order, query, kept, key = group.executor.order, streams.capture_query(), group._captured, id(call)
+    if outer is order:   # the caller's order is the group's (a communicator's launch groups share it)
+        outer = None
     launch = call.launch if call.launch is not None and not call.pre and not call.post else None
     whole = None if launch is not None else call.__call__
     plain, coop, params = launch.driver_calls() if launch is not None else (None, None, 0)

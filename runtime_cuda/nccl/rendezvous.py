@@ -64,7 +64,8 @@ class NcclExchange(_BytesExchange):
         self._size = size
         # The communicator's StreamOrder: the exchange is an NCCL operation of
         # the same communicator, so it queues behind the calls issued before it.
-        self._order = order
+        # Its launch groups order their calls by it too (Gc3Backend.prepare).
+        self.order = order
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
         import cupy
@@ -76,8 +77,8 @@ class NcclExchange(_BytesExchange):
         # exchange is a blocking host operation.  Never `with stream:` here
         # (core/streams.py says why).
         stream = streams.setup_stream()
-        if self._order is not None:
-            self._order.enter(stream.ptr)
+        if self.order is not None:
+            self.order.enter(stream.ptr)
         with streams.current(stream):
             lengths = cupy.zeros(self._size, dtype=cupy.int64)
             mine = cupy.asarray(np.array([len(data)], dtype=np.int64))
