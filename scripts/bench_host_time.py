@@ -163,6 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--size", default="1KiB", help="nccl-tests size (the larger buffer), e.g. 1KiB")
     ap.add_argument("--calls", type=int, default=40, help="calls per timed loop (below the launch queue depth)")
     ap.add_argument("--rounds", type=int, default=7, help="alternations of the bare and eager loops")
+    ap.add_argument("--current", action="store_true",
+                    help="make the calls' stream CuPy's current one (stream.use(), as `with stream:` does); "
+                         "the drop-in then holds it between calls instead of marking each call's end")
     args = ap.parse_args(argv)
     try:
         args.nbytes = parse_size(args.size)
@@ -274,6 +277,8 @@ def run(args) -> int:
     launchers = bare_launchers()
     nbytes = args.nbytes
     stream = cupy.cuda.Stream(non_blocking=True)
+    if args.current:
+        stream.use()
     buf_bytes = nbytes * host.size + 4096
     send, recv = cupy.zeros(buf_bytes, cupy.uint8), cupy.zeros(buf_bytes, cupy.uint8)
     code = DTYPE_CODES["float32"]

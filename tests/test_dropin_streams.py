@@ -176,6 +176,55 @@ def test_leave_marks_nothing_on_default_or_capturing_streams():
     assert ev.log[2:] == [("record", 1, 5), ("wait", 6, 1)]
 
 
+class Owner:
+    """A stream's owner (a CuPy Stream): its stream is destroyed when it dies."""
+
+    def __init__(self, ev, stream):
+        self.ev, self.stream = ev, stream
+
+    def __del__(self):
+        self.ev.gone.add(self.stream)
+
+
+def test_an_owned_stream_is_marked_once_at_the_switch_and_then_let_go():
+    """With its owner held, a stream cannot be destroyed: its calls record nothing, and the
+    next switch marks its end there, then lets the owner go."""
+    ev = GoneStreams()
+    order = StreamOrder(ev)
+    order.enter(7)
+    order.leave(7)                      # its owner not known yet (a first call): marked
+    for stream in (7, 8):
+        owner = Owner(ev, stream)
+        for _ in range(3):
+            order.enter(stream)
+            order.leave(stream, None, owner)
+        del owner                       # the user drops the stream: only the order holds it
+    # The first mark is stale by the switch (calls followed it): 7's end is marked anew.
+    assert ev.log == [("record", 1, 7), ("record", 1, 7), ("wait", 8, 1)] and ev.gone == {7}
+    order.enter(9)                      # no owner known for 9: each call marks its end
+    order.leave(9)
+    order.leave(9)
+    assert ev.log[3:] == [("record", 1, 8), ("wait", 9, 1), ("record", 1, 9), ("record", 1, 9)]
+    assert ev.gone == {7, 8}
+    ev.gone.add(9)                      # destroyed by its owner: never touched again
+    order.enter(10)
+    assert ev.log[-1] == ("wait", 10, 1)
+
+
+def test_an_owned_stream_that_began_capturing_is_not_marked():
+    ev = Events()
+    order = StreamOrder(ev)
+    keep = Owner(type("Ev", (), {"gone": set()})(), 5)
+    order.enter(5)
+    order.leave(5, None, keep)
+    ev.capturing_streams.add(6)
+    order.enter(6)                      # a capture elsewhere: 5 stays last, still held
+    assert order.last == 5 and order._keeper is keep and ev.log == []
+    ev.capturing_streams = {5}          # a capture begun on 5 itself: nothing waits for it
+    order.enter(7)
+    assert ev.log == [] and order.last == 7 and order._keeper is None
+
+
 class RecordingGc3:
     def __init__(self, log):
         self.log = log

@@ -100,6 +100,9 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
     order, query, kept, key = group.executor.order, streams.capture_query(), group._captured, id(call)
     if outer is order:   # the caller's order is the group's (a communicator's launch groups share it)
         outer = None
+    # What keeps the bound stream alive (weakly: the caller's cache must not), so that the
+    # order marks its end at the next switch instead of on every call.
+    keep = streams.owner_ref(stream) if stream is not None else None
     launch = call.launch if call.launch is not None and not call.pre and not call.post else None
     whole = None if launch is not None else call.__call__
     plain, coop, params = launch.driver_calls() if launch is not None else (None, None, 0)
@@ -128,9 +131,10 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
         else:
             coop(stream_ptr, params)
         if not captured and stream_ptr not in _LASTING:   # StreamOrder.leave's own tests, done here once
-            order.leave(stream_ptr, False)
+            owner = keep() if keep is not None and stream_ptr == stream else None
+            order.leave(stream_ptr, False, owner)
             if outer is not None:
-                outer.leave(stream_ptr, False)
+                outer.leave(stream_ptr, False, owner)
         if tally is not None:
             tally[0] += 1
         return True

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import contextmanager
-from typing import Any, Deque, Dict, Optional, Tuple
+import weakref
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 LEGACY_PTRS = (0, 1)   # 0: the null stream; 1: cudaStreamLegacy (the same stream)
 PER_THREAD_PTR = 2     # cudaStreamPerThread
@@ -168,6 +169,9 @@ class StreamOrder:
         self._graves: Deque[Tuple[int, Any]] = deque()
         self._spare: list = []
         self._held: list = []   # retired while the last stream was capturing: kept for good
+        # What keeps the last stream alive (its owner, from leave()): while held, the stream
+        # cannot be destroyed, so its end is marked at the next switch instead of per call.
+        self._keeper: Any = None
         # GC3_FAULT=stream-order: skip the cross-stream wait, to show the fuzz catches it.
         self._fault = fault
 
@@ -195,7 +199,8 @@ class StreamOrder:
                 capturing = self.events.capturing(stream)
             if capturing:
                 return
-            if self._marked == last:
+            keeper, self._keeper = self._keeper, None   # released once `last`'s end is marked
+            if self._marked == last and keeper is None:
                 # leave() marked `last`'s end after its latest issue: wait on that mark and
                 # touch `last` no more (its owner may have destroyed it since).  A capture
                 # begun on it later holds nothing the mark waits for.
@@ -217,13 +222,19 @@ class StreamOrder:
         if self._graves:
             self.reap()
 
-    def leave(self, stream: int, capturing: Optional[bool] = None) -> None:
+    def leave(self, stream: int, capturing: Optional[bool] = None, owner: Any = None) -> None:
         """After issuing on `stream` (entered last): mark its end now, while the stream
         surely exists.  A later call on another stream then waits on the mark and never
         touches `stream`, which may be gone by then (a temporary CuPy stream destroyed
         after its call).  One event record per call, none on the default streams (they
-        last as long as the process) nor on a capturing one (captured work takes no part)."""
+        last as long as the process) nor on a capturing one (captured work takes no part).
+        `owner` (see owner()) keeps `stream` alive: held until the next switch, it
+        replaces the per-call record with one record at that switch."""
         if stream in LASTING or stream != self._last or self._fault:
+            return
+        if owner is not None:
+            self._keeper = owner
+        if self._keeper is not None:   # the stream outlives the next switch, which marks its end
             return
         try:
             ev = self.events
@@ -243,7 +254,7 @@ class StreamOrder:
         it after everything issued so far.  For a CUDA graph capture stream, which
         cannot wait on an event recorded outside the capture (torch.cuda.graph
         makes it wait on the stream current when capture began instead)."""
-        self._last = stream
+        self._last, self._keeper = stream, None
 
     def retire(self, obj: Any) -> None:
         """Drop our reference to `obj` once all work issued so far has finished
@@ -269,6 +280,33 @@ class StreamOrder:
     def pending(self) -> int:
         """How many retired objects are still held."""
         return len(self._graves)
+
+
+def owner(stream: int) -> Any:
+    """An object whose life keeps `stream` alive, or None where none is known: CuPy's
+    current stream when it is `stream` and owns it (an ExternalStream owns nothing;
+    a torch stream's ptr never reaches here as CuPy's)."""
+    if stream in LASTING:
+        return None
+    try:
+        import cupy
+    except ImportError:
+        return None
+    s = cupy.cuda.get_current_stream()
+    if s.ptr != stream or isinstance(s, cupy.cuda.ExternalStream):
+        return None
+    return s
+
+
+def owner_ref(stream: int) -> Optional[Callable[[], Any]]:
+    """owner(stream) as a weak reference (a repeat cache must not keep streams alive), or None."""
+    found = owner(stream)
+    if found is None:
+        return None
+    try:
+        return weakref.ref(found)
+    except TypeError:
+        return None
 
 
 def handle(stream) -> int:

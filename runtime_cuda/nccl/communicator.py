@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 
 from gc3.errors import CommunicatorError
 from runtime_cuda.core import faults
-from runtime_cuda.core.streams import LASTING, StreamOrder
+from runtime_cuda.core.streams import LASTING, StreamOrder, owner_ref
 
 from .arrays import ArrayCollectives, is_array
 from .backend import make_backend, unavailable_backend
@@ -487,6 +487,8 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
     """A repeat through a callable taking the stream (NCCL's method with all else bound;
     a backend's re-issue without Reissue.bind), in the shape the repeat cache holds: no
     argument, False where `go` refused (it returned False; NCCL's methods return None)."""
+    keep = owner_ref(ptr)   # see StreamOrder.leave: weak, as the repeat cache holds this
+
     def issue() -> bool:
         # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
         if order._last != ptr or order._graves:
@@ -494,7 +496,7 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
         if go(ptr) is False:
             return False
         if ptr not in LASTING:
-            order.leave(ptr)
+            order.leave(ptr, None, keep() if keep is not None else None)
         tally[0] += 1
         return True
     return issue

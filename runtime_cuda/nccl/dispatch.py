@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Protocol, Sequence, Tuple
 
+from runtime_cuda.core.streams import owner
+
 from .call import Call
 from .catalog import Candidate
 from .selection import Decision, Rejection, Selector
@@ -66,7 +68,7 @@ class Dispatcher:
 
     def leave(self, stream: int) -> None:
         if self.order is not None:
-            self.order.leave(stream)
+            self.order.leave(stream, None, owner(stream))
 
     def run(self, call: Call) -> Decision:
         decision = self.decide(call)
