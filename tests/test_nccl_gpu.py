@@ -302,3 +302,44 @@ def test_array_api(irs):
             if want[rank] is not None:
                 np.testing.assert_array_equal(r["out"][i], want[rank], err_msg=f"{coll} {n_elems} {dtype} {op} rank {rank}")
     assert all(sum(v for k, v in r["served"].items() if k != "NCCL") > 0 for r in results), results[0]["served"]
+
+
+def temporary_current_streams(rank, n, uid, count, rounds):
+    """Each round on a new CuPy stream made current (`with stream:`), dropped right after
+    its calls: the communicator holds the last one until the next round's call marks its
+    end.  In-place allreduces chain through one buffer, so a hand-over that did not wait
+    would read a half-reduced buffer."""
+    import gc
+
+    import cupy
+    from runtime_cuda.nccl import NcclCommunicator
+    from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM
+    comm = NcclCommunicator(n, uid, rank)
+    x = cupy.asarray(inputs(count, np.float32, 0)[rank])
+    prev = None
+    for _ in range(rounds):
+        s = cupy.cuda.Stream(non_blocking=True)
+        if prev is not None:
+            s.wait_event(prev)          # the user orders the data; gc3 orders its own scratch
+        with s:
+            comm.allReduce(x.data.ptr, x.data.ptr, count, NCCL_FLOAT32, NCCL_SUM, s.ptr)
+            comm.allReduce(x.data.ptr, x.data.ptr, count, NCCL_FLOAT32, NCCL_SUM, s.ptr)   # a repeat
+            prev = s.record()
+        del s
+        gc.collect()
+    prev.synchronize()
+    out = (x.get(), dict(comm.served))
+    comm.destroy()
+    return out
+
+
+def test_streams_dropped_between_calls_are_ordered_and_released(irs):
+    count, rounds = 4096, 6
+    results = run_ranks(temporary_current_streams, count, rounds, env={"GC3_XML_FILES": str(irs)})
+    xs = inputs(count, np.float32, 0)
+    want = xs[0] + xs[1]
+    for _ in range(2 * rounds - 1):
+        want = want * N
+    for got, served in results:
+        np.testing.assert_array_equal(got, want)
+        assert served.get("allreduce_ring.xml") == 2 * rounds, served
