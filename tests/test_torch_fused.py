@@ -238,3 +238,17 @@ def test_the_report_prints_the_table_of_a_record(tmp_path):
     assert "| gemm_ar | 2 | M=256 K=14336 N=4096 | 50.0 |" in out.output and (tmp_path / "p.png").exists()
     out = CliRunner().invoke(cli(), ["bench", "--report"])
     assert out.exit_code == 2 and "--fused" in out.output
+
+
+def test_a_catalog_rewritten_in_place_is_read_again_and_forget_tells_the_keepers(catalog, tmp_path):
+    """choose() keeps nothing itself: a catalog `gc3 tune --fused` rewrote is read at the next
+    call (its mtime changed); callers that keep answers key them by choice.generation."""
+    shape = {"M": 8192, "K": 7168, "N": 8192}
+    path = catalog([entry(8192, "fused")])
+    assert choice.choose("gemm_rs", 4, "bfloat16", shape).fused
+    path.write_text(json.dumps({"version": 1, "algorithms": [], "fused": {"entries": [entry(8192, "sequential")]}}))
+    os.utime(path, (1, 1))              # a distinct mtime, whatever the clock's resolution
+    assert not choice.choose("gemm_rs", 4, "bfloat16", shape).fused
+    before = choice.generation
+    choice.forget()
+    assert choice.generation == before + 1

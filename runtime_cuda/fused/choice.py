@@ -98,16 +98,15 @@ class FusedTable:
 
 
 _loaded: Dict[Tuple[str, float], FusedTable] = {}
-# choose() on the hot path: one dictionary hit per call once a shape has been decided.
-_decided: Dict[Tuple, Choice] = {}
-# Bumped by forget(): callers that keep choices of their own key them with it.
+# choose() reads the table on every call; a caller on a hot path keeps its answers (the torch
+# operators, per process group), keyed by this number among the rest, which forget() bumps.
 generation = 0
 
 
 def forget() -> None:
-    """Decide every shape again (a catalog was rewritten in place, or another one named)."""
+    """Have the callers that keep choices decide every shape again (a catalog was rewritten
+    in place, or another one named)."""
     global generation
-    _decided.clear()
     generation += 1
 
 
@@ -149,18 +148,6 @@ def choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optio
     """`catalog`: the machine catalog the caller's communicator serves (runtime_cuda.nccl.machine);
     GC3_CONFIG's, where it names a JSON catalog, wins as it does for the collectives."""
     source = catalog_path() or catalog
-    key = (source, op, gpus, dtype, tuple(shape.items()), path, chunks,
-           (os.environ if env is None else env).get("GC3_FUSED", ""))
-    got = _decided.get(key)
-    if got is None:
-        if len(_decided) > 4096:
-            _decided.clear()
-        got = _decided[key] = _choose(op, gpus, dtype, shape, path, chunks, env, source)
-    return got
-
-
-def _choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optional[str], chunks: Optional[int],
-            env, source: Optional[Path]) -> Choice:
     force = forced(path, env)
     measured = table(source) if source is not None else None
     hit, how = (None, "no measured catalog for this machine") if measured is None else \

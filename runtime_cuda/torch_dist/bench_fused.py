@@ -505,6 +505,7 @@ def write_section(output: Path, entries: List[dict], provenance: dict) -> None:
     tmp = output.with_name(output.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, output)
+    choice.forget()   # groups of this process that kept a choice read the new section
 
 
 # --- the memory-bound operators: GEMV + all_reduce, embedding-bag + all_to_all, all_reduce + epilogue ---------
