@@ -117,10 +117,9 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
         # life once the group drops its prepared calls.  The legacy stream never captures
         # (streams.is_capturing).
         captured = stream_ptr not in _LEGACY and query(stream_ptr) != 0
-        # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
-        if outer is not None and (outer._last != stream_ptr or outer._graves):
+        if outer is not None and not outer.settled(stream_ptr):
             outer.enter(stream_ptr, captured)
-        if order._last != stream_ptr or order._graves:
+        if not order.settled(stream_ptr):
             order.enter(stream_ptr, captured)
         if captured:
             kept[key] = call

@@ -185,6 +185,11 @@ class StreamOrder:
     def last(self) -> Optional[int]:
         return self._last
 
+    def settled(self, stream: int) -> bool:
+        """Whether enter(stream) would do nothing (the last stream, nothing retired): the
+        repeat paths test this and skip the call."""
+        return self._last == stream and not self._graves
+
     def enter(self, stream: int, capturing: Optional[bool] = None) -> None:
         """Order the next operation, on `stream`, after everything issued so far.
         Work captured into a graph takes no part (contract point 6): a capturing

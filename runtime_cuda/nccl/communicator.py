@@ -490,8 +490,7 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
     keep = owner_ref(ptr)   # see StreamOrder.leave: weak, as the repeat cache holds this
 
     def issue() -> bool:
-        # StreamOrder.enter is a no-op on the last stream with nothing retired: skip the call.
-        if order._last != ptr or order._graves:
+        if not order.settled(ptr):
             order.enter(ptr)
         if go(ptr) is False:
             return False
