@@ -173,3 +173,21 @@ def test_measured_pieces_of_other_gpus_or_two_fused_sections_are_refused(tmp_pat
     refused(gc3("catalog", "merge", one, two, "-o", tmp_path / "m.json"), "which GPUs it was measured on")
     save(two, dict(piece, fused=cat["fused"]))
     refused(gc3("catalog", "merge", one, two, "-o", tmp_path / "m.json"), '"fused"', str(one), str(two))
+
+
+def test_a_catalog_tuned_in_another_dtype_says_so_and_does_not_merge(tmp_path):
+    """`gc3 tune -d bfloat16` times in the type the calls use; its catalog records it, and a
+    float32 piece of the same machine is not merged into it (other times, other choices)."""
+    bf = tmp_path / "bf" / "catalog.json"
+    bf.parent.mkdir()
+    r = gc3("tune", "--model-only", "--ranks", 2, "--quick", "-c", "allgather", "-d", "bfloat16", "-o", bf, "-q")
+    assert r.exit_code == 0, r.output
+    prov = load(bf)["provenance"]
+    assert prov["dtype"] == "bfloat16" and "-d bfloat16" in prov["command"]
+    f32 = tmp_path / "f32" / "catalog.json"
+    f32.parent.mkdir()
+    assert gc3("tune", "--model-only", "--ranks", 2, "--quick", "-c", "allreduce", "-o", f32, "-q").exit_code == 0
+    assert load(f32)["provenance"]["dtype"] == "float32"
+    refused(gc3("catalog", "merge", f32, bf, "-o", tmp_path / "m.json"), "dtype", "bfloat16")
+    r = gc3("tune", "--model-only", "--ranks", 2, "-d", "float8", "-o", tmp_path / "x.json")
+    assert r.exit_code == 2 and "--dtype" in r.output

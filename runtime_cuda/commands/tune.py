@@ -21,7 +21,7 @@ import click
 from gc3.errors import GC3Error
 from gc3.cli._progress import quiet, quiet_option
 
-from .bench import _colls, _size
+from .bench import _DTYPES, _colls, _size
 
 
 # Set by mpirun (Open MPI, MPICH/Hydra, PMIx) or srun: measured tuning was launched as one of N processes.
@@ -83,6 +83,9 @@ def choices_title(prov: dict) -> str:
                    "[default: runtime_cuda.nccl.tune.PRIOR_RATIO, with PRIOR_KEEP kept]")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), callback=png_option,
               help="PNG of the chosen algorithm's time and its margin over NCCL per size (rank 0, after -o)")
+@click.option("-d", "--dtype", type=click.Choice(_DTYPES), default=None,
+              help="the element type candidates are timed in (the catalog serves every type; tune in the one your "
+                   "calls use) [default: runtime_cuda.nccl.tune.DTYPE]")
 @click.option("--fused", is_flag=True, help="tune the fused operators instead (torch; under torchrun or mpirun, one "
               "process per GPU): per shape, the faster of the sequential and the fused path goes into the 'fused' "
               "section of -o (default: the catalog the drop-in serves on these GPUs), created or updated in "
@@ -90,9 +93,12 @@ def choices_title(prov: dict) -> str:
 @click.option("--ops", "fused_ops", default="all", show_default=True, help="--fused: operators, comma-separated, or all")
 @quiet_option
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, install,
-            time_budget, ir_dir, prior_ratio, plot_path, fused, fused_ops):
+            time_budget, ir_dir, prior_ratio, plot_path, dtype, fused, fused_ops):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
+    if fused and dtype is not None:
+        raise click.UsageError("--dtype: the fused operators are tuned per shape in the dtype their grid names; "
+                               "no --dtype with --fused")
     if fused:
         from .bench import fused_op_names, fused_runtime
         names = fused_op_names(fused_ops, "--ops")
@@ -107,6 +113,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
 
     maxbytes = _size(None, None, maxbytes or ("16M" if quick and not model_only else "1G"))
     cost = cost or tune.COST
+    dtype = dtype or tune.DTYPE
     if install and (model_only or output or ir_dir):
         raise click.UsageError("--install stores a measured catalog where the drop-in looks for it: "
                                "no --model-only, -o or --ir-dir with it")
@@ -150,13 +157,13 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         raise click.BadParameter(f"{prior_ratio:g}: 0 (no prior) or a factor in 1..1000", param_hint="--prior")
     prior = None
     if not model_only and prior_ratio != 0:
-        prior = tune.Prior(tune.ModelTimer(cost, ranks, nodes), ratio=prior_ratio or tune.PRIOR_RATIO)
+        prior = tune.Prior(tune.ModelTimer(cost, ranks, nodes, dtype), ratio=prior_ratio or tune.PRIOR_RATIO)
     if host is None:
-        timer = tune.ModelTimer(cost, ranks, nodes)
+        timer = tune.ModelTimer(cost, ranks, nodes, dtype)
     else:
         from runtime_cuda.nccl.tune_gpu import MeasuredTimer
 
-        timer = MeasuredTimer(host, max(sizes))
+        timer = MeasuredTimer(host, max(sizes), dtype=dtype)
     lead = host is None or host.rank == 0     # measured: rank 0 speaks and writes
     held = contextlib.ExitStack()             # --install: the fingerprint's tuning lock, on rank 0
     if install:
@@ -196,6 +203,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     words = ["gc3 tune", "--model-only" if host is None else f"(mpirun -np {ranks})", f"--ranks {ranks}"] + \
         ([f"--nodes {nodes}"] if nodes > 1 else []) + ([f"--cost {cost}"] if host is None else []) + \
         (["--quick"] if quick else []) + ([f"--time-budget {time_budget:g}"] if time_budget else []) + \
+        ([f"-d {dtype}"] if dtype != tune.DTYPE else []) + \
         ([f"--prior {prior.ratio:g} --cost {cost}"] if prior is not None else [])
     prov = tune.provenance(timer, ranks, nodes, sizes, grid, results, " ".join(words), prior)
     if not lead:

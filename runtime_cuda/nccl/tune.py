@@ -42,7 +42,7 @@ from .constants import DTYPE_CODES, ITEMSIZE
 from .perf import element_count, nccl_count
 from .sizes import format_size
 
-DTYPE = "float32"   # the dtype candidates are timed with; entries serve every dtype
+DTYPE = "float32"   # the dtype candidates are timed with by default (--dtype); entries serve every dtype
 COST = "h200"       # the cost-model preset a tune prices with, or rules candidates out by, unless told
 ROOT = 0            # broadcast/reduce IRs are built for this root (other roots go to NCCL)
 
@@ -192,10 +192,10 @@ def candidates(coll: str, ranks: int, nodes: int, grid: Grid) -> Tuple[List[Vari
     return good, skipped
 
 
-def call_elems(coll: str, nbytes: int, ranks: int) -> int:
+def call_elems(coll: str, nbytes: int, ranks: int, dtype: str = DTYPE) -> int:
     """Elements of each rank's input buffer for a call of nccl-tests size `nbytes`
-    (the gc3 layout's in_elems), by the drop-in's own rules."""
-    code = DTYPE_CODES[DTYPE]
+    (the gc3 layout's in_elems) in `dtype`, by the drop-in's own rules."""
+    code = DTYPE_CODES[dtype]
     count = nccl_count(coll, element_count(coll, nbytes, ITEMSIZE[code], ranks), ranks)
     return Call(coll, 0, 0, count, code, None, 0, ranks, 0).in_elems
 
@@ -226,18 +226,18 @@ class ModelTimer:
 
     prices_inplace_copy = True
 
-    def __init__(self, cost: str, ranks: int, nodes: int = 1):
+    def __init__(self, cost: str, ranks: int, nodes: int = 1, dtype: str = DTYPE):
         from gc3.simulator.cost_config import preset
         # gpus_per_node decides which link each connection uses (NVLink inside a node)
         self.config = preset(cost, gpus_per_node=ranks // nodes)
-        self.cost, self.ranks = cost, ranks
+        self.cost, self.ranks, self.dtype = cost, ranks, dtype
         self._timed: Dict[str, object] = {}
         self._times: Dict[Tuple[str, int], Optional[float]] = {}   # without the input copy: placement-free
 
     def _timed_program(self, cand: Variant):
         from gc3.simulator import TimedProgram
         if cand.label not in self._timed:
-            self._timed[cand.label] = TimedProgram(cand.program, dtype=DTYPE)
+            self._timed[cand.label] = TimedProgram(cand.program, dtype=self.dtype)
         return self._timed[cand.label]
 
     def time(self, cand: Variant, nbytes: int, inplace: bool) -> Optional[float]:
@@ -246,7 +246,7 @@ class ModelTimer:
             from gc3.simulator.small_allreduce import small_kernel_seconds
             self._times[key] = small_kernel_seconds(cand.collective, cand.kernel, nbytes, self.ranks, self.config)
         if key not in self._times:
-            elems = call_elems(cand.collective, nbytes, self.ranks)
+            elems = call_elems(cand.collective, nbytes, self.ranks, self.dtype)
             try:
                 t = self._timed_program(cand).timing(count=elems, cost=self.config).total_s if elems else None
             except GC3Error:       # this size does not split into the program's chunks
@@ -256,8 +256,8 @@ class ModelTimer:
         if t is not None and not inplace and not cand.serves(False):
             # The runtime copies the input into the output first (as MSCCL does), then runs it in place.
             from gc3.simulator.cost_model import input_copy_seconds
-            t += input_copy_seconds(call_elems(cand.collective, nbytes, self.ranks) * ITEMSIZE[DTYPE_CODES[DTYPE]],
-                                    self.config)
+            elems = call_elems(cand.collective, nbytes, self.ranks, self.dtype)
+            t += input_copy_seconds(elems * ITEMSIZE[DTYPE_CODES[self.dtype]], self.config)
         return t
 
     def baseline(self, coll: str, nbytes: int, inplace: bool) -> Optional[float]:
@@ -554,7 +554,7 @@ def provenance(timer: Timer, ranks: int, nodes: int, sizes: Sequence[int], grid:
         c.ruled_out for t in results for cs in t.choices.values() for c in cs))}
     return {"command": command, **timer.provenance(), **pruned, "ranks": ranks, "nodes": nodes,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "dtype": DTYPE, "root": ROOT, "sizes": list(sizes), "grid": dataclasses.asdict(grid),
+            "dtype": getattr(timer, "dtype", DTYPE), "root": ROOT, "sizes": list(sizes), "grid": dataclasses.asdict(grid),
             "choices": choices_record(results),
             "unmeasured": [f"{t.collective} {place} {c.nbytes}" for t in results
                            for place, cs in t.choices.items() for c in cs if c.unmeasured]}

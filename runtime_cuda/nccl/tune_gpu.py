@@ -38,14 +38,15 @@ class MeasuredTimer:
     # out-of-place call includes the runtime's copy of the input.
     prices_inplace_copy = True
 
-    def __init__(self, host: Host, max_bytes: int, warmup: int = 3, iters: int = 10, device: Optional[int] = None):
+    def __init__(self, host: Host, max_bytes: int, warmup: int = 3, iters: int = 10, device: Optional[int] = None,
+                 dtype: str = DTYPE):
         import cupy
 
-        self.host = host
+        self.host, self.dtype = host, dtype
         self.device = local_device(host.rank) if device is None else device
         cupy.cuda.Device(self.device).use()
         # One round: the tune times many candidates, and its budget is the scarce part.
-        self.cfg = BenchConfig(collectives=(), sizes=(), dtype=DTYPE, warmup=warmup, iters=iters, rounds=1)
+        self.cfg = BenchConfig(collectives=(), sizes=(), dtype=dtype, warmup=warmup, iters=iters, rounds=1)
         biggest = (max_bytes + 256 + 15) // 16 * 16    # whole elements of every dtype, as run_bench
         self.sendbuf = cupy.empty(biggest, dtype=cupy.uint8)
         self.recvbuf = cupy.empty(biggest, dtype=cupy.uint8)
@@ -140,15 +141,15 @@ class MeasuredTimer:
 
         from .constants import DTYPE_CODES, ITEMSIZE
 
-        elems = call_elems(cand.collective, nbytes, self.host.size)
+        elems = call_elems(cand.collective, nbytes, self.host.size, self.dtype)
         if not elems:
             return False
         if cand.kernel:
             from runtime_cuda.ranks.small_allreduce import refusal
-            return refusal(DTYPE, "sum", elems, limits.SMALL_ALLREDUCE_MAX_BYTES, cand.collective,
+            return refusal(self.dtype, "sum", elems, limits.SMALL_ALLREDUCE_MAX_BYTES, cand.collective,
                            self.host.size) is None
         try:
-            call_shape(cand.program, elems, ITEMSIZE[DTYPE_CODES[DTYPE]], group.proto, group.tables.max_cnt)
+            call_shape(cand.program, elems, ITEMSIZE[DTYPE_CODES[self.dtype]], group.proto, group.tables.max_cnt)
         except GC3Error:
             return False
         return True
