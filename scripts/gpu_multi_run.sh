@@ -8,10 +8,10 @@
 #   fuzz      differential fuzz against NCCL (default catalog, then every sample and library algorithm as LL128),
 #             and the training-style loop
 #   bench     gc3 bench through the drop-in (5 collectives, 1 KiB - 1 GiB, default catalog)
-#   tune      gc3 tune --quick to 1 GiB within a 7-minute budget (2.3 min on 2 GPUs before its grid gained
-#             64 instances; sizes past the budget go to NCCL, listed as unmeasured; the cost-model prior halves the
-#             timings since 2026-11-25), the catalog, its IRs and its plot tarred into $OUT/tune.tgz (a folder of
-#             many files does not come back whole)
+#   tune      gc3 tune, full grid in bf16 (the calls' type), 1 KiB - 1 GiB, within a 7-minute budget (every
+#             collective on 4x H100 took 5.5 min in float32; sizes past the budget go to NCCL, listed as
+#             unmeasured; pieces tuned apart with -c join with `gc3 catalog merge`), the catalog, its IRs and
+#             its plot tarred into $OUT/tune.tgz (a folder of many files does not come back whole)
 #   peers     gc3 bench against default and symmetric-window NCCL in one run, and the host
 #             time per call
 #   fused     gc3 tune --fused then gc3 bench --fused (quick grid) through torch
@@ -50,7 +50,7 @@ fuzz)
 tune)
   mkdir -p /tmp/tune
   # The budget leaves the 10-minute command time to compile, prove and write what was measured.
-  timeout 560 $MPI python3 -m runtime_cuda tune --quick -e 1G -f 16 --time-budget 420 -o /tmp/tune/catalog.json \
+  timeout 560 $MPI python3 -m runtime_cuda tune -d bfloat16 -e 1G --time-budget 420 -o /tmp/tune/catalog.json \
     --plot /tmp/tune/tune.png \
     2>&1 | tail -40 \
     | tee $O/tune.log
