@@ -584,3 +584,48 @@ def test_prepare_gives_a_new_group_the_communicators_order(monkeypatch):
     be._IpcRanks = ranks
     assert be.prepare(Decision(Call("allreduce", R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST, 2, 0), cand)) is None
     assert made[0].executor.order is be.exchange.order
+
+
+class StreamObject:
+    """What owner() finds for a stream: a CuPy Stream that destroys it when it dies."""
+
+    def __init__(self, gone, ptr):
+        self.gone, self.ptr = gone, ptr
+
+    def __del__(self):
+        self.gone.add(self.ptr)
+
+
+def test_a_repeat_on_a_stream_whose_owner_is_known_records_nothing_until_the_switch(monkeypatch):
+    """CuPy's current stream: the communicator holds it while it is the last one, so its calls,
+    first and repeated, record no mark; the call on the next stream marks its end there once,
+    then lets it go (and a user who dropped it sees it destroyed)."""
+    import weakref
+    from runtime_cuda.nccl import dispatch
+    log, gone = [], set()
+    ev = GoneStreamsEvents(gone)
+    owners = {11: StreamObject(gone, 11)}
+    monkeypatch.setattr(dispatch, "owner", lambda ptr: owners.get(ptr))
+    monkeypatch.setattr(cm, "owner_ref", lambda ptr: weakref.ref(owners[ptr]) if ptr in owners else None)
+    comm, _ = make(monkeypatch, log, events=ev)
+    for _ in range(3):
+        comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, 11)
+    assert [e[0] for e in log] == ["run", "again", "again"] and ev.log == []
+    del owners[11]                      # the user drops the stream: only the communicator holds it
+    assert gone == set()
+    comm.allReduce(R, R, 1000, NCCL_FLOAT32, NCCL_SUM, 22)
+    assert ev.log[:2] == [("record", 1, 11), ("wait", 22, 1)] and gone == {11}
+
+
+class GoneStreamsEvents(Events):
+    def __init__(self, gone):
+        super().__init__()
+        self.gone = gone
+
+    def record(self, event, stream):
+        assert stream not in self.gone, f"stream {stream} used after its owner destroyed it"
+        super().record(event, stream)
+
+    def wait(self, stream, event):
+        assert stream not in self.gone, f"stream {stream} used after its owner destroyed it"
+        super().wait(stream, event)
