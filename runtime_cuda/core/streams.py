@@ -18,8 +18,12 @@
    one event record, none on the default streams), and a call on another
    stream waits on that mark (one stream wait).  The next call never touches
    the previous call's stream, which its owner may have destroyed in between
-   (a temporary CuPy stream).  NCCL orders a communicator's operations the
-   same way.
+   (a temporary CuPy stream).  Where the drop-in knows the stream's owner
+   (CuPy's current Stream, `owner()`), it holds that object while the stream
+   is the last one instead: the stream cannot be destroyed, and its end is
+   marked once, at the switch.  A communicator's launch groups share its
+   order, so a call marks at most once.  NCCL orders a communicator's
+   operations the same way.
 4. A buffer a queued launch may still read is never handed back to the pool
    at once: `StreamOrder.retire` keeps it until an event recorded after the
    last call has completed (no host synchronization; checked lazily).
