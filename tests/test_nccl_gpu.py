@@ -316,6 +316,7 @@ def temporary_current_streams(rank, n, uid, count, rounds):
     from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM
     comm = NcclCommunicator(n, uid, rank)
     x = cupy.asarray(inputs(count, np.float32, 0)[rank])
+    cupy.cuda.Device().synchronize()    # x is written on the null stream; the rounds use their own
     prev = None
     for _ in range(rounds):
         s = cupy.cuda.Stream(non_blocking=True)
