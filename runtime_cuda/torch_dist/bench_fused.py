@@ -729,6 +729,9 @@ def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, 
         "fused_us": _fused_or_none(fused, timer.device),
         "auto_us": timer.device(auto),
         "seq_nccl_us": timer.device(seq),
+        # What auto weighs the fused path against (gc3 tune --fused): the same torch ops, then
+        # the gc3 group's collective.
+        "seq_gc3_us": timer.device(memory_call(case, t, job.gc3, "sequential")),
         "gemm_us": timer.device(compute),
         "comm_nccl_us": timer.device(comm),
         "seq_host_us": timer.host(seq),
@@ -744,7 +747,8 @@ def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, 
 
 
 # (value, heading, width) of the printed table; the ratios follow.
-MEMORY_COLUMNS = (("seq_nccl_us", "seq_nccl", 9), ("fused_us", "fused", 9), ("auto_us", "auto", 9),
+MEMORY_COLUMNS = (("seq_nccl_us", "seq_nccl", 9), ("seq_gc3_us", "seq_gc3", 9), ("fused_us", "fused", 9),
+                  ("auto_us", "auto", 9),
                   ("gemm_us", "compute", 9), ("comm_nccl_us", "c_nccl", 9), ("host_us", "host", 7),
                   ("seq_host_us", "s_host", 7), ("graph_seq_nccl_us", "g_seq", 9), ("graph_fused_us", "g_fused", 9))
 
