@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The recorded fuzz runs on ONE GPU: virtual ranks, and 4 and 2 processes sharing the GPU,
 # run side by side (timings mean nothing here, ordering bugs do show).  Summary lines go to
-# ${OUT:-.}/fuzz_*.txt; scripts/fuzz_sum.py folds runs of one configuration into the line that
+# ${OUT:-.}/fuzz_*.txt; `gc3 fuzz --fold FILE...` folds runs of one configuration into the line that
 # measured/fuzz.txt keeps.   CALLS_V / CALLS_P scale the runs.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1

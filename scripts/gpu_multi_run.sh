@@ -43,7 +43,7 @@ fuzz)
   F="-m runtime_cuda.commands.fuzz"
   timeout $((T + 60)) $MPI python3 $F --calls 1000000 --seed 100 --time-budget $T --record $O/fuzz.txt 2>&1 \
     | grep -E "^rank|^fuzz|^coverage|^NCCL|HANG|minimal|^  #" | head -40
-  python3 scripts/ll128_config.py $N > /tmp/ll128.json && \
+  python3 -m runtime_cuda catalog protocol --ranks $N --protocol LL128 -o /tmp/ll128.json > /dev/null && \
   GC3_CONFIG=/tmp/ll128.json timeout $((T / 2 + 60)) $MPI python3 $F --calls 1000000 --seed 200 \
     --time-budget $((T / 2)) --record $O/fuzz_ll128.txt 2>&1 | grep -E "^rank|^fuzz|^coverage|HANG|minimal|^  #" | head -40
   timeout 200 $MPI python3 scripts/bench_train_loop.py --steps 200 2>&1 | tail -12 | tee $O/train_loop.txt ;;

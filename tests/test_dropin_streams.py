@@ -19,7 +19,6 @@ from runtime_cuda.core.streams import StreamOrder
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
-sys.path.insert(0, str(ROOT / "scripts"))   # fuzz_sum, ll128_config
 from runtime_cuda.commands import fuzz as fz  # noqa: E402
 from test_nccl_dispatch import RecordingNccl  # noqa: E402
 
@@ -362,29 +361,37 @@ def test_fuzz_inplace_layouts_follow_nccl():
     assert (lay.send_off, lay.recv_off, lay.buf_elems) == (0, 30, 40)
 
 
-def test_fuzz_lines_fold_into_one():
-    import fuzz_sum
+def test_fuzz_lines_fold_into_one(tmp_path, capsys):
     a = ("fuzz mode=virtual gpus=1 ranks=4 calls=10 gc3_served=4 mismatches=0 hangs=0 max_bytes=64 streams=3 "
          "seed=1..1 hw=1xH100 cuda=13.2 nccl=2.28.9 date=2026-11-23")
     b = a.replace("calls=10", "calls=5").replace("seed=1..1", "seed=2..2").replace("max_bytes=64", "max_bytes=128")
-    assert fuzz_sum.fold([a, b]) == ("fuzz mode=virtual gpus=1 ranks=4 calls=15 gc3_served=8 mismatches=0 hangs=0 "
-                                     "max_bytes=128 streams=3 seed=1..2 hw=1xH100 cuda=13.2 nccl=2.28.9 "
-                                     "date=2026-11-23")
+    folded = ("fuzz mode=virtual gpus=1 ranks=4 calls=15 gc3_served=8 mismatches=0 hangs=0 max_bytes=128 streams=3 "
+              "seed=1..2 hw=1xH100 cuda=13.2 nccl=2.28.9 date=2026-11-23")
+    assert fz.fold([a, b]) == folded
     with pytest.raises(ValueError, match="consecutive"):
-        fuzz_sum.fold([a, b.replace("seed=2..2", "seed=4..4")])
+        fz.fold([a, b.replace("seed=2..2", "seed=4..4")])
     with pytest.raises(ValueError, match="ranks"):
-        fuzz_sum.fold([a, b.replace("ranks=4", "ranks=2")])
+        fz.fold([a, b.replace("ranks=4", "ranks=2")])
+    # gc3 fuzz --fold FILE...: no GPU, the folded line on stdout; a bad line exits 2 naming it
+    (tmp_path / "a.txt").write_text(a + "\n")
+    (tmp_path / "b.txt").write_text(b + "\n\n")
+    assert fz.main(["--fold", str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]) == 0
+    assert capsys.readouterr().out.strip() == folded
+    (tmp_path / "c.txt").write_text("fuzz calls=3\n")
+    with pytest.raises(SystemExit) as exc:
+        fz.main(["--fold", str(tmp_path / "c.txt")])
+    assert exc.value.code == 2 and "not a fuzz summary line" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_ll128_config_serves_every_sample_and_library_algorithm_for_n_ranks(n, monkeypatch, tmp_path):
+def test_the_ll128_catalog_serves_every_sample_and_library_algorithm_for_n_ranks(n, monkeypatch, tmp_path):
     import json
 
-    import ll128_config
     from runtime_cuda.nccl import library
+    from runtime_cuda.nccl import protocol_catalog as ll128_config
     from runtime_cuda.nccl.catalog import load_catalog
 
-    cfg = ll128_config.config(n, ir_dir=tmp_path / "ir")
+    cfg = ll128_config.config(n, tmp_path / "ir", "LL128")
     entries = cfg["algorithms"]
     index = json.loads((ROOT / "ir_samples" / "index.json").read_text())["algorithms"]
     served = {Path(e["file"]).name for e in entries}
@@ -420,5 +427,20 @@ def test_the_fuzz_line_names_the_catalog_by_content(tmp_path):
     assert fz.catalog_name({"GC3_XML_FILES": "a.xml"}).endswith("+xml_files")
     line = ("fuzz mode=processes gpus=2 ranks=2 calls=5 gc3_served=3 mismatches=0 hangs=0 max_bytes=64 streams=1 "
             f"seed=1..1 catalog={fz.catalog_name({})} hw=2xH200 cuda=13.2 nccl=2.28.9 date=2026-11-23")
-    import fuzz_sum
-    assert fuzz_sum.parse(line)["catalog"].startswith("index:")
+    assert fz.parse_line(line)["catalog"].startswith("index:")
+
+
+def test_gc3_catalog_protocol_writes_the_catalog_or_says_why_not(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from gc3.cli import main
+    out = tmp_path / "ll.json"
+    r = CliRunner().invoke(main, ["catalog", "protocol", "--ranks", "2", "--protocol", "LL", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    entries = json.loads(out.read_text())["algorithms"]
+    assert entries and {e["protocol"] for e in entries} == {"LL"}
+    assert all(Path(e["file"]).is_file() for e in entries) and (tmp_path / "ll.d").is_dir()
+    r = CliRunner().invoke(main, ["catalog", "protocol", "--ranks", "3", "-o", str(tmp_path / "x.json")])
+    assert r.exit_code == 2 and "no shipped sample for 3 ranks" in r.output

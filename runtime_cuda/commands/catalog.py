@@ -110,6 +110,33 @@ def merge(files, output: str, ir_dir) -> None:
     if prov.get("shippable") is False:
         click.echo(f"NOT SHIPPABLE: {prov['not_shippable']}")
 
+@command.command("protocol")
+@click.option("--ranks", type=click.IntRange(2, None), required=True, help="rank count the catalog serves")
+@click.option("--protocol", "proto", type=click.Choice(("Simple", "LL", "LL128")), default="LL128", show_default=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="catalog JSON to write")
+@click.option("--ir-dir", type=click.Path(file_okay=False), default=None,
+              help="folder for the library's IRs [default: X.d/ beside -o X.json]")
+def protocol(ranks: int, proto: str, output: str, ir_dir) -> None:
+    """A catalog (for GC3_CONFIG) that runs every shipped sample and library algorithm for
+    RANKS ranks under one protocol, each in turn over bands of sizes, so that `gc3 fuzz`
+    exercises every one of them with it.  Exit status: 0 written; 2 nothing ships for
+    RANKS ranks or the file cannot be written."""
+    import json
+    from pathlib import Path
+
+    from runtime_cuda.nccl.protocol_catalog import config
+
+    out = writable(output, ".json", "catalog", "-o")
+    try:
+        catalog = config(ranks, Path(ir_dir) if ir_dir else out.with_suffix(".d"), proto)
+        out.write_text(json.dumps(catalog, indent=1) + "\n")
+    except InputError as exc:
+        fail(output, exc)
+    except OSError as exc:
+        fail(output, InputError(f"cannot write the catalog: {exc.strerror or exc}"))
+    click.echo(f"wrote {output}: {len(catalog['algorithms'])} entries, every program for {ranks} ranks as {proto}")
+
+
 @command.command("build")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Folder to write (default: the shipped samples' folder, ir_samples/ in a checkout).")

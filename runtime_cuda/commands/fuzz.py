@@ -30,7 +30,8 @@ A mismatch prints the call, the rank, the first differing index and both
 values, then searches for the shortest run of calls ending in the failing one
 that still fails.  The exit status is 1 on any mismatch or GPU timeout, and 3 when
 a batch never finishes (the watchdog, --hang-s).
-`--record FILE` appends the one-line summary (measured/fuzz.txt).
+`--record FILE` appends the one-line summary (measured/fuzz.txt); `--fold FILE...`
+prints the lines of runs of one configuration over consecutive seeds as one.
 `GC3_FAULT=...` (runtime_cuda/core/faults.py) puts known bugs back, to show the
 fuzz catches them.
 """
@@ -47,7 +48,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import click
 
@@ -618,8 +619,54 @@ def _gpu_missing() -> Optional[str]:
         return f"no usable CuPy/CUDA here ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
 
 
+# --- summary lines (measured/fuzz.txt) ---------------------------------------------------
+# The line's fields that must agree for two runs to fold into one, and how each count folds.
+_SAME = ("mode", "gpus", "ranks", "hw")
+_SUMMED = ("calls", "gc3_served", "mismatches", "hangs")
+_LARGEST = ("max_bytes", "streams")
+
+
+def parse_line(line: str) -> Dict[str, str]:
+    """A summary line as its fields, in order (hw may hold spaces: it runs to " date=")."""
+    words = line.split()
+    if not words or words[0] != "fuzz" or " hw=" not in line or " date=" not in line:
+        raise ValueError(f"not a fuzz summary line: {line.strip()!r}")
+    head, hw = " ".join(words[1:]).split(" hw=", 1)
+    hw, date = hw.rsplit(" date=", 1)
+    fields = dict(w.split("=", 1) for w in head.split())
+    fields["hw"], fields["date"] = hw, date
+    return fields
+
+
+def fold(lines: Sequence[str]) -> str:
+    """Summary lines of one configuration (mode, gpus, ranks, hw) over consecutive seeds,
+    as the one line that stands for them all."""
+    rows = [parse_line(x) for x in lines if x.strip()]
+    if not rows:
+        raise ValueError("no summary lines")
+    for r in rows[1:]:
+        for k in _SAME:
+            if r[k] != rows[0][k]:
+                raise ValueError(f"lines differ in {k}: {rows[0][k]!r} vs {r[k]!r}")
+    seeds = sorted((int(a), int(b)) for a, b in (r["seed"].split("..") for r in rows))
+    for (_, b), (a, _) in zip(seeds, seeds[1:]):
+        if a != b + 1:
+            raise ValueError(f"seeds are not consecutive: {seeds}")
+    out = dict(rows[0])
+    for k in _SUMMED:
+        out[k] = str(sum(int(r[k]) for r in rows))
+    for k in _LARGEST:
+        out[k] = str(max(int(r[k]) for r in rows))
+    out["seed"] = f"{seeds[0][0]}..{seeds[-1][1]}"
+    out["date"] = max(r["date"] for r in rows)
+    return "fuzz " + " ".join(f"{k}={v}" for k, v in out.items())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gc3 fuzz", description=__doc__.split("\n\n")[0])
+    p.add_argument("--fold", nargs="+", metavar="FILE",
+                   help="run nothing: print the summary lines of these files (one configuration, consecutive "
+                        "seeds) folded into the one line measured/fuzz.txt keeps")
     p.add_argument("--mode", choices=("processes", "virtual"), default="processes")
     p.add_argument("--ranks", type=int, default=4, help="virtual ranks (mode=virtual)")
     p.add_argument("--calls", type=int, default=2000)
@@ -637,6 +684,12 @@ def main(argv=None) -> int:
     p.add_argument("--record", help="append the summary line to this file (rank 0)")
     p.add_argument("--no-minimize", action="store_true")
     args = p.parse_args(argv)
+    if args.fold:
+        try:
+            print(fold([line for path in args.fold for line in Path(path).read_text().splitlines()]))
+        except (OSError, ValueError) as exc:
+            p.exit(2, f"gc3 fuzz --fold: {exc}\n")
+        return 0
     colls = tuple(c for c in args.colls.split(",") if c)
     codes = {v: k for k, v in DTYPE_NAMES.items()}
     opcodes = {v: k for k, v in OP_NAMES.items()}
