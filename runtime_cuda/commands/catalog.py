@@ -110,6 +110,25 @@ def merge(files, output: str, ir_dir) -> None:
     if prov.get("shippable") is False:
         click.echo(f"NOT SHIPPABLE: {prov['not_shippable']}")
 
+@command.command("projection")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--place", type=click.Choice(("outofplace", "inplace")), default="outofplace", show_default=True)
+def projection(files, place: str) -> None:
+    """The projection table of each catalog `gc3 tune --model-only` wrote (the README's
+    8- and 16-rank tables): per collective, the size range of each algorithm chosen, its
+    predicted time and busbw.  Exit status: 0 printed; 2 a file is measured or not tune's."""
+    from pathlib import Path
+
+    from runtime_cuda.nccl.tune import projection as table
+
+    for k, path in enumerate(files):
+        try:
+            lines = table(Path(path), place)
+        except InputError as exc:
+            fail(path, exc)
+        click.echo(("\n" if k else "") + "\n".join(lines))
+
+
 @command.command("protocol")
 @click.option("--ranks", type=click.IntRange(2, None), required=True, help="rank count the catalog serves")
 @click.option("--protocol", "proto", type=click.Choice(("Simple", "LL", "LL128")), default="LL128", show_default=True)

@@ -685,6 +685,49 @@ def merge_catalogs(paths: Sequence[Path], out: Path, ir_dir: Optional[Path] = No
     return catalog
 
 
+def projection(path: Path, place: str = "outofplace") -> List[str]:
+    """The README's projection table of a `gc3 tune --model-only` catalog (`gc3 catalog
+    projection`): its provenance, then per collective (one placement) each run of one
+    chosen algorithm as a size range, its predicted time at the range's first and last
+    size and the busbw that implies at the last (nccl-tests' factor).  Nothing in it is
+    measured: a measured catalog is refused, as is a file tune did not write."""
+    from gc3.units import bus_factor
+
+    try:
+        prov = json.loads(Path(path).read_text())["provenance"]
+        choices, ranks, nodes = prov["choices"], prov["ranks"], prov["nodes"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{path}: not a catalog written by gc3 tune ({type(exc).__name__}: {exc})") from None
+    if prov.get("measured", True):
+        raise InputError(f"{path}: a measured catalog; this summarizes cost-model projections only")
+    model = prov.get("cost_model", {})
+    out = [f"# PROJECTION (cost model, not measured): {ranks} ranks on {nodes} node(s), {place}, "
+           f"preset {model.get('preset')} ({model.get('name')})",
+           f"# {model.get('calibration')}; busbw at the last size of each range",
+           f"{'collective':13} {'sizes':>13}  {'algorithm':44} {'predicted us':>16} {'busbw':>9}"]
+    for coll, places in choices.items():
+        picks = places.get(place)
+        if picks is None:
+            out.append(f"{coll:13} {'all':>13}  no candidate: NCCL")
+            continue
+        runs: List[list] = []
+        for pick in picks:
+            if runs and runs[-1][0] == pick["algorithm"]:
+                runs[-1][1].append(pick)
+            else:
+                runs.append([pick["algorithm"], [pick]])
+        for alg, ps in runs:
+            first, last = ps[0], ps[-1]
+            sizes = format_size(first["bytes"]) + (f"-{format_size(last['bytes'])}" if len(ps) > 1 else "")
+            if last["time_us"] is None:
+                out.append(f"{coll:13} {sizes:>13}  {alg or 'NCCL'}")
+                continue
+            times = f"{first['time_us']:.1f}" + (f"-{last['time_us']:.1f}" if len(ps) > 1 else "")
+            bw = last["bytes"] / (last["time_us"] * 1e-6) / 1e9 * bus_factor(coll, ranks)
+            out.append(f"{coll:13} {sizes:>13}  {alg or 'NCCL':44} {times:>16} {bw:6.0f} GB/s")
+    return out
+
+
 def summary(results: Sequence[Tuned]) -> List[str]:
     """One line per chosen range, for the terminal."""
     lines = []

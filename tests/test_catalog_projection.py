@@ -1,16 +1,15 @@
-"""scripts/projection_summary.py: the README's projection tables from a
-model-only catalog's provenance (runs of one algorithm folded into a size
-range, busbw at the range's last size), labelled as a projection; a measured
-catalog or a file without provenance is refused by name."""
+"""`gc3 catalog projection`: the README's projection tables from a model-only
+catalog's provenance (runs of one algorithm folded into a size range, busbw at
+the range's last size), labelled as a projection; a measured catalog or a file
+without provenance is refused by name."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import projection_summary as ps  # noqa: E402
+from gc3.cli import main
+from gc3.errors import InputError
+from runtime_cuda.nccl.tune import projection
 
 
 def catalog(tmp_path, measured=False):
@@ -26,7 +25,7 @@ def catalog(tmp_path, measured=False):
 
 
 def test_ranges_times_and_busbw(tmp_path):
-    lines = ps.summarize(catalog(tmp_path))
+    lines = projection(catalog(tmp_path))
     assert lines[0].startswith("# PROJECTION (cost model, not measured): 8 ranks on 1 node(s), outofplace")
     rows = [l.split() for l in lines[3:]]
     assert rows[0][:4] == ["allgather", "1", "KiB-4", "KiB"] and rows[0][4:6] == ["ag_LL", "8.0-8.5"]
@@ -36,9 +35,19 @@ def test_ranges_times_and_busbw(tmp_path):
 
 
 def test_measured_or_foreign_files_are_refused(tmp_path):
-    with pytest.raises(SystemExit, match="a measured catalog"):
-        ps.summarize(catalog(tmp_path, measured=True))
+    with pytest.raises(InputError, match="a measured catalog"):
+        projection(catalog(tmp_path, measured=True))
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    with pytest.raises(SystemExit, match="x.json: not a catalog written by gc3 tune"):
-        ps.summarize(bad)
+    with pytest.raises(InputError, match="x.json: not a catalog written by gc3 tune"):
+        projection(bad)
+
+
+def test_the_command_prints_each_table_and_names_a_file_it_refuses(tmp_path):
+    good = catalog(tmp_path)
+    r = CliRunner().invoke(main, ["catalog", "projection", str(good), str(good), "--place", "outofplace"])
+    assert r.exit_code == 0 and r.output.count("# PROJECTION") == 2
+    bad = tmp_path / "m.json"
+    bad.write_text(good.read_text().replace('"measured": false', '"measured": true'))
+    r = CliRunner().invoke(main, ["catalog", "projection", str(bad)])
+    assert r.exit_code == 2 and "m.json" in r.output and "a measured catalog" in r.output
