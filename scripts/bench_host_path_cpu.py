@@ -47,6 +47,11 @@ class _Exchange:
 
 
 class _Events:
+    """StreamOrder's CUDA events, answering at once from C builtins (a Cython wrapper's cost,
+    not the driver's): a call marks its stream's end with `record` (StreamOrder.leave)."""
+    new = staticmethod(int)
+    record = wait = staticmethod(max)
+
     def capturing(self, stream):
         return False
 
@@ -96,9 +101,11 @@ def build(n_elems: int, buf: int, stream: int):
     # What CuPy's runtime.streamIsCapturing answers for a stream not capturing (0), from C, without CUDA.
     streams._capture_status = (0).__mul__
 
+    order = StreamOrder(_Events())   # the communicator's, which its launch groups share (Gc3Backend.prepare)
+
     class Executor:
-        order = StreamOrder(_Events())
         broken = None
+    Executor.order = order
 
     g = LaunchGroup.__new__(LaunchGroup)
     g.executor, g._prepared, g._captured, g._epoch = Executor(), {}, {}, 0
@@ -110,7 +117,7 @@ def build(n_elems: int, buf: int, stream: int):
     be.rank, be.size, be.device = 0, 2, 0
     be._groups, be._failed, be._tables = {}, {}, {}
     comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
-    comm._setup(_Nccl(), 2, 0, lambda *a: be, exchange=_Exchange(), order=StreamOrder(_Events()))
+    comm._setup(_Nccl(), 2, 0, lambda *a: be, exchange=_Exchange(), order=order)
     cand = comm._dispatch.selector.catalog.candidates[0]
     be._groups[_key(cand)] = g
     be.check = lambda c, call: None    # the runtime's own shape check needs the tables: not per call anyway

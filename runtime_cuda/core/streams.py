@@ -41,9 +41,10 @@
 """
 from __future__ import annotations
 
+import sys
+import weakref
 from collections import deque
 from contextlib import contextmanager
-import weakref
 from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 LEGACY_PTRS = (0, 1)   # 0: the null stream; 1: cudaStreamLegacy (the same stream)
@@ -295,11 +296,10 @@ def owner(stream: int) -> Any:
     """An object whose life keeps `stream` alive, or None where none is known: CuPy's
     current stream when it is `stream` and owns it (an ExternalStream owns nothing;
     a torch stream's ptr never reaches here as CuPy's)."""
-    if stream in LASTING:
-        return None
-    try:
-        import cupy
-    except ImportError:
+    # A process that never imported CuPy has no CuPy stream current (and a failed import
+    # would search the path on every call).
+    cupy = sys.modules.get("cupy")
+    if stream in LASTING or cupy is None:
         return None
     s = cupy.cuda.get_current_stream()
     if s.ptr != stream or isinstance(s, cupy.cuda.ExternalStream):
