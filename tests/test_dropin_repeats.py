@@ -6,6 +6,7 @@ under GC3_DEBUG=TRACE, and falls back to the full path once the group has
 dropped its prepared calls.  The launch group's side (Reissue, its epoch, the
 `prepared` accessor) runs here on a group without a GPU; the GPU side is
 tests/test_graphs.py and scripts/bench_host_time.py."""
+import os
 import sys
 from pathlib import Path
 
@@ -629,3 +630,16 @@ class GoneStreamsEvents(Events):
     def wait(self, stream, event):
         assert stream not in self.gone, f"stream {stream} used after its owner destroyed it"
         super().wait(stream, event)
+
+
+def test_the_cpu_host_path_bench_still_drives_the_real_path():
+    """scripts/bench_host_path_cpu.py stubs only the driver and CUDA's events: a change to the
+    per-call path that its stand-ins do not cover shows here, not first on a GPU machine."""
+    import subprocess
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(repo / "scripts" / "bench_host_path_cpu.py"), "--calls", "100"],
+                          capture_output=True, text=True, timeout=120, cwd=repo,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = dict(line.split()[:2] for line in proc.stdout.splitlines() if not line.startswith("#"))
+    assert set(rows) == {"repeat", "named", "full", "stub"} and all(float(v) > 0 for v in rows.values())
