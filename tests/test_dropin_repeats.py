@@ -577,6 +577,7 @@ def test_prepare_gives_a_new_group_the_communicators_order(monkeypatch):
     be, cand, _ = backend_with_group(monkeypatch, [])
     be._groups, be._failed, be.device = {}, {}, 0
     be.exchange = Exchange(StreamOrder(ev))
+    be.order = be.exchange.order
     made = []
 
     def ranks(prog, exchange, device):
@@ -585,6 +586,18 @@ def test_prepare_gives_a_new_group_the_communicators_order(monkeypatch):
     be._IpcRanks = ranks
     assert be.prepare(Decision(Call("allreduce", R, R, 1000, NCCL_FLOAT32, NCCL_SUM, ST, 2, 0), cand)) is None
     assert made[0].executor.order is be.exchange.order
+
+
+def test_the_communicator_gives_its_backend_its_order_whatever_the_exchange(monkeypatch):
+    """from_mpi's exchange is no NCCL call and carries no order: the communicator hands its
+    order to the backend itself."""
+    class OrderedGc3(RepeatingGc3):
+        order = None
+    backend = OrderedGc3([])
+    monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(RecordingNccl([]), 2, 0, lambda *a: backend, order=StreamOrder(Events()))
+    assert backend.order is comm._order
 
 
 class StreamObject:

@@ -184,6 +184,8 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
                         if identify and not user_override(env) else None)
         catalog = load_catalog(env, self.machine)
         self._backend = backend_factory(exchange, rank, ndev, self._device, catalog)
+        if hasattr(self._backend, "order"):   # its launch groups order their calls by the communicator's
+            self._backend.order = order
         self._dispatch = Dispatcher(Selector(catalog, log, self._backend.check),
                                     fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)
         self._order, self._log = order, log

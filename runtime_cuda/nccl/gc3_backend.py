@@ -52,6 +52,9 @@ class Gc3Backend:
         self._IpcRanks = IpcRanks
         self._small = small_allreduce
         self.exchange = exchange
+        # The communicator's issue order, which its launch groups take as theirs (prepare); the
+        # communicator sets it (an exchange that is an NCCL call of it carries it too).
+        self.order = getattr(exchange, "order", None)
         self.rank, self.size, self.device = rank, size, device
         self._groups: Dict[Tuple, "CollectiveGroup"] = {}
         self._failed: Dict[Tuple, str] = {}
@@ -107,9 +110,8 @@ class Gc3Backend:
         # One issue order for the whole communicator: a group ordering its calls apart
         # would mark each call's end a second time (an event record, about a microsecond
         # of host time on every repeat).
-        order = getattr(self.exchange, "order", None)
-        if order is not None and not group.executor.order.pending:   # nothing of its own to keep alive
-            group.executor.order = order
+        if self.order is not None and not group.executor.order.pending:   # nothing of its own to keep alive
+            group.executor.order = self.order
         self._groups[key] = group
         return None
 
