@@ -53,8 +53,8 @@ class Gc3Backend:
         self._small = small_allreduce
         self.exchange = exchange
         # The communicator's issue order, which its launch groups take as theirs (prepare); the
-        # communicator sets it (an exchange that is an NCCL call of it carries it too).
-        self.order = getattr(exchange, "order", None)
+        # communicator sets it once it has made this backend.
+        self.order = None
         self.rank, self.size, self.device = rank, size, device
         self._groups: Dict[Tuple, "CollectiveGroup"] = {}
         self._failed: Dict[Tuple, str] = {}

@@ -21,8 +21,8 @@ from gc3.errors import InputError
 
 from . import tune
 from .catalog import DEFAULT_INDEX
+from .samples import KiB
 
-KiB = 1 << 10
 BANDS = 11        # [0, 1 KiB), then x4 per band; the last is unbounded
 
 

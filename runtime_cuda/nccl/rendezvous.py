@@ -64,7 +64,6 @@ class NcclExchange(_BytesExchange):
         self._size = size
         # The communicator's StreamOrder: the exchange is an NCCL operation of
         # the same communicator, so it queues behind the calls issued before it.
-        # Its launch groups order their calls by it too (Gc3Backend.prepare).
         self.order = order
 
     def allgather_bytes(self, data: bytes) -> List[bytes]:
