@@ -20,11 +20,17 @@ def values(rng, shape, dtype):
 
 
 def poisoned(shape, dtype):
-    """An output buffer of NaNs, so that any element never written fails the comparison."""
+    """An output buffer of NaNs, so that any element never written fails the comparison.
+    Filled before it is returned: the fill runs on CuPy's current stream, and a call on
+    another stream (a non-blocking one above all) would otherwise race with it, its
+    output then overwritten by the poison."""
     import cupy
     if dtype == "bfloat16":
-        return cupy.full(shape, 0x7FC1, dtype=cupy.uint16)
-    return cupy.full(shape, np.nan, dtype=dtype)
+        out = cupy.full(shape, 0x7FC1, dtype=cupy.uint16)
+    else:
+        out = cupy.full(shape, np.nan, dtype=dtype)
+    cupy.cuda.get_current_stream().synchronize()
+    return out
 
 
 def to_host(a, dtype):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from runtime_cuda.core import faults
 from runtime_cuda.nccl import communicator as cm
@@ -222,6 +223,46 @@ def test_an_owned_stream_that_began_capturing_is_not_marked():
     ev.capturing_streams = {5}          # a capture begun on 5 itself: nothing waits for it
     order.enter(7)
     assert ev.log == [] and order.last == 7 and order._keeper is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["enter", "leave", "leave_owned", "retire", "finish", "adopt",
+                                           "capture", "uncapture"]),
+                          st.sampled_from([0, 2, 5, 6, 7])), max_size=30))
+def test_the_fast_path_fields_say_exactly_when_enter_and_leave_do_nothing(ops):
+    """The repeat paths skip enter() where `ready` is the stream and leave() where `held` is:
+    after any sequence of operations, calling either there must change nothing at all."""
+    ev = Events()
+    order = StreamOrder(ev)
+    owners = {}
+    for op, stream in ops:
+        if op == "enter":
+            order.enter(stream)
+        elif op in ("leave", "leave_owned"):
+            owner = owners.setdefault(stream, object()) if op == "leave_owned" else None
+            order.leave(stream, None, owner)
+        elif op == "retire":
+            order.retire(object())
+        elif op == "finish":
+            ev.pending.clear()
+            order.reap()
+        elif op == "adopt":
+            order.adopt(stream)
+        elif op == "capture":
+            ev.capturing_streams.add(stream)
+        else:
+            ev.capturing_streams.discard(stream)
+        for s in (0, 2, 5, 6, 7):
+            state = (order.last, order.pending, order._keeper, order.ready, order.held, len(ev.log))
+            if order.ready == s:
+                order.enter(s)
+                assert (order.last, order.pending, order._keeper, order.ready, order.held, len(ev.log)) == state
+            if order.held == s:
+                order.leave(s)
+                assert (order.last, order.pending, order._keeper, order.ready, order.held, len(ev.log)) == state
+        # ...and they are not stale: where they do not name the stream, the method has work.
+        assert order.ready == (order.last if order.pending == 0 else None)
+        assert order.held == (order.last if order._keeper is not None or order.last in (0, 1, 2) else None)
 
 
 class RecordingGc3:

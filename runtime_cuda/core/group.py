@@ -18,7 +18,6 @@ from .tables import Tables, epilogue_words
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
 _LEGACY = streams.LEGACY_PTRS
-_LASTING = streams.LASTING
 
 
 class CollectiveGroup(Protocol):
@@ -117,9 +116,11 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
         # life once the group drops its prepared calls.  The legacy stream never captures
         # (streams.is_capturing).
         captured = stream_ptr not in _LEGACY and query(stream_ptr) != 0
-        if outer is not None and not outer.settled(stream_ptr):
+        # StreamOrder's public fast-path fields, read here so that a steady repeat calls none of
+        # its methods.
+        if outer is not None and outer.ready != stream_ptr:
             outer.enter(stream_ptr, captured)
-        if not order.settled(stream_ptr):
+        if order.ready != stream_ptr:
             order.enter(stream_ptr, captured)
         if captured:
             kept[key] = call
@@ -129,11 +130,11 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
             plain(stream_ptr, params, 0)
         else:
             coop(stream_ptr, params)
-        if not captured and stream_ptr not in _LASTING:   # StreamOrder.leave's own tests, done here once
+        if order.held != stream_ptr or outer is not None:
             owner = keep() if keep is not None and stream_ptr == stream else None
-            order.leave(stream_ptr, False, owner)
+            order.leave(stream_ptr, captured, owner)
             if outer is not None:
-                outer.leave(stream_ptr, False, owner)
+                outer.leave(stream_ptr, captured, owner)
         if tally is not None:
             tally[0] += 1
         return True

@@ -173,12 +173,24 @@ class StreamOrder:
         self._marked: Optional[int] = None   # the stream `_link` was last recorded on (leave, or a hand-over)
         self._graves: Deque[Tuple[int, Any]] = deque()
         self._spare: list = []
-        self._held: list = []   # retired while the last stream was capturing: kept for good
+        self._for_graphs: list = []   # retired while the last stream was capturing: kept for good
         # What keeps the last stream alive (its owner, from leave()): while held, the stream
         # cannot be destroyed, so its end is marked at the next switch instead of per call.
         self._keeper: Any = None
         # GC3_FAULT=stream-order: skip the cross-stream wait, to show the fuzz catches it.
         self._fault = fault
+        # The public fast-path state, kept current by every method that changes it: a repeat
+        # reads these two fields instead of calling enter() or leave(), each a Python
+        # call its host time would pay on every repeat.
+        # ready: the stream on which enter() does nothing (the last one, nothing retired), or None.
+        self.ready: Optional[int] = None
+        # held: the stream on which leave() does nothing (the last one, its owner held or one of
+        # the process's own streams), or None.
+        self.held: Optional[int] = None
+
+    def _sync(self) -> None:
+        self.ready = self._last if not self._graves else None
+        self.held = self._last if self._keeper is not None or self._last in LASTING else None
 
     @property
     def events(self):
@@ -190,11 +202,6 @@ class StreamOrder:
     def last(self) -> Optional[int]:
         return self._last
 
-    def settled(self, stream: int) -> bool:
-        """Whether enter(stream) would do nothing (the last stream, nothing retired): the
-        repeat paths test this and skip the call."""
-        return self._last == stream and not self._graves
-
     def enter(self, stream: int, capturing: Optional[bool] = None) -> None:
         """Order the next operation, on `stream`, after everything issued so far.
         Work captured into a graph takes no part (contract point 6): a capturing
@@ -202,7 +209,7 @@ class StreamOrder:
         for a `last` stream that is capturing (its work has not run).
         On the last stream with nothing retired (`_graves` empty) this does
         nothing: the repeat paths (group.Reissue, the drop-in's) test exactly
-        that and skip the call, so keep it a no-op there."""
+        that (`ready`) and skip the call, so keep it a no-op there."""
         last = self._last
         if last is not None and last != stream:
             if capturing is None:
@@ -210,6 +217,7 @@ class StreamOrder:
             if capturing:
                 return
             keeper, self._keeper = self._keeper, None   # released once `last`'s end is marked
+            self.held = None
             if self._marked == last and keeper is None:
                 # leave() marked `last`'s end after its latest issue: wait on that mark and
                 # touch `last` no more (its owner may have destroyed it since).  A capture
@@ -218,6 +226,7 @@ class StreamOrder:
                     self.events.wait(stream, self._link)
             elif self.events.capturing(last):
                 self._last = stream
+                self._sync()
                 return
             elif not self._fault:
                 ev = self.events
@@ -231,6 +240,7 @@ class StreamOrder:
         self._last = stream
         if self._graves:
             self.reap()
+        self._sync()
 
     def leave(self, stream: int, capturing: Optional[bool] = None, owner: Any = None) -> None:
         """After issuing on `stream` (entered last): mark its end now, while the stream
@@ -245,6 +255,7 @@ class StreamOrder:
         if owner is not None:
             self._keeper = owner
         if self._keeper is not None:   # the stream outlives the next switch, which marks its end
+            self.held = stream
             return
         try:
             ev = self.events
@@ -265,6 +276,7 @@ class StreamOrder:
         cannot wait on an event recorded outside the capture (torch.cuda.graph
         makes it wait on the stream current when capture began instead)."""
         self._last, self._keeper = stream, None
+        self._sync()
 
     def retire(self, obj: Any) -> None:
         """Drop our reference to `obj` once all work issued so far has finished
@@ -272,12 +284,13 @@ class StreamOrder:
         if self._last is None or obj is None:
             return
         if self.events.capturing(self._last):   # an event recorded there would be captured, not fired
-            self._held.append(obj)
+            self._for_graphs.append(obj)
             return
         ev = self.events
         event = self._spare.pop() if self._spare else ev.new()
         ev.record(event, self._last)
         self._graves.append((event, obj))
+        self.ready = None
         self.reap()
 
     def reap(self) -> None:
@@ -285,6 +298,8 @@ class StreamOrder:
         while self._graves and ev.done(self._graves[0][0]):
             event, _ = self._graves.popleft()
             self._spare.append(event)
+        if not self._graves:
+            self.ready = self._last
 
     @property
     def pending(self) -> int:

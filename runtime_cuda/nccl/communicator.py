@@ -22,7 +22,7 @@ from typing import Dict, List, Tuple
 
 from gc3.errors import CommunicatorError
 from runtime_cuda.core import faults
-from runtime_cuda.core.streams import LASTING, StreamOrder, owner_ref
+from runtime_cuda.core.streams import StreamOrder, owner_ref
 
 from .arrays import ArrayCollectives, is_array
 from .backend import make_backend, unavailable_backend
@@ -492,11 +492,11 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
     keep = owner_ref(ptr)   # see StreamOrder.leave: weak, as the repeat cache holds this
 
     def issue() -> bool:
-        if not order.settled(ptr):
+        if order.ready != ptr:
             order.enter(ptr)
         if go(ptr) is False:
             return False
-        if ptr not in LASTING:
+        if order.held != ptr:
             order.leave(ptr, None, keep() if keep is not None else None)
         tally[0] += 1
         return True
