@@ -13,6 +13,9 @@ loops: the one least disturbed by other work on the machine):
   repeat   a repeat of the same call through `submit` (the fast path: one
            dictionary hit, then the group's Reissue with the communicator's
            StreamOrder and tally bound in);
+  held     the same repeat on a stream whose owner the drop-in knows (CuPy's current
+           stream: streams.owner), so that it marks no end per call (StreamOrder.leave);
+           "repeat" is on a stream passed by handle alone, marked on every call;
   named    the same repeat through cupy.cuda.nccl's named method
            (comm.allReduce: what users call; it looks the repeat up itself);
   full     the same call with the repeat cache emptied before each call
@@ -147,6 +150,15 @@ def main(argv=None) -> int:
     if comm.submit(*a) == "NCCL" or not comm._repeats:
         raise SystemExit("the stubbed communicator did not serve the call on gc3: nothing to time")
     drv = _Driver.launchCooperativeKernel
+    # A second stream, known to be owned by a live object (as CuPy's current stream is).
+    from runtime_cuda.core import streams
+
+    held, keeper = stream + 1, _Ex()
+    known = streams.owner
+    streams.owner = lambda s: keeper if s == held else known(s)
+    b = ("allreduce", buf, buf, n, NCCL_FLOAT32, NCCL_SUM, held)
+    comm.submit(*b)
+    comm.submit(*b)
 
     def full():
         comm._repeats.clear()
@@ -155,7 +167,8 @@ def main(argv=None) -> int:
     def clear_only():
         comm._repeats.clear()
 
-    rows = [("repeat", per_call_us(lambda: comm.submit(*a), args.calls)),
+    rows = [("held", per_call_us(lambda: comm.submit(*b), args.calls)),
+            ("repeat", per_call_us(lambda: comm.submit(*a), args.calls)),
             ("named", per_call_us(lambda: comm.allReduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream), args.calls)),
             ("full", per_call_us(full, args.calls // 4) - per_call_us(clear_only, args.calls // 4)),
             ("stub", per_call_us(lambda: drv(0x7000, 4, 1, 1, 512, 1, 1, 0, stream, 0x8000), args.calls))]
