@@ -1,17 +1,11 @@
 """Small DSL programs the lowering tests compile (written here so the tests do
 not depend on gc3/algorithms/, which other work may change)."""
-import importlib.util
-from pathlib import Path
-
 from gc3 import Check, GC3Program, chunk, parallelize
+from gc3.benchmarks import compile_speed as _bench
 from gc3.dsl.collectives import AllGather, AllReduce, AllToAll, Broadcast, ReduceScatter
 from gc3.dsl.topology import fully_connected
 
-# The benchmark's programs (scripts/bench_compile.py) are tested here too.
-_spec = importlib.util.spec_from_file_location(
-    "bench_compile", Path(__file__).resolve().parent.parent / "scripts" / "bench_compile.py")
-_bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_bench)
+# The compile-speed benchmark's programs are tested here too.
 
 
 def ring_allreduce(n, instances=1, **kw):

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the verifier and so sits above both; the simulator lowers the programs it is given through it.
 # The algorithm library is DSL programs: above the DSL they are written in.
 LAYER = {"": 0, "ir": 1, "dsl": 2, "algorithms": 3, "compiler": 3, "verify": 4, "toolchain": 5, "simulator": 6,
-         "cli": 7}
+         "cli": 7, "benchmarks": 7}
 # (importing module, imported stage): why it is allowed for now.
 KNOWN_UPWARD = {
     ("gc3.collectives", "ir"): "the users' import path for the collective specifications, which live in ir/",
