@@ -56,6 +56,9 @@ _CALLS = COLLECTIVES + P2P
 # here, since that thread counted it in; the lock keeps threads' counts from mixing.
 _open_groups = 0
 _open_lock = threading.Lock()
+# What a named call finds where the repeat cache has nothing: an entry whose issue refuses
+# (bool() is False, from C), so that hit and miss take the same test.
+_MISS = (bool,)
 
 
 def _pending() -> List[Tuple["NcclCommunicator", Call]]:
@@ -247,117 +250,102 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
     # (tests/test_dropin_repeats.py reads both out of each method).
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
-        """allReduce(sendbuf, recvbuf, count, datatype, op, stream): allreduce
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("allreduce", sendbuf, recvbuf, count, datatype, op, stream, 0))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("allreduce", sendbuf, recvbuf, count, datatype, op, stream, 0)
+        """allreduce with cupy.cuda.nccl's allReduce(sendbuf, recvbuf, count, datatype, op, stream)."""
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("allreduce", sendbuf, recvbuf, count, datatype, op, stream, 0), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("allreduce", sendbuf, recvbuf, count, datatype, op, stream, 0)
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
-        """reduceScatter(sendbuf, recvbuf, recvcount, datatype, op, stream): reducescatter
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("reducescatter", sendbuf, recvbuf, recvcount, datatype, op, stream, 0))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("reducescatter", sendbuf, recvbuf, recvcount, datatype, op, stream, 0)
+        """reducescatter with cupy.cuda.nccl's reduceScatter(sendbuf, recvbuf, recvcount, datatype, op,
+        stream)."""
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("reducescatter", sendbuf, recvbuf, recvcount, datatype, op, stream, 0), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("reducescatter", sendbuf, recvbuf, recvcount, datatype, op, stream, 0)
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream):
-        """allGather(sendbuf, recvbuf, count, datatype, stream): allgather
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("allgather", sendbuf, recvbuf, count, datatype, None, stream, 0))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("allgather", sendbuf, recvbuf, count, datatype, None, stream, 0)
+        """allgather with cupy.cuda.nccl's allGather(sendbuf, recvbuf, count, datatype, stream)."""
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("allgather", sendbuf, recvbuf, count, datatype, None, stream, 0), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("allgather", sendbuf, recvbuf, count, datatype, None, stream, 0)
 
     def allToAll(self, sendbuf, recvbuf, count, datatype, stream):
-        """allToAll(sendbuf, recvbuf, count, datatype, stream): alltoall
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer).
+        """alltoall with cupy.cuda.nccl's allToAll(sendbuf, recvbuf, count, datatype, stream).
         A gc3 extension (cupy.cuda.nccl has none): `count` elements to and from each peer."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("alltoall", sendbuf, recvbuf, count, datatype, None, stream, 0))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("alltoall", sendbuf, recvbuf, count, datatype, None, stream, 0)
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("alltoall", sendbuf, recvbuf, count, datatype, None, stream, 0), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("alltoall", sendbuf, recvbuf, count, datatype, None, stream, 0)
 
     def bcast(self, buff, count, datatype, root, stream):
-        """bcast(buff, count, datatype, root, stream): broadcast
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("broadcast", buff, buff, count, datatype, None, stream, root))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("broadcast", buff, buff, count, datatype, None, stream, root)
+        """broadcast with cupy.cuda.nccl's bcast(buff, count, datatype, root, stream)."""
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("broadcast", buff, buff, count, datatype, None, stream, root), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("broadcast", buff, buff, count, datatype, None, stream, root)
 
     def send(self, sendbuf, count, datatype, peer, stream):
-        """send(sendbuf, count, datatype, peer, stream): send
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("send", sendbuf, 0, count, datatype, None, stream, peer))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("send", sendbuf, 0, count, datatype, None, stream, peer)
+        """send with cupy.cuda.nccl's send(sendbuf, count, datatype, peer, stream)."""
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("send", sendbuf, 0, count, datatype, None, stream, peer), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("send", sendbuf, 0, count, datatype, None, stream, peer)
 
     def recv(self, recvbuf, count, datatype, peer, stream):
-        """recv(recvbuf, count, datatype, peer, stream): recv
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("recv", 0, recvbuf, count, datatype, None, stream, peer))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("recv", 0, recvbuf, count, datatype, None, stream, peer)
+        """recv with cupy.cuda.nccl's recv(recvbuf, count, datatype, peer, stream)."""
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("recv", 0, recvbuf, count, datatype, None, stream, peer), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("recv", 0, recvbuf, count, datatype, None, stream, peer)
 
     # broadcast and reduce take cupy's pointer form or the array form (arrays.ArrayCollectives);
     # with all of the pointer form's arguments (the array form takes fewer) they are that form,
     # and a hasattr on an int would cost more than a repeat's lookup.
 
     def _pointer_reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
-        """_pointer_reduce(sendbuf, recvbuf, count, datatype, op, root, stream): reduce
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("reduce", sendbuf, recvbuf, count, datatype, op, stream, root))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
+        """reduce with cupy.cuda.nccl's _pointer_reduce(sendbuf, recvbuf, count, datatype, op, root, stream).
+        """
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("reduce", sendbuf, recvbuf, count, datatype, op, stream, root), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("reduce", sendbuf, recvbuf, count, datatype, op, stream, root)
 
     def _pointer_broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
-        """_pointer_broadcast(sendbuff, recvbuff, count, datatype, root, stream): broadcast
-        on this communicator, with cupy.cuda.nccl's arguments (raw pointers, NCCL codes, a stream pointer)."""
-        if not _open_groups:
-            try:
-                hit = self._repeats.get(("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
-                return
-        self._submit("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root)
+        """broadcast with cupy.cuda.nccl's _pointer_broadcast(sendbuff, recvbuff, count, datatype, root, stream).
+        """
+        try:
+            hit = _MISS if _open_groups else self._repeats.get(
+                ("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root), _MISS)
+        except TypeError:   # an unhashable argument: submit's checks say what is wrong with it
+            hit = _MISS
+        if not hit[0]():
+            self._submit("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root)
 
     def broadcast(self, *args, **kwargs):
         """cupy's broadcast(sendbuff, recvbuff, count, datatype, root, stream), or the
@@ -365,10 +353,10 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
         if len(args) == 6 and not kwargs and not _open_groups:
             sendbuff, recvbuff, count, datatype, root, stream = args
             try:
-                hit = self._repeats.get(("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
+                hit = self._repeats.get(("broadcast", sendbuff, recvbuff, count, datatype, None, stream, root), _MISS)
+            except TypeError:   # an unhashable argument: the pointer form's checks say what is wrong
+                hit = _MISS
+            if hit[0]():
                 return
         if len(args) == 6 or not is_array(args, kwargs):
             return self._pointer_broadcast(*args, **kwargs)
@@ -380,10 +368,10 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
         if len(args) == 7 and not kwargs and not _open_groups:
             sendbuf, recvbuf, count, datatype, op, root, stream = args
             try:
-                hit = self._repeats.get(("reduce", sendbuf, recvbuf, count, datatype, op, stream, root))
-            except TypeError:
-                hit = None
-            if hit is not None and hit[0]():
+                hit = self._repeats.get(("reduce", sendbuf, recvbuf, count, datatype, op, stream, root), _MISS)
+            except TypeError:   # an unhashable argument: the pointer form's checks say what is wrong
+                hit = _MISS
+            if hit[0]():
                 return
         if len(args) == 7 or not is_array(args, kwargs):
             return self._pointer_reduce(*args, **kwargs)
