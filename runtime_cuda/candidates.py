@@ -1,8 +1,9 @@
-"""The 2-rank program configurations the runtime's sweep times (scripts/bench_runtime.py runs
-each against NCCL at the sizes it serves), and what `gc3 calibrate --from-sweep` reads a
-sweep row's program from: a row names its candidate by collective and label.  Rows of a
-committed sweep keep naming these, so a candidate that was measured is not renamed or
-removed while its rows are in measured/ (the calibration test rebuilds the CSV from them)."""
+"""The 2-rank program configurations the runtime's sweep times (runtime_cuda.benchmarks.runtime_sweep,
+run as scripts/bench_runtime.py, times each against NCCL at the sizes it serves), and what
+`gc3 calibrate --from-sweep` reads a sweep row's program from: a row names its candidate by
+collective and label.  Rows of a committed sweep keep naming these, so a candidate that was
+measured is not renamed or removed while its rows are in measured/ (the calibration test
+rebuilds the CSV from them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -8,7 +8,7 @@ runs a few hundred calls, then one more, and prints that last call's
 start of the rank: when the block started, finished its prologue, each
 step's wait and data movement ended, and when it exited.  Stamps of two
 GPUs are not on one clock, so compare only within a rank.  Without
-GC3_TRACE=1 it prints the time per call only (as bench_runtime measures it).
+GC3_TRACE=1 it prints the time per call only (as scripts/bench_runtime.py measures it).
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def main() -> int:
@@ -34,8 +33,9 @@ def main() -> int:
     import numpy as np
     from mpi4py import MPI
 
-    import bench_runtime as br
     from gc3.units import parse_size
+    from runtime_cuda.benchmarks.runtime_sweep import timed
+    from runtime_cuda.candidates import CANDIDATES, compile_candidate
     from runtime_cuda.ranks.ipc import IpcRanks
     from runtime_cuda.core.perf import in_elems_for
 
@@ -47,16 +47,16 @@ def main() -> int:
     trace = os.environ.get("GC3_TRACE", "0") not in ("", "0")
     wanted = set(args.only.split(","))
     colls = args.colls.split(",")
-    for c in br.CANDIDATES:
+    for c in CANDIDATES:
         if c.label not in wanted or c.coll not in colls or not c.lo <= size <= c.hi:
             continue
-        g = IpcRanks(br.compile_candidate(c), world, proto=c.proto)
+        g = IpcRanks(compile_candidate(c), world, proto=c.proto)
         n_in = in_elems_for(g.prog, size, 4)
         n_out = g._shape(n_in, 4)[0].out_elems
         sbuf = cupy.ones(n_in, dtype=cupy.float32)
         rbuf = sbuf if g.prog.inplace and n_out == n_in else cupy.zeros(n_out, dtype=cupy.float32)
         call = lambda: g.run_ptrs([sbuf.data.ptr], [rbuf.data.ptr], n_in, "float32", "sum", stream)  # noqa: E731
-        us, host = br.timed(call, 300, world, stream)
+        us, host = timed(call, 300, world, stream)
         # Host time of each layer of the call path: the public call, the
         # cached prepared call, the bare driver launch.
         key = next(iter(g._prepared))

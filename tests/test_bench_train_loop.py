@@ -1,21 +1,17 @@
-"""scripts/bench_train_loop.py without a GPU: arguments, the exact data, the
-table, and the loop itself on a numpy stand-in for CuPy and MPI."""
+"""runtime_cuda.benchmarks.train_loop (scripts/bench_train_loop.py) without a GPU: arguments,
+the exact data, the table, and the loop itself on a numpy stand-in for CuPy and MPI."""
 import ctypes
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from fake_gpu import OneRankMpi, install, script
+from fake_gpu import OneRankMpi, install
+# Imported before any stand-in is installed: the module must not need cupy or mpi4py.
+from runtime_cuda.benchmarks import train_loop as tl
 
 
-@pytest.fixture(scope="module")
-def tl():
-    with script("bench_train_loop") as mod:     # must not need cupy or mpi4py
-        yield mod
-
-
-def test_arguments(tl):
+def test_arguments():
     a = tl.parse_args([])
     assert (a.steps, a.warmup, a.gc3_only, a.no_nccl) == (200, 5, False, False)
     a = tl.parse_args(["--steps", "7", "--gc3-only", "--no-nccl", "--warmup", "0"])
@@ -24,12 +20,12 @@ def test_arguments(tl):
         tl.parse_args(["--steps", "0"])
 
 
-def test_buffers_are_the_ones_of_the_issue(tl):
+def test_buffers_are_the_ones_of_the_issue():
     assert tl.SIZES == (1024, 262_144, 5_000_000, 17)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 16, 64])
-def test_sum_then_divide_gives_base_exactly(tl, n):
+def test_sum_then_divide_gives_base_exactly(n):
     for b, size in enumerate((1024, 17, 5000)):
         base = tl.base_values(np, b, size)
         ranks = [tl.initial_values(np, r, n, b, size) for r in range(n)]
@@ -43,7 +39,7 @@ def test_sum_then_divide_gives_base_exactly(tl, n):
             assert np.array_equal(acc / np.float32(n), base)
 
 
-def test_first_mismatch(tl):
+def test_first_mismatch():
     want = np.arange(10, dtype=np.float32)
     got = want.copy()
     assert tl.first_mismatch(np, got, want) == (0, -1, 0.0, 0.0)
@@ -51,7 +47,7 @@ def test_first_mismatch(tl):
     assert tl.first_mismatch(np, got, want) == (2, 3, -1.0, 3.0)
 
 
-def test_versions_and_table(tl):
+def test_versions_and_table():
     assert tl.nccl_version_string(22809) == "2.28.9"
     assert tl.nccl_version_string(2708) == "2.7.8"
     rows = [tl.Result("gc3 drop-in", 100.0, 500.0, 25.0, True, "gc3 served 800 of 800 calls"),
@@ -89,7 +85,7 @@ def fake_gpu(monkeypatch):
     install(monkeypatch)
 
 
-def test_loop_is_checked(tl, fake_gpu):
+def test_loop_is_checked(fake_gpu):
     comm = Comm()
     r = tl.run_loop(comm, OneRankMpi(), Stream(), steps=3, warmup=2, name="gc3 drop-in")
     assert comm.calls == 5 * 4

@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from fake_gpu import DevArray, FakeStream, OneRankMpi, install, script
+from fake_gpu import DevArray, FakeStream, OneRankMpi, install
 
 
 @pytest.fixture
@@ -63,22 +63,22 @@ def test_unchecked_case_reports_none(fake_cupy):
 
 @pytest.mark.parametrize("coll", ["allreduce", "allgather", "reducescatter", "alltoall"])
 def test_bench_runtime_checks_every_call(fake_cupy, coll):
-    with script("bench_runtime") as br:
-        sbuf = np.zeros(1000, np.float32)
-        rbuf = np.zeros(1000, np.float32)
-        user = FakeStream(7).use()
+    from runtime_cuda.benchmarks import runtime_sweep as br
+    sbuf = np.zeros(1000, np.float32)
+    rbuf = np.zeros(1000, np.float32)
+    user = FakeStream(7).use()
 
-        def right():
-            rbuf[:] = sbuf                     # one rank: every collective copies
+    def right():
+        rbuf[:] = sbuf                     # one rank: every collective copies
 
-        def stale():
-            rbuf[:] = sbuf
-            rbuf[999] = -5.0
+    def stale():
+        rbuf[:] = sbuf
+        rbuf[999] = -5.0
 
-        assert br.check_once(right, coll, sbuf, rbuf, 1000, OneRankMpi(), FakeStream(3)) == (0, "")
-        wrong, first = br.check_once(stale, coll, sbuf, rbuf, 1000, OneRankMpi(), FakeStream(3))
-        assert wrong == 1 and first.startswith("rank 0 output[999] = -5.0")
-        assert FakeStream.current is user
+    assert br.check_once(right, coll, sbuf, rbuf, 1000, OneRankMpi(), FakeStream(3)) == (0, "")
+    wrong, first = br.check_once(stale, coll, sbuf, rbuf, 1000, OneRankMpi(), FakeStream(3))
+    assert wrong == 1 and first.startswith("rank 0 output[999] = -5.0")
+    assert FakeStream.current is user
 
 
 def test_case_time_is_the_median_round(fake_cupy, monkeypatch):
