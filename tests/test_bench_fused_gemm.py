@@ -1,18 +1,12 @@
-"""scripts/bench_fused_gemm.py's shape tables and split vectors (the GPU part
+"""runtime_cuda.benchmarks.fused_gemm's shape tables and split vectors (the GPU part
 runs on the device: see tests/test_fused_gemm_gpu.py for the operators)."""
 import pytest
 
-from fake_gpu import script
-
-
-@pytest.fixture(scope="module")
-def bench():
-    with script("bench_fused_gemm") as mod:
-        yield mod
+from runtime_cuda.benchmarks import fused_gemm as bench
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_the_issue_shapes(bench, n):
+def test_the_issue_shapes(n):
     rows = bench.shapes(n, quick=False)
     rs = [(r["M"], r["K"], r["N"]) for r in rows if r["op"] == "gemm_reduce_scatter"]
     assert rs == [(4096, 14336 if n == 2 else 7168, 8192), (8192, 14336 if n == 2 else 7168, 8192)]
@@ -26,7 +20,7 @@ def test_the_issue_shapes(bench, n):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("M", [4096, 1001])
-def test_split_vectors(bench, n, M):
+def test_split_vectors(n, M):
     for kind in ("equal", "skewed"):
         firsts = set()
         for r in range(n):
@@ -37,5 +31,5 @@ def test_split_vectors(bench, n, M):
             assert len(firsts) == n
 
 
-def test_quick_covers_every_operator(bench):
+def test_quick_covers_every_operator():
     assert {r["op"] for r in bench.shapes(2, quick=True)} == set(bench.OPS)

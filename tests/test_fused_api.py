@@ -2,7 +2,6 @@
 shapes, their geometry as the launch path checks it, the compute-TB variants of both algorithms
 (simulated, and WRONG when a compute step is shifted), and the path choice."""
 import os
-import runpy
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +12,11 @@ from gc3.compiler.pipeline import lower
 from gc3.ir.xml_io import from_xml, to_xml
 from gc3.simulator import simulate
 from gc3.verify import verify
+# The benchmark's operators and shapes: the programs below are compiled for them.
+from runtime_cuda.benchmarks import fused_memory_bound as bench
 
 mb = pytest.importorskip("runtime_cuda.fused.memory_bound")
 ROOT = Path(__file__).resolve().parents[1]
-# The benchmark's operators and shapes: the programs below are compiled for them.
-BENCH = runpy.run_path(str(ROOT / "scripts" / "bench_fused.py"))
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +36,8 @@ def _geometry_agrees(prog):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("dtype", BENCH["EBAG_DTYPES"])
-@pytest.mark.parametrize("t, rows, dim, pooling, b", BENCH["EBAG_SHAPES"]["full"] + BENCH["EBAG_SHAPES"]["quick"]
+@pytest.mark.parametrize("dtype", bench.EBAG_DTYPES)
+@pytest.mark.parametrize("t, rows, dim, pooling, b", bench.EBAG_SHAPES["full"] + bench.EBAG_SHAPES["quick"]
                          + [(8, 1 << 20, 128, 32, 5)])      # and samples per rank that split into no blocks
 def test_embedding_programs_of_the_api(n, dtype, t, rows, dim, pooling, b):
     args = mb._ebag_args(n, t, rows, dim, b, pooling, 1)
@@ -119,14 +118,14 @@ def test_benchmark_script_runs_operators_of_the_api_and_offers_each():
 
     import runtime_cuda.fused as fused
 
-    assert BENCH["OPERATORS"]
-    for name in BENCH["OPERATORS"]:
+    assert bench.OPERATORS
+    for name in bench.OPERATORS:
         assert callable(getattr(fused, name, None)), name
         assert f"fused.{name}" in algorithms.names("fused"), name
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_fused.py"), "--help"], capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert out.returncode == 0 and "--virtual" in out.stdout and "--compute-only" in out.stdout
-    assert "--op {" + ",".join(sorted(BENCH["OPERATORS"])) + "}" in out.stdout
+    assert "--op {" + ",".join(sorted(bench.OPERATORS)) + "}" in out.stdout
 
 
 @pytest.mark.parametrize("size", ["full", "quick"])
@@ -136,8 +135,8 @@ def test_the_gemv_kernel_serves_every_shape_the_benchmark_times(size):
     virtual in one."""
     from runtime_cuda.fused.gemv_kernel import refusal
 
-    for dtype in BENCH["GEMV_DTYPES"]:
-        for batch, k, n_out in BENCH["GEMV_SHAPES"][size]:
+    for dtype in bench.GEMV_DTYPES:
+        for batch, k, n_out in bench.GEMV_SHAPES[size]:
             for n in (2, 4, 8):
                 for nlocal in (1, n):
                     assert refusal(dtype, batch, k, n_out, n, nlocal) is None, (dtype, batch, k, n_out, n, nlocal)

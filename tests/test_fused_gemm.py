@@ -687,17 +687,16 @@ def test_the_gpu_check_program_runs_on_the_stand_in(cp, monkeypatch, capsys):
 
 
 def test_the_benchmark_runs_on_the_stand_in(cp, monkeypatch, capsys):
-    """scripts/bench_fused_gemm.py's code paths (compute side, flag costs,
+    """runtime_cuda.benchmarks.fused_gemm's code paths (compute side, flag costs,
     operators fused / sequential / exchange alone, sampled check) on small
     shapes; the times are the stand-in's, meaningless."""
-    from fake_gpu import script
+    from runtime_cuda.benchmarks import fused_gemm as bench
 
-    with script("bench_fused_gemm") as bench:
-        small = [dict(op=op, M=32, K=16, N=8, splits=sp) for op, sp in
-                 [(op, "equal") for op in bench.OPS] + [("gemm_all_to_all", "skewed")]]
-        monkeypatch.setattr(bench, "shapes", lambda n, quick: small)
-        assert bench.main(["--virtual", "2", "--iters", "2", "--warmup", "1"]) == 0
-        out = capsys.readouterr().out
-        assert out.count("check=ok") == len(small), out
-        assert bench.main(["--compute-only", "--ranks", "4", "--iters", "1", "--warmup", "0"]) == 0
-        assert "chunks of" in capsys.readouterr().out
+    small = [dict(op=op, M=32, K=16, N=8, splits=sp) for op, sp in
+             [(op, "equal") for op in bench.OPS] + [("gemm_all_to_all", "skewed")]]
+    monkeypatch.setattr(bench, "shapes", lambda n, quick: small)
+    assert bench.main(["--virtual", "2", "--iters", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("check=ok") == len(small), out
+    assert bench.main(["--compute-only", "--ranks", "4", "--iters", "1", "--warmup", "0"]) == 0
+    assert "chunks of" in capsys.readouterr().out
