@@ -1,15 +1,15 @@
-"""scripts/bench_host_time.py on the CPU: the catalog it serves its calls from
-names one LL candidate per collective (out of place where the library
+"""runtime_cuda.benchmarks.host_time (scripts/bench_host_time.py) on the CPU: the catalog it
+serves its calls from names one LL candidate per collective (out of place where the library
 has one), and the drop-in loads it
-whole (the timing itself needs a GPU: see the script's docstring)."""
+whole (the timing itself needs a GPU: see the module's docstring)."""
 import sys
 from pathlib import Path
 
 import pytest
 
+from runtime_cuda.benchmarks import host_time as bht
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_host_time as bht  # noqa: E402
 
 
 @pytest.mark.parametrize("nranks", [2, 4])

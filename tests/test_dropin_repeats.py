@@ -646,11 +646,11 @@ class GoneStreamsEvents(Events):
 
 
 def test_the_cpu_host_path_bench_still_drives_the_real_path():
-    """scripts/bench_host_path_cpu.py stubs only the driver and CUDA's events: a change to the
-    per-call path that its stand-ins do not cover shows here, not first on a GPU machine."""
+    """runtime_cuda.benchmarks.host_path_cpu stubs only the driver and CUDA's events: a change to
+    the per-call path that its stand-ins do not cover shows here, not first on a GPU machine."""
     import subprocess
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(repo / "scripts" / "bench_host_path_cpu.py"), "--calls", "100"],
+    proc = subprocess.run([sys.executable, "-m", "runtime_cuda.benchmarks.host_path_cpu", "--calls", "100"],
                           capture_output=True, text=True, timeout=120, cwd=repo,
                           env={**os.environ, "PYTHONPATH": str(repo)})
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,18 +1,17 @@
-"""scripts/plot_sweep.py on the CPU: the plot of runtime_cuda/README.md's 2x H200
+"""runtime_cuda.benchmarks.plot_sweep (scripts/plot_sweep.py) on the CPU: the plot of
+runtime_cuda/README.md's 2x H200
 table is drawn from exactly that table's rows (fastest candidate per size, the
 small sizes from the run after LL threadblock merging), bad logs are refused
 naming file and line, and the committed picture stays small."""
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import plot_sweep as ps  # noqa: E402
+from gc3.units import parse_size
+from runtime_cuda.benchmarks import plot_sweep as ps
 
-from gc3.units import parse_size  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_table():

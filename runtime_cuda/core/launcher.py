@@ -98,7 +98,7 @@ class Launch:
         """Fix the driver calls' leading arguments (function, grid, block, no dynamic
         shared memory) once: a call then passes only the stream and parameters."""
         # The driver's leading arguments (function, grid x/y/z, block x/y/z, shared bytes), as
-        # every launch object has them: a bare launch of the same kernel (scripts/bench_host_time.py).
+        # every launch object has them: a bare launch of the same kernel (runtime_cuda/benchmarks/host_time.py).
         self.head = head = (self.fn, self.grid, 1, 1, self.block, 1, 1, 0)
         self._driver = driver
         self._plain = partial(driver.launchKernel, *head)

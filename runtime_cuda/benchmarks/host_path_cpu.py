@@ -1,0 +1,182 @@
+"""The drop-in's Python per-call path on the CPU, with the GPU stubbed out:
+
+    PYTHONPATH=$PWD python3 scripts/bench_host_path_cpu.py [--calls 200000]
+    PYTHONPATH=$PWD python3 -m runtime_cuda.benchmarks.host_path_cpu [--calls 200000]
+
+A communicator over the 2-rank all-pairs test IR, whose gc3 backend is the
+real Gc3Backend holding a real LaunchGroup (runtime_cuda/core/group.py) with one
+prepared call whose launch is a real `Launch` (runtime_cuda/core/launcher.py) over
+a stand-in driver, and whose stream-capture query answers "not capturing"
+without CUDA.  Both stand-ins are C builtins taking the driver's arguments,
+so what is timed is the Python above them, as CuPy's Cython wrappers see it.  Timed per call (the fastest of 21
+loops: the one least disturbed by other work on the machine):
+
+  repeat   a repeat of the same call through `submit` (the fast path: one
+           dictionary hit, then the group's Reissue with the communicator's
+           StreamOrder and tally bound in);
+  held     the same repeat on a stream whose owner the drop-in knows (CuPy's current
+           stream: streams.owner), so that it marks no end per call (StreamOrder.leave);
+           "repeat" is on a stream passed by handle alone, marked on every call;
+  named    the same repeat through cupy.cuda.nccl's named method
+           (comm.allReduce: what users call; it looks the repeat up itself);
+  full     the same call with the repeat cache emptied before each call
+           (argument checks, Call, selection's cache, set-up's cache,
+           Gc3Backend.run, LaunchGroup.run_ptrs);
+  stub     the stand-in driver call alone, with its 10 arguments (the
+           loop's own cost, and about what a bare launch adds in Python).
+
+What this leaves out, and scripts/bench_host_time.py measures on a GPU: the
+driver launch itself and cudaStreamIsCapturing (both paths make one of each).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from runtime_cuda import PACKAGE_DIR
+
+# The test IR lives in the checkout, beside the package: this bench runs from a source tree.
+PAIRS = PACKAGE_DIR.parent / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
+
+
+class _Nccl:
+    def device_id(self):
+        return 0
+
+
+class _Exchange:
+    rank, size = 0, 2
+
+
+class _Events:
+    """StreamOrder's CUDA events, answering at once from C builtins (a Cython wrapper's cost,
+    not the driver's): a call marks its stream's end with `record` (StreamOrder.leave)."""
+    new = staticmethod(int)
+    record = wait = staticmethod(max)
+
+    def capturing(self, stream):
+        return False
+
+
+class _Driver:
+    """cupy_backends' driver module as Launch uses it, answering at once: `max`
+    takes any number of ints and returns one, in C, like a Cython wrapper."""
+    launchKernel = launchCooperativeKernel = staticmethod(max)
+
+    class CUDADriverError(Exception):
+        pass
+
+
+class _Ex:
+    broken = None
+
+
+def stub_call():
+    """A PreparedCall with no copies around a real Launch over the stand-in driver
+    (cooperative, as GC3_COOPERATIVE's default makes it)."""
+    from runtime_cuda.core.group import PreparedCall
+    from runtime_cuda.core.launcher import Launch
+
+    launch = Launch.__new__(Launch)
+    launch.ex, launch.fn, launch.grid, launch.block, launch.coop = _Ex(), 0x7000, 4, 512, True
+    launch.params_ptr = 0x8000
+    if hasattr(Launch, "bind"):
+        launch.bind(_Driver)
+    else:   # the Launch before its driver calls were bound (for a before/after comparison)
+        launch._driver = _Driver
+    call = PreparedCall.__new__(PreparedCall)
+    call.launch, call.pre, call.post, call.shape, call.keep = launch, [], [], None, None
+    return call
+
+
+def build(n_elems: int, buf: int, stream: int):
+    import os
+
+    from runtime_cuda.core import streams
+    from runtime_cuda.core.group import LaunchGroup
+    from runtime_cuda.nccl import communicator as cm
+    from runtime_cuda.nccl.gc3_backend import Gc3Backend, _key
+    from runtime_cuda.core.streams import StreamOrder
+
+    os.environ["GC3_XML_FILES"] = str(PAIRS)
+    os.environ.pop("GC3_DEBUG", None)
+    # What CuPy's runtime.streamIsCapturing answers for a stream not capturing (0), from C, without CUDA.
+    streams._capture_status = (0).__mul__
+
+    order = StreamOrder(_Events())   # the communicator's, which its launch groups share (Gc3Backend.prepare)
+
+    class Executor:
+        broken = None
+    Executor.order = order
+
+    g = LaunchGroup.__new__(LaunchGroup)
+    g.executor, g._prepared, g._captured, g._epoch = Executor(), {}, {}, 0
+    g._prepared[g._key([buf], [buf], n_elems, "float32", "sum")] = stub_call()
+
+    be = Gc3Backend.__new__(Gc3Backend)
+    from runtime_cuda.core import abi, binding, launcher, tables
+    be._abi, be._binding, be._launcher, be._tables_mod = abi, binding, launcher, tables
+    be.rank, be.size, be.device = 0, 2, 0
+    be._groups, be._failed, be._tables = {}, {}, {}
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(_Nccl(), 2, 0, lambda *a: be, exchange=_Exchange(), order=order)
+    cand = comm._dispatch.selector.catalog.candidates[0]
+    be._groups[_key(cand)] = g
+    be.check = lambda c, call: None    # the runtime's own shape check needs the tables: not per call anyway
+    comm._dispatch.selector.runtime = be.check
+    return comm
+
+
+def per_call_us(fn, calls: int) -> float:
+    loops = []
+    for _ in range(21):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        loops.append((time.perf_counter() - t0) / calls * 1e6)
+    return min(loops)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=200_000)
+    args = ap.parse_args(argv)
+    from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM
+
+    buf, stream, n = 0x2000_0000, 0x77, 256
+    comm = build(n, buf, stream)
+    a = ("allreduce", buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream)
+    if comm.submit(*a) == "NCCL" or not comm._repeats:
+        raise SystemExit("the stubbed communicator did not serve the call on gc3: nothing to time")
+    drv = _Driver.launchCooperativeKernel
+    # A second stream, known to be owned by a live object (as CuPy's current stream is).
+    from runtime_cuda.core import streams
+
+    held, keeper = stream + 1, _Ex()
+    known = streams.owner
+    streams.owner = lambda s: keeper if s == held else known(s)
+    b = ("allreduce", buf, buf, n, NCCL_FLOAT32, NCCL_SUM, held)
+    comm.submit(*b)
+    comm.submit(*b)
+
+    def full():
+        comm._repeats.clear()
+        comm.submit(*a)
+
+    def clear_only():
+        comm._repeats.clear()
+
+    rows = [("held", per_call_us(lambda: comm.submit(*b), args.calls)),
+            ("repeat", per_call_us(lambda: comm.submit(*a), args.calls)),
+            ("named", per_call_us(lambda: comm.allReduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream), args.calls)),
+            ("full", per_call_us(full, args.calls // 4) - per_call_us(clear_only, args.calls // 4)),
+            ("stub", per_call_us(lambda: drv(0x7000, 4, 1, 1, 512, 1, 1, 0, stream, 0x8000), args.calls))]
+    print(f"# Python host path per call, launch and capture query stubbed ({sys.version.split()[0]})")
+    for name, us in rows:
+        print(f"{name:8} {us:6.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
