@@ -1,14 +1,9 @@
 """Stand-ins for CuPy, its streams and a one-rank MPI communicator, backed by
-numpy, for testing GPU scripts' host logic on a machine without a GPU."""
-import importlib.util
+numpy, for testing the benchmarks' host logic on a machine without a GPU."""
 import sys
 import types
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 class DevArray(np.ndarray):
@@ -69,16 +64,3 @@ def install(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "mpi4py", mpi)
     return cupy
-
-
-@contextmanager
-def script(name: str):
-    """scripts/<name>.py imported as a module for the duration of the block."""
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod       # dataclasses look their module up there
-    try:
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.modules.pop(spec.name, None)

@@ -30,7 +30,8 @@ KNOWN_CIRCLES = {}
 # run on core's launch group: virtual, CUDA IPC, peer access, and the small-message kernels'
 # group) -> nccl/ (the drop-in) and fused/ (the fused operators), which serve calls on ranks ->
 # torch_dist/ (the torch.distributed backend), commands/ (the gc3 subcommands) and benchmarks/
-# (the developers' benchmarks that scripts/ wraps), which use all of them.  kernels/ holds the CUDA sources, no Python.  A new subpackage must be placed here.
+# (the developers' benchmarks that scripts/ wraps), which use all of them.  kernels/ holds the
+# CUDA sources, no Python.  A new subpackage must be placed here.
 RUNTIME_LAYER = {"core": 1, "ranks": 2, "nccl": 3, "fused": 3, "torch_dist": 4, "commands": 4, "benchmarks": 4}
 # The package's root, each module placed on its own (a new one must be placed here too).
 RUNTIME_ROOT_LAYER = {
