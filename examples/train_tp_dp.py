@@ -4,7 +4,7 @@ The world is a (dp x tp) grid.  Each MLP block is Megatron-style: the first
 linear layer split by columns, the second by rows, so the forward pass needs
 one all_reduce over the tp group per block (and its backward one more); the
 gradients are then averaged over the dp group.  Every rank of a dp replica
-draws the same batch.  Prints the loss per step and the mean step time.
+draws the same batch.  Prints the loss per step and the mean and median step time.
 
     torchrun --nproc-per-node 2 examples/train_tp_dp.py --backend nccl --tp 2
     torchrun --nproc-per-node 2 examples/train_tp_dp.py --backend gc3  --tp 2
@@ -22,6 +22,7 @@ far apart.
 """
 import argparse
 import os
+import statistics
 import time
 
 import torch
@@ -138,8 +139,10 @@ def main():
             print(f"step {step:3d} loss {losses[-1]:.6f} time {times[-1] * 1e3:.2f} ms", flush=True)
     if rank == 0:
         warm = times[2:] or times
+        # The median too: a shared machine's stray slow step moves a short run's mean by itself.
         print(f"backend={args.backend} world={world} tp={args.tp} dp={world // args.tp} "
-              f"mean step {sum(warm) / len(warm) * 1e3:.2f} ms (after 2 warm-up steps)")
+              f"mean step {sum(warm) / len(warm) * 1e3:.2f} ms, median {statistics.median(warm) * 1e3:.2f} ms "
+              f"(after 2 warm-up steps)")
         print("losses " + " ".join(f"{v:.6f}" for v in losses), flush=True)
     dist.barrier()
     dist.destroy_process_group()
