@@ -250,7 +250,7 @@ class StreamOrder:
         last as long as the process) nor on a capturing one (captured work takes no part).
         `owner` (see owner()) keeps `stream` alive: held until the next switch, it
         replaces the per-call record with one record at that switch."""
-        if stream in LASTING or stream != self._last or self._fault:
+        if capturing or stream in LASTING or stream != self._last or self._fault:
             return
         if owner is not None:
             self._keeper = owner
