@@ -7,6 +7,7 @@ one GPU."""
 import contextlib
 import json
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -244,6 +245,52 @@ def test_the_epilogue_is_the_torch_arithmetic_and_leaves_x_alone(gloo_one, scale
     # at most two roundings of the narrower type, against float64
     ulp = 2 ** -7 if torch.bfloat16 in (dtype, out_dtype) else 2 ** -22
     assert float((got.double() - want).abs().max()) <= 2 * ulp * float(want.abs().max()), (got, want)
+
+
+class _KeptGroup:
+    """Stands in for the small kernels' group a fused epilogue call kept: records its launches."""
+
+    def __init__(self):
+        self.log = []
+
+    def run_ptrs(self, *args, **kwargs):
+        self.log.append((args, kwargs))
+
+
+def test_a_repeated_epilogue_call_is_one_launch_of_what_its_first_call_kept(gloo_one, monkeypatch):
+    """A call whose key the group kept goes straight to the kept launch with x's address, a new
+    output and torch's current stream; any change the key covers (a term's address, the scale,
+    the output type, the forced path, GC3_FUSED) or a strided x takes the full path (here the
+    sequential one: gloo's CPU tensors)."""
+    from runtime_cuda.torch_dist import ops
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0x77, raising=False)
+    g = torch.Generator().manual_seed(9)
+    x, bias = torch.randn(8, 8, generator=g), torch.randn(8, generator=g)
+    group, words = _KeptGroup(), [[1, 2, 3]]
+    kept = (group, 64, "float32", "float32", torch.float32, "oneshot", words, 0)
+    # The group a gc3 call keeps its launches on (a Python object, as Gc3ProcessGroup is); its
+    # full path is the sequential one on the gloo group.
+    pg = types.SimpleNamespace(_gc3_epilogue_repeats={ops._epilogue_key(x, 0.5, bias, None, None, None): kept})
+    sequential = ops.epilogue_sequential
+    monkeypatch.setattr(ops, "epilogue_sequential", lambda x, _pg, *a: sequential(x, gloo_one, *a))
+    out = ops.fused_all_reduce_epilogue(x, pg, 0.5, bias)
+    assert out.shape == x.shape and out.dtype == torch.float32 and out.data_ptr() != x.data_ptr()
+    assert group.log == [(((x.data_ptr(),), (out.data_ptr(),), 64, "float32", "sum", 0x77),
+                          {"kind": "oneshot", "epilogue": words, "out_dtype": "float32"})]
+    want = x * 0.5 + bias
+    other_bias = bias.clone()
+    for call in (lambda: ops.fused_all_reduce_epilogue(x, pg, 0.5, other_bias),
+                 lambda: ops.fused_all_reduce_epilogue(x, pg, 0.25, bias),
+                 lambda: ops.fused_all_reduce_epilogue(x, pg, 0.5, bias, out_dtype=torch.bfloat16),
+                 lambda: ops.fused_all_reduce_epilogue(x, pg, 0.5, bias, path="sequential"),
+                 lambda: ops.fused_all_reduce_epilogue(x.t().contiguous().t(), pg, 0.5, bias)):
+        got = call()
+        assert len(group.log) == 1 and got.shape == x.shape
+    monkeypatch.setenv("GC3_FUSED", "0")
+    got = ops.fused_all_reduce_epilogue(x, pg, 0.5, bias)
+    assert len(group.log) == 1 and torch.allclose(got, want)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        ops.fused_all_reduce_epilogue(x, pg, [0.5], bias)   # unhashable: the checks say why
 
 
 def test_gemv_and_embedding_bag_sequential_paths_on_one_rank(gloo_one):

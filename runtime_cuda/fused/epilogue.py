@@ -126,10 +126,12 @@ def words(items: Sequence[str], scale: Optional[float], cols: int, nranks: int, 
 
 
 def run_kernel(comm, xs: Sequence[int], outs: Sequence[int], count: int, dtype: str, out_dtype: str,
-               epw: Sequence[Sequence[int]], stream: int) -> None:
-    """The small kernels' epilogue build: one launch for every rank this process runs."""
-    small_group(comm).run_ptrs(xs, outs, count, dtype, "sum", stream, kind=kernel_kind(
-        count * dtype_info(dtype).np.itemsize, comm.size()), epilogue=epw, out_dtype=out_dtype)
+               epw: Sequence[Sequence[int]], stream: int, kind: Optional[str] = None) -> None:
+    """The small kernels' epilogue build: one launch for every rank this process runs (`kind`:
+    kernel_kind's answer for the call, where the caller has it)."""
+    if kind is None:
+        kind = kernel_kind(count * dtype_info(dtype).np.itemsize, comm.size())
+    small_group(comm).run_ptrs(xs, outs, count, dtype, "sum", stream, kind=kind, epilogue=epw, out_dtype=out_dtype)
 
 
 def run_pass(ys: Sequence[int], outs: Sequence[int], count: int, dtype: str, out_dtype: str,

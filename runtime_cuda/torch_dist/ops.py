@@ -343,11 +343,17 @@ def _gemv_fused(pg, x: torch.Tensor, w: torch.Tensor, repeat: Optional[Tuple] = 
     if why:
         return None, why
     if repeat is not None:
-        repeats = pg.__dict__.setdefault("_gc3_gemv_repeats", {})
-        if len(repeats) >= _CHOICES_KEPT:
-            repeats.clear()
-        repeats[repeat] = (group, tuple(x.shape), dtype, pg._device.index)
+        _keep_repeat(pg, "_gc3_gemv_repeats", repeat, (group, tuple(x.shape), dtype, pg._device.index))
     return _gemv_launch(group, x, w, dtype, pg._device.index), ""
+
+
+def _keep_repeat(pg, table: str, key: Tuple, value: Tuple) -> None:
+    """Keep what a fused call decided and built under `key` in the group's `table`, for its
+    repeats to launch with no checks (cleared when full)."""
+    repeats = pg.__dict__.setdefault(table, {})
+    if len(repeats) >= _CHOICES_KEPT:
+        repeats.clear()
+    repeats[key] = value
 
 
 def _gemv_launch(group, x: torch.Tensor, w: torch.Tensor, dtype: str, index: int) -> torch.Tensor:
@@ -551,14 +557,33 @@ def _epilogue_arguments(what: str, x, scale, bias, residual, out_dtype) -> None:
             raise ValueError(f"{what}: {name} is on {t.device}, x on {x.device}")
 
 
+def _epilogue_key(x: torch.Tensor, scale, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+                  out_dtype: Optional[torch.dtype], path: Optional[str]) -> Tuple:
+    """What a fused epilogue call's checks, decision and launch words depend on, besides x's
+    address and contiguity (checked every call): the terms' addresses ride in the words."""
+    terms = tuple(None if t is None else (t.data_ptr(), t.shape, t.dtype, t.device, t.is_contiguous())
+                  for t in (bias, residual))
+    return (x.shape, x.dtype, x.device, type(scale), scale, out_dtype, path) + terms + _decision_context()
+
+
+def _epilogue_launch(hit: Tuple, x: torch.Tensor) -> torch.Tensor:
+    group, count, dtype, odt, out_dtype, kind, epw, index = hit
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    group.run_ptrs((x.data_ptr(),), (out.data_ptr(),), count, dtype, "sum", torch._C._cuda_getCurrentRawStream(index),
+                   kind=kind, epilogue=epw, out_dtype=odt)
+    return out
+
+
 def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[torch.Tensor],
                    residual: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
-                   path: Optional[str] = None) -> Tuple[Optional[torch.Tensor], str]:
+                   path: Optional[str] = None, repeat: Optional[Tuple] = None) -> Tuple[Optional[torch.Tensor], str]:
     """(the fused path's result, '') or (None, why it cannot serve the call: set-up failed).
     Up to the small kernels' limit one launch of their epilogue build; above it the group's
     allreduce, then one epilogue pass (runtime_cuda.fused.epilogue).  Addresses and torch's
     current stream go straight to the kernels: no DLPack views, no host synchronisation, and
-    outputs from torch's caching allocator."""
+    outputs from torch's caching allocator.  `repeat`: the call's _epilogue_key, under which a
+    call the kernel serves keeps its launch for repeats (x and the terms were contiguous, so
+    the words hold the caller's own addresses)."""
     import cupy
 
     from runtime_cuda.fused import epilogue as fe
@@ -581,7 +606,11 @@ def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[t
                        [0 if b is None else b.data_ptr()], [0 if r is None else r.data_ptr()])
         out = torch.empty(xs.shape, dtype=out_dtype or x.dtype, device=xs.device)
         if fe.fits_kernel(count, dtype):
-            fe.run_kernel(comm, [xs.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream)
+            kind = fe.kernel_kind(count * xs.element_size(), pg.size())
+            if repeat is not None:
+                _keep_repeat(pg, "_gc3_epilogue_repeats", repeat, (fe.small_group(comm), count, dtype, odt,
+                                                                   out.dtype, kind, epw, xs.device.index))
+            fe.run_kernel(comm, [xs.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream, kind)
         else:
             y = out if odt == dtype else torch.empty_like(xs)
             comm.allReduce(xs.data_ptr(), y.data_ptr(), count, DTYPE_CODES[dtype], NCCL_SUM, stream)
@@ -606,6 +635,17 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
     from gc3.limits import SMALL_ALLREDUCE_MAX_BYTES
     what = "fused_all_reduce_epilogue"
     pg = _group(group)
+    # A call this group has run on the kernel before: no checks but x's contiguity, one launch.
+    repeats = getattr(pg, "_gc3_epilogue_repeats", None)
+    key = None
+    if isinstance(x, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in (bias, residual) if t is not None):
+        key = _epilogue_key(x, scale, bias, residual, out_dtype, path)
+        try:
+            hit = None if repeats is None else repeats.get(key)
+        except TypeError:   # an unhashable scale: the checks below say what is wrong with it
+            hit = key = None
+        if hit is not None and x.is_contiguous():
+            return _epilogue_launch(hit, x)
     _epilogue_arguments(what, x, scale, bias, residual, out_dtype)
     terms = [t for t in (bias, residual) if t is not None]
     nbytes = x.numel() * x.element_size()
@@ -619,7 +659,8 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
     if not why:
         why = _fused_picked("ar_epilogue", what, pg, x, {"bytes": nbytes}, path)
     if not why:
-        out, why = epilogue_fused(x, pg, scale, bias, residual, out_dtype, path)
+        contiguous = x.is_contiguous() and all(t.is_contiguous() for t in terms)
+        out, why = epilogue_fused(x, pg, scale, bias, residual, out_dtype, path, key if contiguous else None)
         if out is not None:
             return out
     _sequential(what, why)
