@@ -14,14 +14,13 @@ import cProfile
 import datetime
 import os
 import pstats
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 import runtime_cuda.torch_dist as gc3_torch
+from runtime_cuda.benchmarks.torch_host import host_us as host
 from runtime_cuda.torch_dist import ops
 
 M, K, N = (int(x) for x in sys.argv[1:4]) if len(sys.argv) >= 4 else (1024, 3584, 4096)
@@ -43,18 +42,6 @@ def plain(group):
     dist.reduce_scatter_tensor(o, D, group=group)
 
 
-def host(fn, calls=20, rounds=5):
-    fn()
-    per = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t0) * 1e6 / calls)
-    torch.cuda.synchronize()
-    return statistics.median(per)
 
 
 cases = {
