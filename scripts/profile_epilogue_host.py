@@ -31,8 +31,6 @@ dist.init_process_group("cpu:gloo,cuda:gc3", timeout=datetime.timedelta(seconds=
 pg, rank, G = dist.group.WORLD, dist.get_rank(), dist.get_world_size()
 
 
-
-
 for kib in SIZES_KIB:
     elems = kib * 1024 // 2
     cols = min(COLS, elems)

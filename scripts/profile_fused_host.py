@@ -42,8 +42,6 @@ def plain(group):
     dist.reduce_scatter_tensor(o, D, group=group)
 
 
-
-
 cases = {
     "mm": lambda: torch.mm(A, B),
     "mm_out_cols4": lambda: [torch.mm(A, B[:, i * N // 4:(i + 1) * N // 4]) for i in range(4)],
