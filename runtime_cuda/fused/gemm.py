@@ -20,8 +20,10 @@ How it overlaps: each rank's GEMM runs as one cuBLAS call per destination
 chunk on its compute stream, peers' chunks first in rank-swizzled order
 (rank r starts with the chunk of rank r+1, so no destination is everyone's
 first), and each finished chunk goes at once to its destination by the copy
-engine (cudaMemcpyAsync into the peer's buffer) on a transfer stream, then
-the destination's arrival flag is released (gemm_signal).  For AG+GEMM the
+engine (cudaMemcpyAsync into the peer's buffer) on the transfer stream of
+that destination (one per peer, so that the copies to different peers run at
+once, each on its own copy engine), then the destination's arrival flag is
+released (gemm_signal).  For AG+GEMM the
 pushes of A_r come first and the GEMM of chunk s waits for chunk s's arrival
 flag.  Buffers come in two copies used by alternate calls; before writing
 into a peer's copy a rank waits for that peer's "consumed" flag of the call
@@ -170,23 +172,29 @@ class _Rank:
     def __init__(self, op: str, group: _Group, st: ShapeState, r: int, user):
         self.op, self.g, self.st, self.r, self.user = op, group, st, r, user
         self.lr: _LocalRank = group.ranks[r]
-        self.comp, self.xfer = self.lr.compute, self.lr.transfer
+        self.comp, self.xfers = self.lr.compute, self.lr.transfers(group.n)
         self.e, self.p = st.epoch, st.epoch & 1
         self.w = group.watchdog
+
+    def xfer(self, d: int):
+        """The transfer stream to rank d."""
+        return self.xfers[d]
 
     def begin(self) -> None:
         # The compute stream also waits for the previous call's transfers,
         # which read this rank's send buffer the GEMMs are about to refill.
-        self.lr.order(self.xfer.ptr, self.comp.ptr, "previous transfers")
+        for x in self.xfers:
+            self.lr.order(x.ptr, self.comp.ptr, "previous transfers")
         ev = self.lr.event("inputs")
         rt = _rt()
         rt.eventRecord(ev, self.user.ptr)
-        rt.streamWaitEvent(self.comp.ptr, ev, 0)
-        rt.streamWaitEvent(self.xfer.ptr, ev, 0)
+        for s in [self.comp] + self.xfers:
+            rt.streamWaitEvent(s.ptr, ev, 0)
 
     def end(self) -> None:
         self.lr.order(self.comp.ptr, self.user.ptr, "compute done")
-        self.lr.order(self.xfer.ptr, self.user.ptr, "transfers done")
+        for x in self.xfers:
+            self.lr.order(x.ptr, self.user.ptr, "transfers done")
         ev = self.lr.event("call done")
         _rt().eventRecord(ev, self.user.ptr)
         self.g.last_events.append(ev)
@@ -203,9 +211,13 @@ class _Rank:
         gemm_rows(self.lr.cublas, stream, a, b, c, m, k, n, in_type, out_type)
         self.stamp(stream, "gemm end", chunk)
 
-    def hand_over(self) -> None:
-        """What the compute stream has queued so far comes before the next transfer."""
-        self.lr.order(self.comp.ptr, self.xfer.ptr, "chunk")
+    def hand_over(self, dests) -> None:
+        """What the compute stream has queued so far comes before the next transfers to `dests`."""
+        ev = self.lr.event("chunk")
+        rt = _rt()
+        rt.eventRecord(ev, self.comp.ptr)
+        for d in dests:
+            rt.streamWaitEvent(self.xfer(d).ptr, ev, 0)
 
     def push(self, stream, lane: int, d: int, src: int, dst: int, nbytes: int, chunk: str) -> None:
         """Copy `nbytes` into rank d's buffer once d has consumed what the same
@@ -375,13 +387,14 @@ def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
                         continue
                     mine = send + bounds[d] * N * 4
                     rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, _R_32F, f"partial chunk {d}")
-                    rk.hand_over()
-                    rk.push(rk.xfer, 0, to, mine, recv_slot(to), rows * N * 4, f"partial chunk {d}")
+                    rk.hand_over([to])
+                    rk.push(rk.xfer(to), 0, to, mine, recv_slot(to), rows * N * 4, f"partial chunk {d}")
             else:
                 rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, _R_32F, "all partial chunks")
-                rk.hand_over()
-                for d in peers_first(r, n):
-                    rk.push(rk.xfer, 0, d, send + bounds[d] * N * 4, recv_slot(d),
+                dests = peers_first(r, n)
+                rk.hand_over(dests)
+                for d in dests:
+                    rk.push(rk.xfer(d), 0, d, send + bounds[d] * N * 4, recv_slot(d),
                             (bounds[d + 1] - bounds[d]) * N * 4, f"partial chunk {d}")
 
         def reduce(rk=rk, o=outs[i]):
@@ -477,7 +490,7 @@ def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, str
             rk.begin()
             targets = peers_first(rk.r, n)
             for d in (targets if not fuse else targets[:-1]):
-                rk.push(rk.xfer, 0, d, a_ptr, rk.buf("gather", d) + rk.r * block, block, f"A chunk {rk.r}")
+                rk.push(rk.xfer(d), 0, d, a_ptr, rk.buf("gather", d) + rk.r * block, block, f"A chunk {rk.r}")
 
         def compute(rk=rk, a_ptr=a_ptr, bs=Bs[i], os_=outs[i], ga=gathered[i]):
             r, g = rk.r, rk.buf("gather", rk.r)
@@ -564,13 +577,15 @@ def gemm_all_to_all(a, b, splits, comm: _Group, *, out=None, stream=None, fused:
                         continue
                     mine = send + soff[d] * row
                     rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, ctype, f"block {r}->{d}")
-                    rk.hand_over()
-                    rk.push(rk.xfer, 0, to, mine, rk.buf("recv", to) + roff(r, to) * row, rows * row, f"block {r}->{d}")
+                    rk.hand_over([to])
+                    rk.push(rk.xfer(to), 0, to, mine, rk.buf("recv", to) + roff(r, to) * row, rows * row,
+                            f"block {r}->{d}")
             else:
                 rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, ctype, "all blocks")
-                rk.hand_over()
-                for d in peers_first(r, n):
-                    rk.push(rk.xfer, 0, d, send + soff[d] * row, rk.buf("recv", d) + roff(r, d) * row,
+                dests = peers_first(r, n)
+                rk.hand_over(dests)
+                for d in dests:
+                    rk.push(rk.xfer(d), 0, d, send + soff[d] * row, rk.buf("recv", d) + roff(r, d) * row,
                             S[r][d] * row, f"block {r}->{d}")
 
         def consume(rk=rk, o=outs[i]):

@@ -57,13 +57,24 @@ class _LocalRank:
 
         self.rank = rank
         self.compute = cupy.cuda.Stream(non_blocking=True)
-        self.transfer = cupy.cuda.Stream(non_blocking=True)
+        # One transfer stream per destination: copies on one stream run one after another on
+        # one copy engine, while copies to different peers on their own streams run at once
+        # and keep every link busy.
+        self._transfers: List = []
         # A handle per rank: cuBLAS's workspace belongs to the handle, and the
         # ranks' GEMMs run concurrently on their own streams.
         self.cublas = cupy.cuda.cublas.create()
         rt = cupy.cuda.runtime
         self._events: Dict[str, int] = {}
         self._rt = rt
+
+    def transfers(self, n: int) -> List:
+        """The transfer streams to ranks 0..n-1 (made on first use, then kept)."""
+        import cupy
+
+        while len(self._transfers) < n:
+            self._transfers.append(cupy.cuda.Stream(non_blocking=True))
+        return self._transfers[:n]
 
     def event(self, name: str) -> int:
         """A named event of this rank; cudaStreamWaitEvent captures its latest
