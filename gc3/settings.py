@@ -186,6 +186,10 @@ _DECLARED: List[Setting] = [
             "how fused operators' streams wait for flags",
             _choice({"driver": "driver", "kernel": "kernel"}, "'driver' or 'kernel'", fold=True),
             "driver, kernel", "fused"),
+    Setting("GC3_FUSED_PARTIALS", "choice", "fp32",
+            "the type GEMM+reduce-scatter/all-reduce partial products cross the links in: fp32, or the input's "
+            "(half the bytes; each partial rounded once, then summed in fp32)",
+            _choice({"fp32": "fp32", "input": "input"}, "'fp32' or 'input'", fold=True), "fp32, input", "fused"),
     Setting("GC3_FUSED_TRACE", "flag", False,
             "time each fused GEMM chunk and flag wait (gc3 bench --fused reads the stamps)",
             _ZERO_ONE, "0, 1", "fused"),

@@ -263,12 +263,14 @@ class FakeCupy(types.ModuleType):
         def sum_round(grid, block, args, stream=None):
             self._issue(stream.ptr, lambda: sum_now(*(int(x) for x in args)))
 
-        def sum_now(parts, stride, nparts, count, out, kind):
-            total = view(parts, count, np.float32).copy()
-            for p in range(1, nparts):
-                total += view(parts + 4 * p * stride, count, np.float32)
-            ctype = {0: 0, 1: 14, 2: 2}[kind]
-            view(out, count, _CUDA_TYPES[ctype])[...] = from_f32(total, ctype)
+        def sum_now(parts, stride, nparts, count, out, kind, in_kind):
+            ctype = {0: 0, 1: 14, 2: 2}
+            size = 4 if in_kind == 0 else 2
+            total = np.zeros(count, np.float32)
+            for p in range(nparts):
+                total += to_f32(view(parts + size * p * stride, count, _CUDA_TYPES[ctype[in_kind]]),
+                                ctype[in_kind])
+            view(out, count, _CUDA_TYPES[ctype[kind]])[...] = from_f32(total, ctype[kind])
 
         def stamp(grid, block, args, stream=None):
             slot = int(args[0])
@@ -401,6 +403,33 @@ def test_gemm_all_reduce_any_m(cp, n, dtype, fused):
         assert all(x is o for x, o in zip(got, outs))
         for r in range(n):
             same(got[r], sum(a @ b for a, b in zip(Av, Bv)))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_partials_in_the_input_type_move_half_the_bytes_and_sum_alike(cp, monkeypatch, n, dtype, fused):
+    """GC3_FUSED_PARTIALS=input: the partial products cross in the 16-bit type (buffers of half
+    the size, slots and offsets in its element size) and the sums are still right."""
+    monkeypatch.setenv("GC3_FUSED_PARTIALS", "input")
+    rng = np.random.default_rng(30 + n)
+    g = group(n)
+    M, K, N = 4 * n, 5, 6
+    for call in range(4):
+        A, Av = matrices(cp, rng, [(M, K)] * n, dtype)
+        B, Bv = matrices(cp, rng, [(K, N)] * n, dtype)
+        want = sum(a @ b for a, b in zip(Av, Bv))
+        got = gemm_reduce_scatter(A, B, g, fused=fused)
+        for r in range(n):
+            same(got[r], want[r * M // n:(r + 1) * M // n])
+        for r, x in enumerate(gemm_all_reduce(A, B, g, fused=fused)):
+            same(x, want)
+    store = "uint16" if dtype == "bfloat16" else dtype
+    assert {k[-1] for k in g._shapes if k[0] in ("gemm_reduce_scatter", "gemm_all_reduce")} == {2}
+    monkeypatch.setenv("GC3_FUSED_PARTIALS", "fp32")
+    gemm_reduce_scatter(A, B, g, fused=fused)
+    assert ("gemm_reduce_scatter", M, N, store, 4) in g._shapes
+    g.synchronize()
 
 
 @pytest.mark.parametrize("n, dtype, fused", CASES)

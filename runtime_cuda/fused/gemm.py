@@ -13,8 +13,9 @@ CuPy arrays of float32, float16 or bfloat16; CuPy has no bfloat16, so uint16
 arrays are read as bfloat16 bits (the layout torch and ml_dtypes use), and
 results have the inputs' dtype.  The GEMM accumulates in fp32 (cuBLAS,
 tensor cores); for the sums (reduce-scatter, all-reduce) each rank's partial
-product stays fp32, the partials are added in fp32 in rank order and the sum
-is rounded once to the output dtype.
+product stays fp32 (or, with GC3_FUSED_PARTIALS=input, is rounded once to the
+input's 16-bit type, halving the bytes that cross the links), the partials are
+added in fp32 in rank order and the sum is rounded once to the output dtype.
 
 How it overlaps: each rank's GEMM runs as one cuBLAS call per destination
 chunk on its compute stream, peers' chunks first in rank-swizzled order
@@ -57,13 +58,24 @@ _GEMM_DEFAULT = -1     # CUBLAS_GEMM_DEFAULT
 _MEMCPY_DEFAULT = 4    # cudaMemcpyDefault: the pointers say where (peer memory mapped by IPC included)
 DEFAULT_MIN_ROWS = settings.default("GC3_FUSED_MIN_ROWS")
 
+# Partials come in as fp32 (in_kind 0) or in the input's 16-bit type (in_kind 1 bf16, 2 fp16),
+# and are summed in fp32 either way.
 _SUM_SOURCE = r"""
-extern "C" __global__ void gc3_sum_round(const float* parts, unsigned long long stride, int nparts,
-                                         unsigned long long count, void* out, int kind) {
+__device__ __forceinline__ float gc3_part(const void* parts, unsigned long long j, int in_kind) {
+    if (in_kind == 0) return ((const float*)parts)[j];
+    const unsigned short h = ((const unsigned short*)parts)[j];
+    if (in_kind == 1) return __uint_as_float(((unsigned)h) << 16);
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+extern "C" __global__ void gc3_sum_round(const void* parts, unsigned long long stride, int nparts,
+                                         unsigned long long count, void* out, int kind, int in_kind) {
     const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step) {
-        float s = parts[i];
-        for (int p = 1; p < nparts; ++p) s += parts[p * stride + i];
+        float s = gc3_part(parts, i, in_kind);
+        for (int p = 1; p < nparts; ++p) s += gc3_part(parts, p * stride + i, in_kind);
         if (kind == 0) {
             ((float*)out)[i] = s;
         } else {
@@ -269,8 +281,10 @@ def _rt():
     return cupy.cuda.runtime
 
 
-def _sum_round(stream, parts: int, stride: int, nparts: int, count: int, out: int, kind: int) -> None:
-    """out[i] = round(sum_p parts[p * stride + i]) in rank order, fp32 sum, one rounding."""
+def _sum_round(stream, parts: int, stride: int, nparts: int, count: int, out: int, kind: int,
+               in_kind: int = 0) -> None:
+    """out[i] = round(sum_p parts[p * stride + i]) in rank order, fp32 sum, one rounding; the
+    parts are fp32 (in_kind 0) or of the output kind's 16-bit type (`stride` in elements)."""
     import cupy
     import numpy as np
 
@@ -282,7 +296,7 @@ def _sum_round(stream, parts: int, stride: int, nparts: int, count: int, out: in
         fn = _sum_kernels[dev] = cupy.RawModule(code=_SUM_SOURCE, options=("-std=c++17",)).get_function("gc3_sum_round")
     blocks = int(min((count + 255) // 256, 4096))
     fn((blocks,), (256,), (np.uint64(parts), np.uint64(stride), np.int32(nparts), np.uint64(count), np.uint64(out),
-                           np.int32(kind)), stream=stream)
+                           np.int32(kind), np.int32(in_kind)), stream=stream)
 
 
 # alpha = 1, beta = 0 in host memory (cuBLAS's default pointer mode), kept for the process.
@@ -354,12 +368,15 @@ def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
         raise GC3Error(f"{op}: M={M} rows cannot be scattered evenly over {n} ranks (M must be a multiple of n)")
     name, ctype, kind = TYPES[t]
     isz = 4 if t == "float32" else 2
+    # The partial products cross the links in fp32, or in the input's type (half the bytes).
+    in_kind = kind if settings.get("GC3_FUSED_PARTIALS") == "input" else 0
+    ptype, psz = (ctype, isz) if in_kind else (_R_32F, 4)
     bounds = row_bounds(M, n)
-    slot = max(bounds[d + 1] - bounds[d] for d in range(n)) * N * 4
-    sizes = {"send": M * N * 4, "recv": n * slot}
+    slot = max(bounds[d + 1] - bounds[d] for d in range(n)) * N * psz
+    sizes = {"send": M * N * psz, "recv": n * slot}
     if everyone:
         sizes["gather"] = M * N * isz
-    st = comm.shape((op, M, N, t), sizes)
+    st = comm.shape((op, M, N, t, psz), sizes)
     st.epoch += 1
     fuse, why = fuse_decision(op, M // n, fused)
     _decided(op, n, f"M={M} N={N} {name} n={n}", fuse, why)
@@ -382,20 +399,20 @@ def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
                     rows = bounds[d + 1] - bounds[d]
                     a_rows = a_ptr + bounds[d] * K * isz
                     if to is None:   # its own chunk: straight into its receive slot
-                        rk.gemm(rk.comp, a_rows, b_ptr, recv_slot(r), rows, K, N, ctype, _R_32F, f"partial chunk {d}")
+                        rk.gemm(rk.comp, a_rows, b_ptr, recv_slot(r), rows, K, N, ctype, ptype, f"partial chunk {d}")
                         rk.arrived_self(rk.comp, 0)
                         continue
-                    mine = send + bounds[d] * N * 4
-                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, _R_32F, f"partial chunk {d}")
+                    mine = send + bounds[d] * N * psz
+                    rk.gemm(rk.comp, a_rows, b_ptr, mine, rows, K, N, ctype, ptype, f"partial chunk {d}")
                     rk.hand_over([to])
-                    rk.push(rk.xfer(to), 0, to, mine, recv_slot(to), rows * N * 4, f"partial chunk {d}")
+                    rk.push(rk.xfer(to), 0, to, mine, recv_slot(to), rows * N * psz, f"partial chunk {d}")
             else:
-                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, _R_32F, "all partial chunks")
+                rk.gemm(rk.comp, a_ptr, b_ptr, send, M, K, N, ctype, ptype, "all partial chunks")
                 dests = peers_first(r, n)
                 rk.hand_over(dests)
                 for d in dests:
-                    rk.push(rk.xfer(d), 0, d, send + bounds[d] * N * 4, recv_slot(d),
-                            (bounds[d + 1] - bounds[d]) * N * 4, f"partial chunk {d}")
+                    rk.push(rk.xfer(d), 0, d, send + bounds[d] * N * psz, recv_slot(d),
+                            (bounds[d + 1] - bounds[d]) * N * psz, f"partial chunk {d}")
 
         def reduce(rk=rk, o=outs[i]):
             r = rk.r
@@ -403,7 +420,7 @@ def _gemm_sum(op: str, a, b, comm: _Group, out, stream, fused, everyone: bool):
                 rk.wait_arrival(rk.user, 0, s, f"partial chunk {r}")
             rows = bounds[r + 1] - bounds[r]
             dst = rk.buf("gather", r) + bounds[r] * N * isz if everyone else o.data.ptr
-            _sum_round(rk.user, rk.buf("recv", r), slot // 4, n, rows * N, dst, kind)
+            _sum_round(rk.user, rk.buf("recv", r), slot // psz, n, rows * N, dst, kind, in_kind)
             rk.consumed(rk.user, 0, range(n))
             if not everyone:
                 rk.end()
