@@ -254,7 +254,7 @@ def test_every_collective_through_torch_on_ranks_sharing_one_gpu(n, tmp_path):
     # still be compiling (torch.compile) or building DDP for several seconds.
     env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0", GC3_TIMEOUT_S="90",
                GC3_CONFIG=str(tuned_catalog(n, tmp_path)), GC3_CACHE_DIR=str(tmp_path / "cache"))
-    outs = spawn_ranks([str(PROGRAM)], n, tmp_path, env, says="ALL OK rank={rank}")
+    outs = spawn_ranks([str(PROGRAM)], n, tmp_path, env, says="DESTROYED rank={rank}")
     for needed in ("all_to_all_single uneven", "cuda graph replay 2", "torch.compile", "DDP step", "FSDP2 step",
                    "send without NCCL raises"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
@@ -274,7 +274,7 @@ def test_the_gpu_program_checks_its_references_on_gloo(tmp_path):
              for r in range(2)]
     outs = [p.communicate(timeout=180)[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"ALL OK rank={r}" in out, out[-4000:]
+        assert p.returncode == 0 and f"ALL OK rank={r}" in out and f"DESTROYED rank={r}" in out, out[-4000:]
     assert outs[0].count("PASS") >= 30, outs[0]
 
 
