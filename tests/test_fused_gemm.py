@@ -289,7 +289,6 @@ def cp(monkeypatch):
     monkeypatch.delenv("GC3_FUSED", raising=False)
     monkeypatch.delenv("GC3_FUSED_TRACE", raising=False)
     monkeypatch.setattr(gemm_signal, "_kernels", lambda device: {n: fake._function(n) for n in gemm_signal.KERNELS})
-    monkeypatch.setattr(gemm, "_sum_kernels", {})
     from runtime_cuda.fused import memory_bound
     memory_bound._bf16_round.cache_clear()   # built by the stand-in from here on; never kept for a real CuPy
     from runtime_cuda.core import streams

@@ -57,12 +57,10 @@ def _nvcc(src, dtype, tune, cubin):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_every_level_of_the_opcode_compiles_and_the_defaults_do_not_spill(tmp_path, monkeypatch):
-    from runtime_cuda.fused import gemv_opcode
-
     for name in module.GEMV_TUNABLES:
         monkeypatch.delenv(name, raising=False)
     src = tmp_path / "gemv.cu"
-    src.write_text(module.source("prims_compute.cuh") + gemv_opcode._WRAPPER)
+    src.write_text(module.source("gemv_opcode.cu"))
     # The 16-bit types share their code (fp16 differs from bf16 in the mma's operand type only), and
     # fp32's CUDA-core passes are bf16's at other widths: every level for bf16, the last for fp32.
     jobs = [("bfloat16", tune, tune == module.gemv_defaults()) for tune in module.GEMV_LEVELS]

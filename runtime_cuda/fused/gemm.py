@@ -47,7 +47,7 @@ from runtime_cuda.core import streams
 from runtime_cuda.nccl.log import get_logger
 
 from .groups import ARRIVE, DONE, ShapeState, VirtualGemmGroup, _Group, _LocalRank
-from . import schedule
+from . import gemm_signal, schedule
 from .schedule import arrival_order, chunk_schedule, peers_first
 
 # storage dtype -> (dtype name, cudaDataType, output kind of gc3_sum_round)
@@ -58,36 +58,6 @@ _GEMM_DEFAULT = -1     # CUBLAS_GEMM_DEFAULT
 _MEMCPY_DEFAULT = 4    # cudaMemcpyDefault: the pointers say where (peer memory mapped by IPC included)
 DEFAULT_MIN_ROWS = settings.default("GC3_FUSED_MIN_ROWS")
 
-# Partials come in as fp32 (in_kind 0) or in the input's 16-bit type (in_kind 1 bf16, 2 fp16),
-# and are summed in fp32 either way.
-_SUM_SOURCE = r"""
-__device__ __forceinline__ float gc3_part(const void* parts, unsigned long long j, int in_kind) {
-    if (in_kind == 0) return ((const float*)parts)[j];
-    const unsigned short h = ((const unsigned short*)parts)[j];
-    if (in_kind == 1) return __uint_as_float(((unsigned)h) << 16);
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
-extern "C" __global__ void gc3_sum_round(const void* parts, unsigned long long stride, int nparts,
-                                         unsigned long long count, void* out, int kind, int in_kind) {
-    const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step) {
-        float s = gc3_part(parts, i, in_kind);
-        for (int p = 1; p < nparts; ++p) s += gc3_part(parts, p * stride + i, in_kind);
-        if (kind == 0) {
-            ((float*)out)[i] = s;
-        } else {
-            unsigned short h;
-            if (kind == 1) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(s));
-            else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(s));
-            ((unsigned short*)out)[i] = h;
-        }
-    }
-}
-"""
-_sum_kernels: Dict[int, object] = {}
 
 
 # --- choices ---------------------------------------------------------------
@@ -285,15 +255,11 @@ def _sum_round(stream, parts: int, stride: int, nparts: int, count: int, out: in
                in_kind: int = 0) -> None:
     """out[i] = round(sum_p parts[p * stride + i]) in rank order, fp32 sum, one rounding; the
     parts are fp32 (in_kind 0) or of the output kind's 16-bit type (`stride` in elements)."""
-    import cupy
     import numpy as np
 
     if count == 0:
         return
-    dev = cupy.cuda.runtime.getDevice()
-    fn = _sum_kernels.get(dev)
-    if fn is None:
-        fn = _sum_kernels[dev] = cupy.RawModule(code=_SUM_SOURCE, options=("-std=c++17",)).get_function("gc3_sum_round")
+    fn = gemm_signal.kernel("gc3_sum_round")
     blocks = int(min((count + 255) // 256, 4096))
     fn((blocks,), (256,), (np.uint64(parts), np.uint64(stride), np.int32(nparts), np.uint64(count), np.uint64(out),
                            np.int32(kind), np.int32(in_kind)), stream=stream)

@@ -43,57 +43,22 @@ from runtime_cuda.core import streams
 from runtime_cuda.core.stuck import end_process
 
 DEFAULT_TIMEOUT_S = settings.default("GC3_FUSED_TIMEOUT")
-KERNELS = ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns", "gc3_stamp")
+KERNELS = ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns", "gc3_stamp", "gc3_sum_round")
 _GEQ = 0   # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0
-
-_SOURCE = r"""
-__device__ __forceinline__ unsigned long long gc3_now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-extern "C" __global__ void gc3_flag_release(unsigned* flag, unsigned value) {
-    // Work earlier on this stream is complete (kernel boundary); make it
-    // visible system-wide before the flag says so.
-    __threadfence_system();
-    atomicExch_system(flag, value);
-}
-
-extern "C" __global__ void gc3_flag_wait(const unsigned* flag, unsigned value, unsigned long long timeout_ns,
-                                         int* failed, int ident) {
-    const unsigned long long start = gc3_now_ns();
-    while ((int)(*(volatile const unsigned*)flag - value) < 0) {
-        if (*(volatile int*)failed != 0) return;   // an earlier wait failed: drain, do not wait
-        if (gc3_now_ns() - start > timeout_ns) {
-            atomicCAS_system(failed, 0, ident);
-            return;
-        }
-        __nanosleep(200);
-    }
-    __threadfence_system();   // later reads of the chunk come after the flag
-}
-
-extern "C" __global__ void gc3_stamp(unsigned long long* slot) {
-    *(volatile unsigned long long*)slot = gc3_now_ns();
-}
-
-extern "C" __global__ void gc3_spin_ns(unsigned long long ns) {
-    const unsigned long long start = gc3_now_ns();
-    while (gc3_now_ns() - start < ns) __nanosleep(1000);
-}
-"""
 
 
 @functools.lru_cache(maxsize=None)
 def _kernels(device: int):
     import cupy
 
-    mod = cupy.RawModule(code=_SOURCE, options=("-std=c++17",))
+    from ..core import module
+
+    mod = cupy.RawModule(code=module.source("fused_gemm.cu"), options=("-std=c++17",))
     return {name: mod.get_function(name) for name in KERNELS}
 
 
-def _kernel(name: str):
+def kernel(name: str):
+    """One of KERNELS (kernels/fused_gemm.cu), built for the current device."""
     import cupy
 
     return _kernels(cupy.cuda.runtime.getDevice())[name]
@@ -158,7 +123,7 @@ def release(stream: int, flag: int, value: int, backend: str) -> None:
         return
     import numpy as np
 
-    _kernel("gc3_flag_release")((1,), (1,), (np.uint64(flag), np.uint32(value)), stream=streams.wrap(stream))
+    kernel("gc3_flag_release")((1,), (1,), (np.uint64(flag), np.uint32(value)), stream=streams.wrap(stream))
 
 
 def spin(stream: int, seconds: float) -> None:
@@ -166,7 +131,7 @@ def spin(stream: int, seconds: float) -> None:
     benchmarks use it to make one rank late)."""
     import numpy as np
 
-    _kernel("gc3_spin_ns")((1,), (1,), (np.uint64(int(seconds * 1e9)),), stream=streams.wrap(stream))
+    kernel("gc3_spin_ns")((1,), (1,), (np.uint64(int(seconds * 1e9)),), stream=streams.wrap(stream))
 
 
 class Watchdog:
@@ -216,7 +181,7 @@ class Watchdog:
                           "cuStreamWaitValue32")
             self._track(stream, ident)
             return
-        _kernel("gc3_flag_wait")((1,), (1,), (np.uint64(flag), np.uint32(value),
+        kernel("gc3_flag_wait")((1,), (1,), (np.uint64(flag), np.uint32(value),
                                               np.uint64(int(self.timeout * 1e9)), np.uint64(self.failed_ptr),
                                               np.int32(ident)), stream=streams.wrap(stream))
 
@@ -335,7 +300,7 @@ class Trace:
         if i >= self.SLOTS:
             raise GC3Error(f"GC3_FUSED_TRACE: one call took more than {self.SLOTS} stamps")
         self._labels.append((rank, what, chunk, peer))
-        _kernel("gc3_stamp")((1,), (1,), (np.uint64(self._pinned.ptr + 8 * i),), stream=streams.wrap(stream))
+        kernel("gc3_stamp")((1,), (1,), (np.uint64(self._pinned.ptr + 8 * i),), stream=streams.wrap(stream))
 
     def stamps(self) -> List[Stamp]:
         """The last call's stamps in issue order; synchronize the group first."""

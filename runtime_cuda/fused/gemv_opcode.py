@@ -12,22 +12,15 @@ from typing import Mapping, Optional, Tuple
 from ..core import module
 from .memory_bound import storage, value_dtype
 
-_KERNEL = "gc3_gemv_opcode"
-_WRAPPER = r"""
-extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS, 1)
-gc3_gemv_opcode(const elem_t* x, const elem_t* w, int batch, int K, int N, int per, elem_t* y, long long lane0, int n) {
-  const i64 col0 = (i64)blockIdx.x * per;
-  gemv_tile(x, w, batch, K, N, col0, per, y + col0 * batch + lane0, lane0, n);
-}
-"""
+_KERNEL = "gc3_gemv_opcode"  # kernels/gemv_opcode.cu
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(dtype: str, device: int, tune: Tuple[Tuple[str, int], ...]):
     import cupy
 
-    code = module.source("prims_compute.cuh") + _WRAPPER
-    mod = cupy.RawModule(code=code, options=module.options(dtype, "sum", "Simple", compute=True, tune=dict(tune)))
+    mod = cupy.RawModule(code=module.source("gemv_opcode.cu"),
+                         options=module.options(dtype, "sum", "Simple", compute=True, tune=dict(tune)))
     return mod.get_function(_KERNEL)
 
 
