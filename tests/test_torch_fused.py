@@ -3,7 +3,6 @@ sequential path: CPU tests of the choice table, the chunking and the benchmark's
 record format, and a GPU test that runs every operator on ranks sharing one GPU
 (tests/gpu_programs/torch_fused.py)."""
 import json
-import multiprocessing
 import os
 from pathlib import Path
 
@@ -167,10 +166,11 @@ def test_the_cli_refuses_unknown_fused_ops():
 @pytest.mark.gpu
 @needs_torch
 @pytest.mark.parametrize("n", [2, 4])
-def test_every_fused_operator_on_ranks_sharing_one_gpu(n, tmp_path):
+@pytest.mark.parametrize("exchange", ["collective", "copy-engine"])
+def test_every_fused_operator_on_ranks_sharing_one_gpu(n, exchange, tmp_path):
     """Each GEMM operator fused at several chunk counts against fp32 and the sequential
     path, bit-identical across ranks, CUDA-graph replay, back-to-back calls, and auto
-    following the measured table (tests/gpu_programs/torch_fused.py)."""
+    following the measured table (tests/gpu_programs/torch_fused.py), with either exchange."""
     pytest.importorskip("cupy")
     from test_torch_backend import spawn_ranks, tuned_catalog
     if not torch.cuda.is_available():
@@ -182,13 +182,31 @@ def test_every_fused_operator_on_ranks_sharing_one_gpu(n, tmp_path):
                                  entry(M * 4, "sequential", gpus=n, K=K, N=N)]}
     catalog.write_text(json.dumps(data))
     env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0", GC3_TIMEOUT_S="90",
-               GC3_CONFIG=str(catalog), GC3_CACHE_DIR=str(tmp_path / "cache"))
+               GC3_CONFIG=str(catalog), GC3_CACHE_DIR=str(tmp_path / "cache"), GC3_FUSED_EXCHANGE=exchange)
     outs = spawn_ranks([str(ROOT / "tests" / "gpu_programs" / "torch_fused.py")], n, tmp_path, env, str(catalog),
                        says="ALL OK rank={rank}", timeout=300)
     for needed in ("gemm_a2a fused chunks=4", "ag_gemm cuda graph replay", "back to back gemm_ar",
                    f"auto M={M * 2} fused", f"auto M={M * 4} sequential", f"auto M={M * 8} sequential",
-                   "trace overlap"):
+                   "trace overlap" if exchange == "collective" else "copy-engine pipeline served"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
+
+
+def test_the_exchange_setting_picks_the_pipeline(monkeypatch):
+    """GC3_FUSED_EXCHANGE=copy-engine takes copy_engine.py's function where it has one (AG, RS,
+    AR), overlap.py's otherwise (A2A) and by default; a bad value names the variable."""
+    from runtime_cuda.torch_dist import copy_engine, ops, overlap
+    monkeypatch.delenv("GC3_FUSED_EXCHANGE", raising=False)
+    names = ("matmul_reduce_scatter", "matmul_all_reduce", "all_gather_matmul", "matmul_all_to_all")
+    assert [ops._pipeline(n) for n in names] == [getattr(overlap, n) for n in names]
+    monkeypatch.setenv("GC3_FUSED_EXCHANGE", "copy-engine")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert [ops._pipeline(n) for n in names] == [getattr(copy_engine, n) for n in names[:3]] + \
+        [overlap.matmul_all_to_all]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert ops._pipeline("matmul_reduce_scatter") is overlap.matmul_reduce_scatter   # a capture: overlap's
+    monkeypatch.setenv("GC3_FUSED_EXCHANGE", "dma")
+    with pytest.raises(InputError, match="GC3_FUSED_EXCHANGE"):
+        ops._pipeline("matmul_reduce_scatter")
 
 
 def test_a_record_line_reads_back_and_later_lines_win(tmp_path):

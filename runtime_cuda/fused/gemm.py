@@ -423,11 +423,11 @@ def gemm_all_reduce(a, b, comm: _Group, *, out=None, stream=None, fused: Optiona
 
 # --- all-gather + GEMM ---------------------------------------------------------
 def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, stream=None,
-                    fused: Optional[bool] = None):
+                    fused: Optional[bool] = None, out_a=None):
     """concat_s(A_s) @ B_r on rank r (gather along dim 0).  `b` may be one
     matrix or a list of matrices sharing the gathered A (as torch's
     fused_all_gather_matmul); the result is then a list.  With return_a,
-    (gathered A, result) is returned."""
+    (gathered A, result) is returned, the gathered A in `out_a` where given."""
     op = "all_gather_gemm"
     _prepare(comm, op)
     n = comm.n
@@ -462,7 +462,8 @@ def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, str
             raise GC3Error(f"{op}: rank {r}: {len(given)} outputs for {len(Bs[i])} B matrices")
         outs.append([_output(None if given is None else given[j], (n * m, y.shape[1]), t,
                              f"{op}: rank {r}'s out[{j}]", users[r]) for j, y in enumerate(Bs[i])])
-        gathered.append(_output(None, (n * m, K), t, "", users[r]) if return_a else None)
+        given_a = None if out_a is None else _per_rank(comm, out_a, "out_a", op)[i]
+        gathered.append(_output(given_a, (n * m, K), t, f"{op}: rank {r}'s out_a", users[r]) if return_a else None)
     phases = {}
     for i, r in enumerate(comm.local):
         rk = _Rank(op, comm, st, r, users[r])

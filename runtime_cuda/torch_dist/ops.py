@@ -13,7 +13,9 @@ every operator takes the path measured faster on this machine for the shape
 (runtime_cuda.fused.choice: `gc3 tune --fused` writes the table into the
 machine's catalog).  Fused, the GEMM operators run overlap.py's stream
 pipeline (GEMM chunks on torch's current stream, each chunk's collective on a
-high-priority side stream, capturable in a CUDA graph); GEMV + all_reduce,
+high-priority side stream, capturable in a CUDA graph), or under
+GC3_FUSED_EXCHANGE=copy-engine copy_engine.py's (AG/RS/AR: copy-engine copies into
+the peers' buffers, no SM taken from the GEMM; eager calls); GEMV + all_reduce,
 embedding-bag + all_to_all run runtime_cuda.fused's gc3 programs on DLPack views
 (not capturable); the epilogue runs the small allreduce kernels' epilogue build on the
 tensors' addresses (capturable up to gc3.limits.SMALL_ALLREDUCE_MAX_BYTES).  Sequential is the torch ops (matmul,
@@ -37,6 +39,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from gc3 import settings
 from runtime_cuda.fused import choice
 
 from . import overlap
@@ -147,14 +150,25 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
     return got
 
 
-def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run, reduce_op: str = "sum"):
+def _pipeline(run: str):
+    """The function `run` of the fused path's pipeline: overlap.py's (the group's collectives
+    beside the GEMM), or copy_engine.py's under GC3_FUSED_EXCHANGE=copy-engine where it has one
+    and no CUDA graph is being captured."""
+    if settings.get("GC3_FUSED_EXCHANGE") == "copy-engine" and not torch.cuda.is_current_stream_capturing():
+        from . import copy_engine
+        if hasattr(copy_engine, run):
+            return getattr(copy_engine, run)
+    return getattr(overlap, run)
+
+
+def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run: str, reduce_op: str = "sum"):
     """(the fused pipeline's result, '') where the measured choice or the caller takes it,
-    else (None, why the sequential path runs)."""
+    else (None, why the sequential path runs).  `run`: the pipeline's function (_pipeline)."""
     pick = _choose(op, pg, A.dtype, _mkn(A, B), path, chunks, A)
     if not pick.fused:
         return None, pick.why
     _decided(what, pick)
-    out = run(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
+    out = _pipeline(run)(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
     return (out.div_(pg.size()) if reduce_op == "avg" else out), ""
 
 
@@ -217,7 +231,7 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
                        path, chunks, a)
         if pick.fused:
             _decided(what, pick)
-            A, outs = overlap.all_gather_matmul(pg, a.contiguous(), [B.contiguous() for B in Bs], pick.chunks,
+            A, outs = _pipeline("all_gather_matmul")(pg, a.contiguous(), [B.contiguous() for B in Bs], pick.chunks,
                                                 return_A, what)
             lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
             return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
@@ -252,7 +266,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     if not why and _dim_of(2, scatter_dim, what) != 0:
         why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
     if not why:
-        out, why = _gemm_fused("gemm_rs", what, pg, A, B, path, chunks, overlap.matmul_reduce_scatter, reduce_op)
+        out, why = _gemm_fused("gemm_rs", what, pg, A, B, path, chunks, "matmul_reduce_scatter", reduce_op)
         if out is not None:
             return out
     _sequential(what, why)
@@ -276,7 +290,7 @@ def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=False)
     if not why:
-        out, why = _gemm_fused("gemm_ar", what, pg, A, B, path, chunks, overlap.matmul_all_reduce, reduce_op)
+        out, why = _gemm_fused("gemm_ar", what, pg, A, B, path, chunks, "matmul_all_reduce", reduce_op)
         if out is not None:
             return out
     _sequential(what, why)
@@ -293,7 +307,7 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     pg = _group(group_name)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
     if not why:
-        out, why = _gemm_fused("gemm_a2a", what, pg, A, B, path, chunks, overlap.matmul_all_to_all)
+        out, why = _gemm_fused("gemm_a2a", what, pg, A, B, path, chunks, "matmul_all_to_all")
         if out is not None:
             return out
     _sequential(what, why)

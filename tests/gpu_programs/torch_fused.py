@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import runtime_cuda.torch_dist as gc3_torch
 import torch_rank
-from runtime_cuda.torch_dist import ops, overlap
+from runtime_cuda.torch_dist import copy_engine, ops, overlap
 
 rank, world, store_path, table_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 dev = torch.device("cuda", 0)
@@ -144,20 +144,28 @@ torch.cuda.synchronize()
 for name, got, seq, seed in results:
     close(f"back to back {name} seed {seed}", got, OPS[name][2](seed), seq)
 
-# GC3_FUSED_TRACE: timing events around every GEMM chunk and every collective of the call.
-os.environ["GC3_FUSED_TRACE"] = "1"
-a, b = rs(20)
-ops.fused_matmul_reduce_scatter(a, b, "sum", 0, pg, path="fused", chunks=3)
-trace = overlap.last_trace
-assert trace is not None and len(trace.gemm) == 3 and len(trace.comm) == 3, trace
-share = trace.overlap()
-assert 0.0 <= share <= 1.0 and all(b >= a >= 0 for a, b in trace.intervals(trace.gemm + trace.comm)), share
-del os.environ["GC3_FUSED_TRACE"]
-passed(f"trace overlap {share:.2f}")
+# The exchange under test (GC3_FUSED_EXCHANGE): overlap.py's collectives or copy_engine.py's copies.
+copies = os.environ.get("GC3_FUSED_EXCHANGE", "collective") == "copy-engine"
+pipeline = copy_engine if copies else overlap
+if copies:
+    assert "_gc3_copy_engine" in pg.__dict__, "GC3_FUSED_EXCHANGE=copy-engine: the copy-engine pipeline never ran"
+    passed("copy-engine pipeline served")
+else:
+    # GC3_FUSED_TRACE: timing events around every GEMM chunk and every collective of the call (the
+    # copy-engine pipeline's own stamps are tests/test_fused_gemm_gpu.py's).
+    os.environ["GC3_FUSED_TRACE"] = "1"
+    a, b = rs(20)
+    ops.fused_matmul_reduce_scatter(a, b, "sum", 0, pg, path="fused", chunks=3)
+    trace = overlap.last_trace
+    assert trace is not None and len(trace.gemm) == 3 and len(trace.comm) == 3, trace
+    share = trace.overlap()
+    assert 0.0 <= share <= 1.0 and all(b >= a >= 0 for a, b in trace.intervals(trace.gemm + trace.comm)), share
+    del os.environ["GC3_FUSED_TRACE"]
+    passed(f"trace overlap {share:.2f}")
 
 # auto: the measured table decides; counted through the pipeline's entry points.
 calls = {"n": 0}
-real = overlap.matmul_reduce_scatter
+real = pipeline.matmul_reduce_scatter
 
 
 def counted(*args, **kw):
@@ -165,7 +173,7 @@ def counted(*args, **kw):
     return real(*args, **kw)
 
 
-overlap.matmul_reduce_scatter = counted
+pipeline.matmul_reduce_scatter = counted
 table = json.loads(open(table_path).read())
 measured = {e["shape"]["M"]: e["path"] for e in table["fused"]["entries"] if e["op"] == "gemm_rs"}
 assert os.environ.get("GC3_CONFIG") == table_path
@@ -178,7 +186,7 @@ for m_rows, expect in sorted(measured.items()) + [(M * 8, "sequential")]:   # M 
     if took != expect:
         raise AssertionError(f"rank {rank}: auto took {took} at M={m_rows}, the table says {expect}")
     passed(f"auto M={m_rows} {took}")
-overlap.matmul_reduce_scatter = real
+pipeline.matmul_reduce_scatter = real
 
 torch.cuda.synchronize()
 torch_rank.finish(rank)

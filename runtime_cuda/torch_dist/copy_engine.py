@@ -1,0 +1,75 @@
+"""The GEMM operators' fused path with a copy-engine exchange (GC3_FUSED_EXCHANGE=copy-engine):
+torch tensors handed to runtime_cuda.fused.gemm's pipeline, which computes each destination's
+chunk with cuBLAS and copies it straight into the peer's buffer by the copy engine, one transfer
+stream per peer, with arrival flags between them.  The exchange then takes no SM from the GEMM,
+where the default (overlap.py) runs the group's collectives beside it.
+
+The same functions as overlap.py, with its signatures, so ops.py picks either by the setting.
+Each group builds one runtime_cuda.fused.IpcGemmGroup over its communicator's rendezvous on its
+first call (every rank makes the same calls), and each shape registers its buffers on its first
+call.  Outputs come from torch's caching allocator; the inputs and outputs reach the pipeline as
+zero-copy CuPy views, on torch's current stream.  `chunks` is the pipeline's own: one chunk per
+destination rank.  A CUDA-graph capture takes overlap.py's path: the pipeline registers buffers
+on the host at a shape's first call and waits on flags it releases itself."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+
+def _group(pg):
+    """The group's copy-engine pipeline (built on its first call, collectively)."""
+    got = pg.__dict__.get("_gc3_copy_engine")
+    if got is None:
+        from runtime_cuda.fused import IpcGemmGroup
+        from runtime_cuda.fused.memory_bound import exchange_of
+
+        got = pg.__dict__["_gc3_copy_engine"] = IpcGemmGroup(exchange_of(pg._comm))
+    return got
+
+
+def _views(tensors: Sequence[torch.Tensor]) -> list:
+    from .ops import _cupy
+    return [_cupy(t) for t in tensors]
+
+
+def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+    """rows r of sum_s A_s @ B_s (sum over ranks), [M/G, N]; A [M, K_r], B [K_r, N] contiguous."""
+    from runtime_cuda.fused import gemm_reduce_scatter
+
+    from .ops import _fused_call
+    out = A.new_empty((A.shape[0] // pg.size(), B.shape[1]))
+    with _fused_call(pg, [A, B, out], what) as stream:
+        a, b, o = _views([A, B, out])
+        gemm_reduce_scatter(a, b, _group(pg), out=o, stream=stream, fused=True)
+    return out
+
+
+def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+    """sum_s A_s @ B_s on every rank, [M, N]."""
+    from runtime_cuda.fused import gemm_all_reduce
+
+    from .ops import _fused_call
+    out = A.new_empty((A.shape[0], B.shape[1]))
+    with _fused_call(pg, [A, B, out], what) as stream:
+        a, b, o = _views([A, B, out])
+        gemm_all_reduce(a, b, _group(pg), out=o, stream=stream, fused=True)
+    return out
+
+
+def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chunks: int, return_A: bool,
+                      what: str) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
+    """A = all_gather(A_shard) (rank-major rows), [A @ B for B in Bs]; A_shard [m, K]."""
+    from runtime_cuda.fused import all_gather_gemm
+
+    from .ops import _fused_call
+    G = pg.size()
+    m, K = A_shard.shape
+    outs = [A_shard.new_empty((G * m, B.shape[1])) for B in Bs]
+    A = A_shard.new_empty((G * m, K)) if return_A else None
+    with _fused_call(pg, [A_shard] + list(Bs) + outs, what) as stream:
+        a, = _views([A_shard])
+        all_gather_gemm(a, _views(Bs), _group(pg), return_a=return_A, out=_views(outs), stream=stream, fused=True,
+                        out_a=None if A is None else _views([A])[0])
+    return A, outs
