@@ -220,9 +220,20 @@ def seq_call(case: Case, A, B, pg) -> Callable:
 
 def comm_call(case: Case, A, B, pg, chunks: int = 1) -> Callable:
     """The operator's exchange alone: `chunks` collectives of the bytes the GEMM's
-    chunks produce (1: one collective of the whole)."""
+    chunks produce (1: one collective of the whole); under GC3_FUSED_EXCHANGE=copy-engine,
+    the copy-engine pipeline on a GEMM emptied of work (K = 0, or B of no columns for
+    AG+GEMM), so that the same bytes move."""
+    from . import ops
     from .overlap import _pieces, bounds
 
+    run = ops._pipeline({"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter",
+                         "gemm_ar": "matmul_all_reduce"}.get(case.op, "matmul_all_to_all"))
+    if run.__module__.endswith("copy_engine"):
+        if case.op == "ag_gemm":
+            none = [B.new_zeros((B.shape[0], 0))]
+            return lambda: run(pg, A, none, 1, False, "comm_fused")
+        A0, B0 = A.new_zeros((A.shape[0], 0)), B.new_zeros((0, B.shape[1]))
+        return lambda: run(pg, A0, B0, 1, "comm_fused")
     G = case.G
     if case.op == "ag_gemm":
         pieces = _pieces(bounds(A.shape[0], chunks))
