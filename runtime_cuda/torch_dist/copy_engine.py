@@ -40,9 +40,9 @@ def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, wha
 
     from .ops import _fused_call
     out = A.new_empty((A.shape[0] // pg.size(), B.shape[1]))
-    with _fused_call(pg, [A, B, out], what) as stream:
+    with _fused_call(pg, [A, B, out], what) as queue:
         a, b, o = _views([A, B, out])
-        gemm_reduce_scatter(a, b, _group(pg), out=o, stream=stream, fused=True)
+        gemm_reduce_scatter(a, b, _group(pg), out=o, stream=queue, fused=True)
     return out
 
 
@@ -52,9 +52,9 @@ def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: s
 
     from .ops import _fused_call
     out = A.new_empty((A.shape[0], B.shape[1]))
-    with _fused_call(pg, [A, B, out], what) as stream:
+    with _fused_call(pg, [A, B, out], what) as queue:
         a, b, o = _views([A, B, out])
-        gemm_all_reduce(a, b, _group(pg), out=o, stream=stream, fused=True)
+        gemm_all_reduce(a, b, _group(pg), out=o, stream=queue, fused=True)
     return out
 
 
@@ -68,8 +68,8 @@ def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chu
     m, K = A_shard.shape
     outs = [A_shard.new_empty((G * m, B.shape[1])) for B in Bs]
     A = A_shard.new_empty((G * m, K)) if return_A else None
-    with _fused_call(pg, [A_shard] + list(Bs) + outs, what) as stream:
+    with _fused_call(pg, [A_shard] + list(Bs) + outs, what) as queue:
         a, = _views([A_shard])
-        all_gather_gemm(a, _views(Bs), _group(pg), return_a=return_A, out=_views(outs), stream=stream, fused=True,
+        all_gather_gemm(a, _views(Bs), _group(pg), return_a=return_A, out=_views(outs), stream=queue, fused=True,
                         out_a=None if A is None else _views([A])[0])
     return A, outs
