@@ -188,7 +188,7 @@ _DECLARED: List[Setting] = [
             "driver, kernel", "fused"),
     Setting("GC3_FUSED_EXCHANGE", "choice", "collective",
             "how the torch GEMM operators' fused path moves data: the group's collectives beside the GEMM, or "
-            "copy-engine copies straight into the peers' buffers (no SM taken from the GEMM; AG/RS/AR)",
+            "copy-engine copies straight into the peers' buffers (no SM taken from the GEMM)",
             _choice({"collective": "collective", "copy-engine": "copy-engine"}, "'collective' or 'copy-engine'",
                     fold=True), "collective, copy-engine", "fused"),
     Setting("GC3_FUSED_PARTIALS", "choice", "fp32",

@@ -459,10 +459,12 @@ def test_gemm_all_to_all(cp, n, dtype, fused):
     g = group(n)
     skewed = [M - (n - 1)] + [1] * (n - 1)
     per_rank = [list(np.roll(skewed, r)) for r in range(n)]
-    for splits in ([M // n] * n, skewed, per_rank, [0] * (n - 1) + [M], skewed):
+    # same_splits: every rank passes the one vector, and says so (no exchange of vectors).
+    for splits, same_splits in (([M // n] * n, False), (skewed, False), (per_rank, False),
+                                ([0] * (n - 1) + [M], False), (skewed, False), ([M // n] * n, True), (skewed, True)):
         A, Av = matrices(cp, rng, [(M, K)] * n, dtype)
         B, Bv = matrices(cp, rng, [(K, N)] * n, dtype)
-        got = gemm_all_to_all(A, B, splits, g, fused=fused)
+        got = gemm_all_to_all(A, B, splits, g, fused=fused, same_splits=same_splits)
         S = splits if isinstance(splits[0], list) else [splits] * n
         for d in range(n):
             blocks = []

@@ -192,16 +192,15 @@ def test_every_fused_operator_on_ranks_sharing_one_gpu(n, exchange, tmp_path):
 
 
 def test_the_exchange_setting_picks_the_pipeline(monkeypatch):
-    """GC3_FUSED_EXCHANGE=copy-engine takes copy_engine.py's function where it has one (AG, RS,
-    AR), overlap.py's otherwise (A2A) and by default; a bad value names the variable."""
+    """GC3_FUSED_EXCHANGE=copy-engine takes copy_engine.py's functions, except while a CUDA graph
+    captures; by default overlap.py's; a bad value names the variable."""
     from runtime_cuda.torch_dist import copy_engine, ops, overlap
     monkeypatch.delenv("GC3_FUSED_EXCHANGE", raising=False)
     names = ("matmul_reduce_scatter", "matmul_all_reduce", "all_gather_matmul", "matmul_all_to_all")
     assert [ops._pipeline(n) for n in names] == [getattr(overlap, n) for n in names]
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "copy-engine")
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert [ops._pipeline(n) for n in names] == [getattr(copy_engine, n) for n in names[:3]] + \
-        [overlap.matmul_all_to_all]
+    assert [ops._pipeline(n) for n in names] == [getattr(copy_engine, n) for n in names]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert ops._pipeline("matmul_reduce_scatter") is overlap.matmul_reduce_scatter   # a capture: overlap's
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "dma")

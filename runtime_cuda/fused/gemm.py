@@ -513,16 +513,20 @@ def all_gather_gemm(a, b, comm: _Group, return_a: bool = False, *, out=None, str
 
 
 # --- GEMM + all-to-all -----------------------------------------------------------
-def gemm_all_to_all(a, b, splits, comm: _Group, *, out=None, stream=None, fused: Optional[bool] = None):
+def gemm_all_to_all(a, b, splits, comm: _Group, *, out=None, stream=None, fused: Optional[bool] = None,
+                    same_splits: bool = False):
     """C_r = A_r @ B_r; rows [off_d, off_d + splits_r[d]) of C_r go to rank d,
     which gets concat over sources s (in rank order) of the blocks s sent it.
     `splits`: this rank's split vector (n ints adding up to M); on a virtual
     group one vector for every rank or a list of n vectors.  An IpcGemmGroup
-    learns the peers' vectors by one host allgather per call."""
+    learns the peers' vectors by one host allgather per call, unless the caller
+    says every rank passes this same vector (`same_splits`)."""
     op = "gemm_all_to_all"
     A, B, users, (M, N, t) = _operands(op, a, b, comm, stream)
     n = comm.n
-    if isinstance(comm, VirtualGemmGroup):
+    if same_splits:
+        S = [check_splits(splits, n, M, f"{op}: splits")] * n
+    elif isinstance(comm, VirtualGemmGroup):
         nested = len(splits) == n and all(isinstance(s, (list, tuple)) for s in splits)
         S = [check_splits(splits[s] if nested else splits, n, M, f"{op}: rank {s}'s splits") for s in range(n)]
     else:

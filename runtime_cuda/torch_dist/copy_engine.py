@@ -58,6 +58,19 @@ def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: s
     return out
 
 
+def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+    """all_to_all_single(A @ B): row block q of the result came from rank q (equal blocks)."""
+    from runtime_cuda.fused import gemm_all_to_all
+
+    from .ops import _fused_call
+    out = A.new_empty((A.shape[0], B.shape[1]))
+    splits = [A.shape[0] // pg.size()] * pg.size()
+    with _fused_call(pg, [A, B, out], what) as queue:
+        a, b, o = _views([A, B, out])
+        gemm_all_to_all(a, b, splits, _group(pg), out=o, stream=queue, fused=True, same_splits=True)
+    return out
+
+
 def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chunks: int, return_A: bool,
                       what: str) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
     """A = all_gather(A_shard) (rank-major rows), [A @ B for B in Bs]; A_shard [m, K]."""

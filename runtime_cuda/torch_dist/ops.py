@@ -14,7 +14,7 @@ every operator takes the path measured faster on this machine for the shape
 machine's catalog).  Fused, the GEMM operators run overlap.py's stream
 pipeline (GEMM chunks on torch's current stream, each chunk's collective on a
 high-priority side stream, capturable in a CUDA graph), or under
-GC3_FUSED_EXCHANGE=copy-engine copy_engine.py's (AG/RS/AR: copy-engine copies into
+GC3_FUSED_EXCHANGE=copy-engine copy_engine.py's (copy-engine copies into
 the peers' buffers, no SM taken from the GEMM; eager calls); GEMV + all_reduce,
 embedding-bag + all_to_all run runtime_cuda.fused's gc3 programs on DLPack views
 (not capturable); the epilogue runs the small allreduce kernels' epilogue build on the
