@@ -29,16 +29,17 @@ O=${OUT:-.}
 MPI="mpirun --bind-to none -np $N"
 FIRST="tests/test_torch_backend.py tests/test_small_allreduce.py tests/test_epilogue.py tests/test_epilogue_gpu.py
        tests/test_fused_gpu.py tests/test_int_dtypes.py tests/test_runtime_virtual.py"
-PYTEST="python3 -m pytest -q -p no:cacheprovider"
+# Whole outputs in $O (tracebacks, and the slowest tests: where the suite's device time goes).
+PYTEST="python3 -m pytest -q -p no:cacheprovider --tb=short --durations=25"
 nvidia-smi -L; nvidia-smi topo -m | head -$((N + 2))
 case "$STAGE" in
 multigpu)
-  timeout 560 $PYTEST -m multigpu tests/ 2>&1 | tail -15 | tee $O/gpu_multigpu.txt ;;
+  timeout 560 $PYTEST -m multigpu tests/ > $O/gpu_multigpu.txt 2>&1; grep -E "passed|failed|^FAILED|^ERROR" $O/gpu_multigpu.txt ;;
 suite1)
-  timeout 570 $PYTEST -m "gpu or multigpu" $FIRST 2>&1 | tail -15 | tee $O/gpu_suite1.txt ;;
+  timeout 570 $PYTEST -m "gpu or multigpu" $FIRST > $O/gpu_suite1.txt 2>&1; grep -E "passed|failed|^FAILED|^ERROR" $O/gpu_suite1.txt ;;
 suite2)
   ign=""; for f in $FIRST; do ign="$ign --ignore=$f"; done
-  timeout 570 $PYTEST -m "gpu or multigpu" $ign tests/ 2>&1 | tail -15 | tee $O/gpu_suite2.txt ;;
+  timeout 570 $PYTEST -m "gpu or multigpu" $ign tests/ > $O/gpu_suite2.txt 2>&1; grep -E "passed|failed|^FAILED|^ERROR" $O/gpu_suite2.txt ;;
 fuzz)
   F="-m runtime_cuda.commands.fuzz"
   timeout $((T + 60)) $MPI python3 $F --calls 1000000 --seed 100 --time-budget $T --record $O/fuzz.txt 2>&1 \
