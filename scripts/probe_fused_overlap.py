@@ -8,13 +8,12 @@ sequential path on the NCCL and the gc3 group, the pipeline on each group
 stream: the NCCL group goes through dist), and the host time of each; with
 --profile, rank 0 prints a cProfile of 20 fused calls on the gc3 group.
 """
-import cProfile
-import pstats
 import sys
 
 import torch
 import torch.distributed as dist
 
+from runtime_cuda.benchmarks.torch_host import profile
 from runtime_cuda.torch_dist import bench_fused as bf
 from runtime_cuda.torch_dist import overlap
 
@@ -76,22 +75,10 @@ if job.rank == 0:
     print("served:", job.gc3.served)
 
 
-def profiled(fn, calls=20):
-    fn()
-    torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    return prof
-
-
 if "--profile" in sys.argv:
-    prof = profiled(bf.fused_call(case, A, B, job.gc3, "fused", 4))
-    prof2 = profiled(bf.seq_call(case, A, B, job.gc3))
-    if job.rank == 0:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-        pstats.Stats(prof2).sort_stats("tottime").print_stats(12)
+    fused, seq = bf.fused_call(case, A, B, job.gc3, "fused", 4), bf.seq_call(case, A, B, job.gc3)
+    fused(), seq()   # warm: the profiles are of repeats
+    torch.cuda.synchronize()
+    profile(fused, "20 fused calls (4 chunks)", job.rank == 0, lines=18)
+    profile(seq, "20 sequential calls", job.rank == 0, lines=12)
 dist.destroy_process_group()

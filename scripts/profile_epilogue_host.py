@@ -9,17 +9,15 @@ synchronisation, median of 5 rounds) of the operator forced fused (its first cal
 launch: the rest are repeats), of its sequential path, of the group's all_reduce alone, and of
 torch's elementwise epilogue alone; then a cProfile of 20 fused calls at each size.
 """
-import cProfile
 import datetime
 import os
-import pstats
 import sys
 
 import torch
 import torch.distributed as dist
 
 import runtime_cuda.torch_dist as gc3_torch
-from runtime_cuda.benchmarks.torch_host import host_us as host
+from runtime_cuda.benchmarks.torch_host import host_us as host, profile
 from runtime_cuda.torch_dist import ops
 
 SIZES_KIB = [int(v) for v in sys.argv[1:]] or [16, 1024, 8192]
@@ -47,13 +45,5 @@ for kib in SIZES_KIB:
     got = {k: host(f) for k, f in cases.items()}
     if rank == 0:
         print(f"host us per call, {kib} KiB bf16, G={G}: " + " ".join(f"{k}={v:.1f}" for k, v in got.items()))
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(20):
-        cases["fused"]()
-    prof.disable()
-    torch.cuda.synchronize()
-    if rank == 0:
-        print(f"--- cProfile, 20 fused calls at {kib} KiB")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+    profile(cases["fused"], f"20 fused calls at {kib} KiB", rank == 0, lines=12)
 dist.destroy_process_group()

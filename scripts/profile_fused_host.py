@@ -10,17 +10,15 @@ either group, the operator's gate and choice alone, the operator's
 sequential path and its fused path (4 chunks), then a cProfile of 20 calls of
 each path.
 """
-import cProfile
 import datetime
 import os
-import pstats
 import sys
 
 import torch
 import torch.distributed as dist
 
 import runtime_cuda.torch_dist as gc3_torch
-from runtime_cuda.benchmarks.torch_host import host_us as host
+from runtime_cuda.benchmarks.torch_host import host_us as host, profile
 from runtime_cuda.torch_dist import ops
 
 M, K, N = (int(x) for x in sys.argv[1:4]) if len(sys.argv) >= 4 else (1024, 3584, 4096)
@@ -61,13 +59,5 @@ got = {k: host(f) for k, f in cases.items()}
 if rank == 0:
     print(f"host us per call, M={M} K={K} N={N} G={G}: " + " ".join(f"{k}={v:.1f}" for k, v in got.items()))
 for name in ("auto_op", "fused_op4"):
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(20):
-        cases[name]()
-    prof.disable()
-    torch.cuda.synchronize()
-    if rank == 0:
-        print(f"--- cProfile, 20 calls of {name}")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    profile(cases[name], f"20 calls of {name}", rank == 0)
 dist.destroy_process_group()

@@ -1,4 +1,5 @@
-"""Host time per call of a torch-level operation, for the profiling scripts under scripts/."""
+"""Host time per call of a torch-level operation, and a profile of its calls, for the
+profiling scripts under scripts/."""
 from __future__ import annotations
 
 import statistics
@@ -23,3 +24,22 @@ def host_us(fn: Callable[[], object], calls: int = 20, rounds: int = 5) -> float
         per.append((time.perf_counter() - t0) * 1e6 / calls)
     torch.cuda.synchronize()
     return statistics.median(per)
+
+
+def profile(fn: Callable[[], object], title: str, show: bool, calls: int = 20, lines: int = 14) -> None:
+    """cProfile of `calls` calls of `fn`, the top `lines` by own time printed under `title`
+    where `show` (rank 0)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    if show:
+        print(f"--- cProfile, {title}")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(lines)

@@ -34,41 +34,35 @@ def _views(tensors: Sequence[torch.Tensor]) -> list:
     return [_cupy(t) for t in tensors]
 
 
+def _product(pg, A: torch.Tensor, B: torch.Tensor, rows: int, what: str, run, **kw) -> torch.Tensor:
+    """`run` (a runtime_cuda.fused.gemm operator taking a, b, group) on A @ B into a new [rows, N]
+    output, with `kw` passed on."""
+    from .ops import _fused_call
+    out = A.new_empty((rows, B.shape[1]))
+    with _fused_call(pg, [A, B, out], what) as queue:
+        a, b, o = _views([A, B, out])
+        run(a, b, _group(pg), out=o, stream=queue, fused=True, **kw)
+    return out
+
+
 def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
     """rows r of sum_s A_s @ B_s (sum over ranks), [M/G, N]; A [M, K_r], B [K_r, N] contiguous."""
     from runtime_cuda.fused import gemm_reduce_scatter
-
-    from .ops import _fused_call
-    out = A.new_empty((A.shape[0] // pg.size(), B.shape[1]))
-    with _fused_call(pg, [A, B, out], what) as queue:
-        a, b, o = _views([A, B, out])
-        gemm_reduce_scatter(a, b, _group(pg), out=o, stream=queue, fused=True)
-    return out
+    return _product(pg, A, B, A.shape[0] // pg.size(), what, gemm_reduce_scatter)
 
 
 def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
     """sum_s A_s @ B_s on every rank, [M, N]."""
     from runtime_cuda.fused import gemm_all_reduce
-
-    from .ops import _fused_call
-    out = A.new_empty((A.shape[0], B.shape[1]))
-    with _fused_call(pg, [A, B, out], what) as queue:
-        a, b, o = _views([A, B, out])
-        gemm_all_reduce(a, b, _group(pg), out=o, stream=queue, fused=True)
-    return out
+    return _product(pg, A, B, A.shape[0], what, gemm_all_reduce)
 
 
 def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
     """all_to_all_single(A @ B): row block q of the result came from rank q (equal blocks)."""
     from runtime_cuda.fused import gemm_all_to_all
-
-    from .ops import _fused_call
-    out = A.new_empty((A.shape[0], B.shape[1]))
     splits = [A.shape[0] // pg.size()] * pg.size()
-    with _fused_call(pg, [A, B, out], what) as queue:
-        a, b, o = _views([A, B, out])
-        gemm_all_to_all(a, b, splits, _group(pg), out=o, stream=queue, fused=True, same_splits=True)
-    return out
+    return _product(pg, A, B, A.shape[0], what,
+                    lambda a, b, group, **kw: gemm_all_to_all(a, b, splits, group, **kw), same_splits=True)
 
 
 def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chunks: int, return_A: bool,

@@ -651,13 +651,12 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
     pg = _group(group)
     # A call this group has run on the kernel before: no checks but x's contiguity, one launch.
     repeats = getattr(pg, "_gc3_epilogue_repeats", None)
-    key = None
-    if isinstance(x, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in (bias, residual) if t is not None):
-        key = _epilogue_key(x, scale, bias, residual, out_dtype, path)
+    if repeats is not None and isinstance(x, torch.Tensor) and \
+            all(isinstance(t, torch.Tensor) for t in (bias, residual) if t is not None):
         try:
-            hit = None if repeats is None else repeats.get(key)
+            hit = repeats.get(_epilogue_key(x, scale, bias, residual, out_dtype, path))
         except TypeError:   # an unhashable scale: the checks below say what is wrong with it
-            hit = key = None
+            hit = None
         if hit is not None and x.is_contiguous():
             return _epilogue_launch(hit, x)
     _epilogue_arguments(what, x, scale, bias, residual, out_dtype)
@@ -673,8 +672,10 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
     if not why:
         why = _fused_picked("ar_epilogue", what, pg, x, {"bytes": nbytes}, path)
     if not why:
-        contiguous = x.is_contiguous() and all(t.is_contiguous() for t in terms)
-        out, why = epilogue_fused(x, pg, scale, bias, residual, out_dtype, path, key if contiguous else None)
+        # Checked by now (the scale is a number): the key under which a kernel call keeps its launch.
+        key = _epilogue_key(x, scale, bias, residual, out_dtype, path) \
+            if x.is_contiguous() and all(t.is_contiguous() for t in terms) else None
+        out, why = epilogue_fused(x, pg, scale, bias, residual, out_dtype, path, key)
         if out is not None:
             return out
     _sequential(what, why)
