@@ -269,3 +269,57 @@ def test_a_catalog_rewritten_in_place_is_read_again_and_forget_tells_the_keepers
     before = choice.generation
     choice.forget()
     assert choice.generation == before + 1
+
+
+class _Full(Exception):
+    """Raised where a call left the repeat path for the full one."""
+
+
+@needs_torch
+def test_a_repeated_gemm_call_takes_the_kept_path_and_any_change_the_key_covers_does_not(monkeypatch):
+    """A call whose operands and options match a kept key runs the kept path with the call's own
+    tensors and no checks; other strides, dtypes, options, path or GC3_FUSED take the full path."""
+    import types
+
+    from runtime_cuda.torch_dist import ops
+    monkeypatch.delenv("GC3_FUSED", raising=False)
+    A, B = torch.randn(8, 4), torch.randn(4, 6)
+    seen = []
+
+    def kept(a, b):
+        seen.append((a, b))
+        return "kept"
+    keys = {
+        "fused_matmul_reduce_scatter": ops._gemm_key("fused_matmul_reduce_scatter", (A, B), ("sum", 0, None, None)),
+        "fused_matmul_all_reduce": ops._gemm_key("fused_matmul_all_reduce", (A, B), ("sum", None, None)),
+        "fused_matmul_all_to_all": ops._gemm_key("fused_matmul_all_to_all", (A, B), (None, None)),
+        "fused_all_gather_matmul": ops._gemm_key("fused_all_gather_matmul", [A, B], (0, True, None, None)),
+    }
+    pg = types.SimpleNamespace(**{ops._GEMM_REPEATS: {k: kept for k in keys.values()}})
+
+    def full(*args, **kw):
+        raise _Full()
+    monkeypatch.setattr(ops, "_gemm_refusal", full)
+    monkeypatch.setattr(ops, "_refusal", full)
+    calls = {
+        "fused_matmul_reduce_scatter": lambda A, B, **kw: ops.fused_matmul_reduce_scatter(A, B, "sum", 0, pg, **kw),
+        "fused_matmul_all_reduce": lambda A, B, **kw: ops.fused_matmul_all_reduce(A, B, pg, **kw),
+        "fused_matmul_all_to_all": lambda A, B, **kw: ops.fused_matmul_all_to_all(A, B, pg, **kw),
+        "fused_all_gather_matmul": lambda A, B, **kw: ops.fused_all_gather_matmul(A, [B], 0, pg, **kw),
+    }
+    for name, call in calls.items():
+        seen.clear()
+        assert call(A, B) == "kept", name
+        assert seen[0][0] is A and (seen[0][1] is B or seen[0][1] == [B]), name
+        A2 = A.clone()                     # another tensor of the same layout: still the kept path
+        assert call(A2, B) == "kept" and seen[1][0] is A2, name
+        for changed in (lambda: call(A, B.t().contiguous().t()),        # other strides
+                        lambda: call(A.double(), B.double()),            # another dtype
+                        lambda: call(A, B, path="sequential"),           # a forced path
+                        lambda: call(A, B, chunks=2)):                   # a chunk count
+            with pytest.raises(_Full):
+                changed()
+        monkeypatch.setenv("GC3_FUSED", "1")                           # the decision context
+        with pytest.raises(_Full):
+            call(A, B)
+        monkeypatch.delenv("GC3_FUSED")

@@ -263,9 +263,13 @@ def _issue_on(comm, host: Host, route: str, staging=None) -> Issue:
     return issue
 
 
-def nccl_issue(host: Host) -> Issue:
-    """NCCL through cupy.cuda.nccl, on a communicator of its own in these processes."""
-    return _issue_on(_nccl_comm(host), host, "NCCL")
+def nccl_issue(host: Host, owned: Optional[list] = None) -> Issue:
+    """NCCL through cupy.cuda.nccl, on a communicator of its own in these processes
+    (appended to `owned`, for a caller that tears its communicators down itself)."""
+    comm = _nccl_comm(host)
+    if owned is not None:
+        owned.append(comm)
+    return _issue_on(comm, host, "NCCL")
 
 
 class SymmetricPeer:
@@ -328,11 +332,13 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
     cupy.cuda.Device(local_device(host.rank)).use()
     uid = host.bcast(originals()["get_unique_id"]() if host.rank == 0 else None)
     impls: Dict[str, Issue] = {}
+    owned: list = []     # the communicators made here, destroyed in reverse order at the end
     if "gc3" in cfg.impls:
         gc3_comm = communicator.NcclCommunicator(host.size, uid, host.rank)
+        owned.append(gc3_comm)
         impls["gc3"] = lambda *a: gc3_comm.submit(*a)
     if "nccl" in cfg.impls:
-        impls["nccl"] = nccl_issue(host)
+        impls["nccl"] = nccl_issue(host, owned)
     biggest = (max(cfg.sizes) + 256 + 15) // 16 * 16   # whole elements of every dtype
     sendbuf = cupy.empty(biggest, dtype=cupy.uint8)
     recvbuf = cupy.empty(biggest, dtype=cupy.uint8)
@@ -340,6 +346,7 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
     sym = None
     if "nccl-sym" in cfg.impls:
         sym = SymmetricPeer(host, biggest)
+        owned.append(sym.comm)
         impls["nccl-sym"] = sym.issue
         buffers["nccl-sym"] = (sym.sendbuf, sym.recvbuf)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -372,10 +379,14 @@ def run_bench(cfg: BenchConfig, host: Host, report: Callable[[Row], None]) -> Li
                     row.results[name][place_name] = m
             rows.append(row)
             report(row)
+    # Not in a `finally`: after an error on some ranks, deregistering and destroying (which
+    # NCCL may do collectively) could wait forever for the others.  Every rank tears down the
+    # same communicators in the same order here: left to the garbage collector at exit, the
+    # ranks destroyed them in different orders and could wait on each other for ever.
+    stream.synchronize()
+    host.barrier()
     if sym is not None:
-        # Not in a `finally`: after an error on some ranks, deregistering (which
-        # NCCL may do collectively) could wait forever for the others.
-        stream.synchronize()
-        host.barrier()
         sym.close()
+    while owned:
+        owned.pop().destroy()
     return rows

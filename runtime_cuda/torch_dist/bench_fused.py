@@ -218,17 +218,18 @@ def seq_call(case: Case, A, B, pg) -> Callable:
     return run
 
 
-def comm_call(case: Case, A, B, pg, chunks: int = 1) -> Callable:
+def comm_call(case: Case, A, B, pg, chunks: int = 1, fused: bool = False) -> Callable:
     """The operator's exchange alone: `chunks` collectives of the bytes the GEMM's
-    chunks produce (1: one collective of the whole); under GC3_FUSED_EXCHANGE=copy-engine,
-    the copy-engine pipeline on a GEMM emptied of work (K = 0, or B of no columns for
+    chunks produce (1: one collective of the whole).  `fused`: the fused path's own
+    exchange on the gc3 group `pg`, so under GC3_FUSED_EXCHANGE=copy-engine the
+    copy-engine pipeline on a GEMM emptied of work (K = 0, or B of no columns for
     AG+GEMM), so that the same bytes move."""
     from . import ops
     from .overlap import _pieces, bounds
 
     run = ops._pipeline({"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter",
                          "gemm_ar": "matmul_all_reduce"}.get(case.op, "matmul_all_to_all"))
-    if run.__module__.endswith("copy_engine"):
+    if fused and run.__module__.endswith("copy_engine"):
         if case.op == "ag_gemm":
             none = [B.new_zeros((B.shape[0], 0))]
             return lambda: run(pg, A, none, 1, False, "comm_fused")
@@ -403,7 +404,7 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
         "symm_us": timer.device(symm_call(case, A, B, nccl)),
         "gemm_us": timer.device(lambda: G_A @ B),
         "comm_nccl_us": timer.device(comm_call(case, A, B, nccl) if nccl is not None else None),
-        "comm_fused_us": timer.device(comm_call(case, A, B, job.gc3, n)),
+        "comm_fused_us": timer.device(comm_call(case, A, B, job.gc3, n, fused=True)),
         "host_us": timer.host(fused),
         "seq_host_us": timer.host(seq),
         "graph_fused_us": timer.graph(fused),

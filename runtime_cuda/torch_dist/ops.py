@@ -161,15 +161,60 @@ def _pipeline(run: str):
     return getattr(overlap, run)
 
 
+# --- the GEMM operators' repeat path --------------------------------------------------
+# A call whose operands agree with an earlier call's in everything the gate and the choice
+# read (shapes, strides, dtypes, device, the options, the decision context) takes the path
+# that call took with no checks: one dictionary hit, then the path itself.  The table lives
+# on the group, so it is dropped with it.
+_GEMM_REPEATS = "_gc3_gemm_repeats"
+
+
+def _gemm_key(what: str, tensors: Sequence[torch.Tensor], options: Tuple) -> Tuple:
+    return (what, options) + tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors) + _decision_context()
+
+
+def _gemm_repeat(pg, what: str, tensors: Sequence[torch.Tensor], options: Tuple):
+    """(the kept path of this call or None, the call's key)."""
+    key = _gemm_key(what, tensors, options)
+    repeats = getattr(pg, _GEMM_REPEATS, None)
+    return (None if repeats is None else repeats.get(key)), key
+
+
+def _keep_path(pg, key: Tuple, run):
+    """Keep `run` (the path a first call took, a function of the call's tensors) for its repeats
+    on a gc3 group; returns `run`."""
+    from .process_group import Gc3ProcessGroup
+
+    if isinstance(pg, Gc3ProcessGroup):
+        _keep_repeat(pg, _GEMM_REPEATS, key, run)
+    return run
+
+
+def _collective(pg, direct: bool, coll: str, send: torch.Tensor, recv: torch.Tensor, count: int, op: str,
+                through_dist):
+    """The sequential path's collective on the current stream: `direct`, straight into the
+    gc3 group's communicator (what its dist method does once its checks pass, which a call
+    the choice saw has done: a gc3 group, CUDA operands on its device); else through_dist()."""
+    if direct:
+        pg._submit(pg._comm, coll, send, recv, count, op)
+    else:
+        through_dist()
+
+
 def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run: str, reduce_op: str = "sum"):
-    """(the fused pipeline's result, '') where the measured choice or the caller takes it,
-    else (None, why the sequential path runs).  `run`: the pipeline's function (_pipeline)."""
+    """(the fused pipeline as a function of (A, B), '') where the measured choice or the caller
+    takes it, else (None, why the sequential path runs).  `run`: the pipeline's function
+    (_pipeline)."""
     pick = _choose(op, pg, A.dtype, _mkn(A, B), path, chunks, A)
     if not pick.fused:
         return None, pick.why
     _decided(what, pick)
-    out = _pipeline(run)(pg, A.contiguous(), B.contiguous(), pick.chunks, what)
-    return (out.div_(pg.size()) if reduce_op == "avg" else out), ""
+    n, size = pick.chunks, pg.size()
+
+    def fused(A, B):
+        out = _pipeline(run)(pg, A.contiguous(), B.contiguous(), n, what)
+        return out.div_(size) if reduce_op == "avg" else out
+    return fused, ""
 
 
 def _decided(what: str, pick) -> None:
@@ -213,8 +258,14 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
     """A = all_gather(A_shard) along gather_dim, then [A @ B for B in Bs]."""
     what = "fused_all_gather_matmul"
     pg = _group(group_name)
-    d = _dim(A_shard, gather_dim, what)
     Bs = list(Bs)
+    if all(isinstance(B, torch.Tensor) for B in Bs) and isinstance(A_shard, torch.Tensor):
+        run, key = _gemm_repeat(pg, what, [A_shard] + Bs, (gather_dim, return_A, path, chunks))
+        if run is not None:
+            return run(A_shard, Bs)
+    else:
+        key = None
+    d = _dim(A_shard, gather_dim, what)
     if not Bs:
         raise ValueError(f"{what}: Bs is empty")
     why = _refusal(pg, [A_shard] + Bs, capturable=True)
@@ -224,24 +275,34 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
         why = f"A_shard {tuple(A_shard.shape)} with Bs {[tuple(B.shape) for B in Bs]} (fused: A [.., K], B [K, N])"
     if not why and A_shard.numel() == 0:
         why = "an empty A_shard"
+    direct, n = False, pg.size()
     if not why:
-        n, K = pg.size(), A_shard.shape[-1]
+        K = A_shard.shape[-1]
         a = A_shard.reshape(-1, K)
         pick = _choose("ag_gemm", pg, a.dtype, {"M": n * a.shape[0], "K": K, "N": sum(B.shape[1] for B in Bs)},
                        path, chunks, a)
         if pick.fused:
             _decided(what, pick)
-            A, outs = _pipeline("all_gather_matmul")(pg, a.contiguous(), [B.contiguous() for B in Bs], pick.chunks,
-                                                return_A, what)
-            lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
-            return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
-        why = pick.why
+            pieces = pick.chunks
+
+            def fused(A_shard, Bs):
+                a = A_shard.reshape(-1, K)
+                A, outs = _pipeline("all_gather_matmul")(pg, a.contiguous(), [B.contiguous() for B in Bs], pieces,
+                                                         return_A, what)
+                lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
+                return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
+            return (fused if key is None else _keep_path(pg, key, fused))(A_shard, Bs)
+        why, direct = pick.why, True
     _sequential(what, why)
-    shard = A_shard.movedim(d, 0).contiguous()
-    gathered = shard.new_empty((shard.shape[0] * pg.size(),) + tuple(shard.shape[1:]))
-    dist.all_gather_into_tensor(gathered, shard, group=pg)
-    A = gathered.movedim(0, d)
-    return (A if return_A else None), [A @ B for B in Bs]
+
+    def sequential(A_shard, Bs):
+        shard = A_shard.movedim(d, 0).contiguous()
+        gathered = shard.new_empty((shard.shape[0] * n,) + tuple(shard.shape[1:]))
+        _collective(pg, direct, "allgather", shard, gathered, shard.numel(), None,
+                    lambda: dist.all_gather_into_tensor(gathered, shard, group=pg))
+        A = gathered.movedim(0, d)
+        return (A if return_A else None), [A @ B for B in Bs]
+    return (sequential if key is None else _keep_path(pg, key, sequential))(A_shard, Bs)
 
 
 def _gemm_refusal(pg, A, B, rows_divide: bool) -> str:
@@ -261,24 +322,34 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     """reduce_scatter(A @ B) along scatter_dim (reduce_op "sum" or "avg")."""
     what = "fused_matmul_reduce_scatter"
     pg = _group(group_name)
+    run, key = _gemm_repeat(pg, what, (A, B), (reduce_op, scatter_dim, path, chunks))
+    if run is not None:
+        return run(A, B)
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
     if not why and _dim_of(2, scatter_dim, what) != 0:
         why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
+    direct = False
     if not why:
-        out, why = _gemm_fused("gemm_rs", what, pg, A, B, path, chunks, "matmul_reduce_scatter", reduce_op)
-        if out is not None:
-            return out
+        run, why = _gemm_fused("gemm_rs", what, pg, A, B, path, chunks, "matmul_reduce_scatter", reduce_op)
+        if run is not None:
+            return _keep_path(pg, key, run)(A, B)
+        direct = True
     _sequential(what, why)
-    C = A @ B
-    d = _dim(C, scatter_dim, what)
-    if C.shape[d] % pg.size():
-        raise ValueError(f"{what}: dim {scatter_dim} of A @ B has {C.shape[d]} rows, "
-                         f"not divisible by the group's {pg.size()} ranks")
-    full = C.movedim(d, 0).contiguous()
-    out = full.new_empty((full.shape[0] // pg.size(),) + tuple(full.shape[1:]))
-    dist.reduce_scatter_tensor(out, full, op=op, group=pg)
-    return out.movedim(0, d)
+    size = pg.size()
+
+    def sequential(A, B):
+        C = A @ B
+        d = _dim(C, scatter_dim, what)
+        if C.shape[d] % size:
+            raise ValueError(f"{what}: dim {scatter_dim} of A @ B has {C.shape[d]} rows, "
+                             f"not divisible by the group's {size} ranks")
+        full = C.movedim(d, 0).contiguous()
+        out = full.new_empty((full.shape[0] // size,) + tuple(full.shape[1:]))
+        _collective(pg, direct, "reducescatter", full, out, out.numel(), reduce_op,
+                    lambda: dist.reduce_scatter_tensor(out, full, op=op, group=pg))
+        return out.movedim(0, d)
+    return _keep_path(pg, key, sequential)(A, B)
 
 
 def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
@@ -287,16 +358,24 @@ def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     """all_reduce(A @ B): a row-parallel linear layer (GEMM + AR)."""
     what = "fused_matmul_all_reduce"
     pg = _group(group_name)
+    run, key = _gemm_repeat(pg, what, (A, B), (reduce_op, path, chunks))
+    if run is not None:
+        return run(A, B)
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=False)
+    direct = False
     if not why:
-        out, why = _gemm_fused("gemm_ar", what, pg, A, B, path, chunks, "matmul_all_reduce", reduce_op)
-        if out is not None:
-            return out
+        run, why = _gemm_fused("gemm_ar", what, pg, A, B, path, chunks, "matmul_all_reduce", reduce_op)
+        if run is not None:
+            return _keep_path(pg, key, run)(A, B)
+        direct = True
     _sequential(what, why)
-    C = (A @ B).contiguous()
-    dist.all_reduce(C, op=op, group=pg)
-    return C
+
+    def sequential(A, B):
+        C = (A @ B).contiguous()
+        _collective(pg, direct, "allreduce", C, C, C.numel(), reduce_op, lambda: dist.all_reduce(C, op=op, group=pg))
+        return C
+    return _keep_path(pg, key, sequential)(A, B)
 
 
 def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group, *, path: Optional[str] = None,
@@ -305,19 +384,29 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     the result's block q came from rank q (GEMM + A2A, an expert layer's exchange)."""
     what = "fused_matmul_all_to_all"
     pg = _group(group_name)
+    run, key = _gemm_repeat(pg, what, (A, B), (path, chunks))
+    if run is not None:
+        return run(A, B)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
+    direct = False
     if not why:
-        out, why = _gemm_fused("gemm_a2a", what, pg, A, B, path, chunks, "matmul_all_to_all")
-        if out is not None:
-            return out
+        run, why = _gemm_fused("gemm_a2a", what, pg, A, B, path, chunks, "matmul_all_to_all")
+        if run is not None:
+            return _keep_path(pg, key, run)(A, B)
+        direct = True
     _sequential(what, why)
-    C = (A @ B).contiguous()
-    if C.shape[0] % pg.size():
-        raise ValueError(f"{what}: A @ B has {C.shape[0]} rows, not divisible by the group's "
-                         f"{pg.size()} ranks")
-    out = torch.empty_like(C)
-    dist.all_to_all_single(out, C, group=pg)
-    return out
+    size = pg.size()
+
+    def sequential(A, B):
+        C = (A @ B).contiguous()
+        if C.shape[0] % size:
+            raise ValueError(f"{what}: A @ B has {C.shape[0]} rows, not divisible by the group's "
+                             f"{size} ranks")
+        out = torch.empty_like(C)
+        _collective(pg, direct, "alltoall", C, out, C.numel() // size, None,
+                    lambda: dist.all_to_all_single(out, C, group=pg))
+        return out
+    return _keep_path(pg, key, sequential)(A, B)
 
 
 # --- the memory-bound operators ------------------------------------------------------

@@ -30,7 +30,8 @@ MiB = 1 << 20
 TERMS = [c for k in (1, 2, 3) for c in itertools.combinations(("scale", "bias", "residual"), k)]
 CASTS = [(torch.bfloat16, None), (torch.float16, None), (torch.float32, None), (torch.float32, torch.bfloat16)]
 
-# Count the fused path's runs: a call that quietly took the sequential path must not pass as fused.
+# Count the fused path's runs (first calls and repeats): a call that quietly took the sequential
+# path must not pass as fused.
 fused_runs = [0]
 _real_fused = ops.epilogue_fused
 
@@ -42,6 +43,16 @@ def _counting(*args, **kw):
 
 
 ops.epilogue_fused = _counting
+# A call the group has run before takes the repeat path: one launch, not epilogue_fused.
+_real_launch = ops._epilogue_launch
+
+
+def _counting_launch(*args, **kw):
+    fused_runs[0] += 1
+    return _real_launch(*args, **kw)
+
+
+ops._epilogue_launch = _counting_launch
 
 
 def passed(name):
