@@ -52,8 +52,6 @@ from .schedule import arrival_order, chunk_schedule, peers_first
 
 # storage dtype -> (dtype name, cudaDataType, output kind of gc3_sum_round)
 TYPES = {"uint16": ("bfloat16", 14, 1), "float16": ("float16", 2, 2), "float32": ("float32", 0, 0)}
-# dtype name -> cudaDataType
-CUDA_TYPES = {name: code for name, code, _ in TYPES.values()}
 _R_32F = 0
 _COMPUTE_32F = 68      # CUBLAS_COMPUTE_32F: fp32 accumulation on tensor cores
 _GEMM_DEFAULT = -1     # CUBLAS_GEMM_DEFAULT
@@ -231,36 +229,20 @@ class _Rank:
 
 def gemm_rows(handle: int, stream, a: int, b: int, c: int, m: int, k: int, n: int, in_type: int,
               out_type: int) -> None:
-    """Queue on `stream`: row-major C[m, n] = A[m, k] @ B[k, n], all three contiguous."""
-    with streams.current(stream):
-        gemm_current(handle, a, b, c, m, k, n, k, n, n, in_type, out_type)
-
-
-def gemm_current(handle: int, a: int, b: int, c: int, m: int, k: int, n: int, lda: int, ldb: int, ldc: int,
-                 in_type: int, out_type: int, batch: int = 1, stride_a: int = 0, stride_c: int = 0) -> None:
-    """Queue on CuPy's current stream (where CuPy's cuBLAS calls go): row-major
-    C[m, n] = A[m, k] @ B[k, n], rows `lda`, `ldb`, `ldc` elements apart (cuBLAS is
-    column-major: it computes C^T = B^T A^T); with `batch` > 1, that many products of
-    one B, the i-th A and C stride_a and stride_c elements after the first."""
-    if m == 0 or n == 0 or batch == 0:
+    """Queue on `stream`: row-major C[m, n] = A[m, k] @ B[k, n], all three
+    contiguous (cuBLAS is column-major: it computes C^T = B^T A^T)."""
+    if m == 0 or n == 0:
         return
     import cupy
 
     if k == 0:   # cuBLAS refuses a leading dimension of 0; the product is all zeros
-        if ldc != n or batch > 1:
-            raise InputError(f"an empty product (k = 0) into rows {ldc} elements apart, not {n}: not served")
-        cupy.cuda.runtime.memsetAsync(c, 0, m * n * (4 if out_type == _R_32F else 2),
-                                      cupy.cuda.get_current_stream().ptr)
+        cupy.cuda.runtime.memsetAsync(c, 0, m * n * (4 if out_type == _R_32F else 2), stream.ptr)
         return
     if _ONE is None:
         _host_scalars()
-    if batch > 1:
-        cupy.cuda.cublas.gemmStridedBatchedEx(handle, 0, 0, n, m, k, _ONE.ctypes.data, b, in_type, ldb, 0, a, in_type,
-                                              lda, stride_a, _ZERO.ctypes.data, c, out_type, ldc, stride_c, batch,
-                                              _COMPUTE_32F, _GEMM_DEFAULT)
-        return
-    cupy.cuda.cublas.gemmEx(handle, 0, 0, n, m, k, _ONE.ctypes.data, b, in_type, ldb, a, in_type, lda,
-                            _ZERO.ctypes.data, c, out_type, ldc, _COMPUTE_32F, _GEMM_DEFAULT)
+    with streams.current(stream):   # gemmEx runs on CuPy's current stream
+        cupy.cuda.cublas.gemmEx(handle, 0, 0, n, m, k, _ONE.ctypes.data, b, in_type, n, a, in_type, k,
+                                _ZERO.ctypes.data, c, out_type, n, _COMPUTE_32F, _GEMM_DEFAULT)
 
 
 def _rt():

@@ -30,7 +30,6 @@ concatenation of the (small) result at the end.
 """
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -140,50 +139,30 @@ def scratch(pg, key: Tuple, make: Callable[[], tuple]) -> tuple:
 
 
 class _Pipeline:
-    """One call's streams: `main` is the caller's, `side` the collectives'.  The GEMM chunks
-    are cuBLAS calls on raw addresses (gemm): a torch.mm costs several times the host time
-    of one cublasGemmEx, and a chunked call makes one per chunk."""
+    """One call's streams: `main` is the caller's, `side` the collectives'."""
 
     def __init__(self, pg, tensors, what: str):
-        from runtime_cuda.fused.gemm import CUDA_TYPES
-
-        from .process_group import _DTYPES
         self.pg = pg
         self.comm = pg._cuda(list(tensors), what)
-        self.device = device = pg._device.index
+        device = pg._device.index
         self.main = torch.cuda.current_stream(device)
         self.lanes = lanes(device)
         self.side = self.lanes.side
-        t = tensors[0]
-        self.type, self.size = CUDA_TYPES[_DTYPES[t.dtype]], t.element_size()
         global last_trace
         self.trace = None
         if _tracing():
             self.trace = last_trace = Trace()
             self.trace.origin.record(self.main)
 
-    @contextlib.contextmanager
-    def chunks(self):
-        """The block in which gemm() queues: CuPy on the tensors' GPU, with the caller's stream
-        current (where CuPy's gemmEx puts its calls)."""
-        import cupy
-
-        from runtime_cuda.core import streams
-        with cupy.cuda.Device(self.device), streams.current(streams.wrap(self.main.cuda_stream)):
-            self.handle = cupy.cuda.device.get_cublas_handle()
-            yield
-
-    def gemm(self, a: int, b: int, c: int, m: int, k: int, n: int, lda: int, ldb: int, ldc: int, **batch) -> None:
-        """One GEMM chunk on the caller's stream (inside chunks()), row-major C[m, n] = A[m, k] @ B[k, n]
-        on addresses, rows lda, ldb, ldc elements apart; `batch`: gemm_current's (timed under
-        GC3_FUSED_TRACE)."""
-        from runtime_cuda.fused.gemm import gemm_current
-
-        start = Trace.pair(self.main) if self.trace is not None else None
-        gemm_current(self.handle, a, b, c, m, k, n, lda, ldb, ldc, self.type, self.type, **batch)
-        if start is not None:
-            start[1].record(self.main)
-            self.trace.gemm.append(start)
+    def gemm(self, fn: Callable[[], object]):
+        """One GEMM chunk on the caller's stream (timed under GC3_FUSED_TRACE)."""
+        if self.trace is None:
+            return fn()
+        start, end = Trace.pair(self.main)
+        got = fn()
+        end.record(self.main)
+        self.trace.gemm.append((start, end))
+        return got
 
     def key(self, *parts) -> Tuple:
         return (self.main.cuda_stream,) + parts
@@ -228,17 +207,15 @@ def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, wha
 def _by_columns(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str, coll: str, rows_out: int,
                 op: Optional[str]) -> torch.Tensor:
     """A @ B in column chunks, each chunk's `coll` into rows_out rows of the result."""
-    (M, K), N = A.shape, B.shape[1]
+    M, N = A.shape[0], B.shape[1]
     p = _Pipeline(pg, [A, B], what)
     pieces = _pieces(bounds(N, chunks))
     parts, outs = scratch(pg, p.key(coll, M, N, rows_out, A.dtype, chunks), lambda: (
         [A.new_empty((M, hi - lo)) for lo, hi in pieces], [A.new_empty((rows_out, hi - lo)) for lo, hi in pieces]))
     marks = []
-    a, b = A.data_ptr(), B.data_ptr()
-    with p.chunks():
-        for i, ((lo, hi), c) in enumerate(zip(pieces, parts)):
-            p.gemm(a, b + lo * p.size, c.data_ptr(), M, K, hi - lo, K, N, hi - lo)
-            marks.append(p.mark(i, p.main))
+    for i, ((lo, hi), c) in enumerate(zip(pieces, parts)):
+        p.gemm(lambda: torch.mm(A, B[:, lo:hi], out=c))
+        marks.append(p.mark(i, p.main))
     per = pg.size() if coll == "alltoall" else 1
     p.collectives([(coll, c, o, o.numel() // per, op) for c, o in zip(parts, outs)], marks)
     p.join()
@@ -248,17 +225,15 @@ def _by_columns(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str, co
 def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
     """sum_s A_s @ B_s on every rank, [M, N]: each row chunk is all-reduced in place
     in the group's buffer, then copied out on the side stream."""
-    (M, K), N = A.shape, B.shape[1]
+    M, N = A.shape[0], B.shape[1]
     p = _Pipeline(pg, [A, B], what)
     pieces = _pieces(bounds(M, chunks))
     (C,) = scratch(pg, p.key("allreduce", M, N, A.dtype), lambda: (A.new_empty((M, N)),))
     out = A.new_empty((M, N))
     marks = []
-    a, b, c = A.data_ptr(), B.data_ptr(), C.data_ptr()
-    with p.chunks():
-        for i, (lo, hi) in enumerate(pieces):
-            p.gemm(a + lo * K * p.size, b, c + lo * N * p.size, hi - lo, K, N, K, N, N)
-            marks.append(p.mark(i, p.main))
+    for i, (lo, hi) in enumerate(pieces):
+        p.gemm(lambda: torch.mm(A[lo:hi], B, out=C[lo:hi]))
+        marks.append(p.mark(i, p.main))
     p.collectives([("allreduce", C[lo:hi], C[lo:hi], (hi - lo) * N, "sum") for lo, hi in pieces], marks,
                   then=lambda i: out[pieces[i][0]:pieces[i][1]].copy_(C[pieces[i][0]:pieces[i][1]]))
     p.join()
@@ -287,16 +262,12 @@ def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chu
     marks = [p.lanes.event(i) for i in range(len(pieces))]
     p.collectives([("allgather", src[lo:hi], g, (hi - lo) * K, None) for (lo, hi), g in zip(pieces, gathered)],
                   then=lambda i: marks[i].record(p.side))
-    with p.chunks():
-        for (lo, hi), g, ev in zip(pieces, gathered, marks):
-            p.main.wait_event(ev)
-            if A is not None:
-                A.view(G, m, K)[:, lo:hi].copy_(g)
-            # Rank r's rows of the chunk land in rows r*m + lo.. of each output: one batched GEMM
-            # (a product per rank) straight into place.
-            for B, o in zip(Bs, outs):
-                N = B.shape[1]
-                p.gemm(g.data_ptr(), B.data_ptr(), o.data_ptr() + lo * N * p.size, hi - lo, K, N, K, N, N,
-                       batch=G, stride_a=(hi - lo) * K, stride_c=m * N)
+    for (lo, hi), g, ev in zip(pieces, gathered, marks):
+        p.main.wait_event(ev)
+        if A is not None:
+            A.view(G, m, K)[:, lo:hi].copy_(g)
+        rows = g.view(G * (hi - lo), K)
+        for B, o in zip(Bs, outs):
+            o.view(G, m, B.shape[1])[:, lo:hi].copy_(p.gemm(lambda: torch.mm(rows, B)).view(G, hi - lo, B.shape[1]))
     p.join()
     return A, outs
