@@ -65,6 +65,30 @@ def test_a_near_m_stands_in_only_within_a_factor_of_two(catalog):
     assert not choice.choose("gemm_rs", 4, "float16", {"M": 8192, "K": 7168, "N": 8192}).fused
 
 
+def test_between_two_measured_sizes_that_agree_their_path_holds(catalog):
+    """Along an op's size axis (bytes for the epilogue, b for the GEMV, samples for the bags, M for
+    the GEMMs): a size between two measured ones takes their path where they agree, else only a
+    size within a factor of 2 of one of them does; other dimensions must be equal."""
+    def ep(nbytes, path, dtype="bfloat16"):
+        return {"op": "ar_epilogue", "gpus": 4, "dtype": dtype, "shape": {"bytes": nbytes}, "path": path}
+    catalog([ep(16384, "fused"), ep(1 << 20, "fused"), ep(8 << 20, "sequential"), ep(64 << 20, "fused")])
+    pick = lambda n, dtype="bfloat16": choice.choose("ar_epilogue", 4, dtype, {"bytes": n})  # noqa: E731
+    assert pick(131072).fused and "between measured bytes=16384 and 1048576" in pick(131072).why
+    assert pick(24576).fused and pick(1 << 21).fused                 # within a factor of 2 of a fused size
+    assert not pick(3 << 20).fused                                  # 1 MiB fused, 8 MiB sequential: unsure
+    assert not pick(16 << 20).fused and not pick(24 << 20).fused     # 8 MiB's side, and nobody agrees above
+    assert not pick(4096).fused and not pick(1 << 30).fused          # outside the measured range
+    assert not pick(131072, "float32").fused                         # another dtype was not measured
+    # The small kernels' limit is a break: 2 MiB (the kernel) stands in for nothing above it.
+    from gc3.limits import SMALL_ALLREDUCE_MAX_BYTES as LIMIT
+    catalog([ep(LIMIT, "fused"), ep(LIMIT * 8, "fused")])
+    assert pick(LIMIT // 2).fused and not pick(LIMIT + 2).fused and pick(LIMIT * 4).fused
+    gemv = {"op": "gemv_ar", "gpus": 4, "dtype": "bfloat16", "path": "fused"}
+    catalog([dict(gemv, shape={"b": 1, "K": 2048, "N": 8192}), dict(gemv, shape={"b": 32, "K": 2048, "N": 8192})])
+    assert choice.choose("gemv_ar", 4, "bfloat16", {"b": 8, "K": 2048, "N": 8192}).fused
+    assert not choice.choose("gemv_ar", 4, "bfloat16", {"b": 8, "K": 2048, "N": 4096}).fused
+
+
 def test_the_caller_and_the_environment_force_a_path(catalog, monkeypatch):
     catalog([entry(8192, "fused")])
     shape = {"M": 8192, "K": 7168, "N": 8192}

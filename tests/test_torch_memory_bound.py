@@ -108,7 +108,7 @@ def test_unmeasured_shapes_and_other_machines_run_the_sequential_path(routed):
     from runtime_cuda.torch_dist import ops
     use, ran = routed
     use([dict(e, gpus=4) for e in MEASURED] + [dict(MEASURED[0], dtype="float16"),
-                                               dict(MEASURED[3], shape={"bytes": 64})])
+                                               dict(MEASURED[3], shape={"bytes": 16})])
     for call in calls(ops).values():
         call()
     assert ran == ["gemv_sequential", "gemv_sequential", "embedding_bag_sequential", "epilogue_sequential"]
@@ -291,6 +291,48 @@ def test_a_repeated_epilogue_call_is_one_launch_of_what_its_first_call_kept(gloo
     assert len(group.log) == 1 and torch.allclose(got, want)
     with pytest.raises(ValueError, match="scale must be a finite number"):
         ops.fused_all_reduce_epilogue(x, pg, [0.5], bias)   # unhashable: the checks say why
+
+
+class _KeptComm:
+    """Stands in for the communicator an epilogue above the kernels' limit kept: records its allreduces."""
+
+    def __init__(self):
+        self.log = []
+
+    def allReduce(self, *args):
+        self.log.append(("allReduce",) + args)
+
+
+def test_a_repeated_large_epilogue_is_the_allreduce_into_a_buffer_kept_per_stream_then_the_pass(monkeypatch):
+    """Above the small kernels' limit a repeat is the group's allreduce of x into a buffer kept per
+    (stream, shape, dtype), so the communicator sees the same addresses every call, then the pass
+    from that buffer into a new output; another stream gets a buffer of its own."""
+    import types
+
+    from runtime_cuda.fused import epilogue as fe
+    from runtime_cuda.nccl.constants import DTYPE_CODES, NCCL_SUM
+    from runtime_cuda.torch_dist import ops
+    streams = [0x77]
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: streams[0], raising=False)
+    comm = _KeptComm()
+    monkeypatch.setattr(fe, "run_pass", lambda *args: comm.log.append(("pass",) + args))
+    x, bias = torch.randn(16, 8), torch.randn(8)
+    words = [[5, 6]]
+    kept = (comm, 128, "float32", "bfloat16", torch.bfloat16, ops._ALLREDUCE_THEN_PASS, words, 0)
+    pg = types.SimpleNamespace(_gc3_epilogue_repeats={
+        ops._epilogue_key(x, 0.5, bias, None, torch.bfloat16, None): kept})
+    outs = [ops.fused_all_reduce_epilogue(x, pg, 0.5, bias, out_dtype=torch.bfloat16) for _ in range(2)]
+    streams[0] = 0x78
+    outs.append(ops.fused_all_reduce_epilogue(x, pg, 0.5, bias, out_dtype=torch.bfloat16))
+    assert [o.dtype for o in outs] == [torch.bfloat16] * 3 and all(o.shape == x.shape for o in outs)
+    reduces, passes = comm.log[0::2], comm.log[1::2]
+    assert [r[0] for r in reduces] == ["allReduce"] * 3 and [p[0] for p in passes] == ["pass"] * 3
+    ys = [r[2] for r in reduces]
+    assert all(r[1] == x.data_ptr() and r[3:6] == (128, DTYPE_CODES["float32"], NCCL_SUM) for r in reduces)
+    assert [r[-1] for r in reduces] == [0x77, 0x77, 0x78]
+    assert ys[0] == ys[1] != ys[2] and x.data_ptr() not in ys          # kept per stream, never x itself
+    assert [p[1:] for p in passes] == [([y], [o.data_ptr()], 128, "float32", "bfloat16", words, s)
+                                       for y, o, s in zip(ys, outs, (0x77, 0x77, 0x78))]
 
 
 def test_gemv_and_embedding_bag_sequential_paths_on_one_rank(gloo_one):

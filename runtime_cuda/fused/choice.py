@@ -10,10 +10,11 @@ written by `gc3 tune --fused` on that machine:
                            "fused_us": 1234.5, "sequential_us": 1400.1}, ...]}
 
 `choose` answers, in this order: the caller's `path`, GC3_FUSED=0/1, the entry
-measured for this shape, the entry of the nearest measured M (within a factor
-of 2, every other dimension equal), and otherwise the sequential path: fusing
-where nobody measured it could be the slower choice, and the sequential path is
-what the user would run anyway.
+measured for this shape, the entry of the nearest measured size along the op's
+size axis (M, b, samples or bytes; every other dimension equal) within a factor
+of 2, the path both measured sizes around it agree on, and otherwise the
+sequential path: fusing where nobody measured it could be the slower choice, and
+the sequential path is what the user would run anyway.
 """
 from __future__ import annotations
 
@@ -24,15 +25,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from gc3 import settings
+from gc3 import limits, settings
 from gc3.errors import InputError
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a", "gemv_ar", "ebag_a2a", "ar_epilogue")
 PATHS = ("fused", "sequential")
 # The chunk count a forced fused call takes where nothing was measured.
 DEFAULT_CHUNKS = 4
-# How far (as a factor of M) a measured shape may stand in for an unmeasured one.
-NEAREST_M_FACTOR = 2.0
+# Each op's size axis: the dimension along which a measured shape may stand in for an
+# unmeasured one (FusedTable.lookup); the other dimensions must be equal.
+SIZE_AXIS = {"ag_gemm": "M", "gemm_rs": "M", "gemm_ar": "M", "gemm_a2a": "M", "gemv_ar": "b",
+             "ebag_a2a": "samples", "ar_epilogue": "bytes"}
+# How far (as a factor along the size axis) the nearest measured shape may stand in.
+NEAREST_FACTOR = 2.0
+# Sizes where an op's fused path changes mechanism (the epilogue: one small kernel up to the
+# small kernels' limit, the group's allreduce then a pass above it): a measured size never
+# stands in for one across a break.
+SIZE_BREAKS = {"ar_epilogue": (limits.SMALL_ALLREDUCE_MAX_BYTES,)}
+
+
+def _regime(op: str, size: int) -> int:
+    return sum(size > b for b in SIZE_BREAKS.get(op, ()))
 
 
 @dataclass(frozen=True)
@@ -78,23 +91,36 @@ class FusedTable:
         return cls(section["entries"], str(path))
 
     def lookup(self, op: str, gpus: int, dtype: str, shape: Mapping[str, int]) -> Tuple[Optional[dict], str]:
+        """The entry that decides `shape`: the one measured there; else, along the op's size
+        axis (SIZE_AXIS) with every other dimension equal and no SIZE_BREAKS between, the
+        nearest measured size within a factor of 2; else the nearer of the two measured sizes around it where both took the
+        same path (between two sizes that agree, the answer holds)."""
         hit = self.entries.get(entry_key(op, gpus, dtype, shape))
         if hit is not None:
             return hit, "measured at this shape"
-        if "M" not in shape:
+        axis = SIZE_AXIS.get(op, "M")
+        size = shape.get(axis, 0)
+        if size <= 0:
             return None, "not measured at this shape"
-        rest = {k: v for k, v in shape.items() if k != "M"}
-        best, gap = None, None
+        rest = {k: v for k, v in shape.items() if k != axis}
+        below, above = None, None     # (log distance, entry) of the nearest measured size each side
         for (o, g, d, s), e in self.entries.items():
             s = dict(s)
-            if (o, g, d) != (op, gpus, dtype) or "M" not in s or {k: v for k, v in s.items() if k != "M"} != rest:
+            if (o, g, d) != (op, gpus, dtype) or s.get(axis, 0) <= 0 or _regime(op, s[axis]) != _regime(op, size) \
+                    or {k: v for k, v in s.items() if k != axis} != rest:
                 continue
-            dist = abs(math.log(s["M"] / shape["M"])) if s["M"] > 0 and shape["M"] > 0 else math.inf
-            if dist <= math.log(NEAREST_M_FACTOR) and (gap is None or dist < gap):
-                best, gap = e, dist
-        if best is None:
-            return None, "not measured at this shape or within a factor of 2 in M"
-        return best, f"nearest measured M={best['shape']['M']}"
+            gap = math.log(s[axis] / size)
+            if gap < 0 and (below is None or -gap < below[0]):
+                below = (-gap, e)
+            elif gap > 0 and (above is None or gap < above[0]):
+                above = (gap, e)
+        near = min((x for x in (below, above) if x is not None), key=lambda x: x[0], default=None)
+        if near is not None and near[0] <= math.log(NEAREST_FACTOR):
+            return near[1], f"nearest measured {axis}={near[1]['shape'][axis]}"
+        if below is not None and above is not None and below[1]["path"] == above[1]["path"]:
+            return near[1], (f"between measured {axis}={below[1]['shape'][axis]} and {above[1]['shape'][axis]}, "
+                             f"both {near[1]['path']}")
+        return None, f"not measured at this shape, within a factor of 2 in {axis} or between two agreeing sizes"
 
 
 _loaded: Dict[Tuple[str, float], FusedTable] = {}

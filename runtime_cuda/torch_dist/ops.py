@@ -669,12 +669,33 @@ def _epilogue_key(x: torch.Tensor, scale, bias: Optional[torch.Tensor], residual
     return (x.shape, x.dtype, x.device, type(scale), scale, out_dtype, path) + terms + _decision_context()
 
 
-def _epilogue_launch(hit: Tuple, x: torch.Tensor) -> torch.Tensor:
+# The kept launch of an epilogue above the small kernels' limit (its `group` is the communicator):
+# the group's allreduce into a buffer kept per stream, then one pass.
+_ALLREDUCE_THEN_PASS = "allreduce+pass"
+
+
+def _epilogue_launch(pg, hit: Tuple, x: torch.Tensor) -> torch.Tensor:
     group, count, dtype, odt, out_dtype, kind, epw, index = hit
+    stream = torch._C._cuda_getCurrentRawStream(index)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    group.run_ptrs((x.data_ptr(),), (out.data_ptr(),), count, dtype, "sum", torch._C._cuda_getCurrentRawStream(index),
-                   kind=kind, epilogue=epw, out_dtype=odt)
+    if kind == _ALLREDUCE_THEN_PASS:
+        _allreduce_then_pass(pg, group, x, out, count, dtype, odt, epw, stream)
+    else:
+        group.run_ptrs((x.data_ptr(),), (out.data_ptr(),), count, dtype, "sum", stream, kind=kind, epilogue=epw,
+                       out_dtype=odt)
     return out
+
+
+def _allreduce_then_pass(pg, comm, x: torch.Tensor, out: torch.Tensor, count: int, dtype: str, odt: str, epw,
+                         stream: int) -> None:
+    """The group's allreduce of x into a buffer kept per (stream, shape, dtype), so that a repeated
+    call hands the communicator the same addresses (its prepared-call path), then the epilogue pass
+    into out."""
+    from runtime_cuda.fused import epilogue as fe
+    from runtime_cuda.nccl.constants import DTYPE_CODES, NCCL_SUM
+    (y,) = overlap.scratch(pg, ("epilogue", stream, x.shape, x.dtype), lambda: (torch.empty_like(x),))
+    comm.allReduce(x.data_ptr(), y.data_ptr(), count, DTYPE_CODES[dtype], NCCL_SUM, stream)
+    fe.run_pass([y.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream)
 
 
 def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[torch.Tensor],
@@ -684,13 +705,12 @@ def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[t
     Up to the small kernels' limit one launch of their epilogue build; above it the group's
     allreduce, then one epilogue pass (runtime_cuda.fused.epilogue).  Addresses and torch's
     current stream go straight to the kernels: no DLPack views, no host synchronisation, and
-    outputs from torch's caching allocator.  `repeat`: the call's _epilogue_key, under which a
-    call the kernel serves keeps its launch for repeats (x and the terms were contiguous, so
-    the words hold the caller's own addresses)."""
+    outputs from torch's caching allocator.  `repeat`: the call's _epilogue_key, under which the
+    call keeps its launch for repeats (x and the terms were contiguous, so the words hold the
+    caller's own addresses)."""
     import cupy
 
     from runtime_cuda.fused import epilogue as fe
-    from runtime_cuda.nccl.constants import DTYPE_CODES, NCCL_SUM
 
     from .process_group import _DTYPES
     what = "fused_all_reduce_epilogue"
@@ -715,9 +735,10 @@ def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[t
                                                                    out.dtype, kind, epw, xs.device.index))
             fe.run_kernel(comm, [xs.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream, kind)
         else:
-            y = out if odt == dtype else torch.empty_like(xs)
-            comm.allReduce(xs.data_ptr(), y.data_ptr(), count, DTYPE_CODES[dtype], NCCL_SUM, stream)
-            fe.run_pass([y.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream)
+            if repeat is not None:
+                _keep_repeat(pg, "_gc3_epilogue_repeats", repeat, (comm, count, dtype, odt, out.dtype,
+                                                                   _ALLREDUCE_THEN_PASS, epw, xs.device.index))
+            _allreduce_then_pass(pg, comm, xs, out, count, dtype, odt, epw, stream)
     return out, ""
 
 
@@ -747,7 +768,7 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
         except TypeError:   # an unhashable scale: the checks below say what is wrong with it
             hit = None
         if hit is not None and x.is_contiguous():
-            return _epilogue_launch(hit, x)
+            return _epilogue_launch(pg, hit, x)
     _epilogue_arguments(what, x, scale, bias, residual, out_dtype)
     terms = [t for t in (bias, residual) if t is not None]
     nbytes = x.numel() * x.element_size()

@@ -170,6 +170,29 @@ for name, got, seq, s, shape, dtype, terms, _ in queued:
     torch_rank.same_on_all_ranks(name, got)
 passed("back to back alternating sizes")
 
+# Repeats: the same operands refilled in place (the repeat path: one kept launch, and above the
+# kernels' limit the allreduce into a buffer kept per stream), on two streams, no synchronisation.
+other = torch.cuda.Stream(device=dev)
+for dtype, out_dtype in ((torch.bfloat16, None), (torch.float32, torch.bfloat16)):
+    for shape in ((33, 257), (8 * MiB // torch.tensor([], dtype=dtype).element_size() // 256, 256)):
+        a = operands(300, shape, dtype, TERMS[-1])
+        queued = []
+        for rep in range(4):
+            stream = user if rep % 2 == 0 else other
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fresh = operands(310 + rep, shape, dtype, TERMS[-1])
+                for k in ("x", "bias", "residual"):      # in place: the addresses the key holds
+                    a[k].copy_(fresh[k])
+                got = fused(a, out_dtype, f"repeat {rep} {shape}")
+                queued.append((rep, got, run(a, out_dtype, "sequential")))
+            torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        for rep, got, seq in queued:
+            close(f"repeat {rep} {shape} {dtype}", got, reference(310 + rep, shape, dtype, TERMS[-1]), seq)
+            torch_rank.same_on_all_ranks(f"repeat {rep} {shape}", got)
+passed("repeats on two streams")
+
 # Negative control: the kernels' shifted-peer hook must fail the same check (a shape no earlier
 # call used, so its launch is prepared, and built, with the hook on).
 from runtime_cuda.ranks import small_allreduce  # noqa: E402
