@@ -347,3 +347,32 @@ def test_a_repeated_gemm_call_takes_the_kept_path_and_any_change_the_key_covers_
         with pytest.raises(_Full):
             call(A, B)
         monkeypatch.delenv("GC3_FUSED")
+
+
+@needs_torch
+def test_a_sequential_collective_goes_straight_to_the_gc3_communicator_only_where_its_dist_method_would_serve():
+    """The sequential paths hand a collective to the gc3 group's communicator directly only for
+    contiguous CUDA tensors on the group's GPU; anything else (another group, another GPU, a
+    strided tensor, a group with no communicator yet) goes through torch.distributed."""
+    import types
+
+    from runtime_cuda.torch_dist import ops
+
+    def tensor(device="cuda:0", contiguous=True):
+        return types.SimpleNamespace(is_cuda=device.startswith("cuda"), device=device,
+                                     is_contiguous=lambda: contiguous)
+    log = []
+    pg = types.SimpleNamespace(_comm="comm", _device="cuda:0", _submit=lambda *a: log.append(("direct",) + a))
+
+    def call(group, send, recv):
+        log.clear()
+        ops._collective(group, "allreduce", send, recv, 8, "sum", lambda: log.append(("dist",)))
+        return log[0][0]
+    t = tensor()
+    assert call(pg, t, t) == "direct" and log[0][1:] == ("comm", "allreduce", t, t, 8, "sum")
+    assert call(pg, tensor("cuda:1"), tensor("cuda:1")) == "dist"
+    assert call(pg, t, tensor("cuda:1")) == "dist"
+    assert call(pg, tensor(contiguous=False), t) == "dist"
+    assert call(pg, tensor("cpu"), tensor("cpu")) == "dist"
+    assert call(types.SimpleNamespace(_comm=None, _device=None), t, t) == "dist"
+    assert call(types.SimpleNamespace(), t, t) == "dist"          # not a gc3 group

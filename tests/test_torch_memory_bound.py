@@ -314,6 +314,8 @@ def test_a_repeated_large_epilogue_is_the_allreduce_into_a_buffer_kept_per_strea
     from runtime_cuda.torch_dist import ops
     streams = [0x77]
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: streams[0], raising=False)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     comm = _KeptComm()
     monkeypatch.setattr(fe, "run_pass", lambda *args: comm.log.append(("pass",) + args))
     x, bias = torch.randn(16, 8), torch.randn(8)
@@ -333,6 +335,17 @@ def test_a_repeated_large_epilogue_is_the_allreduce_into_a_buffer_kept_per_strea
     assert ys[0] == ys[1] != ys[2] and x.data_ptr() not in ys          # kept per stream, never x itself
     assert [p[1:] for p in passes] == [([y], [o.data_ptr()], 128, "float32", "bfloat16", words, s)
                                        for y, o, s in zip(ys, outs, (0x77, 0x77, 0x78))]
+    # Under a CUDA graph capture the kept allreduce and pass do not serve (the full path refuses
+    # them): the call goes on to the checks.
+    capturing[0] = True
+    monkeypatch.setattr(ops, "_epilogue_arguments", lambda *a: (_ for _ in ()).throw(_FullPath()))
+    with pytest.raises(_FullPath):
+        ops.fused_all_reduce_epilogue(x, pg, 0.5, bias, out_dtype=torch.bfloat16)
+    assert len(comm.log) == 6
+
+
+class _FullPath(Exception):
+    pass
 
 
 def test_gemv_and_embedding_bag_sequential_paths_on_one_rank(gloo_one):
@@ -509,3 +522,33 @@ def test_the_memory_bound_bench_and_tune_run_end_to_end_on_one_cpu_rank(gloo_one
     bf.write_section(tmp_path / "catalog.json", entries, {"hw": "1xCPU"})
     table = choice.FusedTable.from_catalog(tmp_path / "catalog.json")
     assert table.lookup("ar_epilogue", 1, "float32", {"bytes": 1024})[0]["path"] == "fused"
+
+
+def test_a_sequential_decision_is_kept_and_its_repeats_skip_the_gate(monkeypatch):
+    """A call a gc3 group sends down the sequential path keeps that decision under its key: its
+    repeats go straight to the sequential path, without the gate or the choice."""
+    import types
+
+    from runtime_cuda.torch_dist import ops, process_group
+    monkeypatch.setattr(process_group, "Gc3ProcessGroup", types.SimpleNamespace)
+    pg = types.SimpleNamespace(size=lambda: 1)          # a one-rank gc3 group: always sequential
+    seen = []
+    monkeypatch.setattr(ops, "epilogue_sequential", lambda x, _pg, *a: seen.append("epilogue") or x)
+    monkeypatch.setattr(ops, "gemv_sequential", lambda x, w, _pg: seen.append("gemv") or x @ w)
+    x, bias, w = torch.randn(4, 8), torch.randn(8), torch.randn(8, 3)
+    ops.fused_all_reduce_epilogue(x, pg, 0.5, bias)
+    ops.fused_gemv_all_reduce(x, w, pg)
+    assert pg._gc3_epilogue_repeats[ops._epilogue_key(x, 0.5, bias, None, None, None)] is ops._SEQUENTIAL
+    assert pg._gc3_gemv_repeats[ops._repeat_key(x, w, None)] is ops._SEQUENTIAL
+
+    def gate(*a, **k):
+        raise AssertionError("a repeat ran the gate")
+    monkeypatch.setattr(ops, "_refusal", gate)
+    seen.clear()
+    ops.fused_all_reduce_epilogue(x, pg, 0.5, bias)
+    ops.fused_gemv_all_reduce(x, w, pg)
+    assert seen == ["epilogue", "gemv"]
+    with pytest.raises(AssertionError, match="ran the gate"):   # another key: the full path
+        ops.fused_all_reduce_epilogue(x, pg, 0.25, bias)
+    with pytest.raises(AssertionError, match="ran the gate"):   # a strided w is never kept
+        ops.fused_gemv_all_reduce(x, w.t().contiguous().t(), pg)

@@ -190,13 +190,16 @@ def _keep_path(pg, key: Tuple, run):
     return run
 
 
-def _collective(pg, direct: bool, coll: str, send: torch.Tensor, recv: torch.Tensor, count: int, op: str,
-                through_dist):
-    """The sequential path's collective on the current stream: `direct`, straight into the
-    gc3 group's communicator (what its dist method does once its checks pass, which a call
-    the choice saw has done: a gc3 group, CUDA operands on its device); else through_dist()."""
-    if direct:
-        pg._submit(pg._comm, coll, send, recv, count, op)
+def _collective(pg, coll: str, send: torch.Tensor, recv: torch.Tensor, count: int, op: Optional[str],
+                through_dist) -> None:
+    """A sequential path's collective on the current stream: straight into the group's gc3
+    communicator where it serves these contiguous CUDA tensors' GPU (what the group's dist
+    method does once its checks pass; torch.distributed's dispatch to a Python group costs
+    more host time than the rest of a small call), else through_dist()."""
+    comm = getattr(pg, "_comm", None)
+    if comm is not None and send.is_cuda and send.device == pg._device == recv.device and \
+            send.is_contiguous() and recv.is_contiguous():
+        pg._submit(comm, coll, send, recv, count, op)
     else:
         through_dist()
 
@@ -275,7 +278,7 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
         why = f"A_shard {tuple(A_shard.shape)} with Bs {[tuple(B.shape) for B in Bs]} (fused: A [.., K], B [K, N])"
     if not why and A_shard.numel() == 0:
         why = "an empty A_shard"
-    direct, n = False, pg.size()
+    n = pg.size()
     if not why:
         K = A_shard.shape[-1]
         a = A_shard.reshape(-1, K)
@@ -292,13 +295,13 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
                 lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
                 return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
             return (fused if key is None else _keep_path(pg, key, fused))(A_shard, Bs)
-        why, direct = pick.why, True
+        why = pick.why
     _sequential(what, why)
 
     def sequential(A_shard, Bs):
         shard = A_shard.movedim(d, 0).contiguous()
         gathered = shard.new_empty((shard.shape[0] * n,) + tuple(shard.shape[1:]))
-        _collective(pg, direct, "allgather", shard, gathered, shard.numel(), None,
+        _collective(pg, "allgather", shard, gathered, shard.numel(), None,
                     lambda: dist.all_gather_into_tensor(gathered, shard, group=pg))
         A = gathered.movedim(0, d)
         return (A if return_A else None), [A @ B for B in Bs]
@@ -329,12 +332,10 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     why = _gemm_refusal(pg, A, B, rows_divide=True)
     if not why and _dim_of(2, scatter_dim, what) != 0:
         why = f"scatter_dim {scatter_dim} (the fused kernel scatters rows)"
-    direct = False
     if not why:
         run, why = _gemm_fused("gemm_rs", what, pg, A, B, path, chunks, "matmul_reduce_scatter", reduce_op)
         if run is not None:
             return _keep_path(pg, key, run)(A, B)
-        direct = True
     _sequential(what, why)
     size = pg.size()
 
@@ -346,7 +347,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
                              f"not divisible by the group's {size} ranks")
         full = C.movedim(d, 0).contiguous()
         out = full.new_empty((full.shape[0] // size,) + tuple(full.shape[1:]))
-        _collective(pg, direct, "reducescatter", full, out, out.numel(), reduce_op,
+        _collective(pg, "reducescatter", full, out, out.numel(), reduce_op,
                     lambda: dist.reduce_scatter_tensor(out, full, op=op, group=pg))
         return out.movedim(0, d)
     return _keep_path(pg, key, sequential)(A, B)
@@ -363,17 +364,15 @@ def fused_matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, group_name: Group,
         return run(A, B)
     op = _reduce_op(reduce_op, what)
     why = _gemm_refusal(pg, A, B, rows_divide=False)
-    direct = False
     if not why:
         run, why = _gemm_fused("gemm_ar", what, pg, A, B, path, chunks, "matmul_all_reduce", reduce_op)
         if run is not None:
             return _keep_path(pg, key, run)(A, B)
-        direct = True
     _sequential(what, why)
 
     def sequential(A, B):
         C = (A @ B).contiguous()
-        _collective(pg, direct, "allreduce", C, C, C.numel(), reduce_op, lambda: dist.all_reduce(C, op=op, group=pg))
+        _collective(pg, "allreduce", C, C, C.numel(), reduce_op, lambda: dist.all_reduce(C, op=op, group=pg))
         return C
     return _keep_path(pg, key, sequential)(A, B)
 
@@ -388,12 +387,10 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
     if run is not None:
         return run(A, B)
     why = _gemm_refusal(pg, A, B, rows_divide=True)
-    direct = False
     if not why:
         run, why = _gemm_fused("gemm_a2a", what, pg, A, B, path, chunks, "matmul_all_to_all")
         if run is not None:
             return _keep_path(pg, key, run)(A, B)
-        direct = True
     _sequential(what, why)
     size = pg.size()
 
@@ -403,7 +400,7 @@ def fused_matmul_all_to_all(A: torch.Tensor, B: torch.Tensor, group_name: Group,
             raise ValueError(f"{what}: A @ B has {C.shape[0]} rows, not divisible by the group's "
                              f"{size} ranks")
         out = torch.empty_like(C)
-        _collective(pg, direct, "alltoall", C, out, C.numel() // size, None,
+        _collective(pg, "alltoall", C, out, C.numel() // size, None,
                     lambda: dist.all_to_all_single(out, C, group=pg))
         return out
     return _keep_path(pg, key, sequential)(A, B)
@@ -428,7 +425,7 @@ def _fused_picked(op: str, what: str, pg, t: torch.Tensor, shape: dict, path: Op
 
 def gemv_sequential(x: torch.Tensor, w: torch.Tensor, pg) -> torch.Tensor:
     y = x @ w
-    dist.all_reduce(y, group=pg)
+    _collective(pg, "allreduce", y, y, y.numel(), "sum", lambda: dist.all_reduce(y, group=pg))
     return y
 
 
@@ -448,6 +445,19 @@ def _gemv_fused(pg, x: torch.Tensor, w: torch.Tensor, repeat: Optional[Tuple] = 
     if repeat is not None:
         _keep_repeat(pg, "_gc3_gemv_repeats", repeat, (group, tuple(x.shape), dtype, pg._device.index))
     return _gemv_launch(group, x, w, dtype, pg._device.index), ""
+
+
+# What a repeat table keeps for a call its first call sent down the sequential path.
+_SEQUENTIAL = ("sequential",)
+
+
+def _keep_sequential(pg, table: str, key: Tuple) -> None:
+    """Keep a sequential decision for the repeats of `key`, on a gc3 group and outside a CUDA
+    graph capture (a capture may refuse what an eager call of the same key would fuse)."""
+    from .process_group import Gc3ProcessGroup
+
+    if isinstance(pg, Gc3ProcessGroup) and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        _keep_repeat(pg, table, key, _SEQUENTIAL)
 
 
 def _keep_repeat(pg, table: str, key: Tuple, value: Tuple) -> None:
@@ -486,6 +496,8 @@ def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group, *
     key = _repeat_key(x, w, path)
     hit = None if repeats is None else repeats.get(key)
     if hit is not None and x.is_contiguous() and w.is_contiguous():
+        if hit is _SEQUENTIAL:
+            return gemv_sequential(x, w, pg)
         out = _gemv_launch(hit[0], x.view(hit[1]), w, hit[2], hit[3])
         return out.view(-1) if x.dim() == 1 else out
     if x.dim() not in (1, 2) or w.dim() != 2 or x.shape[-1] != w.shape[0]:
@@ -510,6 +522,8 @@ def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group, *
     if not why:
         return out.reshape(-1) if x.dim() == 1 else out
     _sequential(what, why)
+    if x.is_contiguous() and w.is_contiguous():
+        _keep_sequential(pg, "_gc3_gemv_repeats", key)
     return gemv_sequential(x, w, pg)
 
 
@@ -544,8 +558,11 @@ def embedding_bag_sequential(tables: torch.Tensor, indices: torch.Tensor, offset
                              mode: str = "sum") -> torch.Tensor:
     pooled = embedding_bag_pool(tables, indices, offsets, mode)
     B, n = pooled.shape[0], pg.size()
+    if B % n:
+        raise ValueError(f"embedding_bag_sequential: {B} bags do not split evenly over the group's {n} ranks")
     out = pooled.new_empty((n, B // n, pooled.shape[1]))
-    dist.all_to_all_single(out.view(B, -1), pooled, group=pg)
+    _collective(pg, "alltoall", pooled, out, pooled.numel() // n, None,
+                lambda: dist.all_to_all_single(out.view(B, -1), pooled, group=pg))
     return out
 
 
@@ -630,7 +647,7 @@ def epilogue_sequential(x: torch.Tensor, pg, scale: Optional[float] = None, bias
                         residual: Optional[torch.Tensor] = None,
                         out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     y = x.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(y, group=pg)
+    _collective(pg, "allreduce", y, y, y.numel(), "sum", lambda: dist.all_reduce(y, group=pg))
     return epilogue_apply(y, scale, bias, residual, out_dtype)
 
 
@@ -674,8 +691,12 @@ def _epilogue_key(x: torch.Tensor, scale, bias: Optional[torch.Tensor], residual
 _ALLREDUCE_THEN_PASS = "allreduce+pass"
 
 
-def _epilogue_launch(pg, hit: Tuple, x: torch.Tensor) -> torch.Tensor:
+def _epilogue_launch(pg, hit: Tuple, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The kept launch on x into a new output; None where it does not serve the call (the
+    allreduce and pass under a CUDA graph capture, which the full path refuses)."""
     group, count, dtype, odt, out_dtype, kind, epw, index = hit
+    if kind == _ALLREDUCE_THEN_PASS and torch.cuda.is_current_stream_capturing():
+        return None
     stream = torch._C._cuda_getCurrentRawStream(index)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if kind == _ALLREDUCE_THEN_PASS:
@@ -759,7 +780,7 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
     from gc3.limits import SMALL_ALLREDUCE_MAX_BYTES
     what = "fused_all_reduce_epilogue"
     pg = _group(group)
-    # A call this group has run on the kernel before: no checks but x's contiguity, one launch.
+    # A call this group has decided before: no checks but x's contiguity, then the kept path.
     repeats = getattr(pg, "_gc3_epilogue_repeats", None)
     if repeats is not None and isinstance(x, torch.Tensor) and \
             all(isinstance(t, torch.Tensor) for t in (bias, residual) if t is not None):
@@ -768,9 +789,16 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
         except TypeError:   # an unhashable scale: the checks below say what is wrong with it
             hit = None
         if hit is not None and x.is_contiguous():
-            return _epilogue_launch(pg, hit, x)
+            if hit is _SEQUENTIAL:
+                return epilogue_sequential(x, pg, scale, bias, residual, out_dtype)
+            out = _epilogue_launch(pg, hit, x)
+            if out is not None:
+                return out
     _epilogue_arguments(what, x, scale, bias, residual, out_dtype)
     terms = [t for t in (bias, residual) if t is not None]
+    # Checked by now (the scale is a number): the key under which the call keeps its path.
+    key = _epilogue_key(x, scale, bias, residual, out_dtype, path) \
+        if x.is_contiguous() and all(t.is_contiguous() for t in terms) else None
     nbytes = x.numel() * x.element_size()
     why = _refusal(pg, [x] + terms, capturable=nbytes <= SMALL_ALLREDUCE_MAX_BYTES)
     if not why and out_dtype is not None and out_dtype not in _FUSED_DTYPES:
@@ -782,13 +810,12 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
     if not why:
         why = _fused_picked("ar_epilogue", what, pg, x, {"bytes": nbytes}, path)
     if not why:
-        # Checked by now (the scale is a number): the key under which a kernel call keeps its launch.
-        key = _epilogue_key(x, scale, bias, residual, out_dtype, path) \
-            if x.is_contiguous() and all(t.is_contiguous() for t in terms) else None
         out, why = epilogue_fused(x, pg, scale, bias, residual, out_dtype, path, key)
         if out is not None:
             return out
     _sequential(what, why)
+    if key is not None:
+        _keep_sequential(pg, "_gc3_epilogue_repeats", key)
     return epilogue_sequential(x, pg, scale, bias, residual, out_dtype)
 
 
