@@ -181,12 +181,9 @@ def _gemm_repeat(pg, what: str, tensors: Sequence[torch.Tensor], options: Tuple)
 
 
 def _keep_path(pg, key: Tuple, run):
-    """Keep `run` (the path a first call took, a function of the call's tensors) for its repeats
-    on a gc3 group; returns `run`."""
-    from .process_group import Gc3ProcessGroup
-
-    if isinstance(pg, Gc3ProcessGroup):
-        _keep_repeat(pg, _GEMM_REPEATS, key, run)
+    """Keep `run` (the path a first call took, a function of the call's tensors) for its repeats;
+    returns `run`."""
+    _keep_repeat(pg, _GEMM_REPEATS, key, run)
     return run
 
 
@@ -452,17 +449,19 @@ _SEQUENTIAL = ("sequential",)
 
 
 def _keep_sequential(pg, table: str, key: Tuple) -> None:
-    """Keep a sequential decision for the repeats of `key`, on a gc3 group and outside a CUDA
-    graph capture (a capture may refuse what an eager call of the same key would fuse)."""
-    from .process_group import Gc3ProcessGroup
-
-    if isinstance(pg, Gc3ProcessGroup) and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+    """Keep a sequential decision for the repeats of `key`, outside a CUDA graph capture (a
+    capture may refuse what an eager call of the same key would fuse)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         _keep_repeat(pg, table, key, _SEQUENTIAL)
 
 
-def _keep_repeat(pg, table: str, key: Tuple, value: Tuple) -> None:
-    """Keep what a fused call decided and built under `key` in the group's `table`, for its
-    repeats to launch with no checks (cleared when full)."""
+def _keep_repeat(pg, table: str, key: Tuple, value) -> None:
+    """Keep what a call decided (and built) under `key` in the gc3 group's `table`, for its
+    repeats to take with no checks (cleared when full); another backend's group keeps nothing."""
+    from .process_group import Gc3ProcessGroup
+
+    if not isinstance(pg, Gc3ProcessGroup):
+        return
     repeats = pg.__dict__.setdefault(table, {})
     if len(repeats) >= _CHOICES_KEPT:
         repeats.clear()
