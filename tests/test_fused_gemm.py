@@ -289,6 +289,8 @@ def cp(monkeypatch):
     monkeypatch.delenv("GC3_FUSED", raising=False)
     monkeypatch.delenv("GC3_FUSED_TRACE", raising=False)
     monkeypatch.setattr(gemm_signal, "_kernels", lambda device: {n: fake._function(n) for n in gemm_signal.KERNELS})
+    # The stand-in's pointers are host memory: the real driver (present on a GPU machine) must not see them.
+    monkeypatch.setattr(gemm_signal, "_driver", lambda: None)
     from runtime_cuda.fused import memory_bound
     memory_bound._bf16_round.cache_clear()   # built by the stand-in from here on; never kept for a real CuPy
     from runtime_cuda.core import streams

@@ -5,8 +5,6 @@ communicator's agreement on all of it."""
 import json
 import logging
 import multiprocessing
-import os
-import re
 import shutil
 from pathlib import Path
 
@@ -419,8 +417,7 @@ def test_autotune_runs_when_asked_and_the_next_choice_is_its_cache(cache, this_h
 
 
 def test_the_communicator_serves_its_machines_catalog(cache, this_host, monkeypatch):
-    from runtime_cuda.nccl import communicator as cm
-    from test_nccl_dispatch import RecordingGc3, RecordingNccl
+    from test_nccl_dispatch import RecordingGc3, RecordingNccl, stand_in_comm
 
     for var in ("GC3_CONFIG", "GC3_XML_FILES", "MSCCL_XML_FILES", "GC3_AUTOTUNE"):
         monkeypatch.delenv(var, raising=False)
@@ -429,9 +426,8 @@ def test_the_communicator_serves_its_machines_catalog(cache, this_host, monkeypa
 
     def comm_for(peer, **kw):
         log = []
-        comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
-        comm._setup(RecordingNccl(log), 2, 0, lambda *a: RecordingGc3(log), exchange=Rank0Exchange(peer), **kw)
-        return comm, log
+        return stand_in_comm(RecordingNccl(log), 2, 0, lambda *a: RecordingGc3(log), exchange=Rank0Exchange(peer),
+                             **kw), log
 
     comm, log = comm_for(dev(1))
     assert comm.machine.origin == "shipped" and comm.machine.fingerprint == str(fp(2))
@@ -449,8 +445,7 @@ def test_the_communicator_serves_its_machines_catalog(cache, this_host, monkeypa
 
     monkeypatch.setenv("GC3_CONFIG", str(DEFAULT_INDEX))
     ex = Rank0Exchange(dev(1))
-    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
-    comm._setup(RecordingNccl([]), 2, 0, lambda *a: RecordingGc3([]), exchange=ex)
+    comm = stand_in_comm(RecordingNccl([]), 2, 0, lambda *a: RecordingGc3([]), exchange=ex)
     assert comm.machine is None and ex.said == [], "a user override costs no fingerprinting"
 
 

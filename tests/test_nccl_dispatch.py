@@ -11,6 +11,7 @@ from runtime_cuda.nccl import communicator as cm
 from runtime_cuda.nccl.arrays import is_array
 from runtime_cuda.nccl.backend import Unavailable
 from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_FLOAT64, NCCL_INT32, NCCL_MAX, NCCL_SUM
+from runtime_cuda.core.streams import StreamOrder
 
 PAIRS = Path(__file__).parent / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
 S, R, ST = 0x1000_0000, 0x2000_0000, 0x77
@@ -53,14 +54,24 @@ def log():
     return []
 
 
+def stand_in_comm(raw, size, rank, backend_factory, **kw):
+    """A drop-in communicator over stand-ins.  Its stream order records events instead of
+    calling CUDA: the stream handles these tests pass are made up, and on a GPU machine
+    CUDA would be handed them (a segfault, not a failure)."""
+    from test_dropin_streams import Events
+
+    kw.setdefault("order", StreamOrder(Events()))
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    comm._setup(raw, size, rank, backend_factory, **kw)
+    return comm
+
+
 def make_comm(log, monkeypatch, backend=None, env=None, rank=0):
     for k, v in (env or {"GC3_XML_FILES": str(PAIRS)}).items():
         monkeypatch.setenv(k, v)
     backend = backend or RecordingGc3(log)
-    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
-    comm._setup(RecordingNccl(log), 2, rank, lambda *a: backend,
-                nccl_group=(lambda: log.append(("groupStart",)), lambda: log.append(("groupEnd",))))
-    return comm
+    return stand_in_comm(RecordingNccl(log), 2, rank, lambda *a: backend,
+                         nccl_group=(lambda: log.append(("groupStart",)), lambda: log.append(("groupEnd",))))
 
 
 def test_in_place_allreduce_runs_gc3_with_the_callers_arguments(log, monkeypatch):

@@ -17,7 +17,7 @@ from runtime_cuda.nccl.fallback import NoFallback, Refusing
 from runtime_cuda.nccl.hoststaged import HostStagedNccl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_nccl_dispatch import PAIRS  # noqa: E402
+from test_nccl_dispatch import PAIRS, stand_in_comm  # noqa: E402
 
 # cupy.cuda.nccl.NcclCommunicator's methods (cupy_backends/cuda/libs/nccl.pyx) and their
 # parameters after self, in cupy's order and spelling (sendbuff/recvbuff for broadcast alone).
@@ -158,8 +158,7 @@ class _Backend:
 def test_the_drop_in_forwards_the_handle_and_lifecycle_to_nccl_and_its_backend(monkeypatch):
     monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
     nccl = _NcclComm()
-    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
-    comm._setup(nccl, 4, 2, lambda *a: _Backend(nccl.log))
+    comm = stand_in_comm(nccl, 4, 2, lambda *a: _Backend(nccl.log))
     assert (comm.rank_id(), comm.size(), comm.device_id(), comm.comm) == (2, 4, 6, 0xC0FFEE)
     comm.check_async_error()
     comm.destroy()

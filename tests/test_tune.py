@@ -7,7 +7,6 @@ exit 2 without a traceback."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -16,12 +15,11 @@ from gc3 import limits
 from gc3.ir.xml_io import read_xml
 from gc3.verify import verify
 from runtime_cuda.commands import cli
-from runtime_cuda.nccl import communicator as cm
 from runtime_cuda.nccl import library, tune
 from runtime_cuda.nccl.catalog import DEFAULT_INDEX, check_config
 from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM
 
-from test_nccl_dispatch import RecordingGc3, RecordingNccl
+from test_nccl_dispatch import RecordingGc3, RecordingNccl, stand_in_comm
 
 QUICK = ["--quick", "-e", "16M"]      # sizes 1 KiB, 64 KiB, 4 MiB: the grid's shape, a fraction of its time
 
@@ -111,10 +109,8 @@ def test_summary_names_every_chosen_ir(tuned):
 
 def make_comm(monkeypatch, log, catalog):
     monkeypatch.setenv("GC3_CONFIG", str(catalog))
-    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
-    comm._setup(RecordingNccl(log), 2, 0, lambda *a: RecordingGc3(log),
-                nccl_group=(lambda: log.append(("groupStart",)), lambda: log.append(("groupEnd",))))
-    return comm
+    return stand_in_comm(RecordingNccl(log), 2, 0, lambda *a: RecordingGc3(log),
+                         nccl_group=(lambda: log.append(("groupStart",)), lambda: log.append(("groupEnd",))))
 
 
 def allreduce_served_by(monkeypatch, catalog, count, inplace=True):
