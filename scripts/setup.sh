@@ -23,16 +23,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Without a registry pip cannot upgrade itself; what is installed already serves.
 .venv/bin/python -m pip install -q --upgrade pip || echo "setup: pip not upgraded (no registry?); continuing"
-if ! .venv/bin/python -m pip install -q -e '.[test]' \
-        && ! .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e . 2>/dev/null; then
-    # No registry and no build backend (a lent GPU machine's python has no setuptools): do by hand
-    # what an editable install leaves behind, the checkout on the venv's path and the `gc3` script.
-    echo "setup: pip could not install gc3 (no registry and no setuptools); linking the checkout instead"
-    mine=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    pwd > "$mine/_gc3_checkout.pth"
-    printf '#!%s\nimport sys\nfrom gc3.cli import main\nsys.exit(main())\n' "$PWD/.venv/bin/python" > .venv/bin/gc3
-    chmod +x .venv/bin/gc3
-    .venv/bin/gc3 --help >/dev/null
-fi
+.venv/bin/python -m pip install -q -e '.[test]' || .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
 # The README's command table uses bare `gc3`: say how to get it on PATH.
 echo "setup: done; put gc3 on your PATH with: source .venv/bin/activate"
