@@ -239,9 +239,13 @@ def test_a_record_line_reads_back_and_later_lines_win(tmp_path):
                                 "fused", "ok", "4xH100", date="2026-11-26")
     again = first.replace("fused_us=80.0", "fused_us=90.0")
     other = first.replace("gpus=4", "gpus=2").replace("4xH100", "2xH100")
+    wider = other.replace("dtype=bfloat16", "dtype=float32")   # the same shape in another input dtype: its own row
     path = tmp_path / "fused.txt"
-    path.write_text("# a comment\n" + "\n".join([first, again, other]) + "\n")
-    got = {r["gpus"]: r for r in records.read(path)}
+    path.write_text("# a comment\n" + "\n".join([first, again, other, wider]) + "\n")
+    both = records.read(path)
+    assert sorted((r["gpus"], r["dtype"]) for r in both) == [(2, "bfloat16"), (2, "float32"), (4, "bfloat16")]
+    assert "| gemm_rs | 2 | M=8192 K=28672 N=8192 dtype=float32 | 100.0 |" in records.markdown(both)
+    got = {r["gpus"]: r for r in both if r["dtype"] == "bfloat16"}
     assert set(got) == {2, 4} and got[4]["fused_us"] == 90.0 and got[4]["symm_us"] is None
     assert got[4]["shape"] == {"M": 8192, "K": 28672, "N": 8192}
     d = records.derived(got[4])

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from gc3.errors import InputError
+
+from .choice import SIZE_AXIS
 
 FIELDS = ("auto_us", "fused_us", "seq_nccl_us", "symm_us", "gemm_us", "comm_nccl_us", "comm_fused_us", "host_us",
           "seq_host_us", "graph_fused_us", "graph_seq_nccl_us", "seq_gc3_us")
@@ -65,12 +67,13 @@ def parse_line(text: str, where: str = "") -> dict:
 
 
 def read(path: Path) -> List[dict]:
-    """Every record of the file; a later line of the same (op, gpus, shape, hw) replaces an earlier one."""
+    """Every record of the file; a later line of the same (op, gpus, shape, dtype, hw) replaces an earlier one
+    (the epilogue's grid times each size in two input dtypes)."""
     latest: Dict = {}
     for i, text in enumerate(Path(path).read_text().splitlines(), 1):
         if text.strip() and not text.startswith("#"):
             r = parse_line(text, f"{path}:{i}")
-            latest[(r["op"], r["gpus"], tuple(r["shape"].items()), r["hw"])] = r
+            latest[(r["op"], r["gpus"], tuple(r["shape"].items()), r.get("dtype"), r["hw"])] = r
     return list(latest.values())
 
 
@@ -89,23 +92,34 @@ def derived(r: dict) -> dict:
 
 
 def markdown(records: List[dict]) -> str:
-    """The README's table: one row per record, the user's path first."""
+    """The README's table: one row per record, the user's path first; the shape names the input dtype
+    where it is not bf16, the dtype every grid uses unless it says otherwise."""
     rows = ["| op | G | shape | seq-nccl µs | symm µs | gc3 auto µs | gc3 fused µs | seq/auto | seq/fused | headroom "
             "| E | auto's path | check |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, d=1: "—" if v is None else f"{v:.{d}f}"   # noqa: E731
-    for r in sorted(records, key=lambda r: (r["op"], r["gpus"], tuple(r["shape"].values()))):
+    for r in sorted(records, key=lambda r: (r["op"], r["gpus"], str(r.get("dtype")), tuple(r["shape"].values()))):
         d = derived(r)
-        shape = " ".join(f"{k}={v}" for k, v in r["shape"].items())
+        dims = dict(r["shape"], **({"dtype": r["dtype"]} if r.get("dtype", "bfloat16") != "bfloat16" else {}))
+        shape = " ".join(f"{k}={v}" for k, v in dims.items())
         rows.append(f"| {r['op']} | {r['gpus']} | {shape} | {f(r.get('seq_nccl_us'))} | {f(r.get('symm_us'))} | "
                     f"{f(r.get('auto_us'))} | {f(r.get('fused_us'))} | {f(d['auto'], 2)}× | {f(d['fused'], 2)}× | "
                     f"{f(d['headroom'], 2)}× | {f(d['E'], 2)} | {r['path']} | {r['check']} |")
     return "\n".join(rows)
 
 
+def _panels(records: List[dict]) -> List[Tuple[str, Tuple[str, ...]]]:
+    """The plot's rows: the GEMM family together (all along M), then each other operator along its own
+    size axis (choice.SIZE_AXIS), in that order."""
+    ops = sorted({r["op"] for r in records})
+    gemm = tuple(op for op in ops if SIZE_AXIS.get(op, "M") == "M")
+    return ([("M", gemm)] if gemm else []) + [(SIZE_AXIS[op], (op,)) for op in ops if op not in gemm]
+
+
 def plot(records: List[dict], out: Path, title: str = "") -> None:
-    """Speedup over matmul + NCCL against M, one panel per GPU count, a line per op:
-    gc3 auto (solid), gc3 fused (dashed), PyTorch symm_mem (dotted), and the headroom
-    seq/max(gemm, comm) as a shaded band's top."""
+    """Speedup over the user's path (matmul or the torch ops, then NCCL) against each operator's
+    size axis: a row of panels per operator (the GEMM family shares one), a column per GPU count, a
+    line per op and fixed other dimensions: gc3 auto (solid), gc3 fused (dashed), PyTorch symm_mem
+    (dotted), and the headroom seq/max(compute, comm) as ticks."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -113,30 +127,36 @@ def plot(records: List[dict], out: Path, title: str = "") -> None:
     counts = sorted({r["gpus"] for r in records})
     if not counts:
         raise InputError("no fused records to plot")
-    fig, axes = plt.subplots(1, len(counts), figsize=(7 * len(counts), 5), squeeze=False)
-    for ax, g in zip(axes[0], counts):
-        for i, op in enumerate(sorted({r["op"] for r in records if r["gpus"] == g})):
-            rs = sorted((r for r in records if r["gpus"] == g and r["op"] == op and "M" in r["shape"]),
-                        key=lambda r: (r["shape"].get("K", 0), r["shape"]["M"]))
-            color = f"C{i}"
-            for kn in sorted({(r["shape"].get("K"), r["shape"].get("N")) for r in rs}):
-                pts = [r for r in rs if (r["shape"].get("K"), r["shape"].get("N")) == kn]
-                m = [r["shape"]["M"] for r in pts]
+    panels = _panels(records)
+    fig, axes = plt.subplots(len(panels), len(counts), figsize=(7 * len(counts), 4.2 * len(panels)), squeeze=False)
+    for row, (axis, ops) in zip(axes, panels):
+        for ax, g in zip(row, counts):
+            lines = {}
+            for r in records:
+                if r["gpus"] == g and r["op"] in ops and axis in r["shape"]:
+                    rest = " ".join(f"{k}={v}" for k, v in r["shape"].items() if k != axis)
+                    dtype = "" if r.get("dtype", "bfloat16") == "bfloat16" else f" {r['dtype']}"
+                    lines.setdefault((r["op"], rest + dtype), []).append(r)
+            for i, ((op, rest), pts) in enumerate(sorted(lines.items())):
+                pts.sort(key=lambda r: r["shape"][axis])
+                x = [r["shape"][axis] for r in pts]
                 d = [derived(r) for r in pts]
-                label = f"{op} K={kn[0]} N={kn[1]}"
-                ax.plot(m, [x["auto"] or float("nan") for x in d], "-o", color=color, label=f"{label} auto", ms=3)
-                ax.plot(m, [x["fused"] or float("nan") for x in d], "--", color=color, alpha=0.7)
-                if any(x["symm"] for x in d):
-                    ax.plot(m, [x["symm"] or float("nan") for x in d], ":", color=color, alpha=0.7)
-                ax.plot(m, [x["headroom"] or float("nan") for x in d], "_", color=color, ms=12)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.axhline(0.98, color="r", lw=0.6, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("M (rows)")
-        ax.set_ylabel("T_seq_nccl / T  (higher is faster)")
-        ax.set_title(f"{g} GPUs: auto (solid), fused (dashed), symm_mem (dotted), headroom (ticks)")
-        ax.legend(fontsize=6, ncol=2)
+                color = f"C{i % 10}"
+                ax.plot(x, [v["auto"] or float("nan") for v in d], "-o", color=color, label=f"{op} {rest}", ms=3)
+                ax.plot(x, [v["fused"] or float("nan") for v in d], "--", color=color, alpha=0.7)
+                if any(v["symm"] for v in d):
+                    ax.plot(x, [v["symm"] or float("nan") for v in d], ":", color=color, alpha=0.7)
+                ax.plot(x, [v["headroom"] or float("nan") for v in d], "_", color=color, ms=12)
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.axhline(0.98, color="r", lw=0.6, ls="--")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(axis)
+            ax.set_ylabel("T_seq_nccl / T  (higher is faster)")
+            ax.set_title(f"{'/'.join(ops)}, {g} GPUs: auto (solid), fused (dashed), symm (dotted), headroom (ticks)",
+                         fontsize=8)
+            if lines:
+                ax.legend(fontsize=6, ncol=2)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=100)
     plt.close(fig)
