@@ -89,6 +89,53 @@ def test_between_two_measured_sizes_that_agree_their_path_holds(catalog):
     assert not choice.choose("gemv_ar", 4, "bfloat16", {"b": 8, "K": 2048, "N": 4096}).fused
 
 
+def test_a_call_captured_into_a_cuda_graph_takes_the_graph_path_where_one_was_measured(catalog):
+    """A fused GEMV can win eager calls by host time and lose replays by GPU time: an entry's
+    graph_path decides captured calls, its path eager ones, and where an entry has no graph_path
+    a captured call takes its path.  The bracket rule compares the captured call's paths."""
+    def gv(b, path, graph=None):
+        e = {"op": "gemv_ar", "gpus": 4, "dtype": "bfloat16", "shape": {"b": b, "K": 3584, "N": 4096}, "path": path,
+             "fused_us": 40.0, "sequential_us": 90.0}
+        return e if graph is None else dict(e, graph_path=graph, graph_fused_us=27.0, graph_sequential_us=18.7)
+    catalog([gv(1, "fused", "fused"), gv(8, "fused", "sequential"), gv(32, "fused", "sequential"), gv(4, "fused")])
+    pick = lambda b, captured: choice.choose("gemv_ar", 4, "bfloat16", {"b": b, "K": 3584, "N": 4096},  # noqa: E731
+                                             captured=captured)
+    assert pick(8, False).fused and not pick(8, True).fused
+    assert "in a CUDA graph: fused 27.0 us, sequential 18.7 us" in pick(8, True).why
+    assert pick(1, True).fused and pick(4, True).fused          # graph fused; no graph measure: the eager path
+    assert pick(16, False).fused and not pick(16, True).fused   # between 8 and 32: both fused eager, sequential replayed
+    assert not choice.choose("gemv_ar", 4, "bfloat16", {"b": 8, "K": 3584, "N": 4096}, path="sequential").fused
+    assert choice.choose("gemv_ar", 4, "bfloat16", {"b": 8, "K": 3584, "N": 4096}, path="fused", captured=True).fused
+    with pytest.raises(InputError, match="graph_path 'maybe'"):
+        choice.FusedTable([dict(gv(1, "fused"), graph_path="maybe")], "x")
+
+
+def test_a_group_keeps_its_captured_and_its_eager_decisions_apart(tmp_path, monkeypatch):
+    """The torch operators keep choices per group; whether the call is being captured is part of
+    the key, so a capture neither reuses an eager call's choice nor leaves one for it."""
+    import types
+
+    torch = pytest.importorskip("torch")
+    from runtime_cuda.torch_dist import ops
+    e = {"op": "gemv_ar", "gpus": 4, "dtype": "bfloat16", "shape": {"b": 8, "K": 3584, "N": 4096}, "path": "fused",
+         "graph_path": "sequential"}
+    path = table_file(tmp_path, [e])
+    monkeypatch.setattr(choice, "catalog_path", lambda: None)
+    monkeypatch.delenv("GC3_FUSED", raising=False)
+    monkeypatch.delenv("GC3_CONFIG", raising=False)
+    pg = types.SimpleNamespace(size=lambda: 4, _comm=types.SimpleNamespace(machine=types.SimpleNamespace(path=path)))
+    capturing = [False]
+    monkeypatch.setattr(ops, "_capturing", lambda: capturing[0])
+    like = torch.zeros(1, dtype=torch.bfloat16)
+    pick = lambda: ops._choose("gemv_ar", pg, torch.bfloat16, e["shape"], None, None, like)  # noqa: E731
+    assert pick().fused
+    capturing[0] = True
+    assert not pick().fused and "in a CUDA graph" in pick().why
+    capturing[0] = False
+    assert pick().fused and len(pg._gc3_choices) == 2
+    assert ops._decision_context()[-1] is False
+
+
 def test_the_caller_and_the_environment_force_a_path(catalog, monkeypatch):
     catalog([entry(8192, "fused")])
     shape = {"M": 8192, "K": 7168, "N": 8192}

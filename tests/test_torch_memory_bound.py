@@ -315,7 +315,7 @@ def test_a_repeated_large_epilogue_is_the_allreduce_into_a_buffer_kept_per_strea
     streams = [0x77]
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: streams[0], raising=False)
     capturing = [False]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(ops, "_capturing", lambda: capturing[0])
     comm = _KeptComm()
     monkeypatch.setattr(fe, "run_pass", lambda *args: comm.log.append(("pass",) + args))
     x, bias = torch.randn(16, 8), torch.randn(8)
@@ -335,8 +335,8 @@ def test_a_repeated_large_epilogue_is_the_allreduce_into_a_buffer_kept_per_strea
     assert ys[0] == ys[1] != ys[2] and x.data_ptr() not in ys          # kept per stream, never x itself
     assert [p[1:] for p in passes] == [([y], [o.data_ptr()], 128, "float32", "bfloat16", words, s)
                                        for y, o, s in zip(ys, outs, (0x77, 0x77, 0x78))]
-    # Under a CUDA graph capture the kept allreduce and pass do not serve (the full path refuses
-    # them): the call goes on to the checks.
+    # A call under a CUDA graph capture has a key of its own (the full path refuses the allreduce
+    # and pass there): it goes on to the checks.
     capturing[0] = True
     monkeypatch.setattr(ops, "_epilogue_arguments", lambda *a: (_ for _ in ()).throw(_FullPath()))
     with pytest.raises(_FullPath):
@@ -477,8 +477,8 @@ def test_the_memory_bound_operators_on_ranks_sharing_one_gpu(n, tmp_path):
 class StandInTimer:
     """Calls each function once (so every path runs) and reports a fixed time per label."""
 
-    def __init__(self, times):
-        self.times, self.seen = times, []
+    def __init__(self, times, graph_times=None):
+        self.times, self.seen, self.graph_times = times, [], graph_times
 
     def device(self, fn):
         return self._time(fn, "device")
@@ -487,7 +487,12 @@ class StandInTimer:
         return self._time(fn, "host")
 
     def graph(self, fn):
-        return None
+        """None (a path no graph could hold) unless graph times were given."""
+        if self.graph_times is None or fn is None:
+            return None
+        fn()
+        self.seen.append("graph")
+        return self.graph_times.pop(0)
 
     def _time(self, fn, kind):
         if fn is None:
@@ -519,9 +524,23 @@ def test_the_memory_bound_bench_and_tune_run_end_to_end_on_one_cpu_rank(gloo_one
     assert [(e["op"], e["path"]) for e in entries] == [("gemv_ar", "fused"), ("ebag_a2a", "sequential"),
                                                        ("ar_epilogue", "fused")]
     assert entries[0]["shape"] == {"b": 2, "K": 32, "N": 16} and entries[2]["dtype"] == "float32"
+    assert not any("graph_path" in e for e in entries)     # no graph could be timed: no graph decision
     bf.write_section(tmp_path / "catalog.json", entries, {"hw": "1xCPU"})
     table = choice.FusedTable.from_catalog(tmp_path / "catalog.json")
     assert table.lookup("ar_epilogue", 1, "float32", {"bytes": 1024})[0]["path"] == "fused"
+    # Replayed in a graph (sequential first, then fused, for the ops a graph can hold): the GEMV
+    # wins eager calls and loses replays, the epilogue wins both, the bags are not replayed.
+    timer = StandInTimer([10.0, 9.0, 10.0, 9.9, 10.0, 5.0], graph_times=[10.0, 12.0, 10.0, 5.0])
+    entries = bf.tune_memory(job, timer, bf.MEMORY_OPS, False, print)
+    assert [(e["op"], e["path"], e.get("graph_path")) for e in entries] == [
+        ("gemv_ar", "fused", "sequential"), ("ebag_a2a", "sequential", None), ("ar_epilogue", "fused", "fused")]
+    assert (entries[0]["graph_sequential_us"], entries[0]["graph_fused_us"]) == (10.0, 12.0)
+    bf.write_section(tmp_path / "catalog.json", entries, {"hw": "1xCPU"})
+    choice.forget()
+    table = choice.FusedTable.from_catalog(tmp_path / "catalog.json")
+    gemv = {"b": 2, "K": 32, "N": 16}
+    assert [choice.decided(table.lookup("gemv_ar", 1, "bfloat16", gemv)[0], c) for c in (False, True)] == \
+        ["fused", "sequential"]
 
 
 def test_a_sequential_decision_is_kept_and_its_repeats_skip_the_gate(monkeypatch):

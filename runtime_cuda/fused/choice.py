@@ -9,6 +9,12 @@ written by `gc3 tune --fused` on that machine:
                            "path": "fused", "chunks": 4,
                            "fused_us": 1234.5, "sequential_us": 1400.1}, ...]}
 
+An entry may also carry `graph_path` (with `graph_fused_us`, `graph_sequential_us`):
+the faster path when the call is captured into a CUDA graph and replayed, where
+the host's time per call no longer counts and the answer can differ (a fused
+GEMV wins eager calls by its host time and may lose replays by its GPU time).
+A captured call takes `graph_path` where the entry has one, else `path`.
+
 `choose` answers, in this order: the caller's `path`, GC3_FUSED=0/1, the entry
 measured for this shape, the entry of the nearest measured size along the op's
 size axis (M, b, samples or bytes; every other dimension equal) within a factor
@@ -72,9 +78,10 @@ class FusedTable:
                 chunks = int(e.get("chunks", DEFAULT_CHUNKS))
             except (KeyError, TypeError, ValueError) as exc:
                 raise InputError(f"{where}: malformed entry ({exc!r}); expected op, gpus, dtype, shape, path")
-            if op not in OPS or path not in PATHS or chunks < 1 or not isinstance(shape, dict):
-                raise InputError(f"{where}: op {op!r} (one of {OPS}), path {path!r} (one of {PATHS}), "
-                                 f"chunks {chunks} (>= 1) and shape {shape!r} (a dict)")
+            graph = e.get("graph_path", path)
+            if op not in OPS or path not in PATHS or graph not in PATHS or chunks < 1 or not isinstance(shape, dict):
+                raise InputError(f"{where}: op {op!r} (one of {OPS}), path {path!r} and graph_path {graph!r} (one "
+                                 f"of {PATHS}), chunks {chunks} (>= 1) and shape {shape!r} (a dict)")
             self.entries[entry_key(op, gpus, dtype, shape)] = dict(e, chunks=chunks)
 
     @classmethod
@@ -90,11 +97,13 @@ class FusedTable:
             raise InputError(f"{path}: 'fused' must be an object with an 'entries' list")
         return cls(section["entries"], str(path))
 
-    def lookup(self, op: str, gpus: int, dtype: str, shape: Mapping[str, int]) -> Tuple[Optional[dict], str]:
+    def lookup(self, op: str, gpus: int, dtype: str, shape: Mapping[str, int],
+               captured: bool = False) -> Tuple[Optional[dict], str]:
         """The entry that decides `shape`: the one measured there; else, along the op's size
         axis (SIZE_AXIS) with every other dimension equal and no SIZE_BREAKS between, the
-        nearest measured size within a factor of 2; else the nearer of the two measured sizes around it where both took the
-        same path (between two sizes that agree, the answer holds)."""
+        nearest measured size within a factor of 2; else the nearer of the two measured sizes
+        around it where both took the same path (between two sizes that agree, the answer
+        holds), the path of a captured call where `captured` (decided())."""
         hit = self.entries.get(entry_key(op, gpus, dtype, shape))
         if hit is not None:
             return hit, "measured at this shape"
@@ -117,10 +126,17 @@ class FusedTable:
         near = min((x for x in (below, above) if x is not None), key=lambda x: x[0], default=None)
         if near is not None and near[0] <= math.log(NEAREST_FACTOR):
             return near[1], f"nearest measured {axis}={near[1]['shape'][axis]}"
-        if below is not None and above is not None and below[1]["path"] == above[1]["path"]:
+        if below is not None and above is not None and \
+                decided(below[1], captured) == decided(above[1], captured):
             return near[1], (f"between measured {axis}={below[1]['shape'][axis]} and {above[1]['shape'][axis]}, "
-                             f"both {near[1]['path']}")
+                             f"both {decided(near[1], captured)}")
         return None, f"not measured at this shape, within a factor of 2 in {axis} or between two agreeing sizes"
+
+
+def decided(entry: Mapping, captured: bool) -> str:
+    """The path an entry gives a call: its graph_path for a call captured into a CUDA graph
+    where it has one, else its path."""
+    return entry.get("graph_path", entry["path"]) if captured else entry["path"]
 
 
 _loaded: Dict[Tuple[str, float], FusedTable] = {}
@@ -170,19 +186,24 @@ def forced(path: Optional[str], env=None) -> Optional[bool]:
 
 
 def choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optional[str] = None,
-           chunks: Optional[int] = None, env=None, catalog: Optional[Path] = None) -> Choice:
+           chunks: Optional[int] = None, env=None, catalog: Optional[Path] = None,
+           captured: bool = False) -> Choice:
     """`catalog`: the machine catalog the caller's communicator serves (runtime_cuda.nccl.machine);
-    GC3_CONFIG's, where it names a JSON catalog, wins as it does for the collectives."""
+    GC3_CONFIG's, where it names a JSON catalog, wins as it does for the collectives.
+    `captured`: the call is being captured into a CUDA graph (decided())."""
     source = catalog_path() or catalog
     force = forced(path, env)
     measured = table(source) if source is not None else None
     hit, how = (None, "no measured catalog for this machine") if measured is None else \
-        measured.lookup(op, gpus, dtype, shape)
+        measured.lookup(op, gpus, dtype, shape, captured)
     n = chunks or (hit["chunks"] if hit else DEFAULT_CHUNKS)
     if force is not None:
         return Choice(force, n, f"{'fused' if force else 'sequential'} forced (path= or GC3_FUSED)")
     if hit is None:
         return Choice(False, n, f"sequential: {how}")
-    fused = hit["path"] == "fused"
-    return Choice(fused, n, f"{hit['path']} ({how} in {measured.source}: fused {hit.get('fused_us')} us, "
-                            f"sequential {hit.get('sequential_us')} us)")
+    picked = decided(hit, captured)
+    if captured and "graph_path" in hit:
+        times = f"in a CUDA graph: fused {hit.get('graph_fused_us')} us, sequential {hit.get('graph_sequential_us')} us"
+    else:
+        times = f"fused {hit.get('fused_us')} us, sequential {hit.get('sequential_us')} us"
+    return Choice(picked == "fused", n, f"{picked} ({how} in {measured.source}: {times})")

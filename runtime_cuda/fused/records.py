@@ -23,7 +23,7 @@ from gc3.errors import InputError
 from .choice import SIZE_AXIS
 
 FIELDS = ("auto_us", "fused_us", "seq_nccl_us", "symm_us", "gemm_us", "comm_nccl_us", "comm_fused_us", "host_us",
-          "seq_host_us", "graph_fused_us", "graph_seq_nccl_us", "seq_gc3_us")
+          "seq_host_us", "graph_fused_us", "graph_seq_nccl_us", "seq_gc3_us", "graph_auto_us")
 _FIXED = ("op", "gpus", "dtype", "path", "check", "hw", "date") + FIELDS
 
 

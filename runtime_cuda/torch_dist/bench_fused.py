@@ -409,6 +409,7 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
         "seq_host_us": timer.host(seq),
         "graph_fused_us": timer.graph(fused),
         "graph_seq_nccl_us": timer.graph(seq),
+        "graph_auto_us": timer.graph(auto),     # what auto decides for a captured call (choice.decided)
     }
     v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
     got = fused()
@@ -487,15 +488,23 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
     for op, M, K, N in grid(ops, quick):
         case = Case(op, M, K, N, job.size, job.device)
         A, B = case.operands(job.rank)
-        seq_us = timer.device(fused_call(case, A, B, job.gc3, "sequential"))
+        seq = fused_call(case, A, B, job.gc3, "sequential")
+        seq_us = timer.device(seq)
         best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in TUNE_CHUNKS))
-        path = "fused" if best[0] < FUSED_MARGIN * seq_us else "sequential"
-        entries.append({"op": op, "gpus": job.size, "dtype": "bfloat16",
-                        "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]}, "path": path, "chunks": best[1],
-                        "fused_us": round(best[0], 1), "sequential_us": round(seq_us, 1)})
+        e = {"op": op, "gpus": job.size, "dtype": "bfloat16", "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]},
+             "path": _faster(best[0], seq_us), "chunks": best[1], "fused_us": round(best[0], 1),
+             "sequential_us": round(seq_us, 1)}
+        said = f"sequential {_us(seq_us)}, fused {_us(best[0])} ({best[1]} chunks): {e['path']}"
+        # Replayed in a CUDA graph, at the eager call's best chunk count (graph_path: choice.decided).
+        g_seq = timer.graph(seq)
+        g_fused = None if g_seq is None else timer.graph(fused_call(case, A, B, job.gc3, "fused", best[1]))
+        if g_seq is not None and g_fused is not None:
+            e.update(graph_path=_faster(g_fused, g_seq), graph_fused_us=round(g_fused, 1),
+                     graph_sequential_us=round(g_seq, 1))
+            said += f"; in a graph sequential {_us(g_seq)}, fused {_us(g_fused)}: {e['graph_path']}"
+        entries.append(e)
         if job.rank == 0:
-            echo(f"{op:9} M={M:<6} K={K:<6} N={N:<6} sequential {seq_us:9.1f} us, fused {best[0]:9.1f} us "
-                 f"({best[1]} chunks): {path}")
+            echo(f"{op:9} M={M:<6} K={K:<6} N={N:<6} {said}")
         torch.cuda.empty_cache()
     entries += tune_memory(job, timer, memory, quick, echo)
     if job.rank == 0:
@@ -527,6 +536,9 @@ def write_section(output: Path, entries: List[dict], provenance: dict) -> None:
 # program, not separable) and graph_fused for the embedding-bag program (it sets up on the host).  gemm is the compute alone (the GEMV,
 # the pooling, the elementwise epilogue).
 MEMORY_OPS = ("gemv_ar", "ebag_a2a", "ar_epilogue")
+# Those whose fused path a CUDA graph can hold (the GEMV's kernel, the epilogue's launches; the
+# embedding-bag program sets up on the host).
+CAPTURED_OPS = ("gemv_ar", "ar_epilogue")
 GEMV_B = (1, 4, 8, 32)
 GEMV_KN = ((8192, 8192), (14336, 4096), (28672, 8192))
 EBAG_T = (8, 26)
@@ -750,7 +762,8 @@ def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, 
         "graph_seq_nccl_us": timer.graph(seq),
         # The GEMV's kernel and the epilogue's are launches a graph can hold (a path that cannot
         # be captured reads n/a); the embedding-bag program sets up on the host.
-        "graph_fused_us": timer.graph(fused) if case.op in ("gemv_ar", "ar_epilogue") else None,
+        "graph_fused_us": timer.graph(fused) if case.op in CAPTURED_OPS else None,
+        "graph_auto_us": timer.graph(auto),     # what auto decides for a captured call (choice.decided)
     }
     v["host_us"] = None if v["fused_us"] is None else timer.host(fused)
     reference = (seq or memory_seq_call(case, t, job.gc3))()
@@ -762,7 +775,8 @@ def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, 
 MEMORY_COLUMNS = (("seq_nccl_us", "seq_nccl", 9), ("seq_gc3_us", "seq_gc3", 9), ("fused_us", "fused", 9),
                   ("auto_us", "auto", 9),
                   ("gemm_us", "compute", 9), ("comm_nccl_us", "c_nccl", 9), ("host_us", "host", 7),
-                  ("seq_host_us", "s_host", 7), ("graph_seq_nccl_us", "g_seq", 9), ("graph_fused_us", "g_fused", 9))
+                  ("seq_host_us", "s_host", 7), ("graph_seq_nccl_us", "g_seq", 9), ("graph_fused_us", "g_fused", 9),
+                  ("graph_auto_us", "g_auto", 9))
 
 
 def memory_header() -> str:
@@ -811,21 +825,38 @@ def bench_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, record
     return failed
 
 
+def _faster(fused_us: Optional[float], seq_us: float) -> str:
+    return "fused" if fused_us is not None and fused_us < FUSED_MARGIN * seq_us else "sequential"
+
+
+def _us(v: Optional[float]) -> str:
+    return "n/a" if v is None else f"{v:9.1f} us"
+
+
 def tune_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, echo: Callable[[str], None]) -> List[dict]:
     """The memory-bound operators' entries of `tune`: per shape, the sequential path
-    against the fused one, both on the gc3 group."""
+    against the fused one, both on the gc3 group, called eagerly and, for the operators
+    whose fused path a graph can hold, replayed in a CUDA graph (graph_path: what a
+    captured call takes, choice.decided)."""
     entries = []
     for case in memory_cases(job, ops, quick):
         t = memory_operands(case, job.rank)
-        seq_us = timer.device(memory_call(case, t, job.gc3, "sequential"))
-        fused_us = _fused_or_none(memory_call(case, t, job.gc3, "fused"), timer.device)
-        path = "fused" if fused_us is not None and fused_us < FUSED_MARGIN * seq_us else "sequential"
-        entries.append({"op": case.op, "gpus": job.size, "dtype": DTYPE_NAME[case.dtype], "shape": case.table_shape(),
-                        "path": path, "fused_us": None if fused_us is None else round(fused_us, 1),
-                        "sequential_us": round(seq_us, 1)})
+        seq, fused = memory_call(case, t, job.gc3, "sequential"), memory_call(case, t, job.gc3, "fused")
+        seq_us = timer.device(seq)
+        fused_us = _fused_or_none(fused, timer.device)
+        e = {"op": case.op, "gpus": job.size, "dtype": DTYPE_NAME[case.dtype], "shape": case.table_shape(),
+             "path": _faster(fused_us, seq_us), "fused_us": None if fused_us is None else round(fused_us, 1),
+             "sequential_us": round(seq_us, 1)}
+        said = f"sequential {_us(seq_us)}, fused {_us(fused_us)}: {e['path']}"
+        g_seq = timer.graph(seq) if case.op in CAPTURED_OPS and fused_us is not None else None
+        g_fused = None if g_seq is None else timer.graph(fused)
+        if g_seq is not None and g_fused is not None:
+            e.update(graph_path=_faster(g_fused, g_seq), graph_fused_us=round(g_fused, 1),
+                     graph_sequential_us=round(g_seq, 1))
+            said += f"; in a graph sequential {_us(g_seq)}, fused {_us(g_fused)}: {e['graph_path']}"
+        entries.append(e)
         if job.rank == 0:
-            echo(f"{case.op:11} {case.shape_cells():58} sequential {seq_us:9.1f} us, fused "
-                 f"{'n/a' if fused_us is None else f'{fused_us:9.1f} us'}: {path}")
+            echo(f"{case.op:11} {case.shape_cells():58} {said}")
         del t
         torch.cuda.empty_cache()
     return entries

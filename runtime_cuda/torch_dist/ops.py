@@ -118,11 +118,18 @@ def _mkn(A: torch.Tensor, B: torch.Tensor) -> dict:
 _CHOICES_KEPT = 4096
 
 
+def _capturing() -> bool:
+    """Whether torch's current stream is capturing a CUDA graph (never, where torch has no CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _decision_context() -> Tuple:
     """What changes a kept decision besides the call itself: the two variables choice.choose
-    reads, and choice.generation (choice.forget())."""
+    reads, choice.generation (choice.forget()), and whether the call is being captured into a
+    CUDA graph (a measured table may answer a captured call otherwise: choice.decided).  The
+    last field is that flag."""
     env = os.environ
-    return env.get("GC3_FUSED"), env.get("GC3_CONFIG"), choice.generation
+    return env.get("GC3_FUSED"), env.get("GC3_CONFIG"), choice.generation, _capturing()
 
 
 def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int],
@@ -130,7 +137,8 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
     """The measured choice for this shape, in the catalog the group's communicator serves.
     Kept on the group per call signature, the two variables that change the answer and
     choice.generation (choice.forget())."""
-    key = (op, dtype, tuple(shape.items()), path, chunks) + _decision_context()
+    context = _decision_context()
+    key = (op, dtype, tuple(shape.items()), path, chunks) + context
     kept = pg.__dict__.get("_gc3_choices")
     if kept is None:
         kept = pg.__dict__["_gc3_choices"] = {}
@@ -143,7 +151,7 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
     comm = pg._comm if pg._comm is not None else pg._cuda([like.new_empty(1)], op)
     machine = getattr(comm, "machine", None)
     got = choice.choose(op, pg.size(), _DTYPES[dtype], shape, path=path, chunks=chunks,
-                        catalog=getattr(machine, "path", None))
+                        catalog=getattr(machine, "path", None), captured=context[-1])
     if len(kept) >= _CHOICES_KEPT:
         kept.clear()
     kept[key] = got
@@ -449,10 +457,9 @@ _SEQUENTIAL = ("sequential",)
 
 
 def _keep_sequential(pg, table: str, key: Tuple) -> None:
-    """Keep a sequential decision for the repeats of `key`, outside a CUDA graph capture (a
-    capture may refuse what an eager call of the same key would fuse)."""
-    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-        _keep_repeat(pg, table, key, _SEQUENTIAL)
+    """Keep a sequential decision for the repeats of `key` (whose decision context tells a
+    captured call from an eager one: a capture may refuse what an eager call would fuse)."""
+    _keep_repeat(pg, table, key, _SEQUENTIAL)
 
 
 def _keep_repeat(pg, table: str, key: Tuple, value) -> None:
@@ -690,12 +697,10 @@ def _epilogue_key(x: torch.Tensor, scale, bias: Optional[torch.Tensor], residual
 _ALLREDUCE_THEN_PASS = "allreduce+pass"
 
 
-def _epilogue_launch(pg, hit: Tuple, x: torch.Tensor) -> Optional[torch.Tensor]:
-    """The kept launch on x into a new output; None where it does not serve the call (the
-    allreduce and pass under a CUDA graph capture, which the full path refuses)."""
+def _epilogue_launch(pg, hit: Tuple, x: torch.Tensor) -> torch.Tensor:
+    """The kept launch on x into a new output.  (A captured call never finds the allreduce and
+    pass: the key tells captured calls apart, and a capture refuses that path.)"""
     group, count, dtype, odt, out_dtype, kind, epw, index = hit
-    if kind == _ALLREDUCE_THEN_PASS and torch.cuda.is_current_stream_capturing():
-        return None
     stream = torch._C._cuda_getCurrentRawStream(index)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if kind == _ALLREDUCE_THEN_PASS:
@@ -790,9 +795,7 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
         if hit is not None and x.is_contiguous():
             if hit is _SEQUENTIAL:
                 return epilogue_sequential(x, pg, scale, bias, residual, out_dtype)
-            out = _epilogue_launch(pg, hit, x)
-            if out is not None:
-                return out
+            return _epilogue_launch(pg, hit, x)
     _epilogue_arguments(what, x, scale, bias, residual, out_dtype)
     terms = [t for t in (bias, residual) if t is not None]
     # Checked by now (the scale is a number): the key under which the call keeps its path.
