@@ -119,8 +119,9 @@ _CHOICES_KEPT = 4096
 
 
 def _capturing() -> bool:
-    """Whether torch's current stream is capturing a CUDA graph (never, where torch has no CUDA)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    """Whether torch's current stream is capturing a CUDA graph: never before torch has set up
+    CUDA in this process (nor where it has no CUDA), which costs a repeat no device query."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def _decision_context() -> Tuple:
