@@ -467,6 +467,27 @@ def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, r
     return failed
 
 
+def _faster(fused_us: Optional[float], seq_us: float) -> str:
+    return "fused" if fused_us is not None and fused_us < FUSED_MARGIN * seq_us else "sequential"
+
+
+def _us(v: Optional[float]) -> str:
+    return "n/a" if v is None else f"{v:9.1f} us"
+
+
+def _graph_decision(timer: Timer, entry: dict, seq: Callable, fused: Callable) -> str:
+    """Time both paths replayed in a CUDA graph and, where both could be captured, add the
+    entry's graph_path (what a captured call takes: choice.decided) and its times; returns
+    the words for the tune's line."""
+    g_seq = timer.graph(seq)
+    g_fused = None if g_seq is None else timer.graph(fused)
+    if g_seq is None or g_fused is None:
+        return ""
+    entry.update(graph_path=_faster(g_fused, g_seq), graph_fused_us=round(g_fused, 1),
+                 graph_sequential_us=round(g_seq, 1))
+    return f"; in a graph sequential {_us(g_seq)}, fused {_us(g_fused)}: {entry['graph_path']}"
+
+
 def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, rounds: int,
          echo: Callable[[str], None]) -> None:
     """The fused section of `output` (a catalog JSON, created or updated; None: the
@@ -495,13 +516,8 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
              "path": _faster(best[0], seq_us), "chunks": best[1], "fused_us": round(best[0], 1),
              "sequential_us": round(seq_us, 1)}
         said = f"sequential {_us(seq_us)}, fused {_us(best[0])} ({best[1]} chunks): {e['path']}"
-        # Replayed in a CUDA graph, at the eager call's best chunk count (graph_path: choice.decided).
-        g_seq = timer.graph(seq)
-        g_fused = None if g_seq is None else timer.graph(fused_call(case, A, B, job.gc3, "fused", best[1]))
-        if g_seq is not None and g_fused is not None:
-            e.update(graph_path=_faster(g_fused, g_seq), graph_fused_us=round(g_fused, 1),
-                     graph_sequential_us=round(g_seq, 1))
-            said += f"; in a graph sequential {_us(g_seq)}, fused {_us(g_fused)}: {e['graph_path']}"
+        # Replayed at the eager call's best chunk count.
+        said += _graph_decision(timer, e, seq, fused_call(case, A, B, job.gc3, "fused", best[1]))
         entries.append(e)
         if job.rank == 0:
             echo(f"{op:9} M={M:<6} K={K:<6} N={N:<6} {said}")
@@ -825,14 +841,6 @@ def bench_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, record
     return failed
 
 
-def _faster(fused_us: Optional[float], seq_us: float) -> str:
-    return "fused" if fused_us is not None and fused_us < FUSED_MARGIN * seq_us else "sequential"
-
-
-def _us(v: Optional[float]) -> str:
-    return "n/a" if v is None else f"{v:9.1f} us"
-
-
 def tune_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, echo: Callable[[str], None]) -> List[dict]:
     """The memory-bound operators' entries of `tune`: per shape, the sequential path
     against the fused one, both on the gc3 group, called eagerly and, for the operators
@@ -848,12 +856,8 @@ def tune_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, echo: C
              "path": _faster(fused_us, seq_us), "fused_us": None if fused_us is None else round(fused_us, 1),
              "sequential_us": round(seq_us, 1)}
         said = f"sequential {_us(seq_us)}, fused {_us(fused_us)}: {e['path']}"
-        g_seq = timer.graph(seq) if case.op in CAPTURED_OPS and fused_us is not None else None
-        g_fused = None if g_seq is None else timer.graph(fused)
-        if g_seq is not None and g_fused is not None:
-            e.update(graph_path=_faster(g_fused, g_seq), graph_fused_us=round(g_fused, 1),
-                     graph_sequential_us=round(g_seq, 1))
-            said += f"; in a graph sequential {_us(g_seq)}, fused {_us(g_fused)}: {e['graph_path']}"
+        if case.op in CAPTURED_OPS and fused_us is not None:
+            said += _graph_decision(timer, e, seq, fused)
         entries.append(e)
         if job.rank == 0:
             echo(f"{case.op:11} {case.shape_cells():58} {said}")
