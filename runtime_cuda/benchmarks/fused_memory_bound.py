@@ -349,7 +349,7 @@ def _check_gemv(bench: Bench, outs, batch: int, k: int, n_out: int, dtype: str):
 # --- embedding-bag + AllToAll -----------------------------------------------------------------------------
 def bench_ebag(bench: Bench, quick: bool, compute_only: bool) -> bool:
     from runtime_cuda.fused import embedding_bag_alltoall
-    from runtime_cuda.fused.memory_bound import _ebag_args, pool, storage
+    from runtime_cuda.fused.memory_bound import _ebag_args, ebag_chunks, pool, storage
 
     cupy, n, ok = bench.cupy, bench.n, True
     for dtype in EBAG_DTYPES:
@@ -364,7 +364,7 @@ def bench_ebag(bench: Bench, quick: bool, compute_only: bool) -> bool:
             r0 = bench.local[0]
             t: Dict[str, Optional[float]] = {}
             nbytes = t_count * batch * (pooling * (dim * isz + 4) + 4 + dim * isz)
-            chunks = next(c for c in (128, 64, 32, 16, 8, 4, 2, 1) if batch % c == 0 and batch // c >= 8)
+            chunks = ebag_chunks(1, batch)
             # All B samples of rank r0's tables as one rank: the compute the fused program does per rank.
             solo = bench.compute_group("embedding_bag_alltoall",
                                        (1, t_count, rows, dim, batch, pooling, chunks, 0,

@@ -107,10 +107,27 @@ def _sm_count(device: int) -> int:
     return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
 
 
+# The embedding-bag program's blocks (rank slices x sample blocks): as many as its compute TBs can
+# take on a GPU of 132 SMs and more (each computes whole blocks, so the blocks bound the SMs that
+# pool: 4 blocks per slice left 16 compute TBs at 4 ranks and 8 at 2), of at least a few samples each.
+EBAG_MAX_BLOCKS = 128
+EBAG_MIN_BLOCK_SAMPLES = 8
+
+
+def ebag_chunks(n: int, b: int) -> int:
+    """Sample blocks per rank slice of b samples, for n slices: the largest power of two that
+    divides b into blocks of at least EBAG_MIN_BLOCK_SAMPLES with n * chunks <= EBAG_MAX_BLOCKS
+    (1 where none does)."""
+    c = 1
+    while n * c * 2 <= EBAG_MAX_BLOCKS and b % (c * 2) == 0 and b // (c * 2) >= EBAG_MIN_BLOCK_SAMPLES:
+        c *= 2
+    return c
+
+
 def _ebag_args(n: int, t: int, rows: int, dim: int, b: int, pooling: int, ranks_here: int) -> Tuple[int, ...]:
     """(ranks, tables, rows, dim, samples per rank, pooling, chunks, bf16 flag (unused: dtype says),
-    compute TBs): up to 4 sample blocks per rank slice."""
-    chunks = next(c for c in (4, 2, 1) if b % c == 0)
+    compute TBs)."""
+    chunks = ebag_chunks(n, b)
     return (n, t, rows, dim, b, pooling, chunks, 0, _compute_tbs(n * chunks, ranks_here))
 
 
