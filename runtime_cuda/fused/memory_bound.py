@@ -36,7 +36,7 @@ import os
 import weakref
 from typing import Dict, List, Optional, Tuple
 
-from gc3 import algorithms
+from gc3 import algorithms, settings
 from gc3.errors import GC3Error
 
 from ..core import streams
@@ -44,7 +44,6 @@ from ..nccl.log import get_logger
 from ..core.tables import COMPUTE_DTYPES
 
 PATHS = ("auto", "fused", "sequential")
-DEFAULT_MAX_BLOCK_BYTES = 1 << 20
 
 
 class VirtualComm:
@@ -76,23 +75,14 @@ def fused_program(algo: str, args: Tuple[int, ...], dtype: Optional[str]):
     return lower(fn(*args) if dtype is None else fn(*args, dtype=dtype))
 
 
-def _env_int(name: str, default: int) -> int:
-    env = os.environ.get(name)
-    if not env:
-        return default
-    from gc3.units import env_number
-
-    return env_number(name, env, 0, 1 << 30, int)
-
-
 def _compute_tbs(blocks: int, ranks_here: int) -> int:
     """Compute TBs per rank (the algorithms' S): as many as the split axis has blocks, within the
     SMs each rank of this GPU gets, less a few for the communication TBs, rounded down to a power
     of two so blocks share them evenly.  GC3_FUSED_COMPUTE_TBS overrides (0: compute in the
     sending TBs)."""
-    env = os.environ.get("GC3_FUSED_COMPUTE_TBS")
-    if env:
-        return min(_env_int("GC3_FUSED_COMPUTE_TBS", 0), blocks)
+    forced = settings.get("GC3_FUSED_COMPUTE_TBS")
+    if forced is not None:
+        return min(forced, blocks)
     import cupy
 
     sms = _sm_count(cupy.cuda.Device().id)
@@ -312,10 +302,9 @@ def _decide(comm, path: str, refusal: str, algo: str, args: tuple, dtype: str, t
     why = refusal or _failed.get(key, "")
     if not why and path == "auto":
         per_block = traffic // _program_blocks(algo, args, dtype)
-        var, default = "GC3_FUSED_MAX_BLOCK_BYTES", DEFAULT_MAX_BLOCK_BYTES
-        limit = _env_int(var, default)
+        limit = settings.get("GC3_FUSED_MAX_BLOCK_BYTES")
         if per_block > limit:
-            why = (f"{per_block} bytes of compute traffic per thread block, above {var}="
+            why = (f"{per_block} bytes of compute traffic per thread block, above GC3_FUSED_MAX_BLOCK_BYTES="
                    f"{limit} (the interpreter computes with one block per compute TB)")
     if not why:
         try:
