@@ -300,6 +300,8 @@ def test_a_record_line_reads_back_and_later_lines_win(tmp_path):
     assert d["E"] == pytest.approx((100 - 90) / (100 - 60)) and d["symm"] is None
     table = records.markdown(list(got.values()))
     assert table.count("\n") == 3 and "| gemm_rs | 4 | M=8192 K=28672 N=8192 | 100.0 |" in table
+    replayed = dict(got[4], graph_seq_nccl_us=20.0, graph_auto_us=16.0, graph_fused_us=25.0)
+    assert records.markdown([replayed]).endswith("| fused | ok | 1.25× | 0.80× |")
     records.plot(list(got.values()), tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
 

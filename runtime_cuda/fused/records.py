@@ -86,16 +86,20 @@ def derived(r: dict) -> dict:
     seq, fused = r.get("seq_nccl_us"), r.get("fused_us")
     limit = max(r["gemm_us"], r["comm_nccl_us"]) if r.get("gemm_us") and r.get("comm_nccl_us") else None
     e = (seq - fused) / (seq - limit) if seq and fused and limit and seq - limit > 1e-9 else None
+    g_seq = r.get("graph_seq_nccl_us")
     return {"auto": ratio(seq, r.get("auto_us")), "fused": ratio(seq, fused), "symm": ratio(seq, r.get("symm_us")),
             "headroom": ratio(seq, limit), "E": e,
-            "comm_share": ratio(r.get("comm_nccl_us"), seq)}
+            "comm_share": ratio(r.get("comm_nccl_us"), seq),
+            "graph_auto": ratio(g_seq, r.get("graph_auto_us")), "graph_fused": ratio(g_seq, r.get("graph_fused_us"))}
 
 
 def markdown(records: List[dict]) -> str:
     """The README's table: one row per record, the user's path first; the shape names the input dtype
-    where it is not bf16, the dtype every grid uses unless it says otherwise."""
+    where it is not bf16, the dtype every grid uses unless it says otherwise.  The graph columns
+    compare replays in a CUDA graph: matmul then NCCL against auto's and the fused path's."""
     rows = ["| op | G | shape | seq-nccl µs | symm µs | gc3 auto µs | gc3 fused µs | seq/auto | seq/fused | headroom "
-            "| E | auto's path | check |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| E | auto's path | check | graph seq/auto | graph seq/fused |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, d=1: "—" if v is None else f"{v:.{d}f}"   # noqa: E731
     for r in sorted(records, key=lambda r: (r["op"], r["gpus"], str(r.get("dtype")), tuple(r["shape"].values()))):
         d = derived(r)
@@ -103,7 +107,8 @@ def markdown(records: List[dict]) -> str:
         shape = " ".join(f"{k}={v}" for k, v in dims.items())
         rows.append(f"| {r['op']} | {r['gpus']} | {shape} | {f(r.get('seq_nccl_us'))} | {f(r.get('symm_us'))} | "
                     f"{f(r.get('auto_us'))} | {f(r.get('fused_us'))} | {f(d['auto'], 2)}× | {f(d['fused'], 2)}× | "
-                    f"{f(d['headroom'], 2)}× | {f(d['E'], 2)} | {r['path']} | {r['check']} |")
+                    f"{f(d['headroom'], 2)}× | {f(d['E'], 2)} | {r['path']} | {r['check']} | {f(d['graph_auto'], 2)}× | "
+                    f"{f(d['graph_fused'], 2)}× |")
     return "\n".join(rows)
 
 
