@@ -270,9 +270,9 @@ def test_the_exchange_setting_picks_the_pipeline(monkeypatch):
     names = ("matmul_reduce_scatter", "matmul_all_reduce", "all_gather_matmul", "matmul_all_to_all")
     assert [ops._pipeline(n) for n in names] == [getattr(overlap, n) for n in names]
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "copy-engine")
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(ops, "_capturing", lambda: False)
     assert [ops._pipeline(n) for n in names] == [getattr(copy_engine, n) for n in names]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(ops, "_capturing", lambda: True)
     assert ops._pipeline("matmul_reduce_scatter") is overlap.matmul_reduce_scatter   # a capture: overlap's
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "dma")
     with pytest.raises(InputError, match="GC3_FUSED_EXCHANGE"):

@@ -103,7 +103,7 @@ def _refusal(pg, tensors: Sequence[torch.Tensor], dtypes=_FUSED_DTYPES, capturab
     if len({t.dtype for t in tensors}) != 1 or tensors[0].dtype not in dtypes:
         return f"dtypes {sorted({str(t.dtype) for t in tensors})}; the fused kernels take one of " \
                f"{[str(d) for d in dtypes]}"
-    if not capturable and torch.cuda.is_current_stream_capturing():
+    if not capturable and _capturing():
         return "CUDA graph capture (the fused kernels set up buffers on the host)"
     return ""
 
@@ -163,7 +163,7 @@ def _pipeline(run: str):
     """The function `run` of the fused path's pipeline: overlap.py's (the group's collectives
     beside the GEMM), or copy_engine.py's under GC3_FUSED_EXCHANGE=copy-engine where it has one
     and no CUDA graph is being captured."""
-    if settings.get("GC3_FUSED_EXCHANGE") == "copy-engine" and not torch.cuda.is_current_stream_capturing():
+    if settings.get("GC3_FUSED_EXCHANGE") == "copy-engine" and not _capturing():
         from . import copy_engine
         if hasattr(copy_engine, run):
             return getattr(copy_engine, run)
