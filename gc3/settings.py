@@ -202,11 +202,8 @@ _DECLARED: List[Setting] = [
             "seconds a fused operator's stream waits for a peer's flag before it reports a hang",
             _float(0.001, _DAY), f"0.001 to {_DAY:g}", "fused"),
     Setting("GC3_FUSED_COMPUTE_TBS", "int", None,
-            "compute thread blocks per rank of the memory-bound fused operators (0: compute in the sending TBs; "
-            "unset: from the SM count)", _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
-    Setting("GC3_FUSED_MAX_BLOCK_BYTES", "int", 1 << 20,
-            "auto path: most weight/table bytes per compute block before the fused path is refused",
-            _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
+            "compute thread blocks per rank of the memory-bound operators' gc3 programs on the interpreter "
+            "(0: compute in the sending TBs; unset: from the SM count)", _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
     # --- development: the test and setup scripts ------------------------------
     *(Setting(name, kind, default, meaning, parse, allowed, "development")
       for name, kind, default, meaning, parse, allowed in (

@@ -44,7 +44,8 @@ def test_embedding_programs_of_the_api(n, dtype, t, rows, dim, pooling, b):
     prog = mb.fused_program("embedding_bag_alltoall", args, dtype)
     assert prog.compute.ebag_dims() == (t, rows, dim, n * b * pooling, n * b)
     _, ok = _geometry_agrees(prog)
-    assert ok and mb._compute_blocks(prog) == min(16, n * args[6])
+    compute_tbs = sum(any(st.info.compute for st in tb.steps) for tb in prog.gpu(0).threadblocks)
+    assert ok and compute_tbs == min(16, n * args[6])
 
 
 @pytest.mark.parametrize("name,args", [("gemv_allreduce", (2, 3, 40, 96, 8, 2, 3)),
@@ -80,20 +81,20 @@ def test_value_types():
         mb.value_dtype(np.zeros(1, np.float64), "w")
 
 
-def test_auto_path_refuses_what_one_block_per_compute_tb_cannot_win(monkeypatch):
-    """The embedding-bag program's auto rule, without a GPU: refusals and the per-block traffic
-    bound are decided before any launch group is built (a VirtualComm here never gets that far)."""
+def test_the_embedding_bag_kernel_is_refused_where_it_cannot_serve(monkeypatch):
+    """The embedding-bag's fused path is the kernel (runtime_cuda.fused.ebag_kernel): its refusals
+    send auto to the sequential path, and make a forced fused call raise, before any set-up."""
     logged = []
     monkeypatch.setattr(mb, "get_logger", lambda: type("L", (), {"info": lambda self, *a: logged.append(a[0] % a[1:])})())
     comm = mb.VirtualComm(2)
-    args = mb._ebag_args(2, 8, 1 << 20, 128, 8192, 32, 2)
-    big = 8 * 2 * 8192 * 32 * 128 * 4
-    assert mb._decide(comm, "auto", "", "embedding_bag_alltoall", args, "float32", big, "big") is None
-    assert "above GC3_FUSED_MAX_BLOCK_BYTES" in logged[-1]
-    assert mb._decide(comm, "auto", "a single rank", "embedding_bag_alltoall", args, "float32", 0, "one") is None
-    assert logged[-1] == "one: sequential path: a single rank"
+    find = lambda dim, dtype="float32": lambda: mb.ebag_kernel(comm, 2, 8, 100, dim, 16, 64, dtype)  # noqa: E731
+    assert mb._kernel_group("auto", "odd", find(3)) is None
+    assert logged[-1] == "odd: sequential path: rows of 3 float32 values (12 B) are not a multiple of 16 B"
+    assert mb._kernel_group("auto", "ints", find(4, "int32")) is None
+    assert "dtype int32" in logged[-1]
     with pytest.raises(mb.GC3Error, match="fused path cannot serve this call: a single rank"):
-        mb._decide(comm, "fused", "a single rank", "embedding_bag_alltoall", args, "float32", 0, "one")
+        mb._kernel_group("fused", "one", lambda: mb.ebag_kernel(mb.VirtualComm(1), 1, 8, 100, 4, 16, 64, "float32"))
+    assert not comm.groups
 
 
 def test_the_gemv_kernel_is_refused_where_it_cannot_serve(monkeypatch):
@@ -101,13 +102,13 @@ def test_the_gemv_kernel_is_refused_where_it_cannot_serve(monkeypatch):
     send auto to the sequential path, and make a forced fused call raise, before any set-up."""
     logged = []
     monkeypatch.setattr(mb, "get_logger", lambda: type("L", (), {"info": lambda self, *a: logged.append(a[0] % a[1:])})())
-    comm = mb.VirtualComm(2)
-    assert mb._gemv_kernel(comm, "auto", 2, 1, 64, 64, "int32", 2, "ints") is None
+    find = lambda n, dtype: lambda: mb.gemv_kernel(mb.VirtualComm(n), n, 1, 64, 64, dtype, n)  # noqa: E731
+    assert mb._kernel_group("auto", "ints", find(2, "int32")) is None
     assert "dtype int32" in logged[-1]
-    assert mb._gemv_kernel(comm, "sequential", 2, 1, 64, 64, "bfloat16", 2, "asked") is None
+    assert mb._kernel_group("sequential", "asked", find(2, "bfloat16")) is None
     assert logged[-1] == "asked: sequential path: path=sequential"
     with pytest.raises(mb.GC3Error, match="single rank"):
-        mb._gemv_kernel(mb.VirtualComm(1), "fused", 1, 1, 64, 64, "bfloat16", 1, "one")
+        mb._kernel_group("fused", "one", find(1, "bfloat16"))
 
 
 def test_benchmark_script_runs_operators_of_the_api_and_offers_each():

@@ -304,6 +304,11 @@ def test_a_record_line_reads_back_and_later_lines_win(tmp_path):
     assert records.markdown([replayed]).endswith("| fused | ok | 1.25× | 0.80× |")
     records.plot(list(got.values()), tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+    # The same shape measured on another machine kind is a line of its own, never joined to this one.
+    h200 = dict(got[4], hw="4xH200", fused_us=70.0)
+    lines = records.series([got[4], h200], 4, ("gemm_rs",), "M")
+    assert sorted(lines) == [("gemm_rs", "K=28672 N=8192 4xH100"), ("gemm_rs", "K=28672 N=8192 4xH200")]
+    assert records.series([got[4]], 4, ("gemm_rs",), "M") == {("gemm_rs", "K=28672 N=8192"): [got[4]]}
 
 
 @pytest.mark.parametrize("bad, words", [("gemm_rs gpus=4", "not a fused record"), ("fused op=x gpus=2 path=fused",

@@ -4,7 +4,6 @@ CPU tests of the measured choice's routing, the flattened embedding-bag CSR, the
 epilogue's arguments and arithmetic, the record lines and the grid; the GPU
 program (tests/gpu_programs/torch_memory_bound.py) on gloo, and on ranks sharing
 one GPU."""
-import contextlib
 import json
 import os
 import types
@@ -38,23 +37,16 @@ class FakeGroup:
 
 @pytest.fixture
 def routed(tmp_path, monkeypatch):
-    """(use(entries), ran): runs the operators on FakeGroup with runtime_cuda.fused's entry
-    points and the sequential paths replaced by recorders; `ran` lists which ran."""
-    import runtime_cuda.fused as fused_mod
+    """(use(entries), ran): runs the operators on FakeGroup with their fused kernels' launches
+    and the sequential paths replaced by recorders; `ran` lists which ran."""
     from runtime_cuda.torch_dist import ops
 
     ran = []
     monkeypatch.delenv("GC3_FUSED", raising=False)
     monkeypatch.setattr(ops, "_refusal", lambda *a, **k: "")
-    monkeypatch.setattr(ops, "_fused_call", lambda *a: contextlib.nullcontext(0))
-    monkeypatch.setattr(ops, "_cupy", lambda t: t)
-    for fn in ("gemv_allreduce", "embedding_bag_alltoall"):
-        def fused(*args, _fn=fn, path=None, **kw):
-            assert path == "fused", f"{_fn} must run its fused program, not choose again: path={path!r}"
-            ran.append(_fn)
-        monkeypatch.setattr(fused_mod, fn, fused)
     monkeypatch.setattr(ops, "_gemv_fused", lambda pg, x, w, repeat=None: (ran.append("gemv_allreduce"),
                                                               x.new_zeros(x.shape[0], w.shape[1]), "")[1:])
+    monkeypatch.setattr(ops, "_ebag_fused", lambda pg, t, i, o, n: (ran.append("embedding_bag_alltoall"), t, "")[1:])
     # The epilogue's fused path calls the kernels itself (no runtime_cuda.fused entry point).
     monkeypatch.setattr(ops, "epilogue_fused", lambda *a, **k: (ran.append("allreduce_epilogue"), (a[0], ""))[1])
     for fn in ("gemv_sequential", "embedding_bag_sequential", "epilogue_sequential"):

@@ -19,14 +19,13 @@ from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error
 
 from ..core import abi, module, streams
-from ..core.launcher import CommunicatorBroken, _blocks_per_sm
-from ..ranks.small_allreduce import THREADS, SmallAllreduce
+from ..core.launcher import CommunicatorBroken
+from ..ranks.small_allreduce import MAX_LOCAL, THREADS, SmallAllreduce, kernel_params, kernel_refusal, most_blocks
 
 KERNEL_NAME = "gc3_gemv_allreduce"
 SPLITK_KERNEL_NAME = "gc3_gemv_allreduce_splitk"
 DTYPES = ("bfloat16", "float16", "float32")
 TILE_LANES = abi.C["GC3_GV_TILE_LANES"]
-MAX_LOCAL = abi.C["GC3_GV_MAX_LOCAL"]
 SCRATCH_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
 LINE_DATA = limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
 # Tiles start at multiples of this many columns: a 16-byte weight load never straddles two tiles.
@@ -109,12 +108,9 @@ def slot_lines(batch: int, n_out: int, tw: int, itemsize: int) -> int:
 
 def refusal(dtype: str, batch: int, k: int, n_out: int, nranks: int, nlocal: int = 1) -> Optional[str]:
     """None when the kernel serves this shape, else why not."""
-    if dtype not in DTYPES:
-        return f"dtype {dtype} (the kernel computes in {', '.join(DTYPES)})"
-    if nranks < 2:
-        return "a single rank: nothing to reduce"
-    if nlocal > MAX_LOCAL:
-        return f"{nlocal} ranks in one process (at most {MAX_LOCAL})"
+    why = kernel_refusal(dtype, DTYPES, nranks, nlocal, "computes in", "nothing to reduce")
+    if why:
+        return why
     if min(batch, k, n_out) < 1 or max(batch, k, n_out) >= 2 ** 31:
         return f"x [{batch}, {k}] @ w [{k}, {n_out}]: every dimension must be 1 to 2^31 - 1"
     if batch * COLUMN_STEP > TILE_LANES:
@@ -141,10 +137,7 @@ class GemvAllreduce:
             raise GC3Error(f"gemv_allreduce: {self.nlocal} ranks in one process (at most {MAX_LOCAL})")
         self._args = _Args(plan=group._plan.data.ptr, peers=group._peers.data.ptr, nranks=self.nranks,
                            rank0=group.ranks[0], max_lines=group.max_lines, region_lines=group.region_lines)
-        base = ctypes.addressof(self._args)
-        self._params = (ctypes.c_void_p * len(_Args._fields_))(
-            *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
-        self._params_ptr = ctypes.addressof(self._params)
+        self._params, self._params_ptr = kernel_params(self._args)
         self._shapes: Dict[Tuple[int, int, int, str, bool], tuple] = {}
         self._grid_max: Optional[int] = None
         # The split-K workspace of each local rank: zeroed counters, then partials.
@@ -169,17 +162,9 @@ class GemvAllreduce:
 
     def _most_blocks(self, fn) -> int:
         """Blocks per rank a launch may take, fixed for the group's life (the counters of
-        that many blocks agree): every block resident at once, as small_allreduce's bound,
-        and with virtual ranks at most half the GPU, so that another spinning launch fits."""
+        that many blocks agree)."""
         if self._grid_max is None:
-            dev = self.executor.device
-            cap = _blocks_per_sm(fn, THREADS, dev) * dev.attributes["MultiProcessorCount"]
-            share = cap if self.nlocal == 1 else cap // (2 * self.nlocal)
-            most = min(abi.C["GC3_SA_MAX_BLOCKS"], share)
-            if most < 1:
-                raise GC3Error(f"gemv_allreduce: {self.nlocal} ranks' blocks of {THREADS} threads cannot all be "
-                               f"resident on device {dev.id} ({cap} at most)")
-            self._grid_max = most
+            self._grid_max = most_blocks(fn, self.executor.device, self.nlocal, "gemv_allreduce")
         return self._grid_max
 
     def _shape(self, batch: int, k: int, n_out: int, dtype: str) -> tuple:

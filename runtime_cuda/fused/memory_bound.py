@@ -1,33 +1,30 @@
 """GEMV + AllReduce and embedding-bag + AllToAll on CuPy arrays, fused or sequential.
 
-*Fused*: GEMV + AllReduce is one kernel on every SM (runtime_cuda.fused.gemv_kernel,
-kernels/gemv_allreduce.cu: every rank's partial reduced in rank order, the same bits on every
-rank); embedding-bag + AllToAll is one gc3 program (gc3/algorithms/fused/embedding_bag_alltoall.py)
-whose compute steps produce each chunk right before it is sent, run by the interpreter with
-the caller's arrays as its compute inputs.  *Sequential*: cuBLAS / CuPy computes the whole
-result, then the communicator's collective moves it.  Both give the same values up to
-rounding (fp32 accumulation either way).
+*Fused*: each is one kernel on every SM.  GEMV + AllReduce (runtime_cuda.fused.gemv_kernel,
+kernels/gemv_allreduce.cu) reduces every rank's partial in rank order, the same bits on every
+rank; embedding-bag + AllToAll (runtime_cuda.fused.ebag_kernel, kernels/ebag_alltoall.cu)
+pools each destination's rows straight into that rank's staging over NVLink.  *Sequential*:
+cuBLAS / CuPy computes the whole result, then the communicator's collective moves it.  Both
+give the same values up to rounding (fp32 accumulation either way).  The same operators as gc3
+programs (gc3/algorithms/fused/), whose compute steps the interpreter runs, are built here too
+(`fused_program`), for the compute benchmark and as examples of the DSL's compute steps.
 
 Ranks.  `comm` is a communicator of the drop-in
-(`runtime_cuda.nccl.NcclCommunicator`, one rank per process: the fused kernel or program
-is set up over the communicator's own rendezvous, so every rank must make the same calls
-in the same order), or `VirtualComm(n)`: n ranks in this process on this GPU
-(`runtime_cuda.ranks.virtual`), each array argument then a list of n arrays, rank r's at index r.
+(`runtime_cuda.nccl.NcclCommunicator`, one rank per process: the fused kernels are set up
+over the communicator's own rendezvous, so every rank must make the same calls in the same
+order), or `VirtualComm(n)`: n ranks in this process on this GPU, each array argument then a
+list of n arrays, rank r's at index r.
 
 Types: bfloat16, float16, float32 values (indices and offsets int32).  CuPy
 has no bfloat16, so a uint16 array is read as bfloat16.
 
 Path.  `path=` or GC3_FUSED: "fused" or "sequential" forces one (a fused call
 that cannot be served then raises); "auto" (the default) takes the fused path
-unless the call is one it cannot serve, or, for the embedding-bag program, one it
-cannot win: the interpreter computes with one thread block per TB that holds
-compute steps, so above GC3_FUSED_MAX_BLOCK_BYTES (default 1 MiB) of table traffic
-per such block the sequential path's full-GPU kernels are faster.  Each fall-back is
-logged with its reason at INFO (GC3_DEBUG=INFO).  (The torch functions,
-runtime_cuda.torch_dist.ops, decide from the machine's measured table instead.)
+unless the call is one it cannot serve; each fall-back is logged with its reason at
+INFO (GC3_DEBUG=INFO).  (The torch functions, runtime_cuda.torch_dist.ops, decide from
+the machine's measured table instead.)
 
-Compiled programs and their launch groups are cached per (operator shape,
-dtype, ranks).
+The kernels' groups are cached per communicator.
 """
 from __future__ import annotations
 
@@ -256,63 +253,12 @@ def _path(path: Optional[str]) -> str:
     return path
 
 
-def _compute_blocks(prog) -> int:
-    """TBs of rank 0 that hold compute steps: the thread blocks the operator's work is spread over."""
-    return max(1, sum(any(st.info.compute for st in tb.steps) for tb in prog.gpu(0).threadblocks))
-
-
-@functools.lru_cache(maxsize=64)
-def _program_blocks(algo: str, args: Tuple[int, ...], dtype: str) -> int:
-    return _compute_blocks(fused_program(algo, args, dtype))
-
-
 def exchange_of(comm):
     """The rendezvous a drop-in communicator's gc3 runtime sets launch groups up over, or raise."""
     exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
     if exchange is None:
         raise GC3Error("the communicator has no gc3 runtime behind it (NCCL only)")
     return exchange
-
-
-def _group(comm, algo: str, args: tuple, dtype: str):
-    """The launch group of a fused program for `comm` (built on first use, collectively), or raise."""
-    from ..ranks.ipc import IpcRanks
-    from ..ranks.virtual import VirtualRanks
-
-    key = (algo, args, dtype)
-    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
-    if key in groups:
-        return groups[key]
-    prog = fused_program(algo, args, dtype)
-    if isinstance(comm, VirtualComm):
-        group = VirtualRanks(prog)
-    else:
-        group = IpcRanks(prog, exchange_of(comm), device=comm.device_id())
-    groups[key] = group
-    return group
-
-
-def _decide(comm, path: str, refusal: str, algo: str, args: tuple, dtype: str, traffic: int, what: str):
-    """The fused launch group, or None for the sequential path (its reason logged at INFO)."""
-    log = get_logger()
-    if path == "sequential":
-        log.info("%s: sequential path: path=sequential", what)
-        return None
-    key = (algo, args, dtype, id(comm))
-    why = refusal or _failed.get(key, "")
-    if not why and path == "auto":
-        per_block = traffic // _program_blocks(algo, args, dtype)
-        limit = settings.get("GC3_FUSED_MAX_BLOCK_BYTES")
-        if per_block > limit:
-            why = (f"{per_block} bytes of compute traffic per thread block, above GC3_FUSED_MAX_BLOCK_BYTES="
-                   f"{limit} (the interpreter computes with one block per compute TB)")
-    if not why:
-        try:
-            return _group(comm, algo, args, dtype)
-        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
-            why = _failed[key] = f"launch group set-up failed: {exc}"
-    settle(path, why, what)
-    return None
 
 
 def settle(path: str, why: str, what: str) -> None:
@@ -365,8 +311,8 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
             if a["out"][k].shape != (batch, n_out):
                 raise ValueError(f"gemv_allreduce: {_where(rank, k)}: out is {a['out'][k].shape}, "
                                  f"expected {(batch, n_out)}")
-        group = _gemv_kernel(comm, path, n, batch, k_shard, n_out, dtype, len(a["x"]),
-                             f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks")
+        group = _kernel_group(path, f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks",
+                              lambda: gemv_kernel(comm, n, batch, k_shard, n_out, dtype, len(a["x"])))
         if group is None:
             _gemv_sequential(comm, a, dtype, stream)
         else:
@@ -394,12 +340,13 @@ def gemv_kernel(comm, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_
     return (None, why) if why else (group, "")
 
 
-def _gemv_kernel(comm, path: str, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int, what: str):
-    """gemv_kernel's group, or None for the sequential path (raised where `path` forced the fused one)."""
+def _kernel_group(path: str, what: str, find):
+    """The fused kernel's group that find() gives as (group, '') or (None, why not), or None for
+    the sequential path (raised where `path` forced the fused one)."""
     if path == "sequential":
         get_logger().info("%s: sequential path: path=sequential", what)
         return None
-    group, why = gemv_kernel(comm, n, batch, k, n_out, dtype, ranks_here)
+    group, why = find()
     settle(path, why, what)
     return group
 
@@ -430,14 +377,15 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
 
     tables [T, rows, dim] (values), indices [T, nnz] and offsets [T, B+1] (int32, CSR bags: bag s
     of table t is indices[t, offsets[t, s]:offsets[t, s+1]]), B = ranks * b.  Returns out
-    [ranks, b, T*dim]: out[r] holds rank r's pooled vectors of this rank's b samples
-    (gc3/algorithms/fused/embedding_bag_alltoall.py); TorchRec's [b, ranks*T*dim] is
+    [ranks, b, T*dim]: out[r] holds rank r's pooled vectors of this rank's b samples; TorchRec's
+    [b, ranks*T*dim] is
     out.transpose(1, 0, 2).reshape(b, -1).  mode "sum" or "mean" (mean: sequential path).
-    check_inputs: verify indices and offsets on the device first (synchronizes the stream).
-    Ranks may hold different numbers of indices (nnz); the program's per-table index stride must
-    be one value on every rank, B * pooling: give `pooling` (an upper bound of nnz / B on every
-    rank) to fix it without communication, else ranks agree on the largest nnz (virtual ranks:
-    locally; processes: one host exchange per call)."""
+    check_inputs: verify indices and offsets first and raise ValueError naming the first bad one
+    (synchronizes the stream).  Unchecked, the fused kernel checks them as it pools: a bad one
+    pools as nothing and the group's next call (or `check`) raises it.
+    Ranks may hold different numbers of indices (nnz).  `pooling`, where given, is checked as a
+    bound of nnz / B.
+    """
     import cupy
 
     if mode not in ("sum", "mean"):
@@ -465,15 +413,9 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
     (t_count, rows, dim), (_, bounds) = first[0], first[2]
     batch = bounds - 1
     nnz = max(i.shape[1] for i in a["indices"])
-    if pooling is not None:
-        if pooling < 1 or nnz > batch * pooling:
-            raise ValueError(f"embedding_bag_alltoall: pooling={pooling} bounds nnz by {batch * pooling} but a rank "
-                             f"here has {nnz} indices per table")
-        nnz = batch * pooling
-    elif not isinstance(comm, VirtualComm) and n > 1:
-        exchange = getattr(getattr(comm, "_backend", None), "exchange", None)
-        if exchange is not None:
-            nnz = max(int(v) for v in exchange.allgather(nnz))
+    if pooling is not None and (pooling < 1 or nnz > batch * pooling):
+        raise ValueError(f"embedding_bag_alltoall: pooling={pooling} bounds nnz by {batch * pooling} but a rank "
+                         f"here has {nnz} indices per table")
     b = batch // n
     with streams.current(streams.wrap(streams.handle(stream))):
         if check_inputs:    # on the call's stream: the caller may still be writing them there
@@ -486,19 +428,43 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
             if a["out"][k].shape != (n, b, t_count * dim):
                 raise ValueError(f"embedding_bag_alltoall: {_where(rank, k)}: out is {a['out'][k].shape}, "
                                  f"expected {(n, b, t_count * dim)}")
-        pooling = max(1, -(-nnz // batch))    # the program's nnz is B*pooling: indices padded up to it
-        args = _ebag_args(n, t_count, rows, dim, b, pooling, len(a["tables"]))
-        refusal = ("mode 'mean': the ebag opcode pools by sum" if mode != "sum"
-                   else "a single rank: nothing to exchange" if n < 2 else "")
-        traffic = t_count * nnz * dim * storage(dtype).itemsize
-        group = _decide(comm, path, refusal, "embedding_bag_alltoall", args, dtype, traffic,
-                        f"embedding_bag_alltoall T={t_count} rows={rows} dim={dim} B={batch} nnz={nnz} {dtype} "
-                        f"on {n} ranks")
+        what = (f"embedding_bag_alltoall T={t_count} rows={rows} dim={dim} B={batch} nnz={nnz} {dtype} "
+                f"on {n} ranks")
+        group = _kernel_group(path, what, lambda: (None, "mode 'mean' (the kernel pools by sum)") if mode != "sum"
+                              else ebag_kernel(comm, n, t_count, rows, dim, b, nnz, dtype, len(a["tables"])))
         if group is None:
             _ebag_sequential(comm, a, dtype, mode, n, b, stream)
         else:
-            _ebag_fused(group, a, args, batch, dtype, stream)
+            group.run_ptrs([v.data.ptr for v in a["tables"]], [v.data.ptr for v in a["indices"]],
+                           [v.data.ptr for v in a["offsets"]], [v.data.ptr for v in a["out"]],
+                           [v.shape[1] for v in a["indices"]], t_count, rows, dim, b, dtype, streams.handle(stream))
     return a["out"] if isinstance(comm, VirtualComm) else a["out"][0]
+
+
+def ebag_kernel(comm, n: int, t_count: int, rows: int, dim: int, b: int, nnz: int, dtype: str, ranks_here: int = 1):
+    """(the embedding-bag + AllToAll kernel's group of `comm` for this shape, '') or (None, why it
+    cannot serve it).  Groups per communicator by slot size (runtime_cuda.fused.ebag_kernel), for
+    the CuPy API and the torch function alike, built on first use, collectively: every rank makes
+    the same call."""
+    from .ebag_kernel import EbagAlltoall, group_slot, refusal, slot_bytes
+
+    why = refusal(dtype, n, t_count, rows, dim, b, nnz, ranks_here)
+    if why:
+        return None, why
+    slot = group_slot(slot_bytes(t_count, dim, b, storage(dtype).itemsize))
+    key = ("ebag_kernel", slot)
+    fail_key = (key, id(comm))
+    if fail_key in _failed:
+        return None, _failed[fail_key]
+    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
+    group = groups.get(key)
+    if group is None:
+        try:
+            group = groups[key] = (EbagAlltoall.virtual(n, slot) if isinstance(comm, VirtualComm) else
+                                   EbagAlltoall.ipc(exchange_of(comm), slot, device=comm.device_id()))
+        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
+            why = _failed[fail_key] = f"kernel set-up failed: {exc}"
+    return (None, why) if why else (group, "")
 
 
 def _check_bags(indices, offsets, rows: int, at: str) -> None:
@@ -511,26 +477,6 @@ def _check_bags(indices, offsets, rows: int, at: str) -> None:
     if bool(bad.any()):
         raise ValueError(f"{at}: offsets[{int(bad.argmax())}] are not CSR bounds (start at 0, never decrease, end "
                          f"at most at nnz={indices.shape[1]})")
-
-
-def _ebag_fused(group, a, args, batch: int, dtype: str, stream) -> None:
-    import cupy
-
-    n, t_count, _, dim, _, pooling, _, _, _ = args
-    want = batch * pooling
-    compute, padded = [], []
-    for tables, idx, off in zip(a["tables"], a["indices"], a["offsets"]):
-        if idx.shape[1] != want:
-            # Only bags' positions are read, never the padding.  Allocated on the call's stream and
-            # held until the launch is queued: freed earlier, the pool would hand the memory to the
-            # next rank's padding before the kernel read it (seen: rank 0 pooling rank 1's indices).
-            padded.append(cupy.zeros((t_count, want), dtype=cupy.int32))
-            padded[-1][:, :idx.shape[1]] = idx
-            idx = padded[-1]
-        compute.append((tables.data.ptr, idx.data.ptr, off.data.ptr))
-    ptrs = [o.data.ptr for o in a["out"]]
-    group.run_ptrs(ptrs, ptrs, batch * t_count * dim, dtype, "sum", stream, compute=compute)
-    del padded    # freed on the call's stream, after the launch in its order
 
 
 def _ebag_sequential(comm, a, dtype: str, mode: str, n: int, b: int, stream) -> None:

@@ -120,6 +120,20 @@ def _panels(records: List[dict]) -> List[Tuple[str, Tuple[str, ...]]]:
     return ([("M", gemm)] if gemm else []) + [(SIZE_AXIS[op], (op,)) for op in ops if op not in gemm]
 
 
+def series(records: List[dict], gpus: int, ops: Tuple[str, ...], axis: str) -> Dict[Tuple[str, str], List[dict]]:
+    """A panel's lines: the records of `ops` at `gpus` GPUs that vary along `axis`, by (op, the
+    other dimensions, the input dtype where not bf16, and the machine where the panel has several:
+    a line never joins two machine kinds)."""
+    here = [r for r in records if r["gpus"] == gpus and r["op"] in ops and axis in r["shape"]]
+    several_hw = len({r["hw"] for r in here}) > 1
+    lines: Dict[Tuple[str, str], List[dict]] = {}
+    for r in here:
+        rest = " ".join(f"{k}={v}" for k, v in r["shape"].items() if k != axis)
+        rest += "" if r.get("dtype", "bfloat16") == "bfloat16" else f" {r['dtype']}"
+        lines.setdefault((r["op"], rest + (f" {r['hw']}" if several_hw else "")), []).append(r)
+    return lines
+
+
 def plot(records: List[dict], out: Path, title: str = "") -> None:
     """Speedup over the user's path (matmul or the torch ops, then NCCL) against each operator's
     size axis: a row of panels per operator (the GEMM family shares one), a column per GPU count, a
@@ -136,12 +150,7 @@ def plot(records: List[dict], out: Path, title: str = "") -> None:
     fig, axes = plt.subplots(len(panels), len(counts), figsize=(7 * len(counts), 4.2 * len(panels)), squeeze=False)
     for row, (axis, ops) in zip(axes, panels):
         for ax, g in zip(row, counts):
-            lines = {}
-            for r in records:
-                if r["gpus"] == g and r["op"] in ops and axis in r["shape"]:
-                    rest = " ".join(f"{k}={v}" for k, v in r["shape"].items() if k != axis)
-                    dtype = "" if r.get("dtype", "bfloat16") == "bfloat16" else f" {r['dtype']}"
-                    lines.setdefault((r["op"], rest + dtype), []).append(r)
+            lines = series(records, g, ops, axis)
             for i, ((op, rest), pts) in enumerate(sorted(lines.items())):
                 pts.sort(key=lambda r: r["shape"][axis])
                 x = [r["shape"][axis] for r in pts]

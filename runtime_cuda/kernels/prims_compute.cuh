@@ -412,17 +412,40 @@ __device__ void gemv_tile(const elem_t* x, const elem_t* w, int batch, int K, in
     gemv_cols<1>(x, w, K, N, r_lo, r_hi, lo, hi, colbase, pc, dst, lane0, n, sacc);
 }
 
+// Where a launch records the first bad index or bag bound it met (`bad`, host
+// memory the device reaches by the same address, [set, rank, table, position,
+// value]; position is a bag's number and value -1 for bad bounds): `claim`, a
+// device word, decides which thread writes it.  The host raises the record.
+struct EbagBad {
+  int* bad;
+  int* claim;
+  int rank;
+};
+
+__device__ __noinline__ void ebag_record(const EbagBad& e, int t, int pos, int value) {
+  if (atomicCAS(e.claim, 0, 1) != 0) return;
+  volatile int* r = e.bad;
+  r[1] = e.rank;
+  r[2] = t;
+  r[3] = pos;
+  r[4] = value;
+  __threadfence_system();
+  r[0] = 1;
+}
+
 // Lanes [lane0, lane0 + n) of an ebag chunk whose first sample is s0 of the
 // global batch: rows of T*dim, table t's pooled vector at t*dim (sum pooling
-// over the CSR bag offsets[t, s] .. offsets[t, s + 1] of indices[t]).  One
-// thread per V consecutive lanes of one bag, so the threads of a bag read a
-// table row with contiguous loads.  An index outside [0, rows) adds nothing
-// and offsets are clamped to [0, nnz]: bad input can be wrong (the host checks
-// it when asked) but never reads out of bounds.
+// over the CSR bag offsets[t, s] .. offsets[t, s + 1] of indices[t], in index
+// order with fp32 accumulation, as torch's embedding_bag).  One thread per V
+// consecutive lanes of one bag, so the threads of a bag read a table row with
+// contiguous loads and store 16 bytes at once where dst allows.  An index
+// outside [0, rows) adds nothing and offsets are clamped to [0, nnz]: bad input
+// never reads out of bounds, and where `e.bad` is given it is recorded.
 template <int V>
 __device__ void ebag_lanes(const elem_t* tables, const int* idx, const int* off, int T, int rows, int dim, int nnz,
-                           int B, i64 s0, elem_t* dst, i64 lane0, int n) {
+                           int B, i64 s0, elem_t* dst, i64 lane0, int n, const EbagBad& e) {
   const int row = T * dim;
+  const bool vst = V * sizeof(elem_t) == 16 && ((u64)dst & 15) == 0;
   for (int u = threadIdx.x; u * V < n; u += blockDim.x) {
     const i64 l = lane0 + (i64)u * V;
     const i64 s = s0 + l / row;
@@ -432,33 +455,48 @@ __device__ void ebag_lanes(const elem_t* tables, const int* idx, const int* off,
     for (int c = 0; c < V; ++c) acc[c] = 0.f;
     if (s < B) {
       const int* o = off + (i64)t * (B + 1) + s;
-      const int lo = max(o[0], 0), hi = min(o[1], nnz);
+      int lo = o[0], hi = o[1];
+      if (e.bad && d == 0 && (lo < 0 || hi < lo || hi > nnz)) ebag_record(e, t, (int)s, -1);
+      lo = max(lo, 0);
+      hi = min(hi, nnz);
       const int* ip = idx + (i64)t * nnz;
       const elem_t* tb = tables + (i64)t * rows * dim + d;
 #pragma unroll 4
       for (int j = lo; j < hi; ++j) {
         const int r = __ldg(ip + j);
         if ((unsigned)r < (unsigned)rows) {
-          const CmpVec<V> e = cmp_load<V>(tb + (i64)r * dim);
+          const CmpVec<V> v = cmp_load<V>(tb + (i64)r * dim);
 #pragma unroll
-          for (int c = 0; c < V; ++c) acc[c] += cmp_f32(e.e[c]);
+          for (int c = 0; c < V; ++c) acc[c] += cmp_f32(v.e[c]);
+        } else if (e.bad && d == 0) {
+          ebag_record(e, t, j, r);
         }
       }
     }
+    if (vst && u * V + V <= n) {
+      union {
+        uint4 u;
+        elem_t e[V];
+      } w;
 #pragma unroll
-    for (int c = 0; c < V; ++c)
-      if (u * V + c < n) dst[u * V + c] = from_acc(acc[c]);
+      for (int c = 0; c < V; ++c) w.e[c] = from_acc(acc[c]);
+      *reinterpret_cast<uint4*>(dst + u * V) = w.u;
+    } else {
+#pragma unroll
+      for (int c = 0; c < V; ++c)
+        if (u * V + c < n) dst[u * V + c] = from_acc(acc[c]);
+    }
   }
 }
 
 __device__ void ebag_tile(const elem_t* tables, const int* idx, const int* off, int T, int rows, int dim, int nnz,
-                          int B, i64 s0, elem_t* dst, i64 lane0, int n) {
+                          int B, i64 s0, elem_t* dst, i64 lane0, int n, const EbagBad& e = EbagBad{nullptr, nullptr, 0}) {
   if (n <= 0 || dim <= 0) return;
   // A vector never straddles two bags: dim and the tile's first lane are multiples of V.
   if (dim % GC3_CMP_VEC == 0 && lane0 % GC3_CMP_VEC == 0 && ((u64)tables & 15) == 0)
-    ebag_lanes<GC3_CMP_VEC>(tables, idx, off, T, rows, dim, nnz, B, s0, dst, lane0, n);
+    ebag_lanes<GC3_CMP_VEC>(tables, idx, off, T, rows, dim, nnz, B, s0, dst, lane0, n, e);
   else
-    ebag_lanes<1>(tables, idx, off, T, rows, dim, nnz, B, s0, dst, lane0, n);
+    ebag_lanes<1>(tables, idx, off, T, rows, dim, nnz, B, s0, dst, lane0, n, e);
 }
 
 #endif

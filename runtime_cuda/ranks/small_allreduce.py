@@ -43,11 +43,13 @@ THREADS = limits.SMALL_ALLREDUCE_THREADS
 BLOCKS = limits.SMALL_ALLREDUCE_BLOCKS   # per rank; fewer where the GPU cannot hold every rank's blocks at once
 LINE_BYTES, LINE_DATA = 16, limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
 HEADER_BYTES = abi.C["GC3_SA_HEADER_BYTES"]
+MAX_LOCAL = abi.C["GC3_GV_MAX_LOCAL"]   # ranks one launch of the fused kernels on this scratch holds
 _SA = {name: abi.C[f"GC3_SA_{name}"] for name in ("ABORT", "ERR", "COUNTERS", "MAX_BLOCKS")}
 _PHASES = {0: "one-shot gather", 1: "two-shot phase 1 (segment to its owner)",
            2: "two-shot phase 2 (reduced segment from its owner)", 3: "allgather (a peer's block)",
            4: "reducescatter (a peer's part of this rank's segment)",
-           5: "gemv + allreduce (a peer's partial of a column tile)"}
+           5: "gemv + allreduce (a peer's partial of a column tile)",
+           6: "embedding-bag + all-to-all (a peer's pooled rows for this block; the line is its first row)"}
 
 
 def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> Tuple[int, int, int]:
@@ -191,6 +193,42 @@ class _Launch:
         self._launch(stream_ptr, self.params_ptr, 0)
 
 
+def most_blocks(fn, device, nlocal: int, what: str) -> int:
+    """Blocks per rank a launch of `fn` (blocks of THREADS) on the small kernels' scratch may
+    take, by the rule of kernels whose blocks wait on their namesakes on the other ranks: every
+    block resident at once, and with virtual ranks at most half the GPU, so that another
+    spinning launch fits."""
+    cap = _blocks_per_sm(fn, THREADS, device) * device.attributes["MultiProcessorCount"]
+    share = cap if nlocal == 1 else cap // (2 * nlocal)
+    most = min(_SA["MAX_BLOCKS"], share)
+    if most < 1:
+        raise GC3Error(f"{what}: {nlocal} ranks' blocks of {THREADS} threads cannot all be resident on device "
+                       f"{device.id} ({cap} at most)")
+    return most
+
+
+def kernel_refusal(dtype: str, dtypes, nranks: int, nlocal: int, does: str, alone: str) -> Optional[str]:
+    """What every kernel whose blocks wait on their namesakes refuses (None if nothing): a type
+    outside `dtypes` (the kernel `does` them), one rank (`alone` says why not), more ranks in
+    one launch than its parameters hold."""
+    if dtype not in dtypes:
+        return f"dtype {dtype} (the kernel {does} {', '.join(dtypes)})"
+    if nranks < 2:
+        return f"a single rank: {alone}"
+    if nlocal > MAX_LOCAL:
+        return f"{nlocal} ranks in one process (at most {MAX_LOCAL})"
+    return None
+
+
+def kernel_params(args: ctypes.Structure) -> Tuple[object, int]:
+    """The driver's parameter array for a launch whose parameters are the fields of `args`, in
+    order (the addresses of the fields, which the driver copies at each launch), and its address."""
+    base = ctypes.addressof(args)
+    params = (ctypes.c_void_p * len(args._fields_))(*(base + getattr(type(args), name).offset
+                                                      for name, _ in args._fields_))
+    return params, ctypes.addressof(params)
+
+
 class SmallExecutor:
     """What the drop-in reaches through `group.executor`: the stream order, the
     per-call address tables, and the error record in the scratch header."""
@@ -245,7 +283,7 @@ class SmallAllreduce:
         self.nranks = nranks
         self._ranks = list(ranks)
         self.max_bytes = max_bytes
-        self.max_lines, self.region_lines, _ = scratch_shape(nranks, self.max_bytes)
+        self.max_lines, self.region_lines, self.extra_offset = scratch_shape(nranks, self.max_bytes)
         self._keep = keep
         self.executor = ex = SmallExecutor(header, ranks, gpu_wait_timeout_s(timeout))
         setup = streams.setup_stream()
@@ -274,12 +312,13 @@ class SmallAllreduce:
     # -- set-up ----------------------------------------------------------------------
     @classmethod
     def virtual(cls, nranks: int, timeout: Optional[float] = None,
-                max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> "SmallAllreduce":
+                max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES, extra_bytes: int = 0) -> "SmallAllreduce":
         """Every rank in this process, on the current GPU, each with its own scratch
-        for calls of up to `max_bytes`."""
+        for calls of up to `max_bytes` (and `extra_bytes` more after it, zeroed, for a
+        kernel of its own on the same peers: extra_offset says where they start)."""
         import cupy
 
-        _, _, nbytes = scratch_shape(nranks, max_bytes)
+        nbytes = scratch_shape(nranks, max_bytes)[2] + extra_bytes
         setup = streams.setup_stream()
         with streams.current(setup):
             scratch = [cupy.zeros(nbytes // 8, dtype=cupy.uint64) for _ in range(nranks)]
@@ -290,11 +329,11 @@ class SmallAllreduce:
 
     @classmethod
     def ipc(cls, comm, device: Optional[int] = None, timeout: Optional[float] = None,
-            max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> "SmallAllreduce":
+            max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES, extra_bytes: int = 0) -> "SmallAllreduce":
         """This process's rank of `comm` (mpi4py-like: rank, size, allgather,
-        Barrier); the peers' scratch, sized for calls of up to `max_bytes`,
-        mapped once through CUDA IPC.  Collective: every rank passes the same
-        `max_bytes`."""
+        Barrier); the peers' scratch, sized for calls of up to `max_bytes` (and
+        `extra_bytes` more, as in `virtual`), mapped once through CUDA IPC.
+        Collective: every rank passes the same `max_bytes` and `extra_bytes`."""
         import cupy
 
         from .ipc import _RawBuffer, agree, open_peers
@@ -315,7 +354,7 @@ class SmallAllreduce:
         try:
             ndev = cupy.cuda.runtime.getDeviceCount()
             cupy.cuda.Device(device if device is not None else rank % ndev).use()
-            own.append(_RawBuffer(scratch_shape(nranks, max_bytes)[2]))
+            own.append(_RawBuffer(scratch_shape(nranks, max_bytes)[2] + extra_bytes))
             handle = [cupy.cuda.runtime.ipcGetMemHandle(own[0].ptr)]
             streams.setup_stream().synchronize()    # zeroed before any peer can write into it
         except Exception as exc:  # reported to every rank below, then raised everywhere

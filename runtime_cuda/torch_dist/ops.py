@@ -585,9 +585,12 @@ def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, 
     B a multiple of the group's size n.  Returns [n, B/n, T*dim]: [q] holds rank q's
     pooled vectors (its tables, concatenated) of this rank's B/n samples.
 
-    `pooling`: a bound on nnz / B that every rank gives alike (the fused program's
-    index stride); by default ceil(nnz / B), so every rank must then pass indices of
-    one width.  The measured table's shape is {T, rows, dim, pooling, samples: B/n}."""
+    `pooling`: the bags' mean size as the measured table names shapes, {T, rows, dim,
+    pooling, samples: B/n}; by default ceil(nnz / B).  Ranks may hold different nnz.
+
+    Fused, indices and bag bounds are checked on the device with no host synchronisation: a
+    bad one pools as nothing and the group's next fused embedding-bag call raises it
+    (ValueError); that kernel then refuses to run, as after a device-side assert."""
     what = "fused_embedding_bag_all_to_all"
     pg = _group(group_name)
     if mode not in ("sum", "mean"):
@@ -608,7 +611,7 @@ def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, 
                                 or nnz > B * pooling):
         raise ValueError(f"{what}: pooling={pooling!r} must be an integer >= 1 with nnz <= B * pooling "
                          f"(nnz {nnz}, B {B})")
-    why = _refusal(pg, [tables])
+    why = _refusal(pg, [tables], capturable=True)
     if not why and not indices.device == offsets.device == tables.device:
         why = f"indices on {indices.device} and offsets on {offsets.device}, tables on {tables.device}"
     if not why and mode != "sum":
@@ -620,16 +623,32 @@ def fused_embedding_bag_all_to_all(tables: torch.Tensor, indices: torch.Tensor, 
         why = _fused_picked("ebag_a2a", what, pg, tables,
                             {"T": T, "rows": rows, "dim": dim, "pooling": pooling, "samples": B // n}, path)
     if not why:
-        from runtime_cuda.fused import embedding_bag_alltoall
-        tab = tables.contiguous()
-        idx, off = indices.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
-        out = tab.new_empty((n, B // n, T * dim))
-        with _fused_call(pg, [tab, out], what) as torch_queue:
-            embedding_bag_alltoall(_cupy(tab), _cupy(idx), _cupy(off), pg._comm, out=_cupy(out),
-                                   stream=torch_queue, path="fused", pooling=pooling)
+        out, why = _ebag_fused(pg, tables, indices, offsets, n)
+    if not why:
         return out
     _sequential(what, why)
     return embedding_bag_sequential(tables, indices, offsets, pg, mode)
+
+
+def _ebag_fused(pg, tables: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, n: int
+                ) -> Tuple[Optional[torch.Tensor], str]:
+    """(the pooled bags exchanged by the group's kernel, '') or (None, why it cannot run).
+    Straight to the kernel on torch's current stream, so the temporaries freed here are
+    reused only by work queued after it there."""
+    from runtime_cuda.fused.memory_bound import ebag_kernel
+
+    from .process_group import _DTYPES
+    T, rows, dim = tables.shape
+    b, nnz, dtype = (offsets.shape[1] - 1) // n, indices.shape[1], _DTYPES[tables.dtype]
+    group, why = ebag_kernel(pg._cuda([tables], "fused_embedding_bag_all_to_all"), n, T, rows, dim, b, nnz, dtype)
+    if why:
+        return None, why
+    tab = tables.contiguous()
+    idx, off = indices.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
+    out = tab.new_empty((n, b, T * dim))
+    group.run_ptrs((tab.data_ptr(),), (idx.data_ptr(),), (off.data_ptr(),), (out.data_ptr(),), (nnz,), T, rows, dim,
+                   b, dtype, torch._C._cuda_getCurrentRawStream(pg._device.index))
+    return out, ""
 
 
 def epilogue_apply(y: torch.Tensor, scale: Optional[float], bias: Optional[torch.Tensor],
