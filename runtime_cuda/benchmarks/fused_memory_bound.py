@@ -9,16 +9,17 @@ Per operator and shape (OPERATORS: operator -> bench function; the GEMM fusions 
 runtime_cuda/benchmarks/fused_gemm.py), times with CUDA events after warm-up, the median per
 rank and the maximum across ranks:
 
-  T_compute   the compute alone on one rank's inputs: gc3's opcode (a 1-rank fused program
-              whose compute steps are spread over up to 128 thread blocks, no communication)
+  T_compute   the compute alone on one rank's inputs: the interpreter's opcode (a 1-rank gc3
+              program whose compute steps are spread over up to 128 thread blocks, no
+              communication; the fused kernels pool and multiply with the same device code)
               and cuBLAS (GEMV through CuPy/torch) or CuPy (gather + sum), with the GB/s each
               moves (weights/table rows read, inputs, output) and the ratio gc3/baseline;
   T_comm      the collective alone on the result: NCCL (one GPU per process only) and gc3's
               own program (allreduce_allpairs / alltoall_direct);
   T_seq       cuBLAS/CuPy compute, then NCCL (one GPU per process only);
   T_unf       the same compute, then gc3's collective;
-  T_fused     runtime_cuda.fused's fused path (one gc3 program); --graph: also replayed from a
-              CUDA graph, where the call allocates nothing;
+  T_fused     runtime_cuda.fused's fused path (one kernel on every SM); --graph: also replayed
+              from a CUDA graph, where the call allocates nothing;
   speedups    T_seq/T_fused and T_unf/T_fused; fusion is claimed ("FUSED WINS") only where
               T_fused < T_unf.
   check       the fused output against a float64 reference of the same inputs (every
@@ -349,7 +350,7 @@ def _check_gemv(bench: Bench, outs, batch: int, k: int, n_out: int, dtype: str):
 # --- embedding-bag + AllToAll -----------------------------------------------------------------------------
 def bench_ebag(bench: Bench, quick: bool, compute_only: bool) -> bool:
     from runtime_cuda.fused import embedding_bag_alltoall
-    from runtime_cuda.fused.memory_bound import _ebag_args, ebag_chunks, pool, storage
+    from runtime_cuda.fused.memory_bound import ebag_chunks, pool, storage
 
     cupy, n, ok = bench.cupy, bench.n, True
     for dtype in EBAG_DTYPES:
@@ -425,7 +426,6 @@ def bench_ebag(bench: Bench, quick: bool, compute_only: bool) -> bool:
             bench.stream.synchronize()
             wrong, total = _check_ebag(bench, outs, t_count, rows, dim, pooling, b, dtype)
             ok &= wrong == 0
-            what += f" (fused program: {_ebag_args(n, t_count, rows, dim, b, pooling, len(bench.local))})"
             _row(bench, what, t, gb, bench.max(wrong), total)
             for d in (tables, indices, outs, src):
                 d.clear()
