@@ -97,6 +97,38 @@ def test_the_embedding_bag_kernel_is_refused_where_it_cannot_serve(monkeypatch):
     assert not comm.groups
 
 
+def test_no_kernel_group_is_built_inside_a_capture_but_a_built_one_serves_it(monkeypatch):
+    """Building a group allocates, maps peers and synchronizes, which no CUDA graph capture may
+    hold: a captured first call gets the sequential path (or, forced, a clear error)."""
+    from runtime_cuda.fused import epilogue as fe
+    monkeypatch.setattr(mb, "get_logger", lambda: type("L", (), {"info": lambda self, *a: None})())
+    comm = mb.VirtualComm(2)
+    assert mb.gemv_kernel(comm, 2, 1, 64, 64, "bfloat16", 2, build=False) == (None, mb.IN_CAPTURE)
+    assert mb.ebag_kernel(comm, 2, 1, 10, 8, 4, 4, "float32", 2, build=False) == (None, mb.IN_CAPTURE)
+    assert fe.refusal(comm, "auto", 64, "bfloat16", 2, "epi", build=False) == mb.IN_CAPTURE
+    with pytest.raises(mb.GC3Error, match="cannot serve this call: a first call inside CUDA graph capture"):
+        fe.refusal(comm, "fused", 64, "bfloat16", 2, "epi", build=False)
+    assert not comm.groups
+    built = object()
+    comm.groups["gemv_kernel"] = built
+    assert mb.gemv_kernel(comm, 2, 1, 64, 64, "bfloat16", 2, build=False) == (built, "")
+
+
+def test_a_failed_group_set_up_is_given_again_without_a_second_try():
+    comm, tries = mb.VirtualComm(2), []
+
+    def fail():
+        tries.append(1)
+        raise mb.GC3Error("rank 1: no peer access")
+    try:
+        for _ in range(2):
+            assert mb.group_of(comm, "k", fail) == (None, "kernel set-up failed: rank 1: no peer access")
+        assert tries == [1] and not comm.groups
+        assert mb.group_of(mb.VirtualComm(2), "k", lambda: "built")[0] == "built"
+    finally:
+        mb._failed.pop(("k", id(comm)), None)
+
+
 def test_the_gemv_kernel_is_refused_where_it_cannot_serve(monkeypatch):
     """The GEMV's fused path is the kernel (runtime_cuda.fused.gemv_kernel): its refusals
     send auto to the sequential path, and make a forced fused call raise, before any set-up."""

@@ -25,8 +25,8 @@ from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error
 
 from ..core import streams
-from .memory_bound import (VirtualComm, _allreduce, _check_array, _comm_groups, _failed, _path, _ranks, _where,
-                           exchange_of, from_f32, settle, storage, to_f32, value_dtype)
+from .memory_bound import (VirtualComm, _allreduce, _check_array, _path, _ranks, _where, exchange_of, from_f32,
+                           group_of, settle, storage, to_f32, value_dtype)
 
 SMALL_MAX_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
 _GROUP_KEY = ("small_allreduce_epilogue",)
@@ -81,38 +81,35 @@ def kernel_kind(nbytes: int, nranks: int) -> str:
     return "twoshot" if nbytes >= _twoshot_from(nranks) else "oneshot"
 
 
-def small_group(comm):
-    """The small kernels' group of `comm` for epilogue calls, built on its first use (collective:
-    every rank gets here with the same call); its scratch serves calls up to SMALL_MAX_BYTES."""
+def _make_small(comm):
     from ..ranks.small_allreduce import SmallAllreduce
 
-    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
-    group = groups.get(_GROUP_KEY)
-    if group is None:
-        if isinstance(comm, VirtualComm):
-            group = SmallAllreduce.virtual(comm.nranks, max_bytes=SMALL_MAX_BYTES)
-        else:
-            group = SmallAllreduce.ipc(exchange_of(comm), device=comm.device_id(), max_bytes=SMALL_MAX_BYTES)
-        groups[_GROUP_KEY] = group
+    if isinstance(comm, VirtualComm):
+        return lambda: SmallAllreduce.virtual(comm.nranks, max_bytes=SMALL_MAX_BYTES)
+    return lambda: SmallAllreduce.ipc(exchange_of(comm), device=comm.device_id(), max_bytes=SMALL_MAX_BYTES)
+
+
+def small_group(comm):
+    """The small kernels' group of `comm` for epilogue calls (group_of: built on its first use,
+    collectively); its scratch serves calls up to SMALL_MAX_BYTES.  Raises where it cannot be."""
+    group, why = group_of(comm, _GROUP_KEY, _make_small(comm))
+    if why:
+        raise GC3Error(why)
     return group
 
 
-def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str) -> str:
-    """'' where the fused path serves this call (its group built where it needs one), else why not
-    (logged at INFO); raises GC3Error where `path` is "fused" and it cannot."""
+def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str, build: bool = True) -> str:
+    """'' where the fused path serves this call (its group built where it needs one, unless `build`
+    is false: IN_CAPTURE), else why not (logged at INFO); raises GC3Error where `path` is "fused"
+    and it cannot."""
     from ..ranks.small_allreduce import EPILOGUE_DTYPES
 
     why = ("path=sequential" if path == "sequential" else "a single rank: nothing to reduce" if nranks < 2
            else "an empty x" if count == 0
            else f"{dtype} (the fused kernels take {', '.join(EPILOGUE_DTYPES)})" if dtype not in EPILOGUE_DTYPES
            else "")
-    key = (_GROUP_KEY, id(comm))
-    why = why or _failed.get(key, "")
     if not why and fits_kernel(count, dtype):
-        try:
-            small_group(comm)
-        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
-            why = _failed[key] = f"launch group set-up failed: {exc}"
+        why = group_of(comm, _GROUP_KEY, _make_small(comm), build)[1]
     settle(path, why, what)
     return why
 
@@ -195,7 +192,7 @@ def allreduce_epilogue(x, comm, scale: Optional[float] = None, bias=None, residu
             if odt != dtype and _overlaps(a["out"][k], a["x"][k]):
                 raise ValueError(f"{at} overlaps x: a {dtype} result cast to {odt} cannot be stored in place")
         what = f"allreduce_epilogue {xshape} {dtype}->{odt} {','.join(items)} on {n} ranks"
-        if refusal(comm, path, count, dtype, n, what):
+        if refusal(comm, path, count, dtype, n, what, not streams.is_capturing(streams.handle(stream))):
             _sequential(comm, a, dtype, odt, scale, stream)
         else:
             _fused(comm, a, items, scale, count, dtype, odt, streams.handle(stream))

@@ -312,7 +312,8 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
                 raise ValueError(f"gemv_allreduce: {_where(rank, k)}: out is {a['out'][k].shape}, "
                                  f"expected {(batch, n_out)}")
         group = _kernel_group(path, f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks",
-                              lambda: gemv_kernel(comm, n, batch, k_shard, n_out, dtype, len(a["x"])))
+                              lambda: gemv_kernel(comm, n, batch, k_shard, n_out, dtype, len(a["x"]),
+                                                  not streams.is_capturing(streams.handle(stream))))
         if group is None:
             _gemv_sequential(comm, a, dtype, stream)
         else:
@@ -321,23 +322,41 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
     return a["out"] if isinstance(comm, VirtualComm) else a["out"][0]
 
 
-def gemv_kernel(comm, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int = 1):
+# Why a call being captured into a CUDA graph does not build a kernel's group: the set-up
+# allocates, maps peers and synchronizes, which no capture may hold.
+IN_CAPTURE = "a first call inside CUDA graph capture (the kernel's buffers are set up by a call outside capture)"
+
+
+def group_of(comm, key, make, build: bool = True):
+    """(the group `comm` keeps under `key`, '') or (None, why there is none).  Built by make() on
+    first use, collectively: every rank makes the same call, so a failure, which every rank
+    learns of, is kept and given again; not built where `build` is false (IN_CAPTURE)."""
+    fail = (key, id(comm))
+    if fail in _failed:
+        return None, _failed[fail]
+    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
+    group = groups.get(key)
+    if group is None:
+        if not build:
+            return None, IN_CAPTURE
+        try:
+            group = groups[key] = make()
+        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
+            return None, _failed.setdefault(fail, f"kernel set-up failed: {exc}")
+    return group, ""
+
+
+def gemv_kernel(comm, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int = 1, build: bool = True):
     """(the GEMV + AllReduce kernel's group of `comm`, '') or (None, why it cannot serve the
     shape).  One group per communicator (runtime_cuda.fused.gemv_kernel), for the CuPy API and
-    the torch function alike, built on first use, collectively: every rank makes the same call."""
+    the torch function alike (group_of)."""
     from .gemv_kernel import GemvAllreduce, refusal
 
-    key = ("gemv_kernel", id(comm))
-    why = refusal(dtype, batch, k, n_out, n, ranks_here) or _failed.get(key, "")
-    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
-    group = None if why else groups.get("gemv_kernel")
-    if not why and group is None:
-        try:
-            group = groups["gemv_kernel"] = (GemvAllreduce.virtual(n) if isinstance(comm, VirtualComm) else
-                                             GemvAllreduce.ipc(exchange_of(comm), device=comm.device_id()))
-        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
-            why = _failed[key] = f"kernel set-up failed: {exc}"
-    return (None, why) if why else (group, "")
+    why = refusal(dtype, batch, k, n_out, n, ranks_here)
+    if why:
+        return None, why
+    return group_of(comm, "gemv_kernel", lambda: GemvAllreduce.virtual(n) if isinstance(comm, VirtualComm) else
+                    GemvAllreduce.ipc(exchange_of(comm), device=comm.device_id()), build)
 
 
 def _kernel_group(path: str, what: str, find):
@@ -431,7 +450,8 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
         what = (f"embedding_bag_alltoall T={t_count} rows={rows} dim={dim} B={batch} nnz={nnz} {dtype} "
                 f"on {n} ranks")
         group = _kernel_group(path, what, lambda: (None, "mode 'mean' (the kernel pools by sum)") if mode != "sum"
-                              else ebag_kernel(comm, n, t_count, rows, dim, b, nnz, dtype, len(a["tables"])))
+                              else ebag_kernel(comm, n, t_count, rows, dim, b, nnz, dtype, len(a["tables"]),
+                                               not streams.is_capturing(streams.handle(stream))))
         if group is None:
             _ebag_sequential(comm, a, dtype, mode, n, b, stream)
         else:
@@ -441,30 +461,22 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
     return a["out"] if isinstance(comm, VirtualComm) else a["out"][0]
 
 
-def ebag_kernel(comm, n: int, t_count: int, rows: int, dim: int, b: int, nnz: int, dtype: str, ranks_here: int = 1):
+def ebag_kernel(comm, n: int, t_count: int, rows: int, dim: int, b: int, nnz: int, dtype: str, ranks_here: int = 1,
+                build: bool = True):
     """(the embedding-bag + AllToAll kernel's group of `comm` for this shape, '') or (None, why it
     cannot serve it).  Groups per communicator by slot size (runtime_cuda.fused.ebag_kernel), for
-    the CuPy API and the torch function alike, built on first use, collectively: every rank makes
-    the same call."""
+    the CuPy API and the torch function alike (group_of)."""
+    from gc3.dtypes import dtype_info
+
     from .ebag_kernel import EbagAlltoall, group_slot, refusal, slot_bytes
 
     why = refusal(dtype, n, t_count, rows, dim, b, nnz, ranks_here)
     if why:
         return None, why
-    slot = group_slot(slot_bytes(t_count, dim, b, storage(dtype).itemsize))
-    key = ("ebag_kernel", slot)
-    fail_key = (key, id(comm))
-    if fail_key in _failed:
-        return None, _failed[fail_key]
-    groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
-    group = groups.get(key)
-    if group is None:
-        try:
-            group = groups[key] = (EbagAlltoall.virtual(n, slot) if isinstance(comm, VirtualComm) else
-                                   EbagAlltoall.ipc(exchange_of(comm), slot, device=comm.device_id()))
-        except GC3Error as exc:   # set-up agrees across ranks: every rank gets here together
-            why = _failed[fail_key] = f"kernel set-up failed: {exc}"
-    return (None, why) if why else (group, "")
+    slot = group_slot(slot_bytes(t_count, dim, b, dtype_info(dtype).np.itemsize))
+    return group_of(comm, ("ebag_kernel", slot), lambda: EbagAlltoall.virtual(n, slot)
+                    if isinstance(comm, VirtualComm) else EbagAlltoall.ipc(exchange_of(comm), slot,
+                                                                           device=comm.device_id()), build)
 
 
 def _check_bags(indices, offsets, rows: int, at: str) -> None:

@@ -445,7 +445,7 @@ def _gemv_fused(pg, x: torch.Tensor, w: torch.Tensor, repeat: Optional[Tuple] = 
     from .process_group import _DTYPES
     comm = pg._cuda([x], "fused_gemv_all_reduce")
     dtype = _DTYPES[x.dtype]
-    group, why = gemv_kernel(comm, pg.size(), x.shape[0], w.shape[0], w.shape[1], dtype)
+    group, why = gemv_kernel(comm, pg.size(), x.shape[0], w.shape[0], w.shape[1], dtype, build=not _capturing())
     if why:
         return None, why
     if repeat is not None:
@@ -457,10 +457,14 @@ def _gemv_fused(pg, x: torch.Tensor, w: torch.Tensor, repeat: Optional[Tuple] = 
 _SEQUENTIAL = ("sequential",)
 
 
-def _keep_sequential(pg, table: str, key: Tuple) -> None:
+def _keep_sequential(pg, table: str, key: Tuple, why: str) -> None:
     """Keep a sequential decision for the repeats of `key` (whose decision context tells a
-    captured call from an eager one: a capture may refuse what an eager call would fuse)."""
-    _keep_repeat(pg, table, key, _SEQUENTIAL)
+    captured call from an eager one: a capture may refuse what an eager call would fuse), but
+    not one for want of a kernel's group, which a later eager call builds."""
+    from runtime_cuda.fused.memory_bound import IN_CAPTURE
+
+    if why != IN_CAPTURE:
+        _keep_repeat(pg, table, key, _SEQUENTIAL)
 
 
 def _keep_repeat(pg, table: str, key: Tuple, value) -> None:
@@ -530,7 +534,7 @@ def fused_gemv_all_reduce(x: torch.Tensor, w: torch.Tensor, group_name: Group, *
         return out.reshape(-1) if x.dim() == 1 else out
     _sequential(what, why)
     if x.is_contiguous() and w.is_contiguous():
-        _keep_sequential(pg, "_gc3_gemv_repeats", key)
+        _keep_sequential(pg, "_gc3_gemv_repeats", key, why)
     return gemv_sequential(x, w, pg)
 
 
@@ -640,7 +644,8 @@ def _ebag_fused(pg, tables: torch.Tensor, indices: torch.Tensor, offsets: torch.
     from .process_group import _DTYPES
     T, rows, dim = tables.shape
     b, nnz, dtype = (offsets.shape[1] - 1) // n, indices.shape[1], _DTYPES[tables.dtype]
-    group, why = ebag_kernel(pg._cuda([tables], "fused_embedding_bag_all_to_all"), n, T, rows, dim, b, nnz, dtype)
+    group, why = ebag_kernel(pg._cuda([tables], "fused_embedding_bag_all_to_all"), n, T, rows, dim, b, nnz, dtype,
+                             build=not _capturing())
     if why:
         return None, why
     tab = tables.contiguous()
@@ -765,7 +770,8 @@ def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[t
     dtype, odt = _DTYPES[x.dtype], _DTYPES[out_dtype or x.dtype]
     count = xs.numel()
     with cupy.cuda.Device(xs.device.index):
-        why = fe.refusal(comm, path or "auto", count, dtype, pg.size(), f"{what} {tuple(x.shape)} {dtype}->{odt}")
+        why = fe.refusal(comm, path or "auto", count, dtype, pg.size(), f"{what} {tuple(x.shape)} {dtype}->{odt}",
+                         not _capturing())
         if why:
             return None, why
         stream = torch.cuda.current_stream(xs.device).cuda_stream
@@ -837,7 +843,7 @@ def fused_all_reduce_epilogue(x: torch.Tensor, group: Group, scale: Optional[flo
             return out
     _sequential(what, why)
     if key is not None:
-        _keep_sequential(pg, "_gc3_epilogue_repeats", key)
+        _keep_sequential(pg, "_gc3_epilogue_repeats", key, why)
     return epilogue_sequential(x, pg, scale, bias, residual, out_dtype)
 
 

@@ -221,10 +221,10 @@ def tensors(a):
 
 
 if on == "cuda":
-    # CUDA graph: capture the sequential path (and the GEMV's fused kernel) on static inputs,
-    # refill them, replay.
+    # CUDA graph: capture the sequential path (and the GEMV's and the embedding bag's fused
+    # kernels) on static inputs, refill them, replay.
     for name, (operands, call, reference, _) in OPS.items():
-        for path in ("sequential", "fused") if name.startswith("gemv") else ("sequential",):
+        for path in ("sequential", "fused") if name.startswith(("gemv", "ebag")) else ("sequential",):
             a = operands(2)
             seq = call(a, "sequential")
             call(a, path)                     # warm: the set-up runs outside the capture
