@@ -92,7 +92,7 @@ def test_gc3s_own_callers_run_no_file_by_path(monkeypatch):
     import gc3.dsl.program
     from gc3.simulator.calibration import compile_spec
     from runtime_cuda import candidates
-    from runtime_cuda.fused import memory_bound, schedule
+    from runtime_cuda.fused import programs, schedule
     from runtime_cuda.nccl import library, samples
 
     def refuse(*args, **kwargs):
@@ -101,14 +101,14 @@ def test_gc3s_own_callers_run_no_file_by_path(monkeypatch):
     monkeypatch.setattr(runpy, "run_path", refuse)
     monkeypatch.setattr(gc3.dsl.program, "run_script", refuse)
     schedule.compiled.cache_clear()
-    memory_bound.fused_program.cache_clear()
+    programs.fused_program.cache_clear()
     _, prog = library.compile_program("allreduce_ring", (2,), instances=1)
     assert prog.coll == "allreduce" and prog.ngpus == 2
     assert samples.compile_fused("gemm_allreduce").fused
     assert candidates.compile_candidate(candidates.CANDIDATES[0]).ngpus == 2
     assert compile_spec("algorithms/allgather_direct.py 2 --instances 2 --protocol LL").proto == "LL"
     assert schedule.compiled("gemm_all_reduce", 2).fused
-    assert memory_bound.fused_program("gemv_allreduce", (2, 1, 16, 64, 2, 2), "float32").fused
+    assert programs.fused_program("gemv_allreduce", (2, 1, 16, 64, 2, 2), "float32").fused
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from gc3.verify import verify
 from runtime_cuda.benchmarks import fused_memory_bound as bench
 
 mb = pytest.importorskip("runtime_cuda.fused.memory_bound")
+programs = pytest.importorskip("runtime_cuda.fused.programs")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -40,8 +41,8 @@ def _geometry_agrees(prog):
 @pytest.mark.parametrize("t, rows, dim, pooling, b", bench.EBAG_SHAPES["full"] + bench.EBAG_SHAPES["quick"]
                          + [(8, 1 << 20, 128, 32, 5)])      # and samples per rank that split into no blocks
 def test_embedding_programs_of_the_api(n, dtype, t, rows, dim, pooling, b):
-    args = mb._ebag_args(n, t, rows, dim, b, pooling, 1)
-    prog = mb.fused_program("embedding_bag_alltoall", args, dtype)
+    args = programs.ebag_args(n, t, rows, dim, b, pooling, 1)
+    prog = programs.fused_program("embedding_bag_alltoall", args, dtype)
     assert prog.compute.ebag_dims() == (t, rows, dim, n * b * pooling, n * b)
     _, ok = _geometry_agrees(prog)
     compute_tbs = sum(any(st.info.compute for st in tb.steps) for tb in prog.gpu(0).threadblocks)
@@ -67,7 +68,7 @@ def test_compute_tb_variants_simulate_and_a_shift_is_wrong(name, args):
 
 def test_compute_tbs_override_and_path_names(monkeypatch):
     monkeypatch.setenv("GC3_FUSED_COMPUTE_TBS", "0")
-    assert mb._ebag_args(2, 8, 1 << 20, 128, 2048, 32, 1)[-1] == 0
+    assert programs.ebag_args(2, 8, 1 << 20, 128, 2048, 32, 1)[-1] == 0
     assert mb._path("sequential") == "sequential"
     monkeypatch.setenv("GC3_FUSED", "fast")
     with pytest.raises(ValueError, match="GC3_FUSED"):
@@ -193,7 +194,7 @@ def test_the_runtime_check_builds_its_reference_on_the_cpu(name, args):
     unseen by any CPU test)."""
     from runtime_cuda.core.checking import fused_case
 
-    prog = mb.fused_program(name, args, "float32")
+    prog = programs.fused_program(name, args, "float32")
     inputs, pairs = fused_case(prog, seed=2)
     assert len(inputs) == len(pairs) == prog.ngpus
     assert all(np.all(np.isfinite(exp[np.isfinite(tol)])) for exp, tol in pairs)

@@ -214,7 +214,7 @@ class Bench:
 
     def compute_group(self, algo: str, args: tuple, dtype: str):
         """A 1-rank fused program on this GPU: the opcode alone, spread over `args`' compute TBs."""
-        from runtime_cuda.fused.memory_bound import fused_program
+        from runtime_cuda.fused.programs import fused_program
         from runtime_cuda.ranks.virtual import VirtualRanks
 
         key = ("compute", algo, args, dtype)
@@ -350,7 +350,8 @@ def _check_gemv(bench: Bench, outs, batch: int, k: int, n_out: int, dtype: str):
 # --- embedding-bag + AllToAll -----------------------------------------------------------------------------
 def bench_ebag(bench: Bench, quick: bool, compute_only: bool) -> bool:
     from runtime_cuda.fused import embedding_bag_alltoall
-    from runtime_cuda.fused.memory_bound import ebag_chunks, pool, storage
+    from runtime_cuda.fused.memory_bound import pool, storage
+    from runtime_cuda.fused.programs import ebag_chunks
 
     cupy, n, ok = bench.cupy, bench.n, True
     for dtype in EBAG_DTYPES:

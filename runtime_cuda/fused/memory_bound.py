@@ -6,8 +6,7 @@ rank; embedding-bag + AllToAll (runtime_cuda.fused.ebag_kernel, kernels/ebag_all
 pools each destination's rows straight into that rank's staging over NVLink.  *Sequential*:
 cuBLAS / CuPy computes the whole result, then the communicator's collective moves it.  Both
 give the same values up to rounding (fp32 accumulation either way).  The same operators as gc3
-programs (gc3/algorithms/fused/), whose compute steps the interpreter runs, are built here too
-(`fused_program`), for the compute benchmark and as examples of the DSL's compute steps.
+programs, whose compute steps the interpreter runs, are in runtime_cuda.fused.programs.
 
 Ranks.  `comm` is a communicator of the drop-in
 (`runtime_cuda.nccl.NcclCommunicator`, one rank per process: the fused kernels are set up
@@ -33,7 +32,6 @@ import os
 import weakref
 from typing import Dict, List, Optional, Tuple
 
-from gc3 import algorithms, settings
 from gc3.errors import GC3Error
 
 from ..core import streams
@@ -59,63 +57,6 @@ class VirtualComm:
 # Launch groups of the communicators of the drop-in, per program key (not kept alive by us).
 _comm_groups: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _failed: Dict[tuple, str] = {}
-
-
-# --- programs ---------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=64)
-def fused_program(algo: str, args: Tuple[int, ...], dtype: Optional[str]):
-    """The lowered IR of gc3.algorithms.fused.<algo> with positional `args` and `dtype` (None: a
-    program that holds no dtype, such as an epilogue's, which serves calls of every type)."""
-    from gc3.toolchain import lower
-
-    fn = algorithms.builder(f"fused.{algo}")
-    return lower(fn(*args) if dtype is None else fn(*args, dtype=dtype))
-
-
-def _compute_tbs(blocks: int, ranks_here: int) -> int:
-    """Compute TBs per rank (the algorithms' S): as many as the split axis has blocks, within the
-    SMs each rank of this GPU gets, less a few for the communication TBs, rounded down to a power
-    of two so blocks share them evenly.  GC3_FUSED_COMPUTE_TBS overrides (0: compute in the
-    sending TBs)."""
-    forced = settings.get("GC3_FUSED_COMPUTE_TBS")
-    if forced is not None:
-        return min(forced, blocks)
-    import cupy
-
-    sms = _sm_count(cupy.cuda.Device().id)
-    room = max(1, min(blocks, sms // max(ranks_here, 1) - 8))
-    return 1 << (room.bit_length() - 1)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: int) -> int:
-    import cupy
-
-    return cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-
-
-# The embedding-bag program's blocks (rank slices x sample blocks): as many as its compute TBs can
-# take on a GPU of 132 SMs and more (each computes whole blocks, so the blocks bound the SMs that
-# pool: 4 blocks per slice left 16 compute TBs at 4 ranks and 8 at 2), of at least a few samples each.
-EBAG_MAX_BLOCKS = 128
-EBAG_MIN_BLOCK_SAMPLES = 8
-
-
-def ebag_chunks(n: int, b: int) -> int:
-    """Sample blocks per rank slice of b samples, for n slices: the largest power of two that
-    divides b into blocks of at least EBAG_MIN_BLOCK_SAMPLES with n * chunks <= EBAG_MAX_BLOCKS
-    (1 where none does)."""
-    c = 1
-    while n * c * 2 <= EBAG_MAX_BLOCKS and b % (c * 2) == 0 and b // (c * 2) >= EBAG_MIN_BLOCK_SAMPLES:
-        c *= 2
-    return c
-
-
-def _ebag_args(n: int, t: int, rows: int, dim: int, b: int, pooling: int, ranks_here: int) -> Tuple[int, ...]:
-    """(ranks, tables, rows, dim, samples per rank, pooling, chunks, bf16 flag (unused: dtype says),
-    compute TBs)."""
-    chunks = ebag_chunks(n, b)
-    return (n, t, rows, dim, b, pooling, chunks, 0, _compute_tbs(n * chunks, ranks_here))
 
 
 # --- arrays -----------------------------------------------------------------------------------
@@ -504,5 +445,5 @@ def _ebag_sequential(comm, a, dtype: str, mode: str, n: int, b: int, stream) -> 
                   streams.handle(stream))
 
 
-__all__ = ["VirtualComm", "check", "gemv_allreduce", "embedding_bag_alltoall", "fused_program", "matmul", "pool",
-           "to_f32", "from_f32", "value_dtype", "storage"]
+__all__ = ["VirtualComm", "check", "gemv_allreduce", "embedding_bag_alltoall", "matmul", "pool", "to_f32", "from_f32",
+           "value_dtype", "storage"]
