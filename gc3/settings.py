@@ -203,7 +203,8 @@ _DECLARED: List[Setting] = [
             _float(0.001, _DAY), f"0.001 to {_DAY:g}", "fused"),
     Setting("GC3_FUSED_COMPUTE_TBS", "int", None,
             "compute thread blocks per rank of the memory-bound operators' gc3 programs on the interpreter "
-            "(0: compute in the sending TBs; unset: from the SM count)", _int(0, 1 << 30), f"0 to {1 << 30}", "fused", blank_is_unset=False),
+            "(0: compute in the sending TBs; unset: from the SM count)", _int(0, 1 << 30), f"0 to {1 << 30}", "fused",
+            blank_is_unset=False),
     # --- development: the test and setup scripts ------------------------------
     *(Setting(name, kind, default, meaning, parse, allowed, "development")
       for name, kind, default, meaning, parse, allowed in (

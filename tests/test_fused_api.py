@@ -104,15 +104,21 @@ def test_no_kernel_group_is_built_inside_a_capture_but_a_built_one_serves_it(mon
     from runtime_cuda.fused import epilogue as fe
     monkeypatch.setattr(mb, "get_logger", lambda: type("L", (), {"info": lambda self, *a: None})())
     comm = mb.VirtualComm(2)
-    assert mb.gemv_kernel(comm, 2, 1, 64, 64, "bfloat16", 2, build=False) == (None, mb.IN_CAPTURE)
-    assert mb.ebag_kernel(comm, 2, 1, 10, 8, 4, 4, "float32", 2, build=False) == (None, mb.IN_CAPTURE)
-    assert fe.refusal(comm, "auto", 64, "bfloat16", 2, "epi", build=False) == mb.IN_CAPTURE
+    asked = []
+
+    def capturing():
+        asked.append(1)
+        return True
+    assert mb.gemv_kernel(comm, 2, 1, 64, 64, "bfloat16", 2, capturing) == (None, mb.IN_CAPTURE)
+    assert mb.ebag_kernel(comm, 2, 1, 10, 8, 4, 4, "float32", 2, capturing) == (None, mb.IN_CAPTURE)
+    assert fe.refusal(comm, "auto", 64, "bfloat16", 2, "epi", capturing) == mb.IN_CAPTURE
     with pytest.raises(mb.GC3Error, match="cannot serve this call: a first call inside CUDA graph capture"):
-        fe.refusal(comm, "fused", 64, "bfloat16", 2, "epi", build=False)
-    assert not comm.groups
+        fe.refusal(comm, "fused", 64, "bfloat16", 2, "epi", capturing)
+    assert not comm.groups and len(asked) == 4
     built = object()
     comm.groups["gemv_kernel"] = built
-    assert mb.gemv_kernel(comm, 2, 1, 64, 64, "bfloat16", 2, build=False) == (built, "")
+    assert mb.gemv_kernel(comm, 2, 1, 64, 64, "bfloat16", 2, capturing) == (built, "")
+    assert len(asked) == 4, "a built group must not cost the capture query"
 
 
 def test_a_failed_group_set_up_is_given_again_without_a_second_try():

@@ -121,7 +121,7 @@ class EbagAlltoall:
                            rank0=group.ranks[0], flags_off=flags_off, data_off=flags_off + _flag_bytes(self.nranks),
                            slot_bytes=slot, bad=self._pinned.ptr, region_lines=group.region_lines)
         self._params, self._params_ptr = kernel_params(self._args)
-        self._launch: Dict[Tuple[str, int, int], object] = {}
+        self._launch: Dict[Tuple[str, int], object] = {}
         self._grid_max: Optional[int] = None
 
     @classmethod
@@ -135,7 +135,8 @@ class EbagAlltoall:
                                       extra_bytes=extra_bytes(comm.size, slot)), slot)
 
     def _grid(self, dtype: str, b: int):
-        """(launch function for a grid of blocks over b samples, grid_max)."""
+        """The launch of the `dtype` kernel with its grid for b samples per destination (at most
+        one block per sample row, at most grid_max, which the first call fixes)."""
         got = self._launch.get((dtype, b))
         if got is None:
             fn = kernel(dtype, self.executor.device.id)

@@ -26,7 +26,7 @@ from gc3.errors import GC3Error
 
 from ..core import streams
 from .memory_bound import (VirtualComm, _allreduce, _check_array, _path, _ranks, _where, exchange_of, from_f32,
-                           group_of, settle, storage, to_f32, value_dtype)
+                           group_of, not_capturing, settle, storage, to_f32, value_dtype)
 
 SMALL_MAX_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
 _GROUP_KEY = ("small_allreduce_epilogue",)
@@ -98,10 +98,10 @@ def small_group(comm):
     return group
 
 
-def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str, build: bool = True) -> str:
-    """'' where the fused path serves this call (its group built where it needs one, unless `build`
-    is false: IN_CAPTURE), else why not (logged at INFO); raises GC3Error where `path` is "fused"
-    and it cannot."""
+def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str, capturing=not_capturing) -> str:
+    """'' where the fused path serves this call (its group built where it needs one, unless
+    capturing() says the call is being captured: IN_CAPTURE), else why not (logged at INFO);
+    raises GC3Error where `path` is "fused" and it cannot."""
     from ..ranks.small_allreduce import EPILOGUE_DTYPES
 
     why = ("path=sequential" if path == "sequential" else "a single rank: nothing to reduce" if nranks < 2
@@ -109,7 +109,7 @@ def refusal(comm, path: str, count: int, dtype: str, nranks: int, what: str, bui
            else f"{dtype} (the fused kernels take {', '.join(EPILOGUE_DTYPES)})" if dtype not in EPILOGUE_DTYPES
            else "")
     if not why and fits_kernel(count, dtype):
-        why = group_of(comm, _GROUP_KEY, _make_small(comm), build)[1]
+        why = group_of(comm, _GROUP_KEY, _make_small(comm), capturing)[1]
     settle(path, why, what)
     return why
 
@@ -192,7 +192,7 @@ def allreduce_epilogue(x, comm, scale: Optional[float] = None, bias=None, residu
             if odt != dtype and _overlaps(a["out"][k], a["x"][k]):
                 raise ValueError(f"{at} overlaps x: a {dtype} result cast to {odt} cannot be stored in place")
         what = f"allreduce_epilogue {xshape} {dtype}->{odt} {','.join(items)} on {n} ranks"
-        if refusal(comm, path, count, dtype, n, what, not streams.is_capturing(streams.handle(stream))):
+        if refusal(comm, path, count, dtype, n, what, lambda: streams.is_capturing(streams.handle(stream))):
             _sequential(comm, a, dtype, odt, scale, stream)
         else:
             _fused(comm, a, items, scale, count, dtype, odt, streams.handle(stream))

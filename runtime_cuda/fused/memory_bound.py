@@ -254,7 +254,7 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
                                  f"expected {(batch, n_out)}")
         group = _kernel_group(path, f"gemv_allreduce {batch}x{k_shard}x{n_out} {dtype} on {n} ranks",
                               lambda: gemv_kernel(comm, n, batch, k_shard, n_out, dtype, len(a["x"]),
-                                                  not streams.is_capturing(streams.handle(stream))))
+                                                  lambda: streams.is_capturing(streams.handle(stream))))
         if group is None:
             _gemv_sequential(comm, a, dtype, stream)
         else:
@@ -268,17 +268,22 @@ def gemv_allreduce(x, w, comm, out=None, stream=None, *, path: Optional[str] = N
 IN_CAPTURE = "a first call inside CUDA graph capture (the kernel's buffers are set up by a call outside capture)"
 
 
-def group_of(comm, key, make, build: bool = True):
+def not_capturing() -> bool:
+    return False
+
+
+def group_of(comm, key, make, capturing=not_capturing):
     """(the group `comm` keeps under `key`, '') or (None, why there is none).  Built by make() on
     first use, collectively: every rank makes the same call, so a failure, which every rank
-    learns of, is kept and given again; not built where `build` is false (IN_CAPTURE)."""
+    learns of, is kept and given again; not built where capturing() says the call is being
+    captured (IN_CAPTURE), a question asked only where there is no group yet."""
     fail = (key, id(comm))
     if fail in _failed:
         return None, _failed[fail]
     groups = comm.groups if isinstance(comm, VirtualComm) else _comm_groups.setdefault(comm, {})
     group = groups.get(key)
     if group is None:
-        if not build:
+        if capturing():
             return None, IN_CAPTURE
         try:
             group = groups[key] = make()
@@ -287,7 +292,8 @@ def group_of(comm, key, make, build: bool = True):
     return group, ""
 
 
-def gemv_kernel(comm, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int = 1, build: bool = True):
+def gemv_kernel(comm, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_here: int = 1,
+                capturing=not_capturing):
     """(the GEMV + AllReduce kernel's group of `comm`, '') or (None, why it cannot serve the
     shape).  One group per communicator (runtime_cuda.fused.gemv_kernel), for the CuPy API and
     the torch function alike (group_of)."""
@@ -297,7 +303,7 @@ def gemv_kernel(comm, n: int, batch: int, k: int, n_out: int, dtype: str, ranks_
     if why:
         return None, why
     return group_of(comm, "gemv_kernel", lambda: GemvAllreduce.virtual(n) if isinstance(comm, VirtualComm) else
-                    GemvAllreduce.ipc(exchange_of(comm), device=comm.device_id()), build)
+                    GemvAllreduce.ipc(exchange_of(comm), device=comm.device_id()), capturing)
 
 
 def _kernel_group(path: str, what: str, find):
@@ -392,7 +398,7 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
                 f"on {n} ranks")
         group = _kernel_group(path, what, lambda: (None, "mode 'mean' (the kernel pools by sum)") if mode != "sum"
                               else ebag_kernel(comm, n, t_count, rows, dim, b, nnz, dtype, len(a["tables"]),
-                                               not streams.is_capturing(streams.handle(stream))))
+                                               lambda: streams.is_capturing(streams.handle(stream))))
         if group is None:
             _ebag_sequential(comm, a, dtype, mode, n, b, stream)
         else:
@@ -403,7 +409,7 @@ def embedding_bag_alltoall(tables, indices, offsets, comm, mode: str = "sum", ou
 
 
 def ebag_kernel(comm, n: int, t_count: int, rows: int, dim: int, b: int, nnz: int, dtype: str, ranks_here: int = 1,
-                build: bool = True):
+                capturing=not_capturing):
     """(the embedding-bag + AllToAll kernel's group of `comm` for this shape, '') or (None, why it
     cannot serve it).  Groups per communicator by slot size (runtime_cuda.fused.ebag_kernel), for
     the CuPy API and the torch function alike (group_of)."""
@@ -417,7 +423,7 @@ def ebag_kernel(comm, n: int, t_count: int, rows: int, dim: int, b: int, nnz: in
     slot = group_slot(slot_bytes(t_count, dim, b, dtype_info(dtype).np.itemsize))
     return group_of(comm, ("ebag_kernel", slot), lambda: EbagAlltoall.virtual(n, slot)
                     if isinstance(comm, VirtualComm) else EbagAlltoall.ipc(exchange_of(comm), slot,
-                                                                           device=comm.device_id()), build)
+                                                                           device=comm.device_id()), capturing)
 
 
 def _check_bags(indices, offsets, rows: int, at: str) -> None:

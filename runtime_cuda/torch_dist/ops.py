@@ -445,7 +445,7 @@ def _gemv_fused(pg, x: torch.Tensor, w: torch.Tensor, repeat: Optional[Tuple] = 
     from .process_group import _DTYPES
     comm = pg._cuda([x], "fused_gemv_all_reduce")
     dtype = _DTYPES[x.dtype]
-    group, why = gemv_kernel(comm, pg.size(), x.shape[0], w.shape[0], w.shape[1], dtype, build=not _capturing())
+    group, why = gemv_kernel(comm, pg.size(), x.shape[0], w.shape[0], w.shape[1], dtype, capturing=_capturing)
     if why:
         return None, why
     if repeat is not None:
@@ -645,7 +645,7 @@ def _ebag_fused(pg, tables: torch.Tensor, indices: torch.Tensor, offsets: torch.
     T, rows, dim = tables.shape
     b, nnz, dtype = (offsets.shape[1] - 1) // n, indices.shape[1], _DTYPES[tables.dtype]
     group, why = ebag_kernel(pg._cuda([tables], "fused_embedding_bag_all_to_all"), n, T, rows, dim, b, nnz, dtype,
-                             build=not _capturing())
+                             capturing=_capturing)
     if why:
         return None, why
     tab = tables.contiguous()
@@ -771,7 +771,7 @@ def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[t
     count = xs.numel()
     with cupy.cuda.Device(xs.device.index):
         why = fe.refusal(comm, path or "auto", count, dtype, pg.size(), f"{what} {tuple(x.shape)} {dtype}->{odt}",
-                         not _capturing())
+                         _capturing)
         if why:
             return None, why
         stream = torch.cuda.current_stream(xs.device).cuda_stream
