@@ -24,8 +24,10 @@ gc3_bench_splitk(const elem_t* x, const elem_t* w, int batch, int K, int N, int 
     gv::splitk_slice(x, w, batch, K, N, tw, split, i, part, sred);
 }
 """
-SHAPES = [(1, 2048, 8192), (1, 3584, 4096), (1, 7168, 8192), (1, 14336, 8192), (2, 2048, 8192),
-          (2, 7168, 8192), (2, 14336, 8192)]
+# The decode layers' shards on 4 and 2 GPUs, b = 1, 4, 8 (split-K up to 8 rows here, whatever
+# the kernel's limit for 16-bit types).
+SHAPES = [(b, k, n) for k, n in ((2048, 8192), (3584, 4096), (7168, 8192), (4096, 8192), (7168, 4096), (14336, 8192))
+          for b in (1, 4, 8)]
 
 
 def timed(fn, reps=50):
@@ -57,7 +59,7 @@ def main(argv):
             "gc3_bench_splitk")
         for s in SHAPES:
             b, k, n = s
-            plan = split_plan(b, k, n, 2, sms, acc=acc)
+            plan = split_plan(b, k, n, 2, sms, acc=acc, max_batch=8)
             if plan is None:
                 rows[s].append(f"{acc}:{inflight}:{ahead} n/a")
                 continue

@@ -49,13 +49,12 @@ def _misaligned(a):
     return out
 
 
-@pytest.fixture(params=[True, False], ids=["split-k", "column-tiles"])
+# (split-K?, its row limit): the default forms, split-K for every batch it can take, column tiles.
+@pytest.fixture(params=[(True, None), (True, 8), (False, None)], ids=["split-k", "split-k-8-rows", "column-tiles"])
 def split_k(request):
-    for g in _GROUPS.values():
-        g.split_k = request.param
     yield request.param
     for g in _GROUPS.values():
-        g.split_k = True
+        g.split_k, g.split_max_batch = True, None
 
 
 def group(n):
@@ -68,13 +67,15 @@ def group(n):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("batch,k,n_out", [(1, 512, 4096), (3, 96, 232), (5, 40, 235), (8, 300, 1), (32, 64, 1000),
                                            (1, 7, 8), (1, 2048, 4096), (2, 3000, 1032), (6, 1030, 1024),
-                                           (8, 777, 520)])
+                                           (8, 777, 520), (4, 2500, 34000), (8, 1500, 34000)])
 def test_matches_float64_and_every_rank_has_the_same_bits(n, dtype, batch, k, n_out, split_k):
+    """The last two shapes have more tiles than blocks, so a split-K slice is all of K: longer
+    than the x rows a block holds at once."""
     rng = np.random.default_rng(batch * 1000 + k + n_out)
     xs, ws, want, scale = gemv_case(rng, n, batch, k, n_out, dtype)
     outs = [poisoned((batch, n_out), dtype) for _ in range(n)]
     g = group(n)
-    g.split_k = split_k
+    g.split_k, g.split_max_batch = split_k
     _run(g, xs, ws, outs, dtype)
     cupy.cuda.Device().synchronize()
     g.check()

@@ -69,11 +69,14 @@ def split_vectors(batch: int, itemsize: int, acc: int = SPLIT_ACC) -> Tuple[int,
 
 
 def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int,
-               acc: int = SPLIT_ACC) -> Optional[Tuple[int, int]]:
+               acc: int = SPLIT_ACC, max_batch: Optional[int] = None) -> Optional[Tuple[int, int]]:
     """(columns per tile, slices of K per tile) of the split-K form, or None where it does not
-    serve the shape (too many rows, columns that the vectors do not divide, more tiles than
-    counters, one slice's partial larger than the workspace)."""
-    if batch > (SPLIT_MAX_BATCH if itemsize == 4 else SPLIT_MAX_BATCH_MMA):
+    serve the shape (more rows than `max_batch`, by default the form's limit for the type;
+    columns that the vectors do not divide, more tiles than counters, one slice's partial larger
+    than the workspace)."""
+    if max_batch is None:
+        max_batch = SPLIT_MAX_BATCH if itemsize == 4 else SPLIT_MAX_BATCH_MMA
+    if batch > min(max_batch, SPLIT_MAX_BATCH):
         return None
     vec, lanes = split_vectors(batch, itemsize, acc)
     tw = 32 * vec * lanes
@@ -127,6 +130,8 @@ class GemvAllreduce:
 
     # False: column tiles over all of K at every batch (for measuring the split-K form against them).
     split_k = True
+    # Split-K up to this many rows (None: the form's limit for the type).
+    split_max_batch: Optional[int] = None
 
     def __init__(self, group: SmallAllreduce):
         self.group = group
@@ -138,7 +143,7 @@ class GemvAllreduce:
         self._args = _Args(plan=group._plan.data.ptr, peers=group._peers.data.ptr, nranks=self.nranks,
                            rank0=group.ranks[0], max_lines=group.max_lines, region_lines=group.region_lines)
         self._params, self._params_ptr = kernel_params(self._args)
-        self._shapes: Dict[Tuple[int, int, int, str, bool], tuple] = {}
+        self._shapes: Dict[tuple, tuple] = {}
         self._grid_max: Optional[int] = None
         # The split-K workspace of each local rank: zeroed counters, then partials.
         import cupy
@@ -168,7 +173,7 @@ class GemvAllreduce:
         return self._grid_max
 
     def _shape(self, batch: int, k: int, n_out: int, dtype: str) -> tuple:
-        key = (batch, k, n_out, dtype, self.split_k)
+        key = (batch, k, n_out, dtype, self.split_k, self.split_max_batch)
         got = self._shapes.get(key)
         if got is None:
             why = refusal(dtype, batch, k, n_out, self.nranks, self.nlocal)
@@ -177,7 +182,7 @@ class GemvAllreduce:
             fn = kernel(dtype, self.executor.device.id)
             most = self._most_blocks(fn)
             itemsize = dtype_info(dtype).np.itemsize
-            plan = split_plan(batch, k, n_out, itemsize, most) if self.split_k else None
+            plan = split_plan(batch, k, n_out, itemsize, most, max_batch=self.split_max_batch) if self.split_k else None
             tw, split = plan if plan else (tile_columns(batch, n_out, most), 0)
             if split:
                 fn = kernel(dtype, self.executor.device.id, split=True)

@@ -228,7 +228,9 @@ struct Plan {
 #endif
 // 16-bit types take the split-K form up to this batch: from 3 rows the column tiles'
 // tensor-core passes read the weight faster than CUDA-core FMAs over split-K slices.
+#ifndef GC3_GV_SPLIT_MAX_BATCH_MMA
 #define GC3_GV_SPLIT_MAX_BATCH_MMA 2
+#endif
 #ifndef GC3_GV_SPLIT_INFLIGHT
 #define GC3_GV_SPLIT_INFLIGHT 128
 #endif

@@ -45,12 +45,35 @@ __device__ __forceinline__ int splitk_vec(int batch) {
   return splitk_rows(batch) * GC3_CMP_VEC <= GC3_GV_SPLIT_ACC ? GC3_CMP_VEC : GC3_CMP_VEC / 2;
 }
 
+// Floats of the warps' partial sums a split-K block holds in shared memory: half the
+// warps' tiles of the widest tile (LV at most 4).  The tree needs a power-of-two warp count.
+constexpr int SPLIT_SRED = GC3_MAX_THREADS / 64 * 32 * GC3_CMP_VEC * 4;
+static_assert((GC3_MAX_THREADS / 32 & (GC3_MAX_THREADS / 32 - 1)) == 0, "split-K blocks: a power-of-two warp count");
+
+// RB fp32 values from shared memory, in 16-byte reads where RB allows (the rows of one k).
+template <int RB>
+__device__ __forceinline__ void xs_load(const float* p, float (&v)[RB]) {
+  if constexpr (RB % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < RB; r += 4) {
+      const float4 f = *(const float4*)(p + r);
+      v[r] = f.x, v[r + 1] = f.y, v[r + 2] = f.z, v[r + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < RB; ++r) v[r] = p[r];
+  }
+}
+
 // One slice: columns [c0, c0 + width) of rows [k0, k1) of w (width a multiple of
 // V, at most 32 * V * LV).  Warp q takes rows k0 + q, k0 + q + WARPS, ..., the
 // block a contiguous stretch of w, and every thread has U rows of loads in
-// flight (GC3_GV_SPLIT_INFLIGHT bytes) before it uses one.  The warps' sums meet
-// in `sred` in warp order (the same bits every run) and go to
-// part[r * N + column] in fp32.
+// flight (GC3_GV_SPLIT_INFLIGHT bytes) before it uses one.  x's rows of the
+// slice wait in shared memory as fp32, the batch's values of one k side by
+// side (in chunks, in `sred`, free until the warps' sums): one or two 16-byte
+// reads a row of w instead of a load per batch row, which would outnumber the
+// weight's loads from 2 rows on.  The warps' sums meet in `sred` in warp order
+// (the same bits every run) and go to part[r * N + column] in fp32.
 template <int V, int RB, int LV, bool ALIGNED>
 __device__ void splitk_item(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int batch, int K, int N,
                             int c0, int width, int k0, int k1, float* part, float* sred) {
@@ -59,7 +82,10 @@ __device__ void splitk_item(const elem_t* __restrict__ x, const elem_t* __restri
   constexpr int BYTES = RB * V * LV > 32 ? GC3_GV_SPLIT_INFLIGHT / 2 : GC3_GV_SPLIT_INFLIGHT;
   constexpr int U = BYTES / ROW < 1 ? 1 : BYTES / ROW > 8 ? 8 : BYTES / ROW;
   constexpr int TW = 32 * V * LV;
+  constexpr int XR = SPLIT_SRED / RB;   // rows of x a chunk holds
+  static_assert(XR % (GC3_MAX_THREADS / 32 * 8) == 0, "a chunk of x: whole rounds of every warp's rows");
   const int lane = threadIdx.x & 31, q = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float* xs = sred;
   float acc[RB][LV][V];
 #pragma unroll
   for (int r = 0; r < RB; ++r)
@@ -68,56 +94,68 @@ __device__ void splitk_item(const elem_t* __restrict__ x, const elem_t* __restri
 #pragma unroll
       for (int c = 0; c < V; ++c) acc[r][j][c] = 0.f;
   const i64 step = (i64)nw * N;
-  const elem_t* wp = w + (i64)(k0 + q) * N + c0 + lane * V;
-  for (int k = k0 + q; k < k1; k += nw * U) {
+  for (int kc = k0; kc < k1; kc += XR) {
+    const int kn = min(k1 - kc, XR), kend = kc + kn;
+    __syncthreads();   // the previous chunk's (or item's) readers of sred are done
+    for (int i = threadIdx.x; i < kn * RB; i += blockDim.x) {
+      const int r = i / kn, kk = i - r * kn;
+      xs[kk * RB + r] = r < batch ? cmp_f32(x[(i64)r * K + kc + kk]) : 0.f;
+    }
+    __syncthreads();
+    const elem_t* wp = w + (i64)(kc + q) * N + c0 + lane * V;
+    for (int k = kc + q; k < kend; k += nw * U) {
 #if GC3_GV_SPLIT_PREFETCH > 0
-    // The rows GC3_GV_SPLIT_PREFETCH iterations ahead into L2, one lane per 128-byte line:
-    // more of the weight in flight than the registers hold.
-    if ((lane * V * (int)sizeof(elem_t)) % 128 == 0)
+      // The rows GC3_GV_SPLIT_PREFETCH iterations ahead into L2, one lane per 128-byte line:
+      // more of the weight in flight than the registers hold.
+      if ((lane * V * (int)sizeof(elem_t)) % 128 == 0)
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int ahead = k + nw * (U * GC3_GV_SPLIT_PREFETCH + u);
-        if (ahead < k1)
+        for (int u = 0; u < U; ++u) {
+          const int ahead = k + nw * (U * GC3_GV_SPLIT_PREFETCH + u);
+          if (ahead < k1)
 #pragma unroll
-          for (int j = 0; j < LV; ++j)
-            if ((lane + 32 * j) * V < width)
-              asm volatile("prefetch.global.L2 [%0];" ::"l"(wp + (i64)(U * GC3_GV_SPLIT_PREFETCH + u) * step +
-                                                            32 * j * V));
-      }
+            for (int j = 0; j < LV; ++j)
+              if ((lane + 32 * j) * V < width)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(wp + (i64)(U * GC3_GV_SPLIT_PREFETCH + u) * step +
+                                                              32 * j * V));
+        }
 #endif
-    CmpVec<V> wv[U][LV];
+      CmpVec<V> wv[U][LV];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int j = 0; j < LV; ++j) {
-        if ((lane + 32 * j) * V < width && k + nw * u < k1) {
-          const elem_t* src = wp + u * step + 32 * j * V;
-          if constexpr (ALIGNED) {
-            wv[u][j] = cmp_load<V>(src);
+        for (int j = 0; j < LV; ++j) {
+          if ((lane + 32 * j) * V < width && k + nw * u < kend) {
+            const elem_t* src = wp + u * step + 32 * j * V;
+            if constexpr (ALIGNED) {
+              wv[u][j] = cmp_load<V>(src);
+            } else {
+#pragma unroll
+              for (int c = 0; c < V; ++c) wv[u][j].e[c] = src[c];
+            }
           } else {
 #pragma unroll
-            for (int c = 0; c < V; ++c) wv[u][j].e[c] = src[c];
+            for (int c = 0; c < V; ++c) wv[u][j].e[c] = from_acc(0.f);
           }
-        } else {
-#pragma unroll
-          for (int c = 0; c < V; ++c) wv[u][j].e[c] = from_acc(0.f);
         }
-      }
-    wp += U * step;
+      wp += U * step;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int kk = k + nw * u;
-      if (kk >= k1) break;
-#pragma unroll
-      for (int r = 0; r < RB; ++r) {
-        const float xv = r < batch ? cmp_f32(x[(i64)r * K + kk]) : 0.f;
+      for (int u = 0; u < U; ++u) {
+        const int kk = k + nw * u;
+        if (kk >= kend) break;
+        float xv[RB];
+        xs_load<RB>(xs + (kk - kc) * RB, xv);
 #pragma unroll
         for (int j = 0; j < LV; ++j)
 #pragma unroll
-          for (int c = 0; c < V; ++c) acc[r][j][c] = fmaf(xv, cmp_f32(wv[u][j].e[c]), acc[r][j][c]);
+          for (int c = 0; c < V; ++c) {
+            const float wf = cmp_f32(wv[u][j].e[c]);
+#pragma unroll
+            for (int r = 0; r < RB; ++r) acc[r][j][c] = fmaf(xv[r], wf, acc[r][j][c]);
+          }
       }
     }
   }
+  __syncthreads();   // x's readers are done before the sums reuse sred
   // The warps' sums, in a fixed tree (the upper half of the warps adds into the lower
   // half, until warp 0 holds the block's), so the bits do not vary from run to run.
 #pragma unroll
@@ -157,11 +195,6 @@ __device__ __forceinline__ void splitk_run(const elem_t* x, const elem_t* w, int
     splitk_item<V, RB, LV, false>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
 }
 
-// Floats of the warps' partial sums a split-K block holds in shared memory: half the
-// warps' tiles of the widest tile (LV at most 4).  The tree needs a power-of-two warp count.
-constexpr int SPLIT_SRED = GC3_MAX_THREADS / 64 * 32 * GC3_CMP_VEC * 4;
-static_assert((GC3_MAX_THREADS / 32 & (GC3_MAX_THREADS / 32 - 1)) == 0, "split-K blocks: a power-of-two warp count");
-
 // Item i of a split-K call (slice i % split of K for tile i / split of tw columns)
 // into the slice's fp32 partial [batch][N] in `part`.
 __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, int batch, int K, int N, int tw,
@@ -171,14 +204,6 @@ __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, i
   const int per = ((K + split - 1) / split + 15) / 16 * 16;
   const int k0 = min(K, s * per), k1 = min(K, k0 + per);
   float* mine = part + (i64)s * batch * N;
-#ifdef GC3_CMP_MMA
-  // The host sends batches above GC3_GV_SPLIT_MAX_BATCH_MMA to the column tiles: no code for them here.
-  if (batch == 1)
-    splitk_run<GC3_CMP_VEC, 1>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
-  else
-    splitk_run<GC3_CMP_VEC, 2>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
-  return;
-#endif
   if (splitk_vec(batch) != GC3_CMP_VEC)
     splitk_run<GC3_CMP_VEC / 2, 8>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
   else if (batch == 1)
