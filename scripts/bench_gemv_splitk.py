@@ -1,6 +1,7 @@
 """The split-K GEMV's compute alone against cuBLAS (torch.matmul), on one GPU (dev tooling):
 for each variant of the kernel's tunables (accumulators a thread, bytes in flight) and each
-shape, the median of 50 launches and the weight's bandwidth, beside torch.matmul's.
+shape, the time per call in bursts of back-to-back launches (the GPU's steady state, as in a
+CUDA graph) and the weight's bandwidth, beside torch.matmul's.
 
     python3 scripts/bench_gemv_splitk.py [ACC:INFLIGHT[:PREFETCH] ...]      (default 64:128 64:128:1 64:128:2)
 """
@@ -30,16 +31,20 @@ SHAPES = [(b, k, n) for k, n in ((2048, 8192), (3584, 4096), (7168, 8192), (4096
           for b in (1, 4, 8)]
 
 
-def timed(fn, reps=50):
+def timed(fn, reps=15, burst=20):
+    """us per call: the median over `reps` bursts of `burst` back-to-back launches between two
+    events, so that what is timed is the GPU's steady state (as in a CUDA graph's replay), not
+    one launch's latency, which the kernels here are short enough to show."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
     times = []
     for _ in range(reps):
         start.record()
-        fn()
+        for _ in range(burst):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+        times.append(start.elapsed_time(end) * 1e3 / burst)
     return statistics.median(times)
 
 
@@ -47,7 +52,7 @@ def main(argv):
     variants = [tuple(int(v) for v in (a + ":0").split(":")[:3]) for a in argv] or [(64, 128, 0), (64, 128, 1),
                                                                                    (64, 128, 2)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"# {torch.cuda.get_device_name(0)}, bf16, median of 50 launches, us (weight GB/s)")
+    print(f"# {torch.cuda.get_device_name(0)}, bf16, us per call in bursts of 20 launches, median of 15 (weight GB/s)")
     data = {s: (torch.randn(s[0], s[1], device="cuda", dtype=torch.bfloat16),
                 torch.randn(s[1], s[2], device="cuda", dtype=torch.bfloat16)) for s in SHAPES}
     part = torch.empty((8 << 20) // 4, device="cuda", dtype=torch.float32)
