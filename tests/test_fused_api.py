@@ -218,7 +218,10 @@ def test_gemv_kernel_refusals_and_tiles():
     assert tile_columns(32, 8192, 16) == 128          # a tile's shared memory bounds it; tiles wrap the grid
     assert split_plan(1, 2048, 8192, 2, 132) == (1024, 16)   # 8 tiles of 4 vectors a lane, 16 slices of K each
     assert split_plan(2, 2048, 8192, 2, 132) == (1024, 16)
-    assert split_plan(3, 2048, 8192, 2, 132) is None          # 16-bit types: tensor-core column tiles from 3 rows
+    assert split_plan(3, 2048, 8192, 2, 132) == (1024, 16)    # 16-bit types from 3 rows: 64 columns a warp (mma)
+    assert split_plan(8, 3584, 4096, 2, 132) == (1024, 28)    # 4 tiles, slices of at least 128 rows
+    assert split_plan(5, 2048, 8193, 2, 132) == (1024, 14)    # tensor cores take any width
+    assert split_plan(3, 2048, 8192, 2, 132, max_batch=2) is None
     assert split_plan(3, 2048, 8192, 4, 132) == (512, 8)      # fp32: 4 rows of 4 vectors of 4 a lane
     assert split_plan(8, 7168, 8192, 4, 132) == (256, 4)      # fp32 batch 8: 2 vectors a lane
     assert split_plan(1, 100, 8192, 2, 132) == (1024, 1)     # too few rows to split

@@ -556,3 +556,36 @@ def test_gather_scatter_refusals_name_the_call():
     assert "does not split into 4 segments" in refusal("float32", "sum", 6, coll="reducescatter", nranks=4)
     assert refusal("float32", "sum", 8, 8, coll="reducescatter", nranks=4) is None        # 2 elements a block
     assert "serves 1 element to 4 B" in refusal("float32", "sum", 8, 4, coll="allgather", nranks=4)
+
+
+# --- the error record, as the host reads it back ----------------------------------------
+
+def _record(**fields):
+    from runtime_cuda.core import abi
+
+    err = np.zeros(abi.ERR_NFIELDS, dtype=np.int32)
+    err[abi.field("ERR", "SET")] = 1
+    for name, value in fields.items():
+        err[abi.field("ERR", name)] = value
+    return err
+
+
+@pytest.mark.parametrize("kind,want", [
+    ("GC3_WAIT_LL", ["rank 1 block 7", "one-shot gather", "line 2 from rank 3 (its flag 41, expected 42"]),
+    ("GC3_WAIT_SLICE", ["rank 1 block 7 waited for block 3 of the same rank", "split-K slice 5 of column tile 2",
+                        "(its last call 41, this call 4294967338)"]),
+])
+def test_a_timed_out_wait_says_what_it_waited_for(kind, want):
+    """The GEMV's split-K blocks wait for slices of their own rank, not for a peer's line: the
+    message says so (and keeps the 64-bit call numbers whole)."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.core import abi
+    from runtime_cuda.ranks.small_allreduce import SmallExecutor
+
+    err = _record(KIND=abi.C[kind], RANK=1, TB=7, STEP=0, TILE=2, A=3, B=5, SEEN_LO=41, WANT_LO=42,
+                  WANT_HI=1 if kind == "GC3_WAIT_SLICE" else 0)
+    msg = SmallExecutor.describe_error(SimpleNamespace(timeout=5.0), err)
+    assert msg.startswith("GPU wait timed out after 5 s")
+    for part in want:
+        assert part in msg, (part, msg)

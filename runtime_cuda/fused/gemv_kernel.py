@@ -30,14 +30,16 @@ SCRATCH_BYTES = limits.SMALL_ALLREDUCE_MAX_BYTES
 LINE_DATA = limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
 # Tiles start at multiples of this many columns: a 16-byte weight load never straddles two tiles.
 COLUMN_STEP = 8
-# Split-K (batches up to SPLIT_MAX_BATCH; gemv_allreduce.cu says how): a tile is one warp's
-# row of vectors, and the blocks of a tile each take a slice of K of at least SPLIT_MIN_ROWS
-# rows, their fp32 partials in a workspace of SPLIT_WORK_BYTES per rank after the tiles'
-# arrival counters.
+# Split-K (batches up to SPLIT_MAX_BATCH; gemv_allreduce.cu says how): the blocks of a tile
+# each take a slice of K of at least SPLIT_MIN_ROWS rows, their fp32 partials in a workspace
+# of SPLIT_WORK_BYTES per rank after one u64 per item (slice of a tile).  A tile is one warp's
+# row of vectors on CUDA cores, or MMA_COLS columns a warp on tensor cores (16-bit types above
+# SPLIT_FMA_ROWS rows).
 SPLIT_MAX_BATCH = abi.C["GC3_GV_SPLIT_MAX_BATCH"]
-SPLIT_MAX_BATCH_MMA = abi.C["GC3_GV_SPLIT_MAX_BATCH_MMA"]   # 16-bit types (tensor cores from 3 rows)
+SPLIT_FMA_ROWS = abi.C["GC3_GV_SPLIT_FMA_ROWS"]
 SPLIT_COUNTER_BYTES = abi.C["GC3_GV_COUNTER_BYTES"]
 SPLIT_ACC = abi.C["GC3_GV_SPLIT_ACC"]
+MMA_COLS = abi.C["GC3_GV_MMA_COLS"]
 SPLIT_MIN_ROWS = 128
 SPLIT_WORK_BYTES = 8 << 20
 _VEC_BYTES = 16
@@ -71,17 +73,20 @@ def split_vectors(batch: int, itemsize: int, acc: int = SPLIT_ACC) -> Tuple[int,
 def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int,
                acc: int = SPLIT_ACC, max_batch: Optional[int] = None) -> Optional[Tuple[int, int]]:
     """(columns per tile, slices of K per tile) of the split-K form, or None where it does not
-    serve the shape (more rows than `max_batch`, by default the form's limit for the type;
-    columns that the vectors do not divide, more tiles than counters, one slice's partial larger
-    than the workspace)."""
-    if max_batch is None:
-        max_batch = SPLIT_MAX_BATCH if itemsize == 4 else SPLIT_MAX_BATCH_MMA
-    if batch > min(max_batch, SPLIT_MAX_BATCH):
+    serve the shape (more rows than `max_batch`, by default the form's limit; CUDA-core columns
+    that the vectors do not divide; more items than flags; one slice's partial larger than the
+    workspace)."""
+    if batch > min(SPLIT_MAX_BATCH if max_batch is None else max_batch, SPLIT_MAX_BATCH):
         return None
-    vec, lanes = split_vectors(batch, itemsize, acc)
-    tw = 32 * vec * lanes
+    if itemsize == 2 and batch > SPLIT_FMA_ROWS:
+        tw = MMA_COLS * (THREADS // 32)
+    else:
+        vec, lanes = split_vectors(batch, itemsize, acc)
+        if n_out % vec:
+            return None
+        tw = 32 * vec * lanes
     tiles = -(-n_out // tw)
-    if n_out % vec or tiles > SPLIT_COUNTER_BYTES // 4 or batch * n_out * 4 > SPLIT_WORK_BYTES:
+    if tiles > SPLIT_COUNTER_BYTES // 8 or batch * n_out * 4 > SPLIT_WORK_BYTES:
         return None
     split = max(1, min(blocks // tiles, -(-k // SPLIT_MIN_ROWS), SPLIT_WORK_BYTES // (batch * n_out * 4)))
     return tw, split
@@ -130,7 +135,7 @@ class GemvAllreduce:
 
     # False: column tiles over all of K at every batch (for measuring the split-K form against them).
     split_k = True
-    # Split-K up to this many rows (None: the form's limit for the type).
+    # Split-K up to this many rows (None: the form's limit, SPLIT_MAX_BATCH).
     split_max_batch: Optional[int] = None
 
     def __init__(self, group: SmallAllreduce):

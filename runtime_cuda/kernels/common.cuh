@@ -59,6 +59,7 @@ typedef long long i64;
 #define GC3_WAIT_DATA 2      // a Simple FIFO slot to be filled by the sender
 #define GC3_WAIT_CREDIT 3    // a free FIFO slot (the receiver to consume one)
 #define GC3_WAIT_LL 4        // an LL or LL128 line to carry the expected flag
+#define GC3_WAIT_SLICE 5     // another block of the same rank to finish a split-K slice (GEMV)
 
 // int32 fields of one TB descriptor (the host's table; block_rows.py turns
 // it and the connection records into the rows the kernel reads).
@@ -218,7 +219,8 @@ struct Plan {
 // addresses travel in the launch's parameters.
 #define GC3_GV_MAX_LOCAL 8
 // Split-K batches (at most this many rows): each rank's workspace starts with one
-// arrival counter per column group (int32), then the splits' fp32 partials.
+// u64 per item (slice of a column tile: the number of the call whose partial of
+// it is in place), then the slices' fp32 partials.
 #define GC3_GV_SPLIT_MAX_BATCH 8
 #define GC3_GV_COUNTER_BYTES 65536
 // fp32 accumulators a split-K thread holds (batch bucket x tile columns it owns), and
@@ -226,11 +228,15 @@ struct Plan {
 #ifndef GC3_GV_SPLIT_ACC
 #define GC3_GV_SPLIT_ACC 64
 #endif
-// 16-bit types take the split-K form up to this batch: from 3 rows the column tiles'
-// tensor-core passes read the weight faster than CUDA-core FMAs over split-K slices.
-#ifndef GC3_GV_SPLIT_MAX_BATCH_MMA
-#define GC3_GV_SPLIT_MAX_BATCH_MMA 2
+// 16-bit types: split-K slices of up to this many rows on CUDA-core FMAs, of more on
+// tensor cores, where one mma feeds a weight element to 8 rows for the price of one:
+// the FMAs' cost per weight byte grows with the rows, and from 3 rows they fell
+// behind the weight's bandwidth.
+#ifndef GC3_GV_SPLIT_FMA_ROWS
+#define GC3_GV_SPLIT_FMA_ROWS 2
 #endif
+// Columns one warp owns in a tensor-core slice (4 m-tiles of 16): a tile is one per warp.
+#define GC3_GV_MMA_COLS 64
 #ifndef GC3_GV_SPLIT_INFLIGHT
 #define GC3_GV_SPLIT_INFLIGHT 128
 #endif

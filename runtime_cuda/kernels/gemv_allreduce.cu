@@ -2,23 +2,27 @@
 // y = sum over ranks r of x_r [batch, K] @ w_r [K, N], the same bits on every
 // rank (runtime_cuda/fused/gemv_kernel.py is the host side).
 //
-// The weight is the whole cost, so every SM reads a share of it: block b owns
-// column tiles b, b + grid, ... of `tw` columns and all batch rows, computes
-// each with the interpreter's gemv passes (prims_compute.cuh: 16-byte weight
-// loads, fp32 accumulation, tensor cores from batch 2), and puts the tile's
-// partial into slot `me` of every rank's scratch (its own too) on the
-// epoch-tagged LL lines of small_allreduce.cu, whose comment says how a call
-// knows its number and flag from the per-block counters and why a parity
-// region is never overwritten while a peer still reads it (every call reads a
-// line from every peer).  The same block then reduces its tiles: every rank
-// sums the n partials of a line in rank order 0..n-1 in fp32 and rounds once,
-// so the ranks agree bit for bit and the only rounding before the sum is the
-// one each rank's partial gets, as a matmul's output does before NCCL sums it.
+// The weight is the whole cost, so every SM reads a share of it, in one of two
+// forms.  Column tiles (large batches): block b owns tiles b, b + grid, ... of
+// `tw` columns over all of K and all batch rows, computed with the interpreter's
+// gemv passes (prims_compute.cuh).  Split-K (up to GC3_GV_SPLIT_MAX_BATCH rows):
+// a tile is cut into `split` slices of K, one block each, whose fp32 partials
+// meet in a workspace; the tile's blocks then sum a share of it each (the phases
+// are described where they run).  Either way a tile's partial goes into slot `me`
+// of every rank's scratch (its own too) on the epoch-tagged LL lines of
+// small_allreduce.cu, whose comment says how a call knows its number and flag
+// from the per-block counters and why a parity region is never overwritten
+// while a peer still reads it (every call reads a line from every peer).  The
+// block that put a share then reduces it: every rank sums the n partials of a
+// line in rank order 0..n-1 in fp32 and rounds once, so the ranks agree bit for
+// bit and the only rounding before the sum is the one each rank's partial gets,
+// as a matmul's output does before NCCL sums it.
 //
-// A block waits only on the lines its namesakes on the other ranks put, after
-// putting its own: with the grid resident at once (the host's bound), every
-// wait ends.  Nothing is cleared and nothing is synchronised on the host, so
-// the launch can sit in a CUDA graph: a replay is a new call.
+// A block waits only for work every block does before it waits (split-K slices
+// of its own rank) and for the lines its namesakes on the other ranks put, after
+// putting its own: with the grid resident at once (the host's bound), every wait
+// ends.  Nothing is cleared and nothing is synchronised on the host, so the
+// launch can sit in a CUDA graph: a replay is a new call.
 #include "prims_ll.cuh"
 #include "sa_call.cuh"
 #include "prims_compute.cuh"
@@ -189,11 +193,78 @@ __device__ __forceinline__ void splitk_run(const elem_t* x, const elem_t* w, int
                                            int width, int k0, int k1, float* part, float* sred) {
   constexpr int FIT = GC3_GV_SPLIT_ACC / (RB * V);
   constexpr int LV = FIT < 1 ? 1 : FIT > 4 ? 4 : FIT;
-  if (((u64)w & (V * sizeof(elem_t) - 1)) == 0)
-    splitk_item<V, RB, LV, true>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
-  else
-    splitk_item<V, RB, LV, false>(x, w, batch, K, N, c0, width, k0, k1, part, sred);
+  constexpr int TW = 32 * V * LV;
+  // One pass where the host's tile is this bucket's (always, but for the tensor cores' tile
+  // of a build without them).
+  for (int cc = 0; cc < width; cc += TW) {
+    if (((u64)w & (V * sizeof(elem_t) - 1)) == 0)
+      splitk_item<V, RB, LV, true>(x, w, batch, K, N, c0 + cc, min(TW, width - cc), k0, k1, part, sred);
+    else
+      splitk_item<V, RB, LV, false>(x, w, batch, K, N, c0 + cc, min(TW, width - cc), k0, k1, part, sred);
+  }
 }
+
+#ifdef GC3_CMP_MMA
+// A split-K slice of 3 to 8 rows on tensor cores (16-bit types): warp q owns the
+// MMA_COLS columns c0 + q * MMA_COLS .. of the tile and every k of the slice, as a
+// warp tile of gemv_pass_mma (prims_compute.cuh: A = w^T in 4 m-tiles, B = x^T with
+// the batch rows as its 8 columns), U k-steps of 16 loaded before any is used.
+// x's fragments are small loads that L1 serves.  A warp's accumulators are the
+// slice's partial of its columns, whole: they go to part[r * N + column] with no
+// exchange between warps.  Rows k >= k1 read as 0, of w and of x alike.
+constexpr int MMA_COLS = GC3_GV_MMA_COLS, MMA_MT = MMA_COLS / 16;
+
+template <bool VEC>
+__device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int batch, int K, int N,
+                                int c0, int k0, int k1, float* part, float* sred) {
+  static_assert(GC3_MAX_THREADS / 32 * 8 * MMA_COLS <= SPLIT_SRED, "sred holds every warp's tile");
+  constexpr int MT = MMA_MT, U = GC3_CMP_MMA_INFLIGHT / (16 * MT) < 1 ? 1 : GC3_CMP_MMA_INFLIGHT / (16 * MT);
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, q = threadIdx.x >> 5;
+  const i64 c = c0 + (i64)q * MMA_COLS + 2 * MT * g;   // this thread's first column
+  if (c0 + (i64)q * MMA_COLS >= N) return;              // the whole warp: past w's last column
+  float d[MT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[m][e] = 0.f;
+  const bool xok = g < batch;
+  const elem_t* xr = x + (i64)(xok ? g : 0) * K;
+  for (int kb = k0; kb < k1; kb += 16 * U) {
+    unsigned wv[U][4][MT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) mma_wstep<MT, VEC>(wv[u], w, k1, N, kb + 16 * u + 2 * t, c);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb + 16 * u >= k1) break;   // uniform across the warp
+      const int k = kb + 16 * u + 2 * t;
+      const unsigned b[2] = {mma_xload<VEC>(k1, xok, xr, k), mma_xload<VEC>(k1, xok, xr, k + 8)};
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        unsigned a[4];
+        mma_afrag<MT>(a, wv[u], m);
+        cmp_mma(d[m], a, b);
+      }
+    }
+  }
+  // D row g of m-tile m is column c + 2m, row g + 8 column c + 2m + 1; D column 2t (+1) is
+  // batch row 2t (+1).  Straight from the fragments, a warp's stores would scatter over 4x
+  // the sectors they fill; through the warp's MMA_COLS x 8 floats of `sred` (an XOR of the
+  // low column bits by row and column half keeps the 32 lanes of each store on 32 banks)
+  // they leave as whole rows.
+  float* sw = sred + q * 8 * MMA_COLS;
+  auto at = [](int r, int cl) { return r * MMA_COLS + (cl ^ (((cl >> 5) & 1) << 2 | ((r >> 1) & 3))); };
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sw[at(2 * t + (e & 1), 2 * MT * g + 2 * m + (e >> 1))] = d[m][e];
+  __syncwarp();
+  const i64 cw = c0 + (i64)q * MMA_COLS;
+  for (int idx = lane; idx < batch * MMA_COLS; idx += 32) {
+    const int r = idx / MMA_COLS, cl = idx - r * MMA_COLS;
+    if (cw + cl < N) part[(i64)r * N + cw + cl] = sw[at(r, cl)];
+  }
+}
+#endif
 
 // Item i of a split-K call (slice i % split of K for tile i / split of tw columns)
 // into the slice's fp32 partial [batch][N] in `part`.
@@ -204,6 +275,16 @@ __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, i
   const int per = ((K + split - 1) / split + 15) / 16 * 16;
   const int k0 = min(K, s * per), k1 = min(K, k0 + per);
   float* mine = part + (i64)s * batch * N;
+#ifdef GC3_CMP_MMA
+  // The host's tile for these rows: MMA_COLS columns a warp (gemv_kernel.split_plan).
+  if (batch > GC3_GV_SPLIT_FMA_ROWS) {
+    if (N % 8 == 0 && ((u64)w & 15) == 0 && K % 2 == 0 && ((u64)x & 3) == 0)
+      splitk_item_mma<true>(x, w, batch, K, N, c0, k0, k1, mine, sred);
+    else
+      splitk_item_mma<false>(x, w, batch, K, N, c0, k0, k1, mine, sred);
+    return;
+  }
+#endif
   if (splitk_vec(batch) != GC3_CMP_VEC)
     splitk_run<GC3_CMP_VEC / 2, 8>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
   else if (batch == 1)
@@ -216,6 +297,23 @@ __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, i
     splitk_run<GC3_CMP_VEC, 8>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
 }
 
+// Element (r, column) of a tile summed over the split slices' partials in slice order (the
+// same bits whichever block sums it), SUM_AHEAD loads in flight: L2 latency, not bandwidth,
+// is what a sum of a few elements a thread costs.
+constexpr int SUM_AHEAD = 16;
+__device__ __forceinline__ float slice_sum(const float* src, i64 pitch, int split) {
+  float sum = 0.f;
+  for (int q0 = 0; q0 < split; q0 += SUM_AHEAD) {
+    float v[SUM_AHEAD];
+#pragma unroll
+    for (int u = 0; u < SUM_AHEAD; ++u) v[u] = q0 + u < split ? __ldcg(src + (i64)(q0 + u) * pitch) : 0.f;
+#pragma unroll
+    for (int u = 0; u < SUM_AHEAD; ++u)
+      if (q0 + u < split) sum += v[u];
+  }
+  return sum;
+}
+
 }  // namespace gv
 
 // x, w, out and the split-K workspace of each local rank, by value: a call uploads nothing.
@@ -226,9 +324,10 @@ struct GvIO {
 // grid (blocks per rank, local ranks); blockIdx.y = local slot, rank rank0 + slot.
 // peers: [nlocal][nranks] scratch bases as this process addresses them.
 // io: x, w, out and workspace of each local rank for this call.  tw: columns per
-// tile (batch * tw <= GC3_GV_TILE_LANES).  split: 0 for column tiles over all of
-// K, else the split-K form with `split` slices of K per tile of 32 * splitk_vec
-// columns (tw).  max_lines, region_lines, grid_max: as gc3_small_allreduce's.
+// tile (batch * tw <= GC3_GV_TILE_LANES for the column tiles).  split: 0 for
+// column tiles over all of K, else the split-K form with `split` slices of K per
+// tile (tw: gemv_kernel.split_plan's, which mirrors the kernel's).
+// max_lines, region_lines, grid_max: as gc3_small_allreduce's.
 // Two entry points of one body (SPLIT: the split-K form), so that each gets the
 // registers its own loops need: the column tiles' mma path needs many more.
 template <bool SPLIT>
@@ -253,83 +352,114 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
   auto lines_of = [&](int r) { return (uint4*)(base[r] + region); };
   const int tiles = (N + tw - 1) / tw;
   const u64 per_tile = gv::tile_lines(batch, tw);
+  // Item i's share of a tile's partial (n elements, row-major [batch][width]): lines [g0, g1)
+  // of tile j.  A column tile is one item; a split-K tile is split items, one per slice.
+  const int parts = SPLIT ? split : 1;
+  const int items = tiles * parts;
+  auto share = [&](int i, int& j, int& n, u64& g0, u64& g1) {
+    j = i / parts;
+    n = batch * min(tw, N - j * tw);
+    const u64 L = ((u64)n + gv::LANES - 1) / gv::LANES, per = (L + parts - 1) / parts;
+    g0 = min(L, (u64)(i - j * parts) * per);
+    g1 = min(L, g0 + per);
+  };
 
-  // The tile's partial, row-major [batch][width] in `tile`, onto slot `me` of every rank's lines.
-  auto put = [&](int j, int n) {
-    const u64 L = ((u64)n + gv::LANES - 1) / gv::LANES;
+  // Lines [g0, g1) of tile j's partial (n elements) onto slot `me` of every rank's lines,
+  // element e of line g from tile[(g - g0) * LANES + e].
+  auto put = [&](int j, int n, u64 g0, u64 g1) {
     const u64 at = (u64)me * max_lines + (u64)j * per_tile;
-    for (u64 g = threadIdx.x; g < L; g += blockDim.x) {
+    for (u64 g = g0 + threadIdx.x; g < g1; g += blockDim.x) {
       Pack<8> v;
       v.raw = make_uint2(0, 0);
 #pragma unroll
       for (int e = 0; e < gv::LANES; ++e)
-        if (g * gv::LANES + e < (u64)n) v.e[e] = tile[g * gv::LANES + e];
+        if (g * gv::LANES + e < (u64)n) v.e[e] = tile[(g - g0) * gv::LANES + e];
       for (int p = 0; p < nranks; ++p) st_volatile_v4(lines_of(p) + at + g, make_uint4(v.raw.x, flag, v.raw.y, flag));
     }
-    __syncthreads();   // the next tile overwrites `tile`
+    __syncthreads();   // the next share overwrites `tile`
   };
 
+  bool ok = true;
   if constexpr (!SPLIT) {
     for (int j = blockIdx.x; j < tiles; j += gridDim.x) {
       const int c0 = j * tw, width = min(tw, N - c0);
       // gemv_store's closing barrier publishes the tile.
       gemv_tile(x, w, batch, K, N, c0, width, tile, 0, batch * width);
-      put(j, batch * width);
+      put(j, batch * width, 0, ((u64)batch * width + gv::LANES - 1) / gv::LANES);
     }
   } else {
-    // Split-K: item i is slice i % split of K for tile i / split.  Every slice's fp32
-    // partial goes to the workspace; the block that finishes a tile's last slice (its
-    // arrival counter says so) sums the slices in slice order, rounds once and puts
-    // the tile, so the sum's bits do not depend on which block came last.  That block
-    // also sets the counter back to 0 for the next call (all slices have arrived).
+    // Split-K in phases, so that no block waits for work a block has yet to start (each
+    // finishes its slices before it waits, and the grid is resident at once):
+    //  1. item i computes slice i % split of tile i / split into the workspace, then stores
+    //     the call's number in done[i];
+    //  2. item i waits for its tile's slices, sums its share of the tile's lines over them in
+    //     slice order (the same bits whichever block sums), rounds once and puts the share;
+    //  3. item i reduces the same lines over the ranks (below, as a column tile does).
+    // All of a tile's blocks share its sum and reduction: one block summing a whole tile
+    // waited out every L2 round trip of it alone while the other SMs sat idle.
     __shared__ __align__(16) float sred[gv::SPLIT_SRED];
-    __shared__ int s_last;
-    int* arrived = (int*)work;
+    u64* done = (u64*)work;
     float* part = (float*)(work + GC3_GV_COUNTER_BYTES);
-    for (int i = blockIdx.x; i < tiles * split; i += gridDim.x) {
-      const int j = i / split;
-      const int c0 = j * tw, width = min(tw, N - c0);
+    for (int i = blockIdx.x; i < items; i += gridDim.x) {
       gv::splitk_slice(x, w, batch, K, N, tw, split, i, part, sred);
       __threadfence();
       __syncthreads();
-      if (threadIdx.x == 0) {
-        s_last = atomicAdd(arrived + j, 1) == split - 1;
-        if (s_last) atomicExch(arrived + j, 0);
+      if (threadIdx.x == 0) st_release_gpu(done + i, k);
+    }
+    for (int i = blockIdx.x; ok && i < items; i += gridDim.x) {
+      int j, n;
+      u64 g0, g1;
+      share(i, j, n, g0, g1);
+      for (int q = threadIdx.x; ok && q < split; q += blockDim.x) {
+        u64 seen;
+        const Where wh{me, (int)blockIdx.x, 7, j, 0};
+        ok = wait_geq<false, true>(P, done + j * split + q, k, wh, GC3_WAIT_SLICE, (j * split + q) % gridDim.x, q,
+                                   seen);
       }
-      __syncthreads();
-      if (!s_last) continue;
-      __threadfence();
-      const int n = batch * width;
-      for (int l = threadIdx.x; l < n; l += blockDim.x) {
-        const int r = l / width;
-        const float* src = part + (i64)r * N + c0 + (l - r * width);
-        float sum = 0.f;
-        for (int q = 0; q < split; ++q) sum += __ldcg(src + (i64)q * batch * N);
-        tile[l] = from_acc(sum);
+      ok = __syncthreads_and(ok);
+      if (!ok) break;
+      const int c0 = j * tw, width = n / batch;
+      constexpr u64 CH = GC3_GV_TILE_LANES / gv::LANES;   // lines `tile` holds
+      for (u64 h0 = g0; h0 < g1; h0 += CH) {
+        const u64 h1 = min(g1, h0 + CH);
+        for (int e = threadIdx.x; e < (int)((h1 - h0) * gv::LANES); e += blockDim.x) {
+          const int l = (int)(h0 * gv::LANES) + e;
+          float sum = 0.f;
+          if (l < n) {
+            const int r = l / width;
+            sum = gv::slice_sum(part + (i64)r * N + c0 + (l - r * width), (i64)batch * N, split);
+          }
+          tile[e] = from_acc(sum);
+        }
+        __syncthreads();
+        put(j, n, h0, h1);
       }
-      __syncthreads();
-      put(j, n);
     }
   }
 
+  // Every rank sums each line of its shares over the ranks in rank order.
   const uint4* mine = lines_of(me);
-  bool ok = true;
-  for (int j = blockIdx.x; ok && j < tiles; j += gridDim.x) {
-    const int c0 = j * tw, width = min(tw, N - c0);
-    const int n = batch * width;
-    const u64 L = ((u64)n + gv::LANES - 1) / gv::LANES;
-    for (u64 g = threadIdx.x; ok && g < L; g += blockDim.x) {
-      float acc[gv::LANES];
+  for (int i = blockIdx.x; ok && i < items; i += gridDim.x) {
+    int j, n;
+    u64 g0, g1;
+    share(i, j, n, g0, g1);
+    const int c0 = j * tw, width = n / batch;
+    for (u64 g = g0 + threadIdx.x; ok && g < g1; g += blockDim.x) {
       const u64 line = (u64)j * per_tile + g;
-      for (int p = 0; p < nranks; ++p) {
-        Pack<8> v;
-        const Where wh{me, (int)blockIdx.x, 5, (int)line, 0};
-        if (!ll_read(P, wh, p, 0, mine + (u64)p * max_lines + line, flag, v.raw)) {
-          ok = false;
-          break;
-        }
+      auto at = [&](int p) -> const uint4* { return mine + (u64)p * max_lines + line; };
+      const Where wh{me, (int)blockIdx.x, 5, (int)line, 0};
+      float acc[gv::LANES];
+      for (int p0 = 0; ok && p0 < nranks; p0 += LL_AHEAD) {
+        uint4 v[LL_AHEAD];
+        ok = ll_read_ahead(P, wh, 0, v, p0, nranks, at, flag);
 #pragma unroll
-        for (int e = 0; e < gv::LANES; ++e) acc[e] = p == 0 ? cmp_f32(v.e[e]) : acc[e] + cmp_f32(v.e[e]);
+        for (int a = 0; a < LL_AHEAD; ++a) {
+          if (!ok || p0 + a >= nranks) break;
+          Pack<8> d;
+          d.raw = make_uint2(v[a].x, v[a].z);
+#pragma unroll
+          for (int e = 0; e < gv::LANES; ++e) acc[e] = p0 + a == 0 ? cmp_f32(d.e[e]) : acc[e] + cmp_f32(d.e[e]);
+        }
       }
       if (!ok) break;
 #pragma unroll

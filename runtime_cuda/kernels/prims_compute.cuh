@@ -226,6 +226,26 @@ __device__ __forceinline__ void mma_wload(unsigned (&r)[MT], const elem_t* w, in
   }
 }
 
+// The weight words of one k step of 16 for A registers 0..3: rows k, k + 1, k + 8, k + 9
+// (k = the step's first row + 2t), columns [c, c + 2*MT) of each.
+template <int MT, bool VEC>
+__device__ __forceinline__ void mma_wstep(unsigned (&r)[4][MT], const elem_t* w, int K, int N, int k, i64 c) {
+  mma_wload<MT, VEC>(r[0], w, K, N, k, c);
+  mma_wload<MT, VEC>(r[1], w, K, N, k + 1, c);
+  mma_wload<MT, VEC>(r[2], w, K, N, k + 8, c);
+  mma_wload<MT, VEC>(r[3], w, K, N, k + 9, c);
+}
+
+// A's registers of m-tile q from a step's words: one byte permute pairs the two k rows a
+// register holds.
+template <int MT>
+__device__ __forceinline__ void mma_afrag(unsigned (&a)[4], const unsigned (&r)[4][MT], int q) {
+  a[0] = __byte_perm(r[0][q], r[1][q], 0x5410);
+  a[1] = __byte_perm(r[0][q], r[1][q], 0x7632);
+  a[2] = __byte_perm(r[2][q], r[3][q], 0x5410);
+  a[3] = __byte_perm(r[2][q], r[3][q], 0x7632);
+}
+
 // x[row][k], x[row][k + 1] as one word, 0 outside x.  VEC: K even and x
 // 4-byte aligned (k is even), so the pair is one load.
 template <bool VEC>
@@ -272,16 +292,9 @@ __device__ void gemv_pass_mma(const elem_t* __restrict__ x, const elem_t* __rest
       xr[j] = x + (i64)(b0 + (xok[j] ? 8 * j + g : 0)) * K;
     }
     for (int k0 = 16 * kg; k0 < K; k0 += 16 * ks * U) {
-      // The k rows of A registers 0..3 of step u: k0u + 2t, +1, +8, +9.
       unsigned wv[U][4][MT];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int k = k0 + 16 * ks * u + 2 * t;
-        mma_wload<MT, VEC>(wv[u][0], w, K, N, k, c);
-        mma_wload<MT, VEC>(wv[u][1], w, K, N, k + 1, c);
-        mma_wload<MT, VEC>(wv[u][2], w, K, N, k + 8, c);
-        mma_wload<MT, VEC>(wv[u][3], w, K, N, k + 9, c);
-      }
+      for (int u = 0; u < U; ++u) mma_wstep<MT, VEC>(wv[u], w, K, N, k0 + 16 * ks * u + 2 * t, c);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int k = k0 + 16 * ks * u + 2 * t;
@@ -294,10 +307,8 @@ __device__ void gemv_pass_mma(const elem_t* __restrict__ x, const elem_t* __rest
         }
 #pragma unroll
         for (int q = 0; q < MT; ++q) {
-          const unsigned a[4] = {__byte_perm(wv[u][0][q], wv[u][1][q], 0x5410),
-                                 __byte_perm(wv[u][0][q], wv[u][1][q], 0x7632),
-                                 __byte_perm(wv[u][2][q], wv[u][3][q], 0x5410),
-                                 __byte_perm(wv[u][2][q], wv[u][3][q], 0x7632)};
+          unsigned a[4];
+          mma_afrag<MT>(a, wv[u], q);
 #pragma unroll
           for (int j = 0; j < NT; ++j) cmp_mma(d[q][j], a, b[j]);
         }

@@ -29,6 +29,55 @@ __device__ __forceinline__ bool ll_read(const Plan& P, const Where& w, int peer,
   return true;
 }
 
+// A reader that takes one line from each of several peers polls LL_AHEAD of
+// them at once (ll_read_ahead): their latencies then overlap, where one ll_read
+// after another would add them up.
+constexpr int LL_AHEAD = 4;
+
+// line(p) for p in [p0, p0 + LL_AHEAD) below n, where line(p) is not null (a
+// part the caller has elsewhere), polled together until each carries `flag`,
+// into v[p - p0] (the data in .x and .z).  False on timeout or abort; the record
+// names the first peer still missing.
+template <class Line>
+__device__ __forceinline__ bool ll_read_ahead(const Plan& P, const Where& w, int chan, uint4 (&v)[LL_AHEAD], int p0,
+                                              int n, Line line, unsigned flag) {
+  bool want[LL_AHEAD];
+#pragma unroll
+  for (int i = 0; i < LL_AHEAD; ++i) {
+    want[i] = p0 + i < n && line(p0 + i) != nullptr;
+    if (want[i]) v[i] = ld_volatile_v4(line(p0 + i));
+  }
+  u64 t0 = 0;
+  for (unsigned spins = 0;; ++spins) {
+    bool all = true;
+#pragma unroll
+    for (int i = 0; i < LL_AHEAD; ++i) {
+      if (want[i] && v[i].y == flag && v[i].w == flag) want[i] = false;
+      all = all && !want[i];
+    }
+    if (all) return true;
+    if (spins == 0) {
+      t0 = global_ns();
+    } else if ((spins & 63) == 0) {
+      if (aborted(P)) return false;
+      if (global_ns() - t0 > P.timeout_ns) {
+        // The first missing line, found with constant indices only: an index into v known
+        // only at run time would put all of v in local memory.
+        int who = -1;
+        uint4 m = v[0];
+#pragma unroll
+        for (int i = LL_AHEAD - 1; i >= 0; --i)
+          if (want[i]) who = p0 + i, m = v[i];
+        record_failure(P, w, GC3_WAIT_LL, who, chan, ((u64)m.w << 32) | m.y, flag);
+        return false;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < LL_AHEAD; ++i)
+      if (want[i]) v[i] = ld_volatile_v4(line(p0 + i));
+  }
+}
+
 // One chunk-tile of n lanes: acc = received (if any) op sources (if any);
 // then to the send lines (if any) and the local sink (if nd), through `epi`
 // (if on) for the sink only.  Returns false if this thread gave up waiting.

@@ -260,6 +260,12 @@ class SmallExecutor:
     def describe_error(self, err: np.ndarray) -> str:
         f = lambda name: int(err[abi.field("ERR", name)])  # noqa: E731
         seen, want = f("SEEN_LO") & 0xFFFFFFFF, f("WANT_LO") & 0xFFFFFFFF
+        if f("KIND") == abi.C["GC3_WAIT_SLICE"]:
+            seen |= (f("SEEN_HI") & 0xFFFFFFFF) << 32
+            want |= (f("WANT_HI") & 0xFFFFFFFF) << 32
+            return (f"GPU wait timed out after {self.timeout:g} s (GC3_TIMEOUT_S) in gemv + allreduce: rank "
+                    f"{f('RANK')} block {f('TB')} waited for block {f('A')} of the same rank to finish split-K "
+                    f"slice {f('B')} of column tile {f('TILE')} (its last call {seen}, this call {want})")
         return (f"GPU wait timed out after {self.timeout:g} s (GC3_TIMEOUT_S) in the small-message allreduce: "
                 f"rank {f('RANK')} block {f('TB')}, {_PHASES.get(f('STEP'), 'phase ' + str(f('STEP')))}: "
                 f"waiting for line {f('TILE')} from rank {f('A')} (its flag {seen}, expected {want}; "
