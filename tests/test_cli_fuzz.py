@@ -44,3 +44,26 @@ def test_without_a_gpu_it_says_so_in_one_line():
     rc, out = gc3("--calls", "5")
     assert rc == 2, out
     assert out.strip().splitlines() == [out.strip()] and "needs CUDA GPUs" in out, out
+
+
+def test_a_timed_out_batch_lists_its_calls_and_marks_the_route_the_error_names():
+    """A GPU timeout surfaces when the host waits, after the whole batch went out: the report
+    lists every call of the batch with its route, marks the calls served by the program the
+    error names, and says which calls never went out."""
+    from runtime_cuda.commands.fuzz import Outcome, batch_report, draw_spec
+
+    specs = [draw_spec(2302, k, 4, 256 << 20) for k in range(11732, 11740)]
+    routes = ["NCCL", "broadcast_ring_4r_Simple_c1_i64", "NCCL", "sendrecv", "NCCL", "oneshot_allreduce_4r",
+              "allreduce_ring_4r_Simple_i64_unfused"]
+    outcomes = [Outcome(s, r, []) for s, r in zip(specs, routes)]
+    error = ("GPU wait timed out after 5 s (GC3_TIMEOUT_S) in 'allreduce_ring_4r_Simple_i64_unfused': rank 2 TB 6 "
+             "step 3 (rrc), tile 0: waiting for data from rank 1")
+    lines = batch_report(specs, outcomes, error)
+    assert len(lines) == 8
+    marked = [line for line in lines if "<- the error names this route" in line]
+    assert marked == [f"  {specs[6].describe()} -> allreduce_ring_4r_Simple_i64_unfused   "
+                      f"<- the error names this route"]
+    assert lines[7].endswith("-> not issued") and "#11739" in lines[7]
+    # A route that is only a prefix of the named program is not marked.
+    assert not any("<-" in line for line in batch_report(specs[:1], [Outcome(specs[0], "allreduce_ring_4r", [])],
+                                                          error))

@@ -382,6 +382,19 @@ class Outcome:
     checks: list          # (label, rank, device scalars)
 
 
+def batch_report(specs: Sequence[Spec], outcomes: Sequence[Outcome], error: str) -> List[str]:
+    """The calls of a batch that failed as a whole (a GPU timeout surfaces when the host waits,
+    after every call of the batch went out), each with the route that served it, and a mark on
+    the calls whose route the error names: the candidates for the call that timed out."""
+    routes = {o.spec.index: o.route for o in outcomes}
+    lines = []
+    for spec in specs:
+        route = routes.get(spec.index)
+        mark = "   <- the error names this route" if route and f"'{route}'" in error else ""
+        lines.append(f"  {spec.describe()} -> {route or 'not issued'}{mark}")
+    return lines
+
+
 class ProcessRank:
     """mode=processes: this process is one rank; gc3's drop-in serves the calls,
     and NCCL's own communicator replays them where it can exist."""
@@ -753,6 +766,10 @@ def main(argv=None) -> int:
                 hangs += kind == "hang"
                 mismatches += kind != "hang"
                 failures.append(f"{kind} in batch at call #{i}: {type(exc).__name__}: {exc}")
+                if "timed out" in str(exc):
+                    specs = [draw_spec(seed, k, n, args.max_bytes, colls, dtypes, ops) for k in range(i, i + batch)]
+                    print(f"rank {rank}: the batch, calls #{i}..#{i + batch - 1}:\n"
+                          + "\n".join(batch_report(specs, outcomes, str(exc))), file=sys.stderr, flush=True)
                 if mpi is not None:
                     # The other ranks may be inside a collective this rank will never join:
                     # say what happened and stop them all, rather than hang until the watchdog.
