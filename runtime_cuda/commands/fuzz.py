@@ -9,7 +9,11 @@ Every rank generates every rank's input from the seed, so it knows each
 call's exact result: inputs are small integers (in float types too), chosen
 per op so that no sum, product or average rounds, and results must match bit
 for bit.  Where each rank has a GPU of its own, a real NCCL communicator
-replays every call on its own buffers and is held to the same reference;
+replays every call on its own buffers and is held to the same reference,
+once gc3's calls of the batch have finished: the two communicators' kernels
+must never overlap on a GPU, where each could wait for SMs that the other's
+spinning blocks hold while their peers wait for it (NCCL leaves the order of
+two communicators to the program; overlapping them hung a 4-GPU run);
 where ranks share a GPU (NCCL refuses that) the drop-in is built with
 `NcclCommunicator.from_mpi` and its non-gc3 calls go to a host-staged stand-in.
 
@@ -435,9 +439,16 @@ class ProcessRank:
     def run(self, spec: Spec) -> Outcome:
         out = Outcome(spec, "", [])
         out.route = self._one(spec, self.comm, self.bufs, self.group, "gc3-dropin", out)
-        if self.nccl is not None:
-            self._one(spec, self.nccl, self.ref_bufs, self.nccl_group, "nccl", out)
         return out
+
+    def replay(self, outcomes: Sequence[Outcome]) -> None:
+        """NCCL's own communicator on the same calls, after gc3's have finished (the module's
+        docstring says why), its checks added to each call's outcome."""
+        if self.nccl is None:
+            return
+        for out in outcomes:
+            self._one(out.spec, self.nccl, self.ref_bufs, self.nccl_group, "nccl", out)
+        self.streams.sync_all()
 
     def _one(self, spec, comm, bufs, group, label, out) -> str:
         cp, gpu, st = self.cp, self.gpu, self.streams
@@ -500,6 +511,9 @@ class VirtualRanksRunner:
         self.streams = Streams(cp)
         self.catalog = load_catalog(os.environ)
         self.groups: Dict[str, object] = {}
+
+    def replay(self, outcomes: Sequence[Outcome]) -> None:
+        """No second communicator here (ranks share the GPU)."""
 
     def run(self, spec: Spec) -> Outcome:
         from runtime_cuda.core import abi
@@ -758,6 +772,7 @@ def main(argv=None) -> int:
                     runner.comm.check_async_error()
                 elif hasattr(runner, "check_async_error"):
                     runner.check_async_error()
+                runner.replay(outcomes)
             except StreamChanged as exc:
                 failures.append(str(exc))
                 mismatches += 1
@@ -828,6 +843,7 @@ def main(argv=None) -> int:
             outs = [runner.run(draw_spec(seed, k, n, args.max_bytes, colls, dtypes, ops))
                     for k in range(culprit - length + 1, culprit + 1)]
             runner.streams.sync_all()
+            runner.replay(outs)
             for o in outs:
                 for _, _, s in o.checks:
                     bad_here += int(s[0].get())
