@@ -37,7 +37,7 @@ COLUMN_STEP = 8
 # SPLIT_FMA_ROWS rows).
 SPLIT_MAX_BATCH = abi.C["GC3_GV_SPLIT_MAX_BATCH"]
 SPLIT_FMA_ROWS = abi.C["GC3_GV_SPLIT_FMA_ROWS"]
-SPLIT_COUNTER_BYTES = abi.C["GC3_GV_COUNTER_BYTES"]
+SPLIT_DONE_BYTES = abi.C["GC3_GV_DONE_BYTES"]
 SPLIT_ACC = abi.C["GC3_GV_SPLIT_ACC"]
 MMA_COLS = abi.C["GC3_GV_MMA_COLS"]
 SPLIT_MIN_ROWS = 128
@@ -86,7 +86,7 @@ def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int,
             return None
         tw = 32 * vec * lanes
     tiles = -(-n_out // tw)
-    if tiles > SPLIT_COUNTER_BYTES // 8 or batch * n_out * 4 > SPLIT_WORK_BYTES:
+    if tiles > SPLIT_DONE_BYTES // 8 or batch * n_out * 4 > SPLIT_WORK_BYTES:
         return None
     split = max(1, min(blocks // tiles, -(-k // SPLIT_MIN_ROWS), SPLIT_WORK_BYTES // (batch * n_out * 4)))
     return tw, split
@@ -155,7 +155,7 @@ class GemvAllreduce:
 
         setup = streams.setup_stream()
         with self.executor.device, streams.current(setup):
-            self._work = [cupy.zeros((SPLIT_COUNTER_BYTES + SPLIT_WORK_BYTES) // 4, dtype=cupy.int32)
+            self._work = [cupy.zeros((SPLIT_DONE_BYTES + SPLIT_WORK_BYTES) // 4, dtype=cupy.int32)
                           for _ in range(self.nlocal)]
         setup.synchronize()
         for i, buf in enumerate(self._work):

@@ -222,7 +222,7 @@ struct Plan {
 // u64 per item (slice of a column tile: the number of the call whose partial of
 // it is in place), then the slices' fp32 partials.
 #define GC3_GV_SPLIT_MAX_BATCH 8
-#define GC3_GV_COUNTER_BYTES 65536
+#define GC3_GV_DONE_BYTES 65536
 // fp32 accumulators a split-K thread holds (batch bucket x tile columns it owns), and
 // the weight bytes it loads before using any.
 #ifndef GC3_GV_SPLIT_ACC

@@ -399,7 +399,7 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
     // waited out every L2 round trip of it alone while the other SMs sat idle.
     __shared__ __align__(16) float sred[gv::SPLIT_SRED];
     u64* done = (u64*)work;
-    float* part = (float*)(work + GC3_GV_COUNTER_BYTES);
+    float* part = (float*)(work + GC3_GV_DONE_BYTES);
     for (int i = blockIdx.x; i < items; i += gridDim.x) {
       gv::splitk_slice(x, w, batch, K, N, tw, split, i, part, sred);
       __threadfence();
