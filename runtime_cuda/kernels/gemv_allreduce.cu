@@ -298,17 +298,23 @@ __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, i
 }
 
 // Element (r, column) of a tile summed over the split slices' partials in slice order (the
-// same bits whichever block sums it), SUM_AHEAD loads in flight: L2 latency, not bandwidth,
-// is what a sum of a few elements a thread costs.
-constexpr int SUM_AHEAD = 16;
+// same bits whichever block sums it), AHEAD loads in flight: L2 latency, not bandwidth, is
+// what a sum of a few elements a thread costs, so every slice's load should be in one round
+// trip (slice_sum picks AHEAD: twice as many loads in flight where a tile has more than 16
+// slices, while 16 costs less where that covers them).
+template <int AHEAD>
+struct Ahead {
+  static constexpr int value = AHEAD;
+};
+template <int AHEAD>
 __device__ __forceinline__ float slice_sum(const float* src, i64 pitch, int split) {
   float sum = 0.f;
-  for (int q0 = 0; q0 < split; q0 += SUM_AHEAD) {
-    float v[SUM_AHEAD];
+  for (int q0 = 0; q0 < split; q0 += AHEAD) {
+    float v[AHEAD];
 #pragma unroll
-    for (int u = 0; u < SUM_AHEAD; ++u) v[u] = q0 + u < split ? __ldcg(src + (i64)(q0 + u) * pitch) : 0.f;
+    for (int u = 0; u < AHEAD; ++u) v[u] = q0 + u < split ? __ldcg(src + (i64)(q0 + u) * pitch) : 0.f;
 #pragma unroll
-    for (int u = 0; u < SUM_AHEAD; ++u)
+    for (int u = 0; u < AHEAD; ++u)
       if (q0 + u < split) sum += v[u];
   }
   return sum;
@@ -402,7 +408,9 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
     float* part = (float*)(work + GC3_GV_DONE_BYTES);
     for (int i = blockIdx.x; i < items; i += gridDim.x) {
       gv::splitk_slice(x, w, batch, K, N, tw, split, i, part, sred);
-      __threadfence();
+      // The barrier orders every thread's partial before thread 0's release store, which is
+      // cumulative: the readers' acquire of done[i] then sees them all.  A fence in every
+      // thread as well only waited out each thread's stores again (0.3-0.7 us a call).
       __syncthreads();
       if (threadIdx.x == 0) st_release_gpu(done + i, k);
     }
@@ -422,15 +430,22 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
       constexpr u64 CH = GC3_GV_TILE_LANES / gv::LANES;   // lines `tile` holds
       for (u64 h0 = g0; h0 < g1; h0 += CH) {
         const u64 h1 = min(g1, h0 + CH);
-        for (int e = threadIdx.x; e < (int)((h1 - h0) * gv::LANES); e += blockDim.x) {
-          const int l = (int)(h0 * gv::LANES) + e;
-          float sum = 0.f;
-          if (l < n) {
-            const int r = l / width;
-            sum = gv::slice_sum(part + (i64)r * N + c0 + (l - r * width), (i64)batch * N, split);
+        auto sums = [&](auto ahead) {
+          for (int e = threadIdx.x; e < (int)((h1 - h0) * gv::LANES); e += blockDim.x) {
+            const int l = (int)(h0 * gv::LANES) + e;
+            float sum = 0.f;
+            if (l < n) {
+              const int r = l / width;
+              sum = gv::slice_sum<decltype(ahead)::value>(part + (i64)r * N + c0 + (l - r * width), (i64)batch * N,
+                                                          split);
+            }
+            tile[e] = from_acc(sum);
           }
-          tile[e] = from_acc(sum);
-        }
+        };
+        if (split <= 16)
+          sums(gv::Ahead<16>{});
+        else
+          sums(gv::Ahead<32>{});
         __syncthreads();
         put(j, n, h0, h1);
       }
