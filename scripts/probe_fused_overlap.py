@@ -25,29 +25,6 @@ A, B = case.operands(job.rank)
 out = {}
 
 
-class _DistPG:
-    """The NCCL group, driven the way overlap.py drives a gc3 group (_cuda/_submit)."""
-
-    def __init__(self, pg):
-        self.pg, self._device = pg, job.device
-
-    def size(self):
-        return self.pg.size()
-
-    def _cuda(self, tensors, what):
-        return None
-
-    def _submit(self, comm, coll, send, recv, count, op):
-        if coll == "reducescatter":
-            dist.reduce_scatter_tensor(recv, send, group=self.pg)
-        elif coll == "allreduce":
-            dist.all_reduce(recv, group=self.pg)
-        elif coll == "allgather":
-            dist.all_gather_into_tensor(recv, send, group=self.pg)
-        else:
-            dist.all_to_all_single(recv, send, group=self.pg)
-
-
 fn = {"gemm_rs": overlap.matmul_reduce_scatter, "gemm_ar": overlap.matmul_all_reduce,
       "gemm_a2a": overlap.matmul_all_to_all}.get(op)
 for chunks in (1, 2, 4, 8):
@@ -57,7 +34,7 @@ for chunks in (1, 2, 4, 8):
     else:
         out[f"gemm_rows{chunks}"] = timer.device(lambda: [torch.mm(A[lo:hi], B) for lo, hi in cuts])
     if fn is not None:
-        nccl = _DistPG(job.nccl)
+        nccl = bf.DistDriven(job.nccl, job.device)
         out[f"pipe_nccl{chunks}"] = timer.device(lambda: fn(nccl, A, B, chunks, "probe"))
         out[f"pipe_gc3_{chunks}"] = timer.device(lambda: fn(job.gc3, A, B, chunks, "probe"))
         out[f"host_pipe_gc3_{chunks}"] = timer.host(lambda: fn(job.gc3, A, B, chunks, "probe"))

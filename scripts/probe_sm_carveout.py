@@ -28,29 +28,6 @@ case = bf.Case(op, M, K, N, job.size, job.device)
 A, B = case.operands(job.rank)
 
 
-class _DistPG:
-    """An NCCL group, driven the way overlap.py drives a gc3 group (_cuda/_submit)."""
-
-    def __init__(self, pg):
-        self.pg, self._device = pg, job.device
-
-    def size(self):
-        return self.pg.size()
-
-    def _cuda(self, tensors, what):
-        return None
-
-    def _submit(self, comm, coll, send, recv, count, op):
-        if coll == "reducescatter":
-            dist.reduce_scatter_tensor(recv, send, group=self.pg)
-        elif coll == "allreduce":
-            dist.all_reduce(recv, group=self.pg)
-        elif coll == "allgather":
-            dist.all_gather_into_tensor(recv, send, group=self.pg)
-        else:
-            dist.all_to_all_single(recv, send, group=self.pg)
-
-
 def pipeline(pg, chunks):
     if op == "ag_gemm":
         return lambda: overlap.all_gather_matmul(pg, A, [B], chunks, False, "probe")[1][0]
@@ -86,7 +63,7 @@ for c in carveouts:
     group = nccl_group(c)
     out = {"gemm": timer.device(gemm_alone()), "comm": timer.device(bf.comm_call(case, A, B, group))}
     for chunks in chunk_counts:
-        out[f"pipe_nccl{chunks}"] = timer.device(pipeline(_DistPG(group), chunks))
+        out[f"pipe_nccl{chunks}"] = timer.device(pipeline(bf.DistDriven(group, job.device), chunks))
         out[f"pipe_gc3_{chunks}"] = timer.device(pipeline(job.gc3, chunks))
     best = min(v for k, v in out.items() if k.startswith("pipe"))
     if job.rank == 0:

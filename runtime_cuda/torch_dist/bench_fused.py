@@ -112,6 +112,30 @@ def start() -> Job:
     return Job(rank, size, device, dist.group.WORLD, nccl, f"{size}x{name}")
 
 
+class DistDriven:
+    """A torch.distributed group (NCCL) driven the way overlap.py drives a gc3 group
+    (`_cuda`, `_submit`), so that the overlap pipeline can run on it for comparison."""
+
+    def __init__(self, pg, device: torch.device):
+        self.pg, self._device = pg, device
+
+    def size(self) -> int:
+        return self.pg.size()
+
+    def _cuda(self, tensors, what):
+        return None
+
+    def _submit(self, comm, coll, send, recv, count, op):
+        if coll == "reducescatter":
+            dist.reduce_scatter_tensor(recv, send, group=self.pg)
+        elif coll == "allreduce":
+            dist.all_reduce(recv, group=self.pg)
+        elif coll == "allgather":
+            dist.all_gather_into_tensor(recv, send, group=self.pg)
+        else:
+            dist.all_to_all_single(recv, send, group=self.pg)
+
+
 # --- inputs and references ---------------------------------------------------------
 def _seed(key: Tuple) -> int:
     """The same number in every process: Python's hash() of a string differs between
