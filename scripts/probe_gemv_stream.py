@@ -28,17 +28,42 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned ph) {
   } while (!ok);
 }
 
+// Block b's item: slice s of K (rows k0..k1, nst stages) of the tile at column c0.
+struct Item {
+  int s, k0, k1, c0, nst;
+};
+__device__ __forceinline__ Item item_of(int K, int N, int split) {
+  const int tiles = N / TW, rows = (K + split - 1) / split;
+  Item it;
+  it.s = blockIdx.x / tiles;
+  it.c0 = blockIdx.x % tiles * TW;
+  it.k0 = it.s * rows;
+  it.k1 = min(K, it.k0 + rows);
+  it.nst = (it.k1 - it.k0 + RPS - 1) / RPS;
+  return it;
+}
+
+// One stage's nr rows (of RPS) in shared memory into this thread's two columns' sums.
+__device__ __forceinline__ void consume(const u16* stage, const u16* x, int kb, int nr, float& a0, float& a1) {
+  const unsigned* row = (const unsigned*)stage + threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < RPS; ++r) {
+    if (r < nr) {
+      const unsigned v = row[r * TW / 2];
+      const float xv = bf(x[kb + r]);
+      a0 = fmaf(xv, __uint_as_float(v << 16), a0);
+      a1 = fmaf(xv, __uint_as_float(v & 0xffff0000u), a1);
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(512) tma_gemv(const u16* __restrict__ x, const u16* __restrict__ w,
                                                           int K, int N, int split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned long long* bar = (unsigned long long*)smem;
   u16* buf = (u16*)(smem + 128);
-  const int tiles = N / TW;
-  const int tile = blockIdx.x % tiles, s = blockIdx.x / tiles;
-  const int rows = (K + split - 1) / split;
-  const int k0 = s * rows, k1 = min(K, k0 + rows);
-  const int c0 = tile * TW;
-  const int nst = (k1 - k0 + RPS - 1) / RPS;
+  const Item it = item_of(K, N, split);
+  const int k0 = it.k0, k1 = it.k1, c0 = it.c0, nst = it.nst;
   if (threadIdx.x == 0) {
     for (int i = 0; i < STAGES; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(sa(bar + i)));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -58,16 +83,7 @@ extern "C" __global__ void __launch_bounds__(512) tma_gemv(const u16* __restrict
     const int slot = st % STAGES;
     mbar_wait(bar + slot, (st / STAGES) & 1);
     const int kb = k0 + st * RPS, nr = min(RPS, k1 - kb);
-    const unsigned* row = (const unsigned*)(buf + slot * RPS * TW) + threadIdx.x;
-#pragma unroll
-    for (int r = 0; r < RPS; ++r) {
-      if (r < nr) {
-        const unsigned v = row[r * TW / 2];
-        const float xv = bf(x[kb + r]);
-        a0 = fmaf(xv, __uint_as_float(v << 16), a0);
-        a1 = fmaf(xv, __uint_as_float(v & 0xffff0000u), a1);
-      }
-    }
+    consume(buf + slot * RPS * TW, x, kb, nr, a0, a1);
     __syncthreads();
     if (threadIdx.x == 0 && st + STAGES < nst) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -79,8 +95,8 @@ extern "C" __global__ void __launch_bounds__(512) tma_gemv(const u16* __restrict
                      "r"(sa(bar + slot)) : "memory");
     }
   }
-  part[(long long)s * N + c0 + 2 * threadIdx.x] = a0;
-  part[(long long)s * N + c0 + 2 * threadIdx.x + 1] = a1;
+  part[(long long)it.s * N + c0 + 2 * threadIdx.x] = a0;
+  part[(long long)it.s * N + c0 + 2 * threadIdx.x + 1] = a1;
 }
 
 // cp.async (16 bytes a thread a copy) into STAGES stages of RPS rows.
@@ -88,12 +104,8 @@ extern "C" __global__ void __launch_bounds__(512) cpa_gemv(const u16* __restrict
                                                           int K, int N, int split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
   u16* buf = (u16*)(smem + 128);
-  const int tiles = N / TW;
-  const int tile = blockIdx.x % tiles, s = blockIdx.x / tiles;
-  const int rows = (K + split - 1) / split;
-  const int k0 = s * rows, k1 = min(K, k0 + rows);
-  const int c0 = tile * TW;
-  const int nst = (k1 - k0 + RPS - 1) / RPS;
+  const Item it = item_of(K, N, split);
+  const int k0 = it.k0, k1 = it.k1, c0 = it.c0, nst = it.nst;
   constexpr int PER = RPS * TW / 8 / 512;   // 16-byte pieces a thread per stage
   auto issue = [&](int st) {
     const int slot = st % STAGES, kb = k0 + st * RPS;
@@ -113,20 +125,11 @@ extern "C" __global__ void __launch_bounds__(512) cpa_gemv(const u16* __restrict
     asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
     __syncthreads();
     const int slot = st % STAGES, kb = k0 + st * RPS, nr = min(RPS, k1 - kb);
-    const unsigned* row = (const unsigned*)(buf + slot * RPS * TW) + threadIdx.x;
-#pragma unroll
-    for (int r = 0; r < RPS; ++r) {
-      if (r < nr) {
-        const unsigned v = row[r * TW / 2];
-        const float xv = bf(x[kb + r]);
-        a0 = fmaf(xv, __uint_as_float(v << 16), a0);
-        a1 = fmaf(xv, __uint_as_float(v & 0xffff0000u), a1);
-      }
-    }
+    consume(buf + slot * RPS * TW, x, kb, nr, a0, a1);
     __syncthreads();
   }
-  part[(long long)s * N + c0 + 2 * threadIdx.x] = a0;
-  part[(long long)s * N + c0 + 2 * threadIdx.x + 1] = a1;
+  part[(long long)it.s * N + c0 + 2 * threadIdx.x] = a0;
+  part[(long long)it.s * N + c0 + 2 * threadIdx.x + 1] = a1;
 }
 """
 
