@@ -186,11 +186,13 @@ _DECLARED: List[Setting] = [
             "how fused operators' streams wait for flags",
             _choice({"driver": "driver", "kernel": "kernel"}, "'driver' or 'kernel'", fold=True),
             "driver, kernel", "fused"),
-    Setting("GC3_FUSED_EXCHANGE", "choice", "collective",
-            "how the torch GEMM operators' fused path moves data: the group's collectives beside the GEMM, or "
-            "copy-engine copies straight into the peers' buffers (no SM taken from the GEMM)",
-            _choice({"collective": "collective", "copy-engine": "copy-engine"}, "'collective' or 'copy-engine'",
-                    fold=True), "collective, copy-engine", "fused"),
+    Setting("GC3_FUSED_EXCHANGE", "choice", "tile-store",
+            "how the torch GEMM operators' fused path moves data: the GEMM stores each output tile straight into "
+            "the peer that needs it (a Triton GEMM; where it cannot serve a call, the collectives), the group's "
+            "collectives beside cuBLAS, or copy-engine copies straight into the peers' buffers",
+            _choice({"tile-store": "tile-store", "collective": "collective", "copy-engine": "copy-engine"},
+                    "'tile-store', 'collective' or 'copy-engine'", fold=True), "tile-store, collective, copy-engine",
+            "fused"),
     Setting("GC3_FUSED_PARTIALS", "choice", "fp32",
             "the type GEMM+reduce-scatter/all-reduce partial products cross the links in: fp32, or the input's "
             "(half the bytes; each partial rounded once, then summed in fp32)",

@@ -263,11 +263,16 @@ def test_every_fused_operator_on_ranks_sharing_one_gpu(n, exchange, tmp_path):
 
 
 def test_the_exchange_setting_picks_the_pipeline(monkeypatch):
-    """GC3_FUSED_EXCHANGE=copy-engine takes copy_engine.py's functions, except while a CUDA graph
-    captures; by default overlap.py's; a bad value names the variable."""
-    from runtime_cuda.torch_dist import copy_engine, ops, overlap
+    """By default the tile-store GEMM serves the operators it has (all-gather + GEMM: overlap.py's);
+    GC3_FUSED_EXCHANGE=collective takes overlap.py's functions, =copy-engine copy_engine.py's
+    except while a CUDA graph captures; a bad value names the variable."""
+    from runtime_cuda.torch_dist import copy_engine, ops, overlap, tile_store
     monkeypatch.delenv("GC3_FUSED_EXCHANGE", raising=False)
     names = ("matmul_reduce_scatter", "matmul_all_reduce", "all_gather_matmul", "matmul_all_to_all")
+    got = [ops._pipeline(n) for n in names]
+    assert got[2] is overlap.all_gather_matmul and set(tile_store.RUNS) == set(names) - {"all_gather_matmul"}
+    assert [(g.func, g.args) for g in got[:2] + got[3:]] == [(ops._tile_store, (n,)) for n in tile_store.RUNS]
+    monkeypatch.setenv("GC3_FUSED_EXCHANGE", "collective")
     assert [ops._pipeline(n) for n in names] == [getattr(overlap, n) for n in names]
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "copy-engine")
     monkeypatch.setattr(ops, "_capturing", lambda: False)
@@ -434,3 +439,38 @@ def test_a_sequential_collective_goes_straight_to_the_gc3_communicator_only_wher
     assert call(pg, tensor("cpu"), tensor("cpu")) == "dist"
     assert call(types.SimpleNamespace(_comm=None, _device=None), t, t) == "dist"
     assert call(types.SimpleNamespace(), t, t) == "dist"          # not a gc3 group
+
+
+def _tile_store_ranks(n, tmp_path, *flags):
+    """tests/gpu_programs/torch_tile_store.py on n ranks (see there for what it checks)."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("triton")
+    from test_torch_backend import spawn_ranks, tuned_catalog
+    if torch.cuda.get_device_capability(0)[0] < 9:
+        pytest.skip("the tile-store GEMM needs TMA (compute capability 9.0 and up)")
+    # The sequential path's collectives on ranks sharing a GPU (no NCCL there): a tuned catalog's.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GC3_TORCH_FALLBACK="0", NCCL_NVLS_ENABLE="0", GC3_TIMEOUT_S="90",
+               GC3_FUSED_TIMEOUT="5", GC3_CACHE_DIR=str(tmp_path / "cache"))
+    if "--spread" in flags:
+        del env["GC3_TORCH_FALLBACK"]     # one GPU a rank: the machine's catalog, NCCL for what it leaves
+    else:
+        env["GC3_CONFIG"] = str(tuned_catalog(n, tmp_path))
+    env.pop("GC3_FUSED_EXCHANGE", None)     # the default exchange is the one under test
+    outs = spawn_ranks([str(ROOT / "tests" / "gpu_programs" / "torch_tile_store.py")], n, tmp_path, env, *flags,
+                       says="ALL OK rank={rank}", timeout=400)
+    for needed in ("gemm_a2a served by the tile-store GEMM", "gemm_ar cuda graph replay", "back to back gemm_rs"):
+        assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
+    assert "a missing rank is reported, not waited for" in outs[1], outs[1][-3000:]
+
+
+@pytest.mark.gpu
+@needs_torch
+@pytest.mark.parametrize("n", [2, 4])
+def test_tile_store_gemm_on_ranks_sharing_one_gpu(n, tmp_path):
+    _tile_store_ranks(n, tmp_path)
+
+
+@pytest.mark.multigpu
+@needs_torch
+def test_tile_store_gemm_one_gpu_per_rank(tmp_path):
+    _tile_store_ranks(torch.cuda.device_count(), tmp_path, "--spread")

@@ -171,9 +171,7 @@ class Watchdog:
         names it (flag, chunk, rank) in the error if it never does."""
         import numpy as np
 
-        self._next = self._next % (self._RING - 1) + 1   # ident 0 means "no failure"
-        ident = self._next
-        self._names[ident] = what
+        ident = self.name(what)
         value &= 0xFFFFFFFF
         if self.wait_backend == "driver":
             driver = _driver()
@@ -184,6 +182,12 @@ class Watchdog:
         kernel("gc3_flag_wait")((1,), (1,), (np.uint64(flag), np.uint32(value),
                                               np.uint64(int(self.timeout * 1e9)), np.uint64(self.failed_ptr),
                                               np.int32(ident)), stream=streams.wrap(stream))
+
+    def name(self, what: str) -> int:
+        """The ident a wait stores into the failure word when it gives up, naming `what`."""
+        self._next = self._next % (self._RING - 1) + 1   # ident 0 means "no failure"
+        self._names[self._next] = what
+        return self._next
 
     def release(self, stream: int, flag: int, value: int) -> None:
         release(stream, flag, value, self.release_backend)

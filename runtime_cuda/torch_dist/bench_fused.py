@@ -245,14 +245,19 @@ def seq_call(case: Case, A, B, pg) -> Callable:
 def comm_call(case: Case, A, B, pg, chunks: int = 1, fused: bool = False) -> Callable:
     """The operator's exchange alone: `chunks` collectives of the bytes the GEMM's
     chunks produce (1: one collective of the whole).  `fused`: the fused path's own
-    exchange on the gc3 group `pg`, so under GC3_FUSED_EXCHANGE=copy-engine the
-    copy-engine pipeline on a GEMM emptied of work (K = 0, or B of no columns for
-    AG+GEMM), so that the same bytes move."""
+    exchange on the gc3 group `pg`: the tile-store GEMM with K = 8, or under
+    GC3_FUSED_EXCHANGE=copy-engine the copy-engine pipeline on a GEMM emptied of work
+    (K = 0, or B of no columns for AG+GEMM), so that the same bytes move."""
     from . import ops
     from .overlap import _pieces, bounds
 
     run = ops._pipeline({"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter",
                          "gemm_ar": "matmul_all_reduce"}.get(case.op, "matmul_all_to_all"))
+    if fused and getattr(run, "func", None) is ops._tile_store and case.op != "ag_gemm":
+        # The tile-store GEMM's exchange is its tiles' stores: a GEMM of K = 8 stores the same tiles.
+        A8 = torch.randn((A.shape[0], 8), device=A.device).to(A.dtype)
+        B8 = torch.randn((8, B.shape[1]), device=B.device).to(B.dtype)
+        return lambda: run(pg, A8, B8, 1, "comm_fused")
     if fused and run.__module__.endswith("copy_engine"):
         if case.op == "ag_gemm":
             none = [B.new_zeros((B.shape[0], 0))]
@@ -512,6 +517,34 @@ def _graph_decision(timer: Timer, entry: dict, seq: Callable, fused: Callable) -
     return f"; in a graph sequential {_us(g_seq)}, fused {_us(g_fused)}: {entry['graph_path']}"
 
 
+def entries_from_records(rows: Sequence[dict], gpus: int, ops: Sequence[str]) -> Tuple[List[dict], List[str]]:
+    """The fused section's entries of `ops` at `gpus` from `gc3 bench --fused` records taken
+    while the catalog sent these shapes to the sequential path (so auto_us and graph_auto_us
+    timed it on the gc3 group, as the tune's sequential_us does): fused where fused_us beat it
+    by FUSED_MARGIN, and a graph_path from the graph columns.  Returns (entries, the rows
+    skipped and why)."""
+    entries, skipped = [], []
+    for r in rows:
+        if r["op"] not in ops or r["gpus"] != gpus or r.get("dtype") != "bfloat16":
+            continue
+        d = dict(r["shape"])
+        where = f"{r['op']} M={d['M']} K={d['K']} N={d['N']}"
+        if r["path"] != "sequential" or not r.get("auto_us") or not r.get("fused_us") or r["check"] != "ok":
+            skipped.append(f"{where}: path={r['path']} check={r['check']} (auto did not time the sequential path)")
+            continue
+        # The catalog keys a shape by the operands one rank holds (the tune's A and B).
+        shape = {"M": d["M"], "K": d["K"] // gpus if r["op"] in ("gemm_rs", "gemm_ar") else d["K"],
+                 "N": d["N"] // gpus if r["op"] == "ag_gemm" else d["N"]}
+        e = {"op": r["op"], "gpus": gpus, "dtype": "bfloat16", "shape": shape,
+             "path": _faster(r["fused_us"], r["auto_us"]), "chunks": 1, "fused_us": r["fused_us"],
+             "sequential_us": r["auto_us"]}
+        if r.get("graph_fused_us") and r.get("graph_auto_us"):
+            e.update(graph_path=_faster(r["graph_fused_us"], r["graph_auto_us"]), graph_fused_us=r["graph_fused_us"],
+                     graph_sequential_us=r["graph_auto_us"])
+        entries.append(e)
+    return entries, skipped
+
+
 def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, rounds: int,
          echo: Callable[[str], None]) -> None:
     """The fused section of `output` (a catalog JSON, created or updated; None: the
@@ -556,13 +589,17 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
     dist.destroy_process_group()
 
 
-def write_section(output: Path, entries: List[dict], provenance: dict) -> None:
-    """Replace the entries of the same (op, gpus) in `output`'s fused section, atomically."""
+def write_section(output: Path, entries: List[dict], provenance: Optional[dict], edit: Optional[str] = None) -> None:
+    """Replace the entries of the same (op, gpus) in `output`'s fused section, atomically; with
+    `provenance`, the tune's for its machine, with `edit`, a line added to the section's edits."""
     data = json.loads(output.read_text()) if output.exists() else {}
     section = data.setdefault("fused", {"provenance": {}, "entries": []})
     done = {(e["op"], e["gpus"]) for e in entries}
     section["entries"] = [e for e in section.get("entries", []) if (e["op"], e["gpus"]) not in done] + entries
-    section.setdefault("provenance", {})[f"{provenance['hw']}"] = provenance
+    if provenance is not None:
+        section.setdefault("provenance", {})[f"{provenance['hw']}"] = provenance
+    if edit is not None:
+        section.setdefault("edits", []).append(edit)
     tmp = output.with_name(output.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, output)

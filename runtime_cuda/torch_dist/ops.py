@@ -32,6 +32,7 @@ path.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from typing import List, Optional, Sequence, Tuple, Union
@@ -160,14 +161,39 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
 
 
 def _pipeline(run: str):
-    """The function `run` of the fused path's pipeline: overlap.py's (the group's collectives
-    beside the GEMM), or copy_engine.py's under GC3_FUSED_EXCHANGE=copy-engine where it has one
-    and no CUDA graph is being captured."""
-    if settings.get("GC3_FUSED_EXCHANGE") == "copy-engine" and not _capturing():
+    """The function `run` of the fused path's pipeline: tile_store.py's (the GEMM stores its
+    tiles into the peers) by default where it has one, overlap.py's (the group's collectives
+    beside the GEMM) under GC3_FUSED_EXCHANGE=collective, or copy_engine.py's under
+    GC3_FUSED_EXCHANGE=copy-engine where it has one and no CUDA graph is being captured."""
+    exchange = settings.get("GC3_FUSED_EXCHANGE")
+    if exchange == "copy-engine" and not _capturing():
         from . import copy_engine
         if hasattr(copy_engine, run):
             return getattr(copy_engine, run)
+    if exchange == "tile-store":
+        from . import tile_store
+        if run in tile_store.RUNS:
+            return functools.partial(_tile_store, run)
     return getattr(overlap, run)
+
+
+def _tile_store(run: str, pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+    """tile_store.py's `run` where it serves the call, else overlap.py's (logged)."""
+    from . import tile_store
+    op = tile_store.RUNS[run]
+    # The answer for these operands' shapes, strides and dtype, kept on the group.
+    kept = pg.__dict__.setdefault("_gc3_tile_store_refusals", {})
+    key = (op, A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.device)
+    why = kept.get(key)
+    if why is None:
+        why = kept[key] = tile_store.refusal(pg, op, A, B)
+    if not why and _capturing() and not tile_store.ready(pg, op, A, B):
+        why = "a CUDA graph capture of a shape whose buffers are not mapped yet (call it once eagerly first)"
+    if why:
+        _log().info("gc3 torch %s: the tile-store GEMM cannot serve this call (%s); the collectives beside "
+                    "cuBLAS run instead", what, why)
+        return getattr(overlap, run)(pg, A, B, chunks, what)
+    return getattr(tile_store, run)(pg, A, B, chunks, what)
 
 
 # --- the GEMM operators' repeat path --------------------------------------------------

@@ -1,0 +1,27 @@
+"""Write a catalog's fused entries from `gc3 bench --fused` records (dev tooling)
+
+    python scripts/fused_section_from_bench.py CATALOG RECORDS GPUS OPS HW DATE "EDIT NOTE"
+
+`gc3 tune --fused` times the sequential path and the fused one per shape; a bench run on a
+catalog that sends these shapes to the sequential path has timed the same two (auto_us is
+that sequential path on the gc3 group, fused_us the forced fused one, and their graph
+columns the same replayed), so its lines can decide the entries without measuring again
+(bench_fused.entries_from_records).  Replaces CATALOG's entries of OPS (comma-separated) at
+GPUS with those of RECORDS' lines from HW on DATE, and adds EDIT NOTE to the section's edits.
+"""
+import sys
+from pathlib import Path
+
+from runtime_cuda.fused import records
+from runtime_cuda.torch_dist import bench_fused
+
+catalog, record, gpus, ops, hw, date, note = sys.argv[1:8]
+rows = [r for r in records.read(Path(record)) if r["hw"] == hw and r.get("date") == date]
+entries, skipped = bench_fused.entries_from_records(rows, int(gpus), ops.split(","))
+for why in skipped:
+    print("skipped:", why)
+if not entries:
+    sys.exit(f"no {ops} lines at {gpus} GPUs from {hw} on {date} in {record}")
+bench_fused.write_section(Path(catalog), entries, None, note)
+print(f"{catalog}: {len(entries)} entries of {ops} at {gpus} GPUs, {sum(e['path'] == 'fused' for e in entries)} fused, "
+      f"{sum(e.get('graph_path') == 'fused' for e in entries)} fused in a graph")

@@ -1,0 +1,141 @@
+"""One rank of the tile-store GEMM's check (runtime_cuda/torch_dist/tile_store.py), every
+rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank % count:
+
+- GEMM + reduce-scatter, + all-reduce, + all-to-all forced fused at two shapes whose K and N
+  are not multiples of the GEMM's tiles, each against an fp32 reference (error no larger
+  than the sequential path's), the all-reduce bit-identical across ranks, and the
+  tile-store path shown to have served them;
+- five calls of each in a row on new inputs (both parities of the buffers, twice);
+- CUDA-graph capture of each and two replays on new inputs;
+- back-to-back calls of alternating operators and shapes, no synchronisation until the end;
+- a rank that skips a call: the others' barrier gives up after GC3_FUSED_TIMEOUT and
+  their next call raises RuntimeTimeoutError naming it (no hang).
+
+    python torch_tile_store.py RANK WORLD STORE_PATH [--spread]
+
+Prints "PASS <name>" per check and "ALL OK rank=R" at the end; any failure raises.
+"""
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import runtime_cuda.torch_dist as gc3_torch
+import torch_rank
+from gc3.errors import RuntimeTimeoutError
+from runtime_cuda.torch_dist import ops, tile_store
+
+rank, world, store_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dev = torch.device("cuda", rank % torch.cuda.device_count() if "--spread" in sys.argv else 0)
+torch.cuda.set_device(dev)
+gc3_torch.register()
+dist.init_process_group("cpu:gloo,cuda:gc3", store=dist.FileStore(store_path, world), rank=rank,
+                        world_size=world, timeout=timedelta(seconds=120))
+pg = dist.group.WORLD
+G = world
+user = torch.cuda.Stream()      # the caller's own stream, not the default one
+torch.cuda.set_stream(user)
+# Rows: 1 and 2 tiles a rank; K: 3 steps of 64 and a part; N: one tile of 256 and a part.
+SHAPES = ((G * tile_store.BM, 200, 8 * 37), (2 * G * tile_store.BM, 456, 8 * 45))
+
+
+def passed(name):
+    print(f"PASS {name} rank={rank}", flush=True)
+
+
+def inputs(seed, r, shape, scale=1.0):
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed * 1000 + r)
+    return (torch.randn(shape, generator=g, device=dev) * scale).to(torch.bfloat16)
+
+
+def close(name, got, ref, seq):
+    scale = ref.abs().max().clamp_min(1e-30)
+    e_got = float((got.float() - ref).abs().max() / scale)
+    e_seq = float((seq.float() - ref).abs().max() / scale)
+    if not e_got <= max(1.25 * e_seq, e_seq + 2 ** -8):
+        raise AssertionError(f"rank {rank}: {name}: error {e_got:.3e} against fp32, sequential path {e_seq:.3e}")
+    passed(name)
+
+
+def operands(op, shape, seed, r=None):
+    M, K, N = shape
+    r = rank if r is None else r
+    b_rank = 0 if op == "gemm_a2a" else r      # all-to-all: one B everywhere (an expert's weight)
+    return inputs(seed, r, (M, K)), inputs(seed + 1, b_rank, (K, N), scale=K ** -0.5)
+
+
+def reference(op, shape, seed):
+    M = shape[0]
+    m = M // G
+    parts = [operands(op, shape, seed, r) for r in range(world)]
+    if op == "gemm_a2a":
+        return torch.cat([(a[rank * m:(rank + 1) * m].float() @ b.float()) for a, b in parts])
+    full = sum(a.float() @ b.float() for a, b in parts)
+    return full[rank * m:(rank + 1) * m] if op == "gemm_rs" else full
+
+
+CALLS = {
+    "gemm_rs": lambda a, b, **kw: ops.fused_matmul_reduce_scatter(a, b, "sum", 0, pg, **kw),
+    "gemm_ar": lambda a, b, **kw: ops.fused_matmul_all_reduce(a, b, pg, **kw),
+    "gemm_a2a": lambda a, b, **kw: ops.fused_matmul_all_to_all(a, b, pg, **kw),
+}
+
+dist.barrier()
+for op, call in CALLS.items():
+    for shape in SHAPES:
+        for seed in range(1, 6):
+            a, b = operands(op, shape, seed)
+            got = call(a, b, path="fused")
+            close(f"{op} {shape} call {seed}", got, reference(op, shape, seed), call(a, b, path="sequential"))
+            if op == "gemm_ar":
+                torch_rank.same_on_all_ranks(f"{op} {shape} call {seed}", got)
+        assert tile_store.ready(pg, op, a, b), f"rank {rank}: the tile-store path did not serve {op} {shape}"
+    passed(f"{op} served by the tile-store GEMM")
+
+# CUDA graph: one captured call of each operator, replayed on new inputs.
+for op, call in CALLS.items():
+    shape = SHAPES[1]
+    a, b = operands(op, shape, 20)
+    call(a, b, path="fused")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=user):
+        out = call(a, b, path="fused")
+    for seed in (21, 22):
+        a2, b2 = operands(op, shape, seed)
+        a.copy_(a2)
+        b.copy_(b2)
+        g.replay()
+        close(f"{op} cuda graph replay seed {seed}", out, reference(op, shape, seed), call(a2, b2, path="sequential"))
+    del g
+
+# Back to back: alternating operators and shapes, checked only at the end.
+results = []
+for i in range(9):
+    op, shape = list(CALLS)[i % 3], SHAPES[i % 2]
+    a, b = operands(op, shape, 30 + i)
+    results.append((op, shape, 30 + i, CALLS[op](a, b, path="fused")))
+torch.cuda.synchronize()
+for op, shape, seed, got in results:
+    a, b = operands(op, shape, seed)
+    close(f"back to back {op} {shape} seed {seed}", got, reference(op, shape, seed),
+          CALLS[op](a, b, path="sequential"))
+
+# A rank that never comes: the others give up (GC3_FUSED_TIMEOUT) and raise on their next call.
+dist.barrier()
+a, b = operands("gemm_rs", SHAPES[0], 40)
+if rank != 0:
+    CALLS["gemm_rs"](a, b, path="fused")
+    torch.cuda.synchronize()           # returns: the barrier gave up
+    try:
+        CALLS["gemm_rs"](a, b, path="fused")
+    except RuntimeTimeoutError as exc:
+        assert "tile-store barrier" in str(exc), exc
+        passed("a missing rank is reported, not waited for")
+    else:
+        raise AssertionError(f"rank {rank}: a call after a barrier gave up did not raise")
+# Rank 0's buffers stay mapped until every peer is past its last write (a CPU tensor: gloo's half).
+dist.all_reduce(torch.zeros(1))
+print(f"ALL OK rank={rank}", flush=True)
