@@ -474,3 +474,100 @@ def test_tile_store_gemm_on_ranks_sharing_one_gpu(n, tmp_path):
 @needs_torch
 def test_tile_store_gemm_one_gpu_per_rank(tmp_path):
     _tile_store_ranks(torch.cuda.device_count(), tmp_path, "--spread")
+
+
+class _FakeGroup:
+    def __init__(self, n):
+        self.n = n
+
+    def size(self):
+        return self.n
+
+
+def test_tile_store_refusals_name_what_is_missing(monkeypatch):
+    """Every shape the tile-store GEMM cannot take is named (CPU tensors stand in: refusal reads
+    only shapes, strides, dtypes and the GPU's capability)."""
+    from runtime_cuda.torch_dist import tile_store
+    monkeypatch.setattr(tile_store, "_triton_missing", lambda: "")
+    monkeypatch.setattr(tile_store, "_capability", lambda device: 9)
+    pg = _FakeGroup(4)
+    M = 4 * tile_store.BM
+
+    def why(m=M, k=200, n=296, dtype=torch.bfloat16, b_t=False, group=pg):
+        A = torch.zeros((m, k), dtype=dtype)
+        B = torch.zeros((n, k), dtype=dtype).t() if b_t else torch.zeros((k, n), dtype=dtype)
+        return tile_store.refusal(group, "gemm_rs", A, B)
+
+    assert why() == ""
+    assert "multiples of 8" in why(k=201) and "multiples of 8" in why(n=300 - 1)
+    assert f"multiple of {tile_store.BM}" in why(m=M + 8)
+    assert "float32" in why(dtype=torch.float32)
+    assert "strided" in why(b_t=True)
+    assert "at most 8" in why(group=_FakeGroup(9), m=9 * tile_store.BM)
+    monkeypatch.setattr(tile_store, "_capability", lambda device: 8)
+    assert "TMA" in why()
+    monkeypatch.setattr(tile_store, "_triton_missing", lambda: "Triton is not importable (x)")
+    assert why() == "Triton is not importable (x)"
+
+
+def test_the_tile_store_hands_a_call_it_refuses_to_the_collectives(monkeypatch):
+    from runtime_cuda.torch_dist import ops, overlap, tile_store
+    pg = _FakeGroup(2)
+    monkeypatch.setattr(ops, "_capturing", lambda: False)
+    monkeypatch.setattr(overlap, "matmul_reduce_scatter", lambda *a: "collectives")
+    monkeypatch.setattr(tile_store, "matmul_reduce_scatter", lambda *a: "tile-store")
+    A, B = torch.zeros((256, 16), dtype=torch.bfloat16), torch.zeros((16, 8), dtype=torch.bfloat16)
+    monkeypatch.setattr(tile_store, "refusal", lambda *a: "no Triton")
+    assert ops._tile_store("matmul_reduce_scatter", pg, A, B, 1, "t") == "collectives"
+    pg2 = _FakeGroup(2)       # the answer is kept per group and shape: a new group asks again
+    monkeypatch.setattr(tile_store, "refusal", lambda *a: "")
+    assert ops._tile_store("matmul_reduce_scatter", pg2, A, B, 1, "t") == "tile-store"
+    monkeypatch.setattr(ops, "_capturing", lambda: True)       # a capture of a shape never mapped
+    monkeypatch.setattr(tile_store, "ready", lambda *a: False)
+    assert ops._tile_store("matmul_reduce_scatter", pg2, A, B, 1, "t") == "collectives"
+
+
+def test_auto_runs_sequential_where_the_measured_tile_store_cannot_serve(monkeypatch):
+    """A measured table's fused entry timed the tile-store GEMM: where that refuses the call,
+    auto takes the sequential path rather than the collectives' pipeline; a forced call still
+    runs fused."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.torch_dist import ops, tile_store
+    monkeypatch.delenv("GC3_FUSED_EXCHANGE", raising=False)
+    monkeypatch.setattr(ops, "_choose", lambda *a: SimpleNamespace(fused=True, chunks=1, why="measured"))
+    monkeypatch.setattr(tile_store, "refusal", lambda *a: "no Triton")
+    A, B = torch.zeros((256, 16), dtype=torch.bfloat16), torch.zeros((16, 8), dtype=torch.bfloat16)
+    run, why = ops._gemm_fused("gemm_rs", "t", _FakeGroup(2), A, B, None, None, "matmul_reduce_scatter")
+    assert run is None and "tile-store" in why and "no Triton" in why
+    run, why = ops._gemm_fused("gemm_rs", "t", _FakeGroup(2), A, B, "fused", None, "matmul_reduce_scatter")
+    assert run is not None and why == ""
+
+
+def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_path):
+    from runtime_cuda.fused import records
+    from runtime_cuda.torch_dist import bench_fused
+    v = {"seq_nccl_us": 100.0, "auto_us": 90.0, "fused_us": 80.0, "graph_auto_us": 85.0, "graph_fused_us": 84.0}
+    lines = [records.format_line("gemm_rs", 4, {"M": 8192, "K": 28672, "N": 8192}, "bfloat16", v, "sequential",
+                                 "ok", "4xH100", date="2026-11-27"),
+             records.format_line("gemm_a2a", 4, {"M": 2048, "K": 4096, "N": 4096}, "bfloat16",
+                                 dict(v, fused_us=89.0), "sequential", "ok", "4xH100", date="2026-11-27"),
+             records.format_line("gemm_ar", 4, {"M": 1024, "K": 28672, "N": 8192}, "bfloat16", v, "fused",
+                                 "ok", "4xH100", date="2026-11-27"),
+             records.format_line("gemm_rs", 2, {"M": 8192, "K": 28672, "N": 8192}, "bfloat16", v, "sequential",
+                                 "ok", "2xH100", date="2026-11-27")]
+    path = tmp_path / "fused.txt"
+    path.write_text("\n".join(lines) + "\n")
+    entries, skipped = bench_fused.entries_from_records(records.read(path), 4, ["gemm_rs", "gemm_ar", "gemm_a2a"])
+    got = {e["op"]: e for e in entries}
+    assert set(got) == {"gemm_rs", "gemm_a2a"} and len(skipped) == 1 and "gemm_ar" in skipped[0]
+    rs = got["gemm_rs"]
+    assert rs["shape"] == {"M": 8192, "K": 7168, "N": 8192} and rs["path"] == "fused"     # K as one rank holds it
+    assert (rs["fused_us"], rs["sequential_us"], rs["graph_path"]) == (80.0, 90.0, "sequential")  # 84 > 0.98 * 85
+    assert got["gemm_a2a"]["path"] == "sequential" and got["gemm_a2a"]["shape"]["K"] == 4096   # 89 > 0.98 * 90
+    catalog = tmp_path / "catalog.json"
+    catalog.write_text('{"fused": {"provenance": {"4xH100": {"hw": "4xH100"}}, "entries": []}}')
+    bench_fused.write_section(catalog, entries, None, "from the bench")
+    section = json.loads(catalog.read_text())["fused"]
+    assert section["edits"] == ["from the bench"] and section["provenance"] == {"4xH100": {"hw": "4xH100"}}
+    assert len(section["entries"]) == 2

@@ -545,6 +545,16 @@ def entries_from_records(rows: Sequence[dict], gpus: int, ops: Sequence[str]) ->
     return entries, skipped
 
 
+def _chunk_counts(case: Case, A, B, pg) -> Sequence[int]:
+    """The chunk counts the tune times the fused path at: one where the tile-store GEMM serves the
+    call (it takes none), else TUNE_CHUNKS."""
+    from . import ops, tile_store
+    run = ops._pipeline({"gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce",
+                         "gemm_a2a": "matmul_all_to_all"}.get(case.op, "all_gather_matmul"))
+    served = getattr(run, "func", None) is ops._tile_store and not tile_store.refusal(pg, case.op, A, B)
+    return (1,) if served else TUNE_CHUNKS
+
+
 def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, rounds: int,
          echo: Callable[[str], None]) -> None:
     """The fused section of `output` (a catalog JSON, created or updated; None: the
@@ -568,7 +578,8 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
         A, B = case.operands(job.rank)
         seq = fused_call(case, A, B, job.gc3, "sequential")
         seq_us = timer.device(seq)
-        best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in TUNE_CHUNKS))
+        best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c)
+                    for c in _chunk_counts(case, A, B, job.gc3)))
         e = {"op": op, "gpus": job.size, "dtype": "bfloat16", "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]},
              "path": _faster(best[0], seq_us), "chunks": best[1], "fused_us": round(best[0], 1),
              "sequential_us": round(seq_us, 1)}

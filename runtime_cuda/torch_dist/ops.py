@@ -243,6 +243,13 @@ def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run: str, reduce_op:
     pick = _choose(op, pg, A.dtype, _mkn(A, B), path, chunks, A)
     if not pick.fused:
         return None, pick.why
+    if path != "fused" and settings.get("GC3_FUSED_EXCHANGE") == "tile-store":
+        # The table's fused times are the tile-store GEMM's: where it cannot serve, the
+        # collectives' pipeline would run instead, which those times do not describe.
+        from . import tile_store
+        why = tile_store.refusal(pg, op, A, B) if op in tile_store.OPS else ""
+        if why:
+            return None, f"the measured fused path is the tile-store GEMM, which cannot serve this call: {why}"
     _decided(what, pick)
     n, size = pick.chunks, pg.size()
 
