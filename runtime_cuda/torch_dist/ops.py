@@ -11,9 +11,12 @@ process group or its name:
 On a gc3 group (Gc3ProcessGroup: backend "gc3", or "nccl" under GC3_TORCH=1)
 every operator takes the path measured faster on this machine for the shape
 (runtime_cuda.fused.choice: `gc3 tune --fused` writes the table into the
-machine's catalog).  Fused, the GEMM operators run overlap.py's stream
-pipeline (GEMM chunks on torch's current stream, each chunk's collective on a
-high-priority side stream, capturable in a CUDA graph), or under
+machine's catalog).  Fused, GEMM + reduce_scatter, + all_reduce and + all_to_all
+run tile_store.py's Triton GEMM, which stores each output tile into the rank that
+needs it (capturable in a CUDA graph), where it serves the call; all-gather +
+GEMM and the calls it refuses run overlap.py's stream pipeline (GEMM chunks on
+torch's current stream, each chunk's collective on a high-priority side stream,
+capturable), also under GC3_FUSED_EXCHANGE=collective, or under
 GC3_FUSED_EXCHANGE=copy-engine copy_engine.py's (copy-engine copies into
 the peers' buffers, no SM taken from the GEMM; eager calls); GEMV + all_reduce,
 embedding-bag + all_to_all run runtime_cuda.fused's gc3 programs on DLPack views
