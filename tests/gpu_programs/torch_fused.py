@@ -38,26 +38,11 @@ user = torch.cuda.Stream()
 torch.cuda.set_stream(user)
 
 
-def passed(name):
-    print(f"PASS {name} rank={rank}", flush=True)
+passed, close = torch_rank.passed, torch_rank.close
 
 
 def inputs(seed, r, shape, dtype=torch.bfloat16, scale=1.0):
-    g = torch.Generator(device=dev)
-    g.manual_seed(seed * 1000 + r)
-    return (torch.randn(shape, generator=g, device=dev) * scale).to(dtype)
-
-
-
-
-def close(name, got, ref, seq):
-    """got's error against the fp32 reference is no larger than the sequential path's (+ bf16 rounding)."""
-    scale = ref.abs().max().clamp_min(1e-30)
-    e_got = float((got.float() - ref).abs().max() / scale)
-    e_seq = float((seq.float() - ref).abs().max() / scale)
-    if not e_got <= max(1.25 * e_seq, e_seq + 2 ** -8):
-        raise AssertionError(f"rank {rank}: {name}: error {e_got:.3e} against fp32, sequential path {e_seq:.3e}")
-    passed(name)
+    return torch_rank.inputs(dev, seed, r, shape, dtype, scale)
 
 
 # --- the operators, as (name, operands(seed), fused call, sequential call, fp32 reference) --------------------

@@ -4,7 +4,7 @@ torch rank programs here:
     rank, world, dev, pg = torch_rank.join(sys.argv)   # argv: prog RANK WORLD STORE_PATH ... [--device cpu|cuda]
 
 `--device cpu` gives the CPU half of the group (gloo), where there is no GPU;
-otherwise GPU 0 (ranks of a test share it).
+otherwise GPU 0 (ranks of a test share it), or with `--spread` GPU rank % count.
 """
 from datetime import timedelta
 
@@ -17,7 +17,8 @@ import runtime_cuda.torch_dist as gc3_torch
 def join(argv):
     rank, world, store_path = int(argv[1]), int(argv[2]), argv[3]
     on = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"
-    dev = torch.device(on, 0) if on == "cuda" else torch.device("cpu")
+    spread = "--spread" in argv and on == "cuda"
+    dev = torch.device(on, rank % torch.cuda.device_count() if spread else 0) if on == "cuda" else torch.device("cpu")
     if on == "cuda":
         torch.cuda.set_device(dev)
     gc3_torch.register()
@@ -50,3 +51,26 @@ def finish(rank: int) -> None:
     print(f"ALL OK rank={rank}", flush=True)
     sys.stderr.flush()
     os._exit(0)
+
+
+def passed(name: str) -> None:
+    print(f"PASS {name} rank={dist.get_rank()}", flush=True)
+
+
+def inputs(dev, seed: int, r: int, shape, dtype=torch.bfloat16, scale: float = 1.0) -> torch.Tensor:
+    """Rank r's tensor of `seed`, the same on every rank that asks (a generator per (seed, r))."""
+    g = torch.Generator(device=dev)
+    g.manual_seed(seed * 1000 + r)
+    return (torch.randn(shape, generator=g, device=dev) * scale).to(dtype)
+
+
+def close(name: str, got: torch.Tensor, ref: torch.Tensor, seq: torch.Tensor) -> None:
+    """got's error against the fp32 reference is no larger than the sequential path's (+ one bf16
+    rounding of the largest element); says PASS."""
+    scale = ref.abs().max().clamp_min(1e-30)
+    e_got = float((got.float() - ref).abs().max() / scale)
+    e_seq = float((seq.float() - ref).abs().max() / scale)
+    if not e_got <= max(1.25 * e_seq, e_seq + 2 ** -8):
+        raise AssertionError(f"rank {dist.get_rank()}: {name}: error {e_got:.3e} against fp32, "
+                             f"sequential path {e_seq:.3e}")
+    passed(name)

@@ -16,23 +16,15 @@ rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank
 Prints "PASS <name>" per check and "ALL OK rank=R" at the end; any failure raises.
 """
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-import runtime_cuda.torch_dist as gc3_torch
 import torch_rank
 from gc3.errors import RuntimeTimeoutError
 from runtime_cuda.torch_dist import ops, tile_store
 
-rank, world, store_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-dev = torch.device("cuda", rank % torch.cuda.device_count() if "--spread" in sys.argv else 0)
-torch.cuda.set_device(dev)
-gc3_torch.register()
-dist.init_process_group("cpu:gloo,cuda:gc3", store=dist.FileStore(store_path, world), rank=rank,
-                        world_size=world, timeout=timedelta(seconds=120))
-pg = dist.group.WORLD
+rank, world, dev, pg = torch_rank.join(sys.argv)
 G = world
 user = torch.cuda.Stream()      # the caller's own stream, not the default one
 torch.cuda.set_stream(user)
@@ -40,23 +32,11 @@ torch.cuda.set_stream(user)
 SHAPES = ((G * tile_store.BM, 200, 8 * 37), (2 * G * tile_store.BM, 456, 8 * 45))
 
 
-def passed(name):
-    print(f"PASS {name} rank={rank}", flush=True)
+passed, close = torch_rank.passed, torch_rank.close
 
 
 def inputs(seed, r, shape, scale=1.0):
-    g = torch.Generator(device=dev)
-    g.manual_seed(seed * 1000 + r)
-    return (torch.randn(shape, generator=g, device=dev) * scale).to(torch.bfloat16)
-
-
-def close(name, got, ref, seq):
-    scale = ref.abs().max().clamp_min(1e-30)
-    e_got = float((got.float() - ref).abs().max() / scale)
-    e_seq = float((seq.float() - ref).abs().max() / scale)
-    if not e_got <= max(1.25 * e_seq, e_seq + 2 ** -8):
-        raise AssertionError(f"rank {rank}: {name}: error {e_got:.3e} against fp32, sequential path {e_seq:.3e}")
-    passed(name)
+    return torch_rank.inputs(dev, seed, r, shape, scale=scale)
 
 
 def operands(op, shape, seed, r=None):
