@@ -17,31 +17,20 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-
-def _group(pg):
-    """The group's copy-engine pipeline (built on its first call, collectively)."""
-    got = pg.__dict__.get("_gc3_copy_engine")
-    if got is None:
-        from runtime_cuda.fused import IpcGemmGroup
-        from runtime_cuda.fused.memory_bound import exchange_of
-
-        got = pg.__dict__["_gc3_copy_engine"] = IpcGemmGroup(exchange_of(pg._comm))
-    return got
+from .handover import cupy_view, fused_call, ipc_group
 
 
 def _views(tensors: Sequence[torch.Tensor]) -> list:
-    from .ops import _cupy
-    return [_cupy(t) for t in tensors]
+    return [cupy_view(t) for t in tensors]
 
 
 def _product(pg, A: torch.Tensor, B: torch.Tensor, rows: int, what: str, run, **kw) -> torch.Tensor:
     """`run` (a runtime_cuda.fused.gemm operator taking a, b, group) on A @ B into a new [rows, N]
     output, with `kw` passed on."""
-    from .ops import _fused_call
     out = A.new_empty((rows, B.shape[1]))
-    with _fused_call(pg, [A, B, out], what) as queue:
+    with fused_call(pg, [A, B, out], what) as queue:
         a, b, o = _views([A, B, out])
-        run(a, b, _group(pg), out=o, stream=queue, fused=True, **kw)
+        run(a, b, ipc_group(pg), out=o, stream=queue, fused=True, **kw)
     return out
 
 
@@ -70,13 +59,12 @@ def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chu
     """A = all_gather(A_shard) (rank-major rows), [A @ B for B in Bs]; A_shard [m, K]."""
     from runtime_cuda.fused import all_gather_gemm
 
-    from .ops import _fused_call
     G = pg.size()
     m, K = A_shard.shape
     outs = [A_shard.new_empty((G * m, B.shape[1])) for B in Bs]
     A = A_shard.new_empty((G * m, K)) if return_A else None
-    with _fused_call(pg, [A_shard] + list(Bs) + outs, what) as queue:
+    with fused_call(pg, [A_shard] + list(Bs) + outs, what) as queue:
         a, = _views([A_shard])
-        all_gather_gemm(a, _views(Bs), _group(pg), return_a=return_A, out=_views(outs), stream=queue, fused=True,
+        all_gather_gemm(a, _views(Bs), ipc_group(pg), return_a=return_A, out=_views(outs), stream=queue, fused=True,
                         out_a=None if A is None else _views([A])[0])
     return A, outs

@@ -34,7 +34,6 @@ path.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -268,32 +267,6 @@ def _decided(what: str, pick) -> None:
 
 def _sequential(what: str, why: str) -> None:
     _log().info("gc3 torch %s: sequential (torch ops, then the collective): %s", what, why)
-
-
-def _cupy(t: torch.Tensor):
-    """A zero-copy CuPy view of a contiguous CUDA tensor (bfloat16 as uint16 bits,
-    which is how runtime_cuda.fused reads bfloat16)."""
-    import cupy
-
-    if t.dtype == torch.bfloat16:
-        return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
-    return cupy.from_dlpack(t)
-
-
-@contextlib.contextmanager
-def _fused_call(pg, tensors: Sequence[torch.Tensor], what: str):
-    """Builds the group's communicator if this is its first CUDA call (every rank
-    is here), selects the tensors' GPU, and makes torch's current stream CuPy's
-    too (DLPack's hand-over then orders nothing extra); yields that stream's handle
-    (named so as not to read as `with stream:`, which tests/test_dropin_streams.py bans)."""
-    import cupy
-
-    from runtime_cuda.core import streams
-
-    pg._cuda(list(tensors), what)
-    ptr = torch.cuda.current_stream(pg._device).cuda_stream
-    with cupy.cuda.Device(pg._device.index), streams.current(streams.wrap(ptr)):
-        yield ptr
 
 
 # --- the operators -----------------------------------------------------------------

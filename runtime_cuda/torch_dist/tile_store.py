@@ -45,6 +45,8 @@ from typing import Callable, Dict, Tuple
 
 import torch
 
+from .handover import fused_call, ipc_group
+
 # The GEMM's tiles: 128 x 256 outputs, K in steps of 64, three stages of TMA loads in flight,
 # measured against cuBLAS on H100 (scripts/probe_triton_gemm.py: 0.96-1.07x at the fused grid).
 BM, BN, BK, STAGES, WARPS, GROUP_M = 128, 256, 64, 3, 8, 8
@@ -330,20 +332,14 @@ class _Shape:
         run(*args)
 
 
-def _group(pg):
-    from .copy_engine import _group as ipc_group
-    return ipc_group(pg)
-
-
 def _shape(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> _Shape:
     """The shape's state, made on its first call (on every rank together)."""
     key = (op, A.shape[0], A.shape[1], B.shape[1], A.dtype)
     cache = pg.__dict__.setdefault("_gc3_tile_store", OrderedDict())
     got = cache.get(key)
     if got is None:
-        from .ops import _fused_call
-        with _fused_call(pg, [A, B], what):
-            got = cache[key] = _Shape(_group(pg), pg, op, A.shape[0], A.shape[1], B.shape[1], A.dtype)
+        with fused_call(pg, [A, B], what):
+            got = cache[key] = _Shape(ipc_group(pg), pg, op, A.shape[0], A.shape[1], B.shape[1], A.dtype)
         if len(cache) > TABLE_SHAPES:
             cache.popitem(last=False)
     else:
