@@ -571,3 +571,39 @@ def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_
     section = json.loads(catalog.read_text())["fused"]
     assert section["edits"] == ["from the bench"] and section["provenance"] == {"4xH100": {"hw": "4xH100"}}
     assert len(section["entries"]) == 2
+
+
+def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypatch):
+    """The address table of one shape (tile_store._Shape), on rank 1 of 4: its rows' tiles land in
+    slot 1 of each owner's buffer, its sums in block 1 of every rank's result, its barrier flags in
+    slot 1 of each peer's block, and it reads its own slots and flags."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.fused.groups import ARRIVE, ShapeState
+    from runtime_cuda.torch_dist import tile_store
+    monkeypatch.setattr(tile_store, "_sms", lambda device: 132)
+    monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
+    G, me, M, N = 4, 1, 4 * 256, 296
+    slot = (M // G) * N * 2
+    sizes = {"stage": G * slot, "result": G * slot}
+    bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
+    flags = {r: 9 * 10 ** 9 + r * 10 ** 5 for r in range(G)}
+    st = ShapeState(G, sizes, bases, flags)
+    group = SimpleNamespace(shape=lambda key, s: st,
+                            watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
+    pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
+    sh = tile_store._Shape(group, pg, "gemm_ar", M, 200, N, torch.bfloat16)
+    t = sh.table.tolist()
+    for p in range(2):
+        assert t[p * G:(p + 1) * G] == [st.buf("stage", d, p) + me * slot for d in range(G)]
+        assert t[sh.STAGE + p] == st.buf("stage", me, p)
+        assert t[sh.SRC + p * G:sh.SRC + (p + 1) * G] == [st.buf("result", me, p) + s * slot for s in range(G)]
+        assert t[sh.PUSH + p * G:sh.PUSH + (p + 1) * G] == [st.buf("result", q, p) + me * slot for q in range(G)]
+    assert t[2 * G] == 12345
+    assert t[sh.PEER_A:sh.PEER_A + G] == [st.flag(q, 0, ARRIVE, me) for q in range(G)]
+    assert t[sh.PEER_B:sh.PEER_B + G] == [st.flag(q, 1, ARRIVE, me) for q in range(G)]
+    assert (t[sh.MINE_A], t[sh.MINE_B]) == (st.flag(me, 0, ARRIVE, 0), st.flag(me, 1, ARRIVE, 0))
+    assert len(t) == sh.PUSH + 2 * G
+    # The next rank's rows first, each rank's own last; one counter a program and a word per later kernel.
+    assert sh.first_block == 2 * (M // G // tile_store.BM)
+    assert sh.cnt.numel() == sh.gemm_grid + 1 + sh.sum_grid + 1 + sh.gather_grid
