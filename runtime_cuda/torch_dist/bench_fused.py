@@ -53,6 +53,9 @@ AR_M = (256, 1024, 4096, 8192)
 A2A_KN = ((4096, 4096), (7168, 2048))
 A2A_M = (2048, 8192, 16384)
 OPS = choice.OPS[:4]          # the GEMM family; the memory-bound operators follow below
+# Each GEMM operator's function in the fused pipelines (ops._pipeline).
+PIPELINE_RUNS = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce",
+                 "gemm_a2a": "matmul_all_to_all"}
 # The M at which the benchmark also traces one fused call and reports its overlap.
 TRACE_M = 8192
 TUNE_CHUNKS = (2, 4, 8)
@@ -251,9 +254,8 @@ def comm_call(case: Case, A, B, pg, chunks: int = 1, fused: bool = False) -> Cal
     from . import ops
     from .overlap import _pieces, bounds
 
-    run = ops._pipeline({"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter",
-                         "gemm_ar": "matmul_all_reduce"}.get(case.op, "matmul_all_to_all"))
-    if fused and getattr(run, "func", None) is ops._tile_store and case.op != "ag_gemm":
+    run = ops._pipeline(PIPELINE_RUNS[case.op])
+    if fused and not ops.tile_store_refusal(pg, case.op, A, B):
         # The tile-store GEMM's exchange is its tiles' stores: a GEMM of K = 8 stores the same tiles.
         A8 = torch.randn((A.shape[0], 8), device=A.device).to(A.dtype)
         B8 = torch.randn((8, B.shape[1]), device=B.device).to(B.dtype)
@@ -548,11 +550,8 @@ def entries_from_records(rows: Sequence[dict], gpus: int, ops: Sequence[str]) ->
 def _chunk_counts(case: Case, A, B, pg) -> Sequence[int]:
     """The chunk counts the tune times the fused path at: one where the tile-store GEMM serves the
     call (it takes none), else TUNE_CHUNKS."""
-    from . import ops, tile_store
-    run = ops._pipeline({"gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce",
-                         "gemm_a2a": "matmul_all_to_all"}.get(case.op, "all_gather_matmul"))
-    served = getattr(run, "func", None) is ops._tile_store and not tile_store.refusal(pg, case.op, A, B)
-    return (1,) if served else TUNE_CHUNKS
+    from . import ops
+    return TUNE_CHUNKS if ops.tile_store_refusal(pg, case.op, A, B) else (1,)
 
 
 def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, rounds: int,

@@ -179,16 +179,29 @@ def _pipeline(run: str):
     return getattr(overlap, run)
 
 
-def _tile_store(run: str, pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
-    """tile_store.py's `run` where it serves the call, else overlap.py's (logged)."""
+def tile_store_refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
+    """Why the fused path of `op` on these operands is not the tile-store GEMM ('' where it is):
+    another GC3_FUSED_EXCHANGE, an operator it has not, or tile_store.refusal's answer, kept on
+    the group per shapes, strides and dtypes."""
     from . import tile_store
-    op = tile_store.RUNS[run]
-    # The answer for these operands' shapes, strides and dtype, kept on the group.
+    exchange = settings.get("GC3_FUSED_EXCHANGE")
+    if exchange != "tile-store":
+        return f"GC3_FUSED_EXCHANGE={exchange}"
+    if op not in tile_store.OPS:
+        return f"{op} (the tile-store GEMM serves {', '.join(tile_store.OPS)})"
     kept = pg.__dict__.setdefault("_gc3_tile_store_refusals", {})
     key = (op, A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.device)
     why = kept.get(key)
     if why is None:
         why = kept[key] = tile_store.refusal(pg, op, A, B)
+    return why
+
+
+def _tile_store(run: str, pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+    """tile_store.py's `run` where it serves the call, else overlap.py's (logged)."""
+    from . import tile_store
+    op = tile_store.RUNS[run]
+    why = tile_store_refusal(pg, op, A, B)
     if not why and _capturing() and not tile_store.ready(pg, op, A, B):
         why = "a CUDA graph capture of a shape whose buffers are not mapped yet (call it once eagerly first)"
     if why:
@@ -245,11 +258,10 @@ def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run: str, reduce_op:
     pick = _choose(op, pg, A.dtype, _mkn(A, B), path, chunks, A)
     if not pick.fused:
         return None, pick.why
-    if path != "fused" and settings.get("GC3_FUSED_EXCHANGE") == "tile-store":
+    if path != "fused" and settings.get("GC3_FUSED_EXCHANGE") == "tile-store" and op != "ag_gemm":
         # The table's fused times are the tile-store GEMM's: where it cannot serve, the
         # collectives' pipeline would run instead, which those times do not describe.
-        from . import tile_store
-        why = tile_store.refusal(pg, op, A, B) if op in tile_store.OPS else ""
+        why = tile_store_refusal(pg, op, A, B)
         if why:
             return None, f"the measured fused path is the tile-store GEMM, which cannot serve this call: {why}"
     _decided(what, pick)
