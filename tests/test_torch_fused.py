@@ -575,35 +575,41 @@ def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_
 
 def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypatch):
     """The address table of one shape (tile_store._Shape), on rank 1 of 4: its rows' tiles land in
-    slot 1 of each owner's buffer, its sums in block 1 of every rank's result, its barrier flags in
-    slot 1 of each peer's block, and it reads its own slots and flags."""
+    slot 1 of each owner's buffer, its sums in block 1 of every rank's result, it flags each rank's
+    own flags and reads its own slots and result; the call counters stay with the group's buffers,
+    which every K of (op, M, N, dtype) shares."""
     from types import SimpleNamespace
 
-    from runtime_cuda.fused.groups import ARRIVE, ShapeState
+    from runtime_cuda.fused.groups import ShapeState
     from runtime_cuda.torch_dist import tile_store
     monkeypatch.setattr(tile_store, "_sms", lambda device: 132)
     monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
     G, me, M, N = 4, 1, 4 * 256, 296
     slot = (M // G) * N * 2
-    sizes = {"stage": G * slot, "result": G * slot}
-    bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
-    flags = {r: 9 * 10 ** 9 + r * 10 ** 5 for r in range(G)}
-    st = ShapeState(G, sizes, bases, flags)
-    group = SimpleNamespace(shape=lambda key, s: st,
-                            watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
+    tiles = (M // G // tile_store.BM) * 2
+    keys = []
+    made = {}
+
+    def shape(key, sizes):
+        keys.append((key, sizes))
+        bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
+        return made.setdefault(key, ShapeState(G, sizes, bases, {}))
+    group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
     pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
     sh = tile_store._Shape(group, pg, "gemm_ar", M, 200, N, torch.bfloat16)
+    st = made[keys[0][0]]
+    assert keys[0][1] == {"stage": G * slot, "flags": 4 * 2 * G * tiles, "result": G * slot}
     t = sh.table.tolist()
+    assert len(t) == 5 * G + 5
     for p in range(2):
         assert t[p * G:(p + 1) * G] == [st.buf("stage", d, p) + me * slot for d in range(G)]
-        assert t[sh.STAGE + p] == st.buf("stage", me, p)
-        assert t[sh.SRC + p * G:sh.SRC + (p + 1) * G] == [st.buf("result", me, p) + s * slot for s in range(G)]
-        assert t[sh.PUSH + p * G:sh.PUSH + (p + 1) * G] == [st.buf("result", q, p) + me * slot for q in range(G)]
-    assert t[2 * G] == 12345
-    assert t[sh.PEER_A:sh.PEER_A + G] == [st.flag(q, 0, ARRIVE, me) for q in range(G)]
-    assert t[sh.PEER_B:sh.PEER_B + G] == [st.flag(q, 1, ARRIVE, me) for q in range(G)]
-    assert (t[sh.MINE_A], t[sh.MINE_B]) == (st.flag(me, 0, ARRIVE, 0), st.flag(me, 1, ARRIVE, 0))
-    assert len(t) == sh.PUSH + 2 * G
-    # The next rank's rows first, each rank's own last; one counter a program and a word per later kernel.
+        assert t[2 * G + p] == st.buf("stage", me, p)
+        assert t[2 * G + 2 + p] == st.buf("result", me, p)
+        assert t[2 * G + 4 + p * G:2 * G + 4 + (p + 1) * G] == [st.buf("result", q, p) + me * slot for q in range(G)]
+    assert t[4 * G + 4:5 * G + 4] == [st.buf("flags", d, 0) for d in range(G)]
+    assert t[5 * G + 4] == 12345
+    # The next rank's rows first, each rank's own last; one counter a program, shared by every K.
     assert sh.first_block == 2 * (M // G // tile_store.BM)
-    assert sh.cnt.numel() == sh.gemm_grid + 1 + sh.sum_grid + 1 + sh.gather_grid
+    assert sh.cnt.numel() == sh.grid == (M // tile_store.BM) * 2
+    other_k = tile_store._Shape(group, pg, "gemm_ar", M, 456, N, torch.bfloat16)
+    assert other_k.cnt is sh.cnt and keys[1][0] == keys[0][0]

@@ -36,6 +36,8 @@ class ShapeState:
         self.bases = bases
         self.flags = flags
         self.epoch = 0   # calls made on this shape; every rank counts the same
+        # A device kernel's own call counters, kept with the flags whose values they give.
+        self.counts = None
 
     def buf(self, name: str, rank: int, parity: int) -> int:
         return self.bases[name][rank] + parity * self.sizes[name]

@@ -182,7 +182,7 @@ def _pipeline(run: str):
 def tile_store_refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
     """Why the fused path of `op` on these operands is not the tile-store GEMM ('' where it is):
     another GC3_FUSED_EXCHANGE, an operator it has not, or tile_store.refusal's answer, kept on
-    the group per shapes, strides and dtypes."""
+    the group per shapes, strides, dtypes and alignments."""
     from . import tile_store
     exchange = settings.get("GC3_FUSED_EXCHANGE")
     if exchange != "tile-store":
@@ -190,7 +190,8 @@ def tile_store_refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
     if op not in tile_store.OPS:
         return f"{op} (the tile-store GEMM serves {', '.join(tile_store.OPS)})"
     kept = pg.__dict__.setdefault("_gc3_tile_store_refusals", {})
-    key = (op, A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.device)
+    key = (op, A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.device,
+           A.data_ptr() % 16, B.data_ptr() % 16)
     why = kept.get(key)
     if why is None:
         why = kept[key] = tile_store.refusal(pg, op, A, B)

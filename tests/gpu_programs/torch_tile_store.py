@@ -112,7 +112,7 @@ if rank != 0:
     try:
         CALLS["gemm_rs"](a, b, path="fused")
     except RuntimeTimeoutError as exc:
-        assert "tile-store barrier" in str(exc), exc
+        assert "tile-store wait" in str(exc), exc
         passed("a missing rank is reported, not waited for")
     else:
         raise AssertionError(f"rank {rank}: a call after a barrier gave up did not raise")
