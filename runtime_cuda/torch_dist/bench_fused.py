@@ -344,7 +344,7 @@ class Timer:
             torch.cuda.synchronize()
         return self._max(statistics.median(per))
 
-    def graph(self, fn: Optional[Callable]) -> Optional[float]:
+    def graph(self, fn: Optional[Callable], what: str) -> Optional[float]:
         if fn is None:
             return None
         try:
@@ -365,7 +365,10 @@ class Timer:
             with capture:
                 for _ in range(self.calls):
                     fn()
-        except Exception:        # a path that cannot be captured: its column says n/a
+        except Exception as exc:        # a path that cannot be captured: its column says n/a, stderr why
+            import sys
+            print(f"# rank {dist.get_rank()}: no CUDA graph of the {what} path: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             torch.cuda.synchronize()
             return None
         t = self.device(g.replay)
@@ -438,9 +441,9 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
         "comm_fused_us": timer.device(comm_call(case, A, B, job.gc3, n, fused=True)),
         "host_us": timer.host(fused),
         "seq_host_us": timer.host(seq),
-        "graph_fused_us": timer.graph(fused),
-        "graph_seq_nccl_us": timer.graph(seq),
-        "graph_auto_us": timer.graph(auto),     # what auto decides for a captured call (choice.decided)
+        "graph_fused_us": timer.graph(fused, "fused"),
+        "graph_seq_nccl_us": timer.graph(seq, "seq-nccl"),
+        "graph_auto_us": timer.graph(auto, "auto"),     # what auto decides for a captured call (choice.decided)
     }
     v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
     got = fused()
@@ -510,8 +513,8 @@ def _graph_decision(timer: Timer, entry: dict, seq: Callable, fused: Callable) -
     """Time both paths replayed in a CUDA graph and, where both could be captured, add the
     entry's graph_path (what a captured call takes: choice.decided) and its times; returns
     the words for the tune's line."""
-    g_seq = timer.graph(seq)
-    g_fused = None if g_seq is None else timer.graph(fused)
+    g_seq = timer.graph(seq, "sequential")
+    g_fused = None if g_seq is None else timer.graph(fused, "fused")
     if g_seq is None or g_fused is None:
         return ""
     entry.update(graph_path=_faster(g_fused, g_seq), graph_fused_us=round(g_fused, 1),
@@ -846,11 +849,11 @@ def measure_memory(job: Job, case: MemoryCase, timer: Timer) -> Tuple[Dict[str, 
         "gemm_us": timer.device(compute),
         "comm_nccl_us": timer.device(comm),
         "seq_host_us": timer.host(seq),
-        "graph_seq_nccl_us": timer.graph(seq),
+        "graph_seq_nccl_us": timer.graph(seq, "seq-nccl"),
         # The GEMV's kernel and the epilogue's are launches a graph can hold (a path that cannot
         # be captured reads n/a); the embedding-bag program sets up on the host.
-        "graph_fused_us": timer.graph(fused) if case.op in CAPTURED_OPS else None,
-        "graph_auto_us": timer.graph(auto),     # what auto decides for a captured call (choice.decided)
+        "graph_fused_us": timer.graph(fused, "fused") if case.op in CAPTURED_OPS else None,
+        "graph_auto_us": timer.graph(auto, "auto"),     # what auto decides for a captured call (choice.decided)
     }
     v["host_us"] = None if v["fused_us"] is None else timer.host(fused)
     reference = (seq or memory_seq_call(case, t, job.gc3))()

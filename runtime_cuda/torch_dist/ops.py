@@ -34,6 +34,7 @@ path.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -156,6 +157,17 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
     machine = getattr(comm, "machine", None)
     got = choice.choose(op, pg.size(), _DTYPES[dtype], shape, path=path, chunks=chunks,
                         catalog=getattr(machine, "path", None), captured=context[-1])
+    # A path's set-up (the collective's plan, the tile-store's mapped buffers) cannot run inside
+    # a capture: a captured call takes the table's graph path only where an eager call of the
+    # shape has set it up, else the path its eager calls took.
+    warmed = pg.__dict__.setdefault("_gc3_eager_paths", {})
+    shape_key = (op, dtype, tuple(shape.items()))
+    if not context[-1]:
+        warmed[shape_key + (got.fused,)] = got
+    elif shape_key + (got.fused,) not in warmed and shape_key + (not got.fused,) in warmed:
+        other = warmed[shape_key + (not got.fused,)]
+        got = dataclasses.replace(other, why=f"{other.why} (captured: the table's graph path "
+                                             f"{'fused' if got.fused else 'sequential'} never ran eagerly here)")
     if len(kept) >= _CHOICES_KEPT:
         kept.clear()
     kept[key] = got

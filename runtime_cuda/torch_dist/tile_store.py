@@ -127,31 +127,30 @@ def _kernels():
                                          "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
-    def _signal(flag, target):
-        """*flag = target once every thread's stores before it have landed."""
+    def _signal(flag, target, go):
+        """*flag = target (where go) once every thread's stores before it have landed."""
         v = _stored(target)
         tl.debug_barrier()
-        tl.atomic_xchg(flag, v, sem="release", scope="sys")
+        tl.atomic_xchg(flag, v, mask=go, sem="release", scope="sys")
 
     @triton.jit
-    def _wait(flag, target, failed, ident, timeout_ns):
+    def _wait(flag, target, dead, failed, ident, timeout_ns):
         """Until *flag reaches target (a wrapping difference: the counts may pass 2^31), then
         acquire it for the whole program and order the TMA loads after it.  Polled with plain
-        volatile loads: an atomic per poll would queue behind the other pollers.  After 20 us
-        the group's failure word (host memory: too slow to read on every wait) is read too, so
-        that once one wait has given up the others do not each wait out their own timeout."""
+        volatile loads: an atomic per poll would queue behind the other pollers.  A wait that
+        gives up names itself in the group's failure word (host memory: polling it from every
+        waiter cost a millisecond a call) and sets *dead, after which every wait of this
+        rank's kernel gives up at once instead of waiting out its own timeout."""
         v = tl.load(flag, volatile=True)
         if (v - target) < 0:
             start = globaltimer()
-            late = 0
+            late = tl.load(dead, volatile=True)
             while ((v - target) < 0) & (late == 0):
                 v = tl.load(flag, volatile=True)
-                waited = globaltimer() - start
-                if waited > 20000:
-                    if tl.load(failed, volatile=True) != 0:
-                        late = 1
-                if waited > timeout_ns:
+                late = tl.load(dead, volatile=True)
+                if globaltimer() - start > timeout_ns:
                     tl.store(failed, ident)
+                    tl.atomic_xchg(dead, 1, sem="relaxed", scope="gpu")
                     late = 1
         tl.atomic_add(flag, 0, sem="acquire", scope="sys")
         tl.debug_barrier()
@@ -190,6 +189,7 @@ def _kernels():
         par = c & 1
         target = c + 1
         failed = _at(table, 5 * G + 4, tl.int32)
+        dead = cnt + grid
         a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         b_desc = tl.make_tensor_descriptor(B, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
         HALF: tl.constexpr = BN // 2
@@ -206,17 +206,23 @@ def _kernels():
         rb = rows // BM
         T = rb * pn
         flags = _at(table, 4 * G + 4 + rank, tl.int32)
-        # The peers' rows, the next rank's first.  No branch and no wait in this loop, so that
-        # Triton overlaps a tile's stores with the next one's first loads.
+        # The peers' rows, the next rank's first.  A tile's flag goes up after the next tile's
+        # K loop, by when its stores have long landed: waiting for them at once stalled the
+        # program for their trip across the link.  (Flattening the tile loop into the K loop,
+        # which lets Triton overlap a tile's epilogue with the next one's first loads, made the
+        # GEMM 2.5x slower here: the flag's wait and fence stop its pipeline.)
         peer_tiles = (G - 1) * T
-        for t in tl.range(me, peer_tiles, grid, flatten=True):
+        pending = flags
+        for t in tl.range(me, peer_tiles, grid):
             pid_l, pid_n = _place(t, (G - 1) * rb, pn, GROUP_M)
             pid_m = (first_block + pid_l) % pm
             acc = _tile(a_desc, b_desc, pid_m * BM, pid_n * BN, kt, BM, BN, BK)
+            _signal(pending, target, t != me)
             d = pid_m // rb
             lb = pid_m - d * rb
             _rows(_at(table, par * G + d, DT), rows, N, BM, BN).store([lb * BM, pid_n * BN], acc.to(DT))
-            _signal(_at(table, 4 * G + 4 + d, tl.int32) + (rank * T + lb * pn + pid_n), target)
+            pending = _at(table, 4 * G + 4 + d, tl.int32) + (rank * T + lb * pn + pid_n)
+        _signal(pending, target, me < peer_tiles)
         # This rank's rows, continuing the programs' round robin.
         for t in tl.range((me + grid - peer_tiles % grid) % grid, T, grid):
             lb, pid_n = _place(t, rb, pn, GROUP_M)
@@ -232,7 +238,7 @@ def _kernels():
                 idx = lb * pn + pid_n
                 for s in tl.static_range(G):
                     if s != rank:
-                        _wait(flags + (s * T + idx), target, failed, ident, timeout_ns)
+                        _wait(flags + (s * T + idx), target, dead, failed, ident, timeout_ns)
                 # In rank order, in fp32, rounded once: the same bits whichever rank sums.  By
                 # quarters of the tile: the sum's registers beside the accumulator's.
                 r0 = lm if OP == 0 else rank * rows + lm
@@ -256,7 +262,7 @@ def _kernels():
                 if OP == 1:
                     for q in tl.static_range(G):
                         if q != rank:
-                            _signal(_at(table, 4 * G + 4 + q, tl.int32) + ((G + rank) * T + idx), target)
+                            _signal(_at(table, 4 * G + 4 + q, tl.int32) + ((G + rank) * T + idx), target, idx >= 0)
         if OP != 0:
             # The peers' blocks, the ones that should have landed first first.
             kind = 1 if OP == 1 else 0
@@ -264,7 +270,7 @@ def _kernels():
                 j = w // T
                 idx = w - j * T
                 s = (rank + G - 1 - j) % G
-                _wait(flags + ((kind * G + s) * T + idx), target, failed, ident, timeout_ns)
+                _wait(flags + ((kind * G + s) * T + idx), target, dead, failed, ident, timeout_ns)
                 lm = (idx // pn) * BM
                 off_n = (idx % pn) * BN
                 for half in tl.static_range(2):
@@ -339,7 +345,8 @@ class _Shape:
         self.first_block = ((me + 1) % G) * (self.rows // BM)
         self.grid = min(_sms(dev), (M // BM) * -(-N // BN))
         if st.counts is None:
-            st.counts = torch.zeros(self.grid, dtype=torch.int32, device=dev)
+            # One more word: set once a wait of this shape gave up (the group is then failed).
+            st.counts = torch.zeros(self.grid + 1, dtype=torch.int32, device=dev)
         self.cnt = st.counts
         self.DT = _dt(dtype)
         self.OP = OPS.index(op)
