@@ -8,7 +8,7 @@ rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank
 - five calls of each in a row on new inputs (both parities of the buffers, twice);
 - CUDA-graph capture of each and two replays on new inputs;
 - back-to-back calls of alternating operators and shapes, no synchronisation until the end;
-- a rank that skips a call: the others' barrier gives up after GC3_FUSED_TIMEOUT and
+- a rank that skips a call: the others' waits for its tiles give up after GC3_FUSED_TIMEOUT and
   their next call raises RuntimeTimeoutError naming it (no hang).
 
     python torch_tile_store.py RANK WORLD STORE_PATH [--spread]
@@ -108,14 +108,14 @@ dist.barrier()
 a, b = operands("gemm_rs", SHAPES[0], 40)
 if rank != 0:
     CALLS["gemm_rs"](a, b, path="fused")
-    torch.cuda.synchronize()           # returns: the barrier gave up
+    torch.cuda.synchronize()           # returns: the waits gave up
     try:
         CALLS["gemm_rs"](a, b, path="fused")
     except RuntimeTimeoutError as exc:
         assert "tile-store wait" in str(exc), exc
         passed("a missing rank is reported, not waited for")
     else:
-        raise AssertionError(f"rank {rank}: a call after a barrier gave up did not raise")
+        raise AssertionError(f"rank {rank}: a call after a wait gave up did not raise")
 # Rank 0's buffers stay mapped until every peer is past its last write (a CPU tensor: gloo's half).
 dist.all_reduce(torch.zeros(1))
 print(f"ALL OK rank={rank}", flush=True)
