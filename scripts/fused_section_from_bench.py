@@ -7,8 +7,11 @@ catalog that sends these shapes to the sequential path has timed the same two (a
 that sequential path on the gc3 group, fused_us the forced fused one, and their graph
 columns the same replayed), so its lines can decide the entries without measuring again
 (bench_fused.entries_from_records).  Replaces CATALOG's entries of OPS (comma-separated) at
-GPUS with those of RECORDS' lines from HW on DATE, and adds EDIT NOTE to the section's edits.
+GPUS with those of RECORDS' lines from HW on DATE, shape by shape: a shape the lines do not
+decide (absent, or `auto` ran the fused path there) keeps its entry.  Adds EDIT NOTE to the
+section's edits.
 """
+import json
 import sys
 from pathlib import Path
 
@@ -17,11 +20,21 @@ from runtime_cuda.torch_dist import bench_fused
 
 catalog, record, gpus, ops, hw, date, note = sys.argv[1:8]
 rows = [r for r in records.read(Path(record)) if r["hw"] == hw and r.get("date") == date]
-entries, skipped = bench_fused.entries_from_records(rows, int(gpus), ops.split(","))
+decided, skipped = bench_fused.entries_from_records(rows, int(gpus), ops.split(","))
 for why in skipped:
     print("skipped:", why)
-if not entries:
+if not decided:
     sys.exit(f"no {ops} lines at {gpus} GPUs from {hw} on {date} in {record}")
+
+
+def shape_of(e):
+    return e["op"], tuple(sorted(e["shape"].items()))
+
+
+kept = json.loads(Path(catalog).read_text()).get("fused", {}).get("entries", []) if Path(catalog).exists() else []
+merged = {shape_of(e): e for e in kept if e["op"] in ops.split(",") and e["gpus"] == int(gpus)}
+merged.update((shape_of(e), e) for e in decided)
+entries = list(merged.values())
 bench_fused.write_section(Path(catalog), entries, None, note)
 print(f"{catalog}: {len(entries)} entries of {ops} at {gpus} GPUs, {sum(e['path'] == 'fused' for e in entries)} fused, "
       f"{sum(e.get('graph_path') == 'fused' for e in entries)} fused in a graph")
