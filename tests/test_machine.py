@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from gc3.errors import InputError
+from runtime_cuda.nccl import autotune
 from runtime_cuda.nccl import machine as m
 from runtime_cuda.nccl.call import Call
 from runtime_cuda.nccl.catalog import DEFAULT_INDEX, load_catalog
@@ -345,17 +346,17 @@ def this_host(monkeypatch):
 
 def test_agree_fingerprints_the_ranks_gpus_and_shares_rank_0s_choice(cache, this_host):
     ex = Rank0Exchange(dev(1))
-    default = m.agree(ex, 0, cache, describe=lambda i: dev(i))
+    default = autotune.agree(ex, 0, cache, describe=lambda i: dev(i))
     assert default.origin == "shipped" and default.fingerprint == str(fp(2))
     assert [k for k, _ in ex.said] == ["allgather", "bcast"]
-    unknown = m.agree(Rank0Exchange(dev(1, model="Fake")), 0, cache, describe=lambda i: dev(i))
+    unknown = autotune.agree(Rank0Exchange(dev(1, model="Fake")), 0, cache, describe=lambda i: dev(i))
     assert unknown.origin == "unknown machine" and unknown.path == m.SAFE_CATALOG
 
 
 def test_a_rank_without_cuda_still_takes_part(cache, this_host):
     def no_cuda(i):
         raise ImportError("No module named 'cupy'")
-    default = m.agree(Rank0Exchange(dev(1)), 0, cache, describe=no_cuda)
+    default = autotune.agree(Rank0Exchange(dev(1)), 0, cache, describe=no_cuda)
     assert default.origin == "unknown machine" and default.path is None     # "?" is no NVLink: NCCL serves
 
 
@@ -363,7 +364,7 @@ def test_bad_autotune_settings_stop_every_rank_naming_the_variable(cache, this_h
     env = dict(cache, GC3_AUTOTUNE="1", GC3_AUTOTUNE_S="soon")
     ex = Rank0Exchange(dev(1, model="Fake"))
     with pytest.raises(InputError, match="GC3_AUTOTUNE_S='soon'"):
-        m.agree(ex, 0, env, describe=lambda i: dev(i))
+        autotune.agree(ex, 0, env, describe=lambda i: dev(i))
     assert ex.said[-1][0] == "bcast", "rank 0 answered its peers before stopping"
     with pytest.raises(InputError, match="GC3_AUTOTUNE_MAX_BYTES"):
         m.autotune_settings({"GC3_AUTOTUNE_MAX_BYTES": "lots"})
@@ -385,7 +386,7 @@ def test_autotune_waits_for_no_one_when_another_process_tunes(cache, this_host, 
         monkeypatch.setattr(at, "autotune", lambda *a: pytest.fail("tuned while another process held the lock"))
         log = logging.getLogger("test.machine")
         with caplog.at_level(logging.WARNING, logger="test.machine"):
-            default = m.agree(Rank0Exchange(m.Device("h", "x", "Fake")), 0, env, log=log,
+            default = autotune.agree(Rank0Exchange(m.Device("h", "x", "Fake")), 0, env, log=log,
                               describe=lambda i: m.Device("h", "y", "Fake"))
         assert default.origin == "unknown machine" and "another process is tuning" in caplog.text
     finally:
@@ -410,9 +411,9 @@ def test_autotune_runs_when_asked_and_the_next_choice_is_its_cache(cache, this_h
         tuned.append(fingerprint)
         return str(m.store(fingerprint, small_catalog(fingerprint), env_))
     monkeypatch.setattr(at, "autotune", fake_tune)
-    first = m.agree(Rank0Exchange(m.Device("h", "x", "Fake")), 0, env, describe=lambda i: m.Device("h", "y", "Fake"))
+    first = autotune.agree(Rank0Exchange(m.Device("h", "x", "Fake")), 0, env, describe=lambda i: m.Device("h", "y", "Fake"))
     assert tuned == [str(fake)] and first.origin == "cached"
-    again = m.agree(Rank0Exchange(m.Device("h", "x", "Fake")), 0, env, describe=lambda i: m.Device("h", "y", "Fake"))
+    again = autotune.agree(Rank0Exchange(m.Device("h", "x", "Fake")), 0, env, describe=lambda i: m.Device("h", "y", "Fake"))
     assert tuned == [str(fake)] and (again.origin, again.path) == ("cached", first.path)
 
 

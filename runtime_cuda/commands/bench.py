@@ -169,7 +169,7 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
         os.environ["GC3_XML_FILES"] = ":".join(list(xml_files) + [os.environ.get("GC3_XML_FILES", "")]).rstrip(":")
     try:
         import cupy  # noqa: F401
-        from runtime_cuda.nccl import perf_gpu
+        from runtime_cuda.nccl import bench_gpu, perf_gpu
     except ImportError as exc:
         # exit 2, as `gc3 run` without a GPU: the environment cannot be used, nothing is wrong
         from gc3.cli._common import fail
@@ -200,7 +200,7 @@ def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, r
         sys.stdout.flush()
 
     try:
-        rows = perf_gpu.run_bench(cfg, host, report)
+        rows = bench_gpu.run_bench(cfg, host, report)
     except GC3Error as exc:
         raise click.ClickException(str(exc)) from None
     if not lead:

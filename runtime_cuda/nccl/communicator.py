@@ -32,7 +32,7 @@ from .constants import DTYPE_NAMES, OP_NAMES, dtype_name, op_name
 from .dispatch import P2P, Dispatcher, run_group
 from .fallback import NcclFallback, originals
 from .log import get_logger
-from .machine import agree
+from .autotune import agree
 from .rendezvous import NcclExchange
 from .selection import Selector
 from .surface import CommunicatorSurface

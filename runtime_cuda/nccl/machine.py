@@ -61,7 +61,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
-from gc3.errors import InputError
 from gc3 import settings
 
 from .catalog import DEFAULT_INDEX, cache_dir
@@ -347,62 +346,9 @@ def choose(fingerprint: Fingerprint, env=None, nccl: bool = True, log=None) -> D
                                                 f"NCCL{tune}")
 
 
-def agree(exchange, device: int, env=None, nccl: bool = True, log=None,
-          describe: Optional[Callable[[int], Device]] = None) -> Default:
-    """`choose` for a communicator: collective over `exchange` (every rank calls it);
-    rank 0 fingerprints the ranks' GPUs and chooses, tuning first under GC3_AUTOTUNE=1,
-    and every rank takes its answer, so all serve the same catalog."""
-    env = os.environ if env is None else env
-    try:
-        mine = (describe or local_device)(device)
-    except Exception as exc:   # no CUDA to ask: the fingerprint says unknown, the rule then sends calls to NCCL
-        mine = Device(socket.gethostname(), f"{UNKNOWN} ({type(exc).__name__}: {exc})", UNKNOWN)
-    devices = exchange.allgather(mine)
-    with contextlib.ExitStack() as held:
-        plan = None
-        if exchange.rank == 0:
-            try:   # rank 0 must answer whatever happens: its peers wait for it
-                fp = fingerprint_of(devices)
-                default = choose(fp, env, nccl, log)
-                plan = (default, default.origin not in ("cached", "shipped") and _tuning_asked(env, fp, held, log),
-                        "")
-            except InputError as exc:     # a setting of the user's: every rank stops, naming it
-                plan = (None, False, str(exc))
-            except Exception as exc:      # gc3's own failure: NCCL serves, and the log says why
-                why = f"{type(exc).__name__}: {exc}"
-                plan = (Default("?", "error", None if nccl else DEFAULT_INDEX, f"the default catalog could not be "
-                                f"chosen ({why}): {'every call goes to NCCL' if nccl else 'the sample index'}"),
-                        False, "")
-                if log is not None:
-                    log.warning("rank 0: %s", plan[0].note)
-        default, tune, error = exchange.bcast(plan)
-        if error:
-            raise InputError(error)
-        if tune:
-            from .autotune import autotune
-
-            path = autotune(exchange, device, default.fingerprint, env, log)
-            if path is not None:
-                default = Default(default.fingerprint, "cached", Path(path),
-                                  f"GPUs {default.fingerprint}: the catalog just measured here, {path} (GC3_AUTOTUNE)")
-    return default
-
-
 def autotune_settings(env: Mapping[str, str]) -> Tuple[bool, float, int]:
     """GC3_AUTOTUNE (on?), GC3_AUTOTUNE_S (seconds of measuring), GC3_AUTOTUNE_MAX_BYTES."""
     return settings.get(ENV_AUTOTUNE, env), settings.get(ENV_AUTOTUNE_S, env), settings.get(ENV_AUTOTUNE_MAX, env)
-
-
-def _tuning_asked(env, fp: Fingerprint, held: contextlib.ExitStack, log) -> bool:
-    """Whether rank 0 should lead a tune now: GC3_AUTOTUNE asks for one and this process
-    got the fingerprint's lock (kept in `held` until the tune ends)."""
-    if not autotune_settings(env)[0]:
-        return False
-    got = held.enter_context(tuning_lock(fp, env))
-    if not got and log is not None:
-        log.warning("GC3_AUTOTUNE: another process is tuning GPUs %s (lock %s held); this one uses the default "
-                    "meanwhile", fp, lock_path(str(fp), env))
-    return got
 
 
 # --- the cache, written atomically --------------------------------------------------

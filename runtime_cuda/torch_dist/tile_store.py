@@ -45,15 +45,13 @@ import torch
 from .handover import fused_call, ipc_group
 
 # The GEMM's tiles: 128 x 256 outputs, K in steps of 64, three stages of TMA loads in flight,
-# measured against cuBLAS on H100 (scripts/probe_triton_gemm.py: 0.96-1.07x at the fused grid).
+# measured against cuBLAS on H100 (scripts/probe_triton_gemm.py: 0.92-1.03x at the fused grid).
 BM, BN, BK, STAGES, WARPS, GROUP_M = 128, 256, 64, 3, 8, 8
 MAX_RANKS = 8
 # Shapes whose tables a group keeps (their mapped buffers stay with the group).
 TABLE_SHAPES = 32
 
 OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
-# Keywords of a Triton launch that are options, not the kernel's parameters.
-_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
 @functools.lru_cache(maxsize=None)
@@ -315,8 +313,9 @@ class _Shape:
     [2][G][T] (T tiles in a rank's rows): [0][s][i], tile i of rank s's partial or block has
     landed in slot s; [1][s][i], rank s's sum of tile i has landed in this rank's copy of the
     result.  A flag holds the number of the call that stored it, so nothing clears it.
-    The call counters (one int32 a program) live with the group's buffers of (op, M, N,
-    dtype), which every K of that shape shares, flags included."""
+    The call counters (one int32 a program, then the word a wait that gave up sets) live with
+    the group's buffers of (op, M, N, dtype), which every K of that shape shares, flags
+    included."""
 
     def __init__(self, group, pg, op: str, M: int, K: int, N: int, dtype: torch.dtype):
         G, me = pg.size(), pg.rank()
