@@ -1,6 +1,6 @@
 """The tile-store GEMM's kernel (runtime_cuda/torch_dist/tile_store.py) compiles for sm_90a
 without a GPU: Triton lowers it to PTX and its bundled ptxas assembles it.  Every operator, at
-the group sizes the kernel unrolls differently for; the shared memory it asks for must fit an
+the group sizes the kernel unrolls differently for, in both 16-bit types; the shared memory it asks for must fit an
 H100's block (a tile or stage change that overflows it would fail only at launch).  Skipped
 where Triton (an optional extra) is not installed."""
 import pytest
@@ -11,18 +11,18 @@ torch = pytest.importorskip("torch")
 H100_SHARED = 227 * 1024      # the most dynamic shared memory one block may take on sm_90
 
 
-@pytest.mark.parametrize("G", [2, 8])
+@pytest.mark.parametrize("G, dtype", [(2, "bf16"), (8, "bf16"), (4, "fp16")])
 @pytest.mark.parametrize("op", ["gemm_rs", "gemm_ar", "gemm_a2a"])
-def test_the_tile_store_kernel_compiles_for_hopper(G, op):
+def test_the_tile_store_kernel_compiles_for_hopper(G, dtype, op):
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from runtime_cuda.torch_dist import tile_store as ts
 
-    signature = {"A": "*bf16", "B": "*bf16", "out": "*bf16", "table": "*i64", "cnt": "*i32", "M": "i32", "N": "i32",
+    signature = {"A": f"*{dtype}", "B": f"*{dtype}", "out": f"*{dtype}", "table": "*i64", "cnt": "*i32", "M": "i32", "N": "i32",
                  "K": "i32", "rows": "i32", "first_block": "i32", "rank": "i32", "timeout_ns": "i64", "ident": "i32"}
-    constexprs = {"DT": tl.bfloat16, "G": G, "OP": ts.OPS.index(op), "BM": ts.BM, "BN": ts.BN, "BK": ts.BK,
+    constexprs = {"DT": {"bf16": tl.bfloat16, "fp16": tl.float16}[dtype], "G": G, "OP": ts.OPS.index(op), "BM": ts.BM, "BN": ts.BN, "BK": ts.BK,
                   "GROUP_M": ts.GROUP_M}
     signature.update({name: "constexpr" for name in constexprs})
     compiled = triton.compile(ASTSource(fn=ts.kernels()["gemm_exchange"], signature=signature, constexprs=constexprs),
