@@ -32,6 +32,7 @@ import datetime
 import json
 import os
 import statistics
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -366,7 +367,6 @@ class Timer:
                 for _ in range(self.calls):
                     fn()
         except Exception as exc:        # a path that cannot be captured: its column says n/a, stderr why
-            import sys
             print(f"# rank {dist.get_rank()}: no CUDA graph of the {what} path: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             torch.cuda.synchronize()

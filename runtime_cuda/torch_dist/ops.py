@@ -163,6 +163,8 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
     warmed = pg.__dict__.setdefault("_gc3_eager_paths", {})
     shape_key = (op, dtype, tuple(shape.items()))
     if not context[-1]:
+        if len(warmed) >= _CHOICES_KEPT:
+            warmed.clear()
         warmed[shape_key + (got.fused,)] = got
     elif shape_key + (got.fused,) not in warmed and shape_key + (not got.fused,) in warmed:
         other = warmed[shape_key + (not got.fused,)]

@@ -118,11 +118,16 @@ def _kernels():
         return tl.make_tensor_descriptor(base, shape=[rows, N], strides=[N, 1], block_shape=[BM, BW])
 
     @triton.jit
+    def _asm(code: tl.constexpr, x):
+        """`code` (PTX with side effects), then x."""
+        return tl.inline_asm_elementwise(code + "\n\tmov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False,
+                                         pack=1)
+
+    @triton.jit
     def _stored(x):
         """Every TMA store this thread issued has completed, not only read its shared memory (the
         wait Triton emits), and is ordered before what the thread does next; returns x."""
-        return tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.b32 $0, $1;",
-                                         "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+        return _asm("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;", x)
 
     @triton.jit
     def _signal(flag, target, go):
@@ -152,8 +157,7 @@ def _kernels():
                     late = 1
         tl.atomic_add(flag, 0, sem="acquire", scope="sys")
         tl.debug_barrier()
-        tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.b32 $0, $1;", "=r,r", [target], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        _asm("fence.proxy.async.global;", target)
 
     @triton.jit
     def _place(t, pm, pn, GROUP_M: tl.constexpr):
