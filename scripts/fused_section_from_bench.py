@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from runtime_cuda.fused import records
+from runtime_cuda.fused import choice, records
 from runtime_cuda.torch_dist import bench_fused
 
 catalog, record, gpus, ops, hw, date, note = sys.argv[1:8]
@@ -26,14 +26,10 @@ for why in skipped:
 if not decided:
     sys.exit(f"no {ops} lines at {gpus} GPUs from {hw} on {date} in {record}")
 
-
-def shape_of(e):
-    return e["op"], tuple(sorted(e["shape"].items()))
-
-
+key = lambda e: choice.entry_key(e["op"], e["gpus"], e["dtype"], e["shape"])  # noqa: E731
 kept = json.loads(Path(catalog).read_text()).get("fused", {}).get("entries", []) if Path(catalog).exists() else []
-merged = {shape_of(e): e for e in kept if e["op"] in ops.split(",") and e["gpus"] == int(gpus)}
-merged.update((shape_of(e), e) for e in decided)
+merged = {key(e): e for e in kept if e["op"] in ops.split(",") and e["gpus"] == int(gpus)}
+merged.update((key(e), e) for e in decided)
 entries = list(merged.values())
 bench_fused.write_section(Path(catalog), entries, None, note)
 print(f"{catalog}: {len(entries)} entries of {ops} at {gpus} GPUs, {sum(e['path'] == 'fused' for e in entries)} fused, "
