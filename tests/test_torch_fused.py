@@ -270,15 +270,15 @@ def test_every_fused_operator_on_ranks_sharing_one_gpu(n, exchange, tmp_path):
 
 
 def test_the_exchange_setting_picks_the_pipeline(monkeypatch):
-    """By default the tile-store GEMM serves the operators it has (all-gather + GEMM: overlap.py's);
+    """By default the tile-store GEMM serves every GEMM operator;
     GC3_FUSED_EXCHANGE=collective takes overlap.py's functions, =copy-engine copy_engine.py's
     except while a CUDA graph captures; a bad value names the variable."""
     from runtime_cuda.torch_dist import copy_engine, ops, overlap, tile_store
     monkeypatch.delenv("GC3_FUSED_EXCHANGE", raising=False)
     names = ("matmul_reduce_scatter", "matmul_all_reduce", "all_gather_matmul", "matmul_all_to_all")
     got = [ops._pipeline(n) for n in names]
-    assert got[2] is overlap.all_gather_matmul and set(tile_store.RUNS) == set(names) - {"all_gather_matmul"}
-    assert [(g.func, g.args) for g in got[:2] + got[3:]] == [(ops._tile_store, (n,)) for n in tile_store.RUNS]
+    assert set(tile_store.RUNS) == set(names)
+    assert [(g.func, g.args) for g in got] == [(ops._tile_store, (n,)) for n in names]
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "collective")
     assert [ops._pipeline(n) for n in names] == [getattr(overlap, n) for n in names]
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "copy-engine")
@@ -465,7 +465,9 @@ def _tile_store_ranks(n, tmp_path, *flags):
     env.pop("GC3_FUSED_EXCHANGE", None)     # the default exchange is the one under test
     outs = spawn_ranks([str(ROOT / "tests" / "gpu_programs" / "torch_tile_store.py")], n, tmp_path, env, *flags,
                        says="ALL OK rank={rank}", timeout=400)
-    for needed in ("gemm_a2a served by the tile-store GEMM", "gemm_ar cuda graph replay", "back to back gemm_rs"):
+    for needed in ("gemm_a2a served by the tile-store GEMM", "ag_gemm served by the tile-store GEMM",
+                   "gemm_ar cuda graph replay", "ag_gemm cuda graph replay", "back to back gemm_rs",
+                   "back to back ag_gemm", "ag_gemm without A"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
     assert "a missing rank is reported, not waited for" in outs[1], outs[1][-3000:]
 
@@ -511,6 +513,12 @@ def test_tile_store_refusals_name_what_is_missing(monkeypatch):
     assert "float32" in why(dtype=torch.float32)
     assert "strided" in why(b_t=True)
     assert "at most 8" in why(group=_FakeGroup(9), m=9 * tile_store.BM)
+    # All-gather + GEMM: A is the shard, whose rows alone must be whole tiles.
+    shard = torch.zeros((tile_store.BM, 200), dtype=torch.bfloat16)
+    assert tile_store.refusal(pg, "ag_gemm", shard, torch.zeros((200, 296), dtype=torch.bfloat16)) == ""
+    assert f"a shard of {tile_store.BM + 8} rows" in tile_store.refusal(
+        pg, "ag_gemm", torch.zeros((tile_store.BM + 8, 200), dtype=torch.bfloat16),
+        torch.zeros((200, 296), dtype=torch.bfloat16))
     monkeypatch.setattr(tile_store, "_capability", lambda device: 8)
     assert "TMA" in why()
     monkeypatch.setattr(tile_store, "_triton_missing", lambda: "Triton is not importable (x)")
@@ -532,6 +540,12 @@ def test_the_tile_store_hands_a_call_it_refuses_to_the_collectives(monkeypatch):
     monkeypatch.setattr(ops, "_capturing", lambda: True)       # a capture of a shape never mapped
     monkeypatch.setattr(tile_store, "ready", lambda *a: False)
     assert ops._tile_store("matmul_reduce_scatter", pg2, A, B, 1, "t") == "collectives"
+    # All-gather + GEMM takes overlap.py's arguments; it multiplies by one B.
+    monkeypatch.setattr(ops, "_capturing", lambda: False)
+    monkeypatch.setattr(overlap, "all_gather_matmul", lambda *a: ("collectives", a[2:]))
+    monkeypatch.setattr(tile_store, "all_gather_matmul", lambda *a: ("tile-store", a[2:]))
+    assert ops._tile_store("all_gather_matmul", pg2, A, [B], 1, True, "t") == ("tile-store", ([B], 1, True, "t"))
+    assert ops._tile_store("all_gather_matmul", pg2, A, [B, B], 1, False, "t")[0] == "collectives"
 
 
 def test_auto_runs_sequential_where_the_measured_tile_store_cannot_serve(monkeypatch):
@@ -616,7 +630,23 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
     assert t[4 * G + 4:5 * G + 4] == [st.buf("flags", d, 0) for d in range(G)]
     assert t[5 * G + 4] == 12345
     # The next rank's rows first, each rank's own last; one counter a program, shared by every K.
-    assert sh.first_block == 2 * (M // G // tile_store.BM)
+    assert sh.scalars[4] == 2 * (M // G // tile_store.BM)         # the first block
     assert sh.cnt.numel() - 1 == sh.grid == (M // tile_store.BM) * 2
     other_k = tile_store._Shape(group, pg, "gemm_ar", M, 456, N, torch.bfloat16)
     assert other_k.cnt is sh.cnt and keys[1][0] == keys[0][0]
+    # All-gather + GEMM: every rank's gather buffer by parity, every rank's row-block counts;
+    # the buffers and counters are the (M, K, N)'s, a tile counter after the call counters.
+    K = 200
+    ag = tile_store._Shape(group, pg, "ag_gemm", M, K, N, torch.bfloat16)
+    key, sizes = keys[2]
+    st = made[key]
+    assert key[1:3] == ("ag_gemm", M) and K in key and N in key
+    assert sizes == {"gather": M * K * 2, "flags": 4 * G * (M // G // tile_store.BM)}
+    t = ag.table.tolist()
+    assert len(t) == 3 * G + 1 and t[3 * G] == 12345
+    for p in range(2):
+        assert t[p * G:(p + 1) * G] == [st.buf("gather", d, p) for d in range(G)]
+    assert t[2 * G:3 * G] == [st.buf("flags", d, 0) for d in range(G)]
+    assert ag.grid == 132 and ag.cnt.numel() == 134 and ag.cnt is not sh.cnt
+    assert ag.scalars == (M, N, K, M // G, me, min(16, 2 * -(-K // tile_store.COPY_COLUMNS)))
+    assert tile_store._Shape(group, pg, "ag_gemm", M, 456, N, torch.bfloat16).cnt is not ag.cnt

@@ -11,10 +11,11 @@ process group or its name:
 On a gc3 group (Gc3ProcessGroup: backend "gc3", or "nccl" under GC3_TORCH=1)
 every operator takes the path measured faster on this machine for the shape
 (runtime_cuda.fused.choice: `gc3 tune --fused` writes the table into the
-machine's catalog).  Fused, GEMM + reduce_scatter, + all_reduce and + all_to_all
-run tile_store.py's Triton GEMM, which stores each output tile into the rank that
-needs it (capturable in a CUDA graph), where it serves the call; all-gather +
-GEMM and the calls it refuses run overlap.py's stream pipeline (GEMM chunks on
+machine's catalog).  Fused, GEMM + reduce_scatter, + all_reduce, + all_to_all and
+all-gather + GEMM run tile_store.py's Triton GEMM, which stores each output tile
+into the rank that needs it, or pushes A's rows into the ranks that multiply
+them (capturable in a CUDA graph), where it serves the call; the calls it
+refuses run overlap.py's stream pipeline (GEMM chunks on
 torch's current stream, each chunk's collective on a high-priority side stream,
 capturable), also under GC3_FUSED_EXCHANGE=collective, or under
 GC3_FUSED_EXCHANGE=copy-engine copy_engine.py's (copy-engine copies into
@@ -212,18 +213,22 @@ def tile_store_refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
     return why
 
 
-def _tile_store(run: str, pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
-    """tile_store.py's `run` where it serves the call, else overlap.py's (logged)."""
+def _tile_store(run: str, pg, A: torch.Tensor, B, *rest):
+    """tile_store.py's `run` where it serves the call, else overlap.py's (logged).  The
+    arguments are overlap.py's: B is one matrix, or for all_gather_matmul the list of them."""
     from . import tile_store
     op = tile_store.RUNS[run]
-    why = tile_store_refusal(pg, op, A, B)
-    if not why and _capturing() and not tile_store.ready(pg, op, A, B):
+    what = rest[-1]
+    Bs = B if isinstance(B, (list, tuple)) else [B]
+    why = "" if len(Bs) == 1 else f"{len(Bs)} matrices B (the tile-store GEMM multiplies by one)"
+    why = why or tile_store_refusal(pg, op, A, Bs[0])
+    if not why and _capturing() and not tile_store.ready(pg, op, A, Bs[0]):
         why = "a CUDA graph capture of a shape whose buffers are not mapped yet (call it once eagerly first)"
     if why:
         _log().info("gc3 torch %s: the tile-store GEMM cannot serve this call (%s); the collectives beside "
                     "cuBLAS run instead", what, why)
-        return getattr(overlap, run)(pg, A, B, chunks, what)
-    return getattr(tile_store, run)(pg, A, B, chunks, what)
+        return getattr(overlap, run)(pg, A, B, *rest)
+    return getattr(tile_store, run)(pg, A, B, *rest)
 
 
 # --- the GEMM operators' repeat path --------------------------------------------------
@@ -273,12 +278,9 @@ def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run: str, reduce_op:
     pick = _choose(op, pg, A.dtype, _mkn(A, B), path, chunks, A)
     if not pick.fused:
         return None, pick.why
-    if path != "fused" and settings.get("GC3_FUSED_EXCHANGE") == "tile-store" and op != "ag_gemm":
-        # The table's fused times are the tile-store GEMM's: where it cannot serve, the
-        # collectives' pipeline would run instead, which those times do not describe.
-        why = tile_store_refusal(pg, op, A, B)
-        if why:
-            return None, f"the measured fused path is the tile-store GEMM, which cannot serve this call: {why}"
+    why = _unmeasured(pg, op, A, [B], path)
+    if why:
+        return None, why
     _decided(what, pick)
     n, size = pick.chunks, pg.size()
 
@@ -286,6 +288,16 @@ def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run: str, reduce_op:
         out = _pipeline(run)(pg, A.contiguous(), B.contiguous(), n, what)
         return out.div_(size) if reduce_op == "avg" else out
     return fused, ""
+
+
+def _unmeasured(pg, op: str, A: torch.Tensor, Bs: Sequence[torch.Tensor], path: Optional[str]) -> str:
+    """Why a measured choice of the fused path does not hold for this call ('' where it does).
+    The table's fused times are the tile-store GEMM's: where it cannot serve, the collectives'
+    pipeline would run instead, which those times do not describe."""
+    if path == "fused" or settings.get("GC3_FUSED_EXCHANGE") != "tile-store":
+        return ""
+    why = f"{len(Bs)} matrices B" if len(Bs) != 1 else tile_store_refusal(pg, op, A, Bs[0])
+    return f"the measured fused path is the tile-store GEMM, which cannot serve this call: {why}" if why else ""
 
 
 def _decided(what: str, pick) -> None:
@@ -326,7 +338,8 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
         a = A_shard.reshape(-1, K)
         pick = _choose("ag_gemm", pg, a.dtype, {"M": n * a.shape[0], "K": K, "N": sum(B.shape[1] for B in Bs)},
                        path, chunks, a)
-        if pick.fused:
+        unmeasured = _unmeasured(pg, "ag_gemm", a, Bs, path) if pick.fused else ""
+        if pick.fused and not unmeasured:
             _decided(what, pick)
             pieces = pick.chunks
 
@@ -337,7 +350,7 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
                 lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
                 return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
             return (fused if key is None else _keep_path(pg, key, fused))(A_shard, Bs)
-        why = pick.why
+        why = unmeasured or pick.why
     _sequential(what, why)
 
     def sequential(A_shard, Bs):

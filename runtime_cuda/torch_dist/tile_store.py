@@ -17,6 +17,12 @@ landed.  An own tile, per operator:
   - GEMM + all-to-all: stored as it is.
 Then (all-reduce, all-to-all) each program copies flagged blocks the peers stored into the
 caller's output: a peer cannot store into a tensor it has no address for.
+All-gather + GEMM runs the other way round (kernel gather_gemm): a few programs push the
+rank's shard into every peer's gather buffer, one peer at a time in an order that makes each
+round a permutation of the ranks, while the others start on the rank's own rows; output tiles
+come from one counter, own rows first, then the next rank's, each waiting only for its row
+block to have landed.  The copy takes SMs, not copy engines: it then needs no host call, is
+one launch with the GEMM and is captured with it.
 Outputs come from torch's caching allocator.  Nothing syncs the host, and every call's
 state is on the device, so a call is capturable in a CUDA graph (after its shape's first
 eager call, which maps the buffers):
@@ -32,15 +38,17 @@ The buffers are the copy-engine pipeline's (runtime_cuda.fused.IpcGemmGroup over
 communicator's rendezvous), registered on a shape's first call on every rank together.
 What it takes: Triton, a GPU with TMA (compute capability 9.0 and up), 16-bit inputs,
 contiguous 16-byte aligned A [M, K] and B [K, N] with K and N multiples of 8, and M / G a
-multiple of BM; anything else runs overlap.py's pipeline, and `refusal` says why.
+multiple of BM (all-gather: the shard's rows, and one B); anything else runs overlap.py's pipeline, and `refusal` says why.
 """
 from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from gc3 import settings
 
 from .handover import fused_call, ipc_group
 
@@ -48,10 +56,12 @@ from .handover import fused_call, ipc_group
 # measured against cuBLAS on H100 (scripts/probe_triton_gemm.py: 0.92-1.03x at the fused grid).
 BM, BN, BK, STAGES, WARPS, GROUP_M = 128, 256, 64, 3, 8, 8
 MAX_RANKS = 8
+# All-gather + GEMM: the columns of A one copy step moves (a block of BM x COPY_COLUMNS).
+COPY_COLUMNS = 64
 # Shapes whose tables a group keeps (their mapped buffers stay with the group).
 TABLE_SHAPES = 32
 
-OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
+OPS = ("gemm_rs", "gemm_ar", "gemm_a2a", "ag_gemm")
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,7 +74,8 @@ def _triton_missing() -> str:
 
 
 def refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
-    """Why the tile-store path cannot serve this call ('' when it can)."""
+    """Why the tile-store path cannot serve this call ('' when it can); A is the shard of
+    all-gather + GEMM."""
     why = _triton_missing()
     if why:
         return why
@@ -79,7 +90,9 @@ def refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
     N = B.shape[1]
     if K % 8 or N % 8:
         return f"K {K} and N {N} must be multiples of 8 (16-byte rows for TMA)"
-    if M % (G * BM):
+    if op == "ag_gemm" and M % BM:
+        return f"a shard of {M} rows, not a multiple of {BM}"
+    if op != "ag_gemm" and M % (G * BM):
         return f"{M} rows are not {G} blocks of a multiple of {BM} rows"
     if not (A.is_contiguous() and B.is_contiguous()):
         return "strided operands"
@@ -280,7 +293,98 @@ def _kernels():
                     out_h.store([s * rows + lm, col], got.load([s * rows + lm, col]))
         tl.store(cnt + me, c + 1)
 
-    return {"gemm_exchange": gemm_exchange}
+    @triton.jit
+    def _arrive(flag, n, go):
+        """*flag += n (where go) once every thread's stores before it have landed."""
+        v = _stored(n)
+        tl.debug_barrier()
+        tl.atomic_add(flag, v, mask=go, sem="release", scope="sys")
+
+    @triton.jit
+    def gather_gemm(A, B, out, A_out, table, cnt, M, N, K, rows, rank, copiers, timeout_ns, ident,
+                    DT: tl.constexpr, G: tl.constexpr, RETURN_A: tl.constexpr, BM: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr, CW: tl.constexpr, GROUP_M: tl.constexpr):
+        """all_gather(A) [M, K] @ B [K, N], A this rank's [rows, K]; RETURN_A: the gathered rows
+        into A_out too.  Programs below `copiers` first push A, BM rows by CW columns a block,
+        into every peer's gather buffer (the rank that computes on them soonest first: a
+        permutation of the ranks in each round, so no link carries two rounds at once), adding
+        each landed run of blocks to that row block's count at the peer.  Then every program
+        takes output tiles from one counter, own rows first, then the next rank's: a tile of
+        peer rows waits for their row block's count to reach the call's.  Table entries:
+        _Shape's comment."""
+        me = tl.program_id(0)
+        grid = tl.num_programs(0)
+        c = tl.load(cnt + me)
+        par = c & 1
+        failed = _at(table, 3 * G, tl.int32)
+        dead = cnt + grid
+        grab = cnt + grid + 1
+        rb = rows // BM
+        kb = tl.cdiv(K, CW)
+        landed = kb * (c + 1)
+        flags = _at(table, 2 * G + rank, tl.int32)
+        gathered = _at(table, par * G + rank, DT)
+        if me < copiers:
+            blocks = rb * kb
+            lo = me * blocks // copiers
+            hi = (me + 1) * blocks // copiers
+            src = _rows(A, rows, K, BM, CW)
+            for k in range(1 - RETURN_A, G):
+                q = (rank + G - k) % G
+                dst = _rows(tl.where(k == 0, A_out, _at(table, par * G + q, DT)), M, K, BM, CW)
+                counts = _at(table, 2 * G + q, tl.int32) + rank * rb
+                f = lo
+                while f < hi:
+                    i = f // kb
+                    stop = tl.minimum(hi, (i + 1) * kb)
+                    for g in tl.range(f, stop, num_stages=1):
+                        col = (g - i * kb) * CW
+                        dst.store([rank * rows + i * BM, col], src.load([i * BM, col]))
+                    _arrive(counts + i, stop - f, k != 0)
+                    f = stop
+            if RETURN_A:
+                # The peers' rows into the caller's copy of A, as they land.
+                got = _rows(gathered, M, K, BM, CW)
+                res = _rows(A_out, M, K, BM, CW)
+                for j in range(1, G):
+                    s = (rank + j) % G
+                    f = lo
+                    while f < hi:
+                        i = f // kb
+                        stop = tl.minimum(hi, (i + 1) * kb)
+                        _wait(flags + s * rb + i, landed, dead, failed, ident, timeout_ns)
+                        for g in tl.range(f, stop, num_stages=1):
+                            r0 = s * rows + i * BM
+                            col = (g - i * kb) * CW
+                            res.store([r0, col], got.load([r0, col]))
+                        f = stop
+        b_desc = tl.make_tensor_descriptor(B, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
+        out_d = _rows(out, M, N, BM, BN)
+        pn = tl.cdiv(N, BN)
+        kt = tl.cdiv(K, BK)
+        T = rb * pn
+        total = G * T
+        # Every program takes one tile past the last: total + grid a call, so the count at a
+        # call's start is known from the call's number (wrapping alike on both sides).
+        base = c * (total + grid)
+        t = tl.atomic_add(grab, 1, sem="relaxed", scope="gpu") - base
+        while t < total:
+            j = t // T
+            lb, pid_n = _place(t - j * T, rb, pn, GROUP_M)
+            s = (rank + j) % G
+            r0 = s * rows + lb * BM
+            if j != 0:
+                _wait(flags + s * rb + lb, landed, dead, failed, ident, timeout_ns)
+            # One K loop for both sources (a loop a branch would double the stages' shared
+            # memory): the own rows are read where the caller has them.
+            a_desc = tl.make_tensor_descriptor(tl.where(j == 0, A, gathered), shape=[M, K], strides=[K, 1],
+                                               block_shape=[BM, BK])
+            acc = _tile(a_desc, b_desc, tl.where(j == 0, lb * BM, r0), pid_n * BN, kt, BM, BN, BK)
+            out_d.store([r0, pid_n * BN], acc.to(DT))
+            t = tl.atomic_add(grab, 1, sem="relaxed", scope="gpu") - base
+        tl.store(cnt + me, c + 1)
+
+    return {"gemm_exchange": gemm_exchange, "gather_gemm": gather_gemm}
 
 
 @functools.lru_cache(maxsize=None)
@@ -308,23 +412,46 @@ def _dt(dtype: torch.dtype):
 
 # --- one shape's buffers -------------------------------------------------------------------
 class _Shape:
-    """The mapped buffers, the address table and the launch of one (op, M, K, N, dtype).
+    """The mapped buffers, the address table and the launch of one (op, M, K, N, dtype); M counts
+    the rows of every rank (all-gather: G times the shard's).
 
-    table (int64): [0, 2G) rank d's slot for this rank's rows, by parity (p * G + d);
-    2G + p: this rank's slots (slot s: the rows rank s computed for it); 2G + 2 + p: its copy
-    of the result (GEMM+AR); 2G + 4 + p * G + q: block `rank` of rank q's copy; 4G + 4 + d:
-    rank d's tile flags; 5G + 4: the group's failure word.  A rank's tile flags are int32
-    [2][G][T] (T tiles in a rank's rows): [0][s][i], tile i of rank s's partial or block has
-    landed in slot s; [1][s][i], rank s's sum of tile i has landed in this rank's copy of the
-    result.  A flag holds the number of the call that stored it, so nothing clears it.
-    The call counters (one int32 a program, then the word a wait that gave up sets) live with
-    the group's buffers of (op, M, N, dtype), which every K of that shape shares, flags
-    included."""
+    GEMM + reduce-scatter, all-reduce, all-to-all (kernel gemm_exchange), table (int64):
+    [0, 2G) rank d's slot for this rank's rows, by parity (p * G + d); 2G + p: this rank's slots
+    (slot s: the rows rank s computed for it); 2G + 2 + p: its copy of the result (GEMM+AR);
+    2G + 4 + p * G + q: block `rank` of rank q's copy; 4G + 4 + d: rank d's tile flags; 5G + 4:
+    the group's failure word.  A rank's tile flags are int32 [2][G][T] (T tiles in a rank's
+    rows): [0][s][i], tile i of rank s's partial or block has landed in slot s; [1][s][i], rank
+    s's sum of tile i has landed in this rank's copy of the result.  A flag holds the number of
+    the call that stored it, so nothing clears it.  The call counters (one int32 a program, then
+    the word a wait that gave up sets) live with the group's buffers of (op, M, N, dtype), which
+    every K of that shape shares, flags included.
+
+    All-gather + GEMM (kernel gather_gemm), table: [0, 2G) rank d's gather buffer [M, K] by
+    parity (p * G + d); 2G + d: rank d's row-block counts, int32 [G][M / G / BM] ([s][i]: the
+    blocks of row block i of rank s landed here, summed over calls); 3G: the failure word.  The
+    buffers are (M, K, N, dtype)'s: the tile counter after the call counters counts every
+    output tile of every call."""
 
     def __init__(self, group, pg, op: str, M: int, K: int, N: int, dtype: torch.dtype):
         G, me = pg.size(), pg.rank()
         self.G, self.M, self.K, self.N, self.rows, self.op, self.rank = G, M, K, N, M // G, op, me
+        dev = self.device = pg._device
         item = torch.empty((), dtype=dtype).element_size()
+        if op == "ag_gemm":
+            st, t, words = self._gather(group, M, K, N, dtype, item)
+        else:
+            st, t, words = self._exchange(group, M, N, dtype, item)
+        self.table = torch.tensor(t, dtype=torch.int64, device=dev)
+        if st.counts is None:
+            st.counts = torch.zeros(words, dtype=torch.int32, device=dev)
+        self.cnt = st.counts
+        self.DT = _dt(dtype)
+        self.timeout_ns = int(group.watchdog.timeout * 1e9)
+        self.ident = group.watchdog.name(f"the tile-store wait of {op} {M}x{K}x{N}")
+        self._run: Optional[Callable] = None
+
+    def _exchange(self, group, M: int, N: int, dtype: torch.dtype, item: int):
+        G, me, op = self.G, self.rank, self.op
         slot = self.rows * N * item
         tiles = (self.rows // BM) * -(-N // BN)
         sizes = {"stage": G * slot, "flags": 4 * 2 * G * tiles}
@@ -343,51 +470,71 @@ class _Shape:
         for d in range(G):
             t[4 * G + 4 + d] = st.buf("flags", d, 0)
         t[5 * G + 4] = group.watchdog.failed_ptr
-        dev = pg._device
-        self.table = torch.tensor(t, dtype=torch.int64, device=dev)
-        self.first_block = ((me + 1) % G) * (self.rows // BM)
-        self.grid = min(_sms(dev), (M // BM) * -(-N // BN))
-        if st.counts is None:
-            # One more word: set once a wait of this shape gave up (the group is then failed).
-            st.counts = torch.zeros(self.grid + 1, dtype=torch.int32, device=dev)
-        self.cnt = st.counts
-        self.DT = _dt(dtype)
-        self.OP = OPS.index(op)
-        self.timeout_ns = int(group.watchdog.timeout * 1e9)
-        self.ident = group.watchdog.name(f"the tile-store wait of {op} {M}x{K}x{N}")
-        self._run: Optional[Callable] = None
+        self.grid = min(_sms(self.device), (M // BM) * -(-N // BN))
+        self.kernel = "gemm_exchange"
+        self.scalars = (self.M, self.N, self.K, self.rows, ((me + 1) % G) * (self.rows // BM), me)
+        self.constexprs = dict(G=G, OP=OPS.index(op), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M)
+        # One more word: set once a wait of this shape gave up (the group is then failed).
+        return st, t, self.grid + 1
 
-    def launch(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
-        """The call's kernel.  The first launch goes through Triton's JIT, which specializes the
-        kernel on the arguments (every one of them has the same value, or for tensors the
-        same 16-byte alignment, at every call of a shape); later ones call the compiled kernel
-        straight, which saves most of Triton's host time."""
-        args = (A, B, out, self.table, self.cnt, self.M, self.N, self.K, self.rows, self.first_block, self.rank,
-                self.timeout_ns, self.ident)
-        if self._run is not None:
-            self._run(*args)
+    def _gather(self, group, M: int, K: int, N: int, dtype: torch.dtype, item: int):
+        G, me = self.G, self.rank
+        blocks = self.rows // BM
+        st = group.shape(("tile-store", "ag_gemm", M, K, N, str(dtype)),
+                         {"gather": M * K * item, "flags": 4 * G * blocks})
+        t = [0] * (3 * G + 1)
+        for d in range(G):
+            for p in range(2):
+                t[p * G + d] = st.buf("gather", d, p)
+            t[2 * G + d] = st.buf("flags", d, 0)
+        t[3 * G] = group.watchdog.failed_ptr
+        self.grid = _sms(self.device)
+        copiers = min(settings.get("GC3_FUSED_GATHER_COPIERS"), blocks * -(-K // COPY_COLUMNS), self.grid - 1)
+        self.kernel = "gather_gemm"
+        self.scalars = (self.M, self.N, self.K, self.rows, me, max(copiers, 1))
+        self.constexprs = dict(G=G, BM=BM, BN=BN, BK=BK, CW=COPY_COLUMNS, GROUP_M=GROUP_M)
+        # The word a wait that gave up sets, then the tile counter.
+        return st, t, self.grid + 2
+
+    def launch(self, *tensors: torch.Tensor, **constexprs) -> None:
+        """The call's kernel on (A, B, out) (all-gather: A, B, out, A_out) and the shape's scalars.
+        The first launch (per value of `constexprs`) goes through Triton's JIT, which
+        specializes the kernel on the arguments (every one of them has the same value, or for
+        tensors the same 16-byte alignment, at every call of a shape); later ones call the
+        compiled kernel straight, which saves most of Triton's host time."""
+        args = tensors + (self.table, self.cnt) + self.scalars + (self.timeout_ns, self.ident)
+        key = tuple(constexprs.items())
+        runs = self._run if self._run is not None else {}
+        run = runs.get(key)
+        if run is not None:
+            run(*args)
             return
-        constexprs = dict(DT=self.DT, G=self.G, OP=self.OP, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M)
-        compiled = kernels()["gemm_exchange"][(self.grid,)](*args, **constexprs, num_stages=STAGES,
-                                                             num_warps=WARPS)
-        values, grid = tuple(constexprs.values()), self.grid
+        every = dict(DT=self.DT, **self.constexprs, **constexprs)
+        compiled = kernels()[self.kernel][(self.grid,)](*args, **every, num_stages=STAGES, num_warps=WARPS)
+        values, grid = tuple(every.values()), self.grid
 
         def run(*args):
             stream = torch.cuda.current_stream().cuda_stream
             full = args + values
             compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata,
                          compiled.launch_metadata((grid, 1, 1), stream, *full), None, None, *full)
-        self._run = run
+        runs[key] = run
+        self._run = runs
+
+
+def _key(op: str, A: torch.Tensor, B: torch.Tensor, G: int) -> Tuple:
+    """(op, M, K, N, dtype): M counts every rank's rows (all-gather: A is the shard)."""
+    return (op, A.shape[0] * (G if op == "ag_gemm" else 1), A.shape[1], B.shape[1], A.dtype)
 
 
 def _shape(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> _Shape:
     """The shape's state, made on its first call (on every rank together)."""
-    key = (op, A.shape[0], A.shape[1], B.shape[1], A.dtype)
+    key = _key(op, A, B, pg.size())
     cache = pg.__dict__.setdefault("_gc3_tile_store", OrderedDict())
     got = cache.get(key)
     if got is None:
         with fused_call(pg, [A, B], what):
-            got = cache[key] = _Shape(ipc_group(pg), pg, op, A.shape[0], A.shape[1], B.shape[1], A.dtype)
+            got = cache[key] = _Shape(ipc_group(pg), pg, *key)
         if len(cache) > TABLE_SHAPES:
             cache.popitem(last=False)
     else:
@@ -397,7 +544,7 @@ def _shape(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> _Shape:
 
 def ready(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> bool:
     """Whether this shape's buffers are mapped already (a capture cannot map them)."""
-    return (op, A.shape[0], A.shape[1], B.shape[1], A.dtype) in pg.__dict__.get("_gc3_tile_store", {})
+    return _key(op, A, B, pg.size()) in pg.__dict__.get("_gc3_tile_store", {})
 
 
 def check(pg) -> None:
@@ -431,4 +578,18 @@ def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: s
     return _call(pg, "gemm_a2a", A, B, what)
 
 
-RUNS = {"matmul_reduce_scatter": "gemm_rs", "matmul_all_reduce": "gemm_ar", "matmul_all_to_all": "gemm_a2a"}
+def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chunks: int, return_A: bool,
+                      what: str) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
+    """A = all_gather(A_shard) (rank-major rows), [A @ B]; A_shard [m, K], one B [K, N]."""
+    check(pg)
+    B, = Bs
+    sh = _shape(pg, "ag_gemm", A_shard, B, what)
+    _ensure_allocator()
+    out = A_shard.new_empty((sh.M, sh.N))
+    A = A_shard.new_empty((sh.M, sh.K)) if return_A else None
+    sh.launch(A_shard, B, out, A_shard if A is None else A, RETURN_A=int(return_A))
+    return A, [out]
+
+
+RUNS = {"matmul_reduce_scatter": "gemm_rs", "matmul_all_reduce": "gemm_ar", "matmul_all_to_all": "gemm_a2a",
+        "all_gather_matmul": "ag_gemm"}

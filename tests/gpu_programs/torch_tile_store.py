@@ -1,9 +1,10 @@
 """One rank of the tile-store GEMM's check (runtime_cuda/torch_dist/tile_store.py), every
 rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank % count:
 
-- GEMM + reduce-scatter, + all-reduce, + all-to-all forced fused at two shapes whose K and N
-  are not multiples of the GEMM's tiles, each against an fp32 reference (error no larger
-  than the sequential path's), the all-reduce bit-identical across ranks, and the
+- GEMM + reduce-scatter, + all-reduce, + all-to-all and all-gather + GEMM forced fused at two
+  shapes whose K and N are not multiples of the GEMM's tiles, each against an fp32 reference
+  (error no larger than the sequential path's), the all-reduce bit-identical across ranks, the
+  all-gather's A equal to every rank's shard (and not made when return_A is off), and the
   tile-store path shown to have served them;
 - five calls of each in a row on new inputs (both parities of the buffers, twice);
 - CUDA-graph capture of each and two replays on new inputs;
@@ -43,12 +44,19 @@ def operands(op, shape, seed, r=None):
     M, K, N = shape
     r = rank if r is None else r
     b_rank = 0 if op == "gemm_a2a" else r      # all-to-all: one B everywhere (an expert's weight)
-    return inputs(seed, r, (M, K)), inputs(seed + 1, b_rank, (K, N), scale=K ** -0.5)
+    rows = M // G if op == "ag_gemm" else M     # all-gather: this rank's shard of A
+    return inputs(seed, r, (rows, K)), inputs(seed + 1, b_rank, (K, N), scale=K ** -0.5)
+
+
+def gathered(shape, seed):
+    return torch.cat([operands("ag_gemm", shape, seed, r)[0] for r in range(world)])
 
 
 def reference(op, shape, seed):
     M = shape[0]
     m = M // G
+    if op == "ag_gemm":
+        return gathered(shape, seed).float() @ operands(op, shape, seed)[1].float()
     parts = [operands(op, shape, seed, r) for r in range(world)]
     if op == "gemm_a2a":
         return torch.cat([(a[rank * m:(rank + 1) * m].float() @ b.float()) for a, b in parts])
@@ -60,7 +68,15 @@ CALLS = {
     "gemm_rs": lambda a, b, **kw: ops.fused_matmul_reduce_scatter(a, b, "sum", 0, pg, **kw),
     "gemm_ar": lambda a, b, **kw: ops.fused_matmul_all_reduce(a, b, pg, **kw),
     "gemm_a2a": lambda a, b, **kw: ops.fused_matmul_all_to_all(a, b, pg, **kw),
+    "ag_gemm": lambda a, b, **kw: all_gather_matmul(a, b, **kw),
 }
+last_A = []
+
+
+def all_gather_matmul(a, b, **kw):
+    A, (out,) = ops.fused_all_gather_matmul(a, [b], 0, pg, **kw)
+    last_A[:] = [A]
+    return out
 
 dist.barrier()
 for op, call in CALLS.items():
@@ -71,8 +87,15 @@ for op, call in CALLS.items():
             close(f"{op} {shape} call {seed}", got, reference(op, shape, seed), call(a, b, path="sequential"))
             if op == "gemm_ar":
                 torch_rank.same_on_all_ranks(f"{op} {shape} call {seed}", got)
+            if op == "ag_gemm":
+                got = call(a, b, path="fused")
+                assert torch.equal(last_A[0], gathered(shape, seed)), f"rank {rank}: the gathered A of {shape}"
         assert tile_store.ready(pg, op, a, b), f"rank {rank}: the tile-store path did not serve {op} {shape}"
     passed(f"{op} served by the tile-store GEMM")
+a, b = operands("ag_gemm", SHAPES[0], 7)
+A, (got,) = ops.fused_all_gather_matmul(a, [b], 0, pg, return_A=False, path="fused")
+assert A is None
+close("ag_gemm without A", got, reference("ag_gemm", SHAPES[0], 7), all_gather_matmul(a, b, path="sequential"))
 
 # CUDA graph: one captured call of each operator, replayed on new inputs.
 for op, call in CALLS.items():
@@ -93,8 +116,8 @@ for op, call in CALLS.items():
 
 # Back to back: alternating operators and shapes, checked only at the end.
 results = []
-for i in range(9):
-    op, shape = list(CALLS)[i % 3], SHAPES[i % 2]
+for i in range(12):
+    op, shape = list(CALLS)[i % len(CALLS)], SHAPES[(i // len(CALLS) + i) % 2]
     a, b = operands(op, shape, 30 + i)
     results.append((op, shape, 30 + i, CALLS[op](a, b, path="fused")))
 torch.cuda.synchronize()
