@@ -193,9 +193,10 @@ _DECLARED: List[Setting] = [
             _choice({"tile-store": "tile-store", "collective": "collective", "copy-engine": "copy-engine"},
                     "'tile-store', 'collective' or 'copy-engine'", fold=True), "tile-store, collective, copy-engine",
             "fused"),
-    Setting("GC3_FUSED_GATHER_COPIERS", "int", 16,
+    Setting("GC3_FUSED_GATHER_COPIERS", "int", None,
             "programs of the tile-store all-gather + GEMM that push the rank's rows to its peers before they join "
-            "the GEMM", _int(1, 1024), "1 to 1024", "fused"),
+            "the GEMM (unset: 4 per rank and 8, measured best at 2 and 4 H100s)", _int(1, 1024), "1 to 1024",
+            "fused", blank_is_unset=False),
     Setting("GC3_FUSED_PARTIALS", "choice", "fp32",
             "the type GEMM+reduce-scatter/all-reduce partial products cross the links in: fp32, or the input's "
             "(half the bytes; each partial rounded once, then summed in fp32)",

@@ -648,5 +648,8 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
         assert t[p * G:(p + 1) * G] == [st.buf("gather", d, p) for d in range(G)]
     assert t[2 * G:3 * G] == [st.buf("flags", d, 0) for d in range(G)]
     assert ag.grid == 132 and ag.cnt.numel() == 134 and ag.cnt is not sh.cnt
-    assert ag.scalars == (M, N, K, M // G, me, min(16, 2 * -(-K // tile_store.COPY_COLUMNS)))
+    # Copiers: 4 a rank and 8 by default, never more than the blocks of the shard to push.
+    assert ag.scalars == (M, N, K, M // G, me, min(24, 2 * -(-K // tile_store.COPY_COLUMNS)))
+    monkeypatch.setenv("GC3_FUSED_GATHER_COPIERS", "3")
+    assert tile_store._Shape(group, pg, "ag_gemm", M, 8192, N, torch.bfloat16).scalars[-1] == 3
     assert tile_store._Shape(group, pg, "ag_gemm", M, 456, N, torch.bfloat16).cnt is not ag.cnt

@@ -57,7 +57,7 @@ from .handover import fused_call, ipc_group
 BM, BN, BK, STAGES, WARPS, GROUP_M = 128, 256, 64, 3, 8, 8
 MAX_RANKS = 8
 # All-gather + GEMM: the columns of A one copy step moves (a block of BM x COPY_COLUMNS).
-COPY_COLUMNS = 64
+COPY_COLUMNS = 128
 # Shapes whose tables a group keeps (their mapped buffers stay with the group).
 TABLE_SHAPES = 32
 
@@ -294,9 +294,22 @@ def _kernels():
         tl.store(cnt + me, c + 1)
 
     @triton.jit
-    def _arrive(flag, n, go):
-        """*flag += n (where go) once every thread's stores before it have landed."""
-        v = _stored(n)
+    def _copy(src, src_row, dst, dst_row, col, K, BM: tl.constexpr, CW: tl.constexpr):
+        """Rows [src_row, + BM) of the row-major [., K] src, columns [col, + CW), to the same
+        columns of rows [dst_row, + BM) of dst.  Plain loads and stores: every thread has its
+        share of the block in flight at once, and a store across the link is posted (a TMA
+        step would stage it through shared memory and wait for it there)."""
+        c = col + tl.arange(0, CW)[None, :]
+        at = tl.arange(0, BM)[:, None] * K + c
+        inside = c < K
+        x = tl.load(src + src_row.to(tl.int64) * K + at, mask=inside)
+        tl.store(dst + dst_row.to(tl.int64) * K + at, x, mask=inside)
+
+    @triton.jit
+    def _pushed(flag, n, go):
+        """*flag += n (where go) once every thread's stores before it are visible to the whole
+        system."""
+        v = _asm("fence.acq_rel.sys;", n)
         tl.debug_barrier()
         tl.atomic_add(flag, v, mask=go, sem="release", scope="sys")
 
@@ -328,24 +341,20 @@ def _kernels():
             blocks = rb * kb
             lo = me * blocks // copiers
             hi = (me + 1) * blocks // copiers
-            src = _rows(A, rows, K, BM, CW)
             for k in range(1 - RETURN_A, G):
                 q = (rank + G - k) % G
-                dst = _rows(tl.where(k == 0, A_out, _at(table, par * G + q, DT)), M, K, BM, CW)
+                dst = tl.where(k == 0, A_out, _at(table, par * G + q, DT))
                 counts = _at(table, 2 * G + q, tl.int32) + rank * rb
                 f = lo
                 while f < hi:
                     i = f // kb
                     stop = tl.minimum(hi, (i + 1) * kb)
                     for g in tl.range(f, stop, num_stages=1):
-                        col = (g - i * kb) * CW
-                        dst.store([rank * rows + i * BM, col], src.load([i * BM, col]))
-                    _arrive(counts + i, stop - f, k != 0)
+                        _copy(A, i * BM, dst, rank * rows + i * BM, (g - i * kb) * CW, K, BM, CW)
+                    _pushed(counts + i, stop - f, k != 0)
                     f = stop
             if RETURN_A:
                 # The peers' rows into the caller's copy of A, as they land.
-                got = _rows(gathered, M, K, BM, CW)
-                res = _rows(A_out, M, K, BM, CW)
                 for j in range(1, G):
                     s = (rank + j) % G
                     f = lo
@@ -353,10 +362,9 @@ def _kernels():
                         i = f // kb
                         stop = tl.minimum(hi, (i + 1) * kb)
                         _wait(flags + s * rb + i, landed, dead, failed, ident, timeout_ns)
+                        r0 = s * rows + i * BM
                         for g in tl.range(f, stop, num_stages=1):
-                            r0 = s * rows + i * BM
-                            col = (g - i * kb) * CW
-                            res.store([r0, col], got.load([r0, col]))
+                            _copy(gathered, r0, A_out, r0, (g - i * kb) * CW, K, BM, CW)
                         f = stop
         b_desc = tl.make_tensor_descriptor(B, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
         out_d = _rows(out, M, N, BM, BN)
@@ -489,7 +497,8 @@ class _Shape:
             t[2 * G + d] = st.buf("flags", d, 0)
         t[3 * G] = group.watchdog.failed_ptr
         self.grid = _sms(self.device)
-        copiers = min(settings.get("GC3_FUSED_GATHER_COPIERS"), blocks * -(-K // COPY_COLUMNS), self.grid - 1)
+        asked = settings.get("GC3_FUSED_GATHER_COPIERS")
+        copiers = min(4 * G + 8 if asked is None else asked, blocks * -(-K // COPY_COLUMNS), self.grid - 1)
         self.kernel = "gather_gemm"
         self.scalars = (self.M, self.N, self.K, self.rows, me, max(copiers, 1))
         self.constexprs = dict(G=G, BM=BM, BN=BN, BK=BK, CW=COPY_COLUMNS, GROUP_M=GROUP_M)
