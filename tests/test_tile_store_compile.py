@@ -32,9 +32,7 @@ def test_the_tile_store_kernel_compiles_for_hopper(G, dtype, op):
     assert "cubin" in compiled.asm and 0 < compiled.metadata.shared <= H100_SHARED
 
 
-@pytest.mark.parametrize("G, dtype", [(2, "bf16"), (8, "bf16"), (4, "fp16")])
-@pytest.mark.parametrize("return_a", [0, 1])
-def test_the_all_gather_kernel_compiles_for_hopper(G, dtype, return_a):
+def _gather_kernel(G, dtype, return_a, trace):
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -42,14 +40,23 @@ def test_the_all_gather_kernel_compiles_for_hopper(G, dtype, return_a):
     from runtime_cuda.torch_dist import tile_store as ts
 
     signature = {name: f"*{dtype}" for name in ("A", "B", "out", "A_out")}
-    signature.update({"table": "*i64", "cnt": "*i32", "M": "i32", "N": "i32", "K": "i32", "rows": "i32",
-                      "rank": "i32", "copiers": "i32", "timeout_ns": "i64", "ident": "i32"})
-    constexprs = {"DT": {"bf16": tl.bfloat16, "fp16": tl.float16}[dtype], "G": G, "RETURN_A": return_a, "BM": ts.BM,
-                  "BN": ts.BN, "BK": ts.BK, "CW": ts.COPY_COLUMNS, "GROUP_M": ts.GROUP_M}
+    signature.update({"stamps": "*i64", "table": "*i64", "cnt": "*i32", "M": "i32", "N": "i32", "K": "i32",
+                      "rows": "i32", "rank": "i32", "copiers": "i32", "timeout_ns": "i64", "ident": "i32"})
+    constexprs = {"DT": {"bf16": tl.bfloat16, "fp16": tl.float16}[dtype], "G": G, "RETURN_A": return_a, "TRACE": trace,
+                  "BM": ts.BM, "BN": ts.BN, "BK": ts.BK, "CW": ts.COPY_COLUMNS, "GROUP_M": ts.GROUP_M}
     signature.update({name: "constexpr" for name in constexprs})
-    compiled = triton.compile(ASTSource(fn=ts.kernels()["gather_gemm"], signature=signature, constexprs=constexprs),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": ts.WARPS, "num_stages": ts.STAGES})
+    return triton.compile(ASTSource(fn=ts.kernels()["gather_gemm"], signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": ts.WARPS, "num_stages": ts.STAGES})
+
+
+@pytest.mark.parametrize("G, dtype", [(2, "bf16"), (8, "bf16"), (4, "fp16")])
+@pytest.mark.parametrize("return_a", [0, 1])
+def test_the_all_gather_kernel_compiles_for_hopper(G, dtype, return_a):
+    compiled = _gather_kernel(G, dtype, return_a, 0)
     assert "fence.acq_rel.sys" in compiled.asm["ptx"]      # the pushes are visible before their count
     # One K loop's stages: a second (a branch per source) would not fit beside the first.
     assert "cubin" in compiled.asm and 0 < compiled.metadata.shared <= H100_SHARED
+    # GC3_FUSED_TRACE's build reads the clock four more times (a push's and a tile's start and end).
+    traced = _gather_kernel(G, dtype, return_a, 1)
+    assert traced.asm["ptx"].count("%globaltimer") >= compiled.asm["ptx"].count("%globaltimer") + 4
+    assert 0 < traced.metadata.shared <= H100_SHARED

@@ -467,9 +467,10 @@ def _tile_store_ranks(n, tmp_path, *flags):
                        says="ALL OK rank={rank}", timeout=400)
     for needed in ("gemm_a2a served by the tile-store GEMM", "ag_gemm served by the tile-store GEMM",
                    "gemm_ar cuda graph replay", "ag_gemm cuda graph replay", "back to back gemm_rs",
-                   "back to back ag_gemm", "ag_gemm without A"):
+                   "back to back ag_gemm", "ag_gemm without A", "ag_gemm trace"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
     assert "a missing rank is reported, not waited for" in outs[1], outs[1][-3000:]
+    print("\n".join(line for out in outs for line in out.splitlines() if "ag_gemm trace" in line))
 
 
 @pytest.mark.gpu
@@ -653,3 +654,16 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
     monkeypatch.setenv("GC3_FUSED_GATHER_COPIERS", "3")
     assert tile_store._Shape(group, pg, "ag_gemm", M, 8192, N, torch.bfloat16).scalars[-1] == 3
     assert tile_store._Shape(group, pg, "ag_gemm", M, 456, N, torch.bfloat16).cnt is not ag.cnt
+
+
+def test_the_tile_store_trace_measures_the_pushes_inside_the_tiles():
+    """tile_store.covered, what the all-gather's GC3_FUSED_TRACE reports: the share of the pushes'
+    time inside the union of the tiles' intervals (it can say 0)."""
+    from runtime_cuda.torch_dist import tile_store
+    assert tile_store.covered([(0, 10)], [(20, 30)]) == 0.0
+    assert tile_store.covered([(0, 10)], [(0, 4), (3, 10)]) == 1.0
+    assert tile_store.covered([(0, 10), (10, 20)], [(5, 15)]) == 0.5
+    assert tile_store.covered([], [(0, 1)]) == 0.0
+    trace = tile_store.Trace(torch.tensor([[0, 10], [2, 6], [8, 30]]), copiers=1)
+    assert trace.intervals() == ([(0, 10)], [(2, 6), (8, 30)])
+    assert trace.overlap() == 0.6

@@ -406,11 +406,13 @@ def _check(job: Job, case: Case, got: torch.Tensor, seq: torch.Tensor) -> str:
 
 
 def _overlap(fused: Callable) -> Optional[float]:
-    """The share of the fused call's transfer time inside its GEMM chunks (GC3_FUSED_TRACE's timing events)."""
+    """The share of the fused call's transfer time inside its GEMM chunks (GC3_FUSED_TRACE's timing
+    events, or the tile-store all-gather's stamps); None where the path that ran traces nothing."""
     from . import overlap
 
     before = os.environ.get("GC3_FUSED_TRACE")
     os.environ["GC3_FUSED_TRACE"] = "1"
+    overlap.last_trace = None
     try:
         fused()
         trace = overlap.last_trace

@@ -314,17 +314,19 @@ def _kernels():
         tl.atomic_add(flag, v, mask=go, sem="release", scope="sys")
 
     @triton.jit
-    def gather_gemm(A, B, out, A_out, table, cnt, M, N, K, rows, rank, copiers, timeout_ns, ident,
-                    DT: tl.constexpr, G: tl.constexpr, RETURN_A: tl.constexpr, BM: tl.constexpr,
-                    BN: tl.constexpr, BK: tl.constexpr, CW: tl.constexpr, GROUP_M: tl.constexpr):
+    def gather_gemm(A, B, out, A_out, stamps, table, cnt, M, N, K, rows, rank, copiers, timeout_ns, ident,
+                    DT: tl.constexpr, G: tl.constexpr, RETURN_A: tl.constexpr, TRACE: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CW: tl.constexpr,
+                    GROUP_M: tl.constexpr):
         """all_gather(A) [M, K] @ B [K, N], A this rank's [rows, K]; RETURN_A: the gathered rows
         into A_out too.  Programs below `copiers` first push A, BM rows by CW columns a block,
         into every peer's gather buffer (the rank that computes on them soonest first: a
         permutation of the ranks in each round, so no link carries two rounds at once), adding
         each landed run of blocks to that row block's count at the peer.  Then every program
         takes output tiles from one counter, own rows first, then the next rank's: a tile of
-        peer rows waits for their row block's count to reach the call's.  Table entries:
-        _Shape's comment."""
+        peer rows waits for their row block's count to reach the call's.  TRACE: each copier's
+        push and each tile's K loop and store as [start, end] pairs of %globaltimer in stamps
+        (int64 [copiers + tiles][2]).  Table entries: _Shape's comment."""
         me = tl.program_id(0)
         grid = tl.num_programs(0)
         c = tl.load(cnt + me)
@@ -338,6 +340,8 @@ def _kernels():
         flags = _at(table, 2 * G + rank, tl.int32)
         gathered = _at(table, par * G + rank, DT)
         if me < copiers:
+            if TRACE:
+                tl.store(stamps + 2 * me, globaltimer())
             blocks = rb * kb
             lo = me * blocks // copiers
             hi = (me + 1) * blocks // copiers
@@ -353,6 +357,8 @@ def _kernels():
                         _copy(A, i * BM, dst, rank * rows + i * BM, (g - i * kb) * CW, K, BM, CW)
                     _pushed(counts + i, stop - f, k != 0)
                     f = stop
+            if TRACE:
+                tl.store(stamps + 2 * me + 1, globaltimer())
             if RETURN_A:
                 # The peers' rows into the caller's copy of A, as they land.
                 for j in range(1, G):
@@ -383,12 +389,16 @@ def _kernels():
             r0 = s * rows + lb * BM
             if j != 0:
                 _wait(flags + s * rb + lb, landed, dead, failed, ident, timeout_ns)
+            if TRACE:
+                tl.store(stamps + 2 * (copiers + t), globaltimer())
             # One K loop for both sources (a loop a branch would double the stages' shared
             # memory): the own rows are read where the caller has them.
             a_desc = tl.make_tensor_descriptor(tl.where(j == 0, A, gathered), shape=[M, K], strides=[K, 1],
                                                block_shape=[BM, BK])
             acc = _tile(a_desc, b_desc, tl.where(j == 0, lb * BM, r0), pid_n * BN, kt, BM, BN, BK)
             out_d.store([r0, pid_n * BN], acc.to(DT))
+            if TRACE:
+                tl.store(stamps + 2 * (copiers + t) + 1, globaltimer())
             t = tl.atomic_add(grab, 1, sem="relaxed", scope="gpu") - base
         tl.store(cnt + me, c + 1)
 
@@ -499,6 +509,7 @@ class _Shape:
         self.grid = _sms(self.device)
         asked = settings.get("GC3_FUSED_GATHER_COPIERS")
         copiers = min(4 * G + 8 if asked is None else asked, blocks * -(-K // COPY_COLUMNS), self.grid - 1)
+        self.tiles = blocks * -(-N // BN)
         self.kernel = "gather_gemm"
         self.scalars = (self.M, self.N, self.K, self.rows, me, max(copiers, 1))
         self.constexprs = dict(G=G, BM=BM, BN=BN, BK=BK, CW=COPY_COLUMNS, GROUP_M=GROUP_M)
@@ -506,7 +517,7 @@ class _Shape:
         return st, t, self.grid + 2
 
     def launch(self, *tensors: torch.Tensor, **constexprs) -> None:
-        """The call's kernel on (A, B, out) (all-gather: A, B, out, A_out) and the shape's scalars.
+        """The call's kernel on (A, B, out) (all-gather: A, B, out, A_out, stamps) and the shape's scalars.
         The first launch (per value of `constexprs`) goes through Triton's JIT, which
         specializes the kernel on the arguments (every one of them has the same value, or for
         tensors the same 16-byte alignment, at every call of a shape); later ones call the
@@ -587,16 +598,54 @@ def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: s
     return _call(pg, "gemm_a2a", A, B, what)
 
 
+class Trace:
+    """One traced all-gather + GEMM call's stamps (GC3_FUSED_TRACE=1): each copier's push and
+    each output tile's K loop and store, in nanoseconds of the GPU's %globaltimer."""
+
+    def __init__(self, stamps: torch.Tensor, copiers: int):
+        self.stamps, self.copiers = stamps, copiers
+
+    def intervals(self) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+        """(the pushes, the tiles) as (start, end) pairs; synchronizes with the call."""
+        pairs = [tuple(p) for p in self.stamps.view(-1, 2).tolist()]
+        return pairs[:self.copiers], pairs[self.copiers:]
+
+    def overlap(self) -> float:
+        """The share of the pushes' time during which some tile was being computed."""
+        return covered(*self.intervals())
+
+
+def covered(spans: Sequence[Tuple[int, int]], by: Sequence[Tuple[int, int]]) -> float:
+    """The share of the total length of `spans` that lies inside the union of `by`."""
+    union: List[List[int]] = []
+    for a, b in sorted(by):
+        if union and a <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], b)
+        else:
+            union.append([a, b])
+    total = sum(b - a for a, b in spans)
+    inside = sum(max(0, min(b, d) - max(a, c)) for a, b in spans for c, d in union)
+    return inside / total if total > 0 else 0.0
+
+
 def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chunks: int, return_A: bool,
                       what: str) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
-    """A = all_gather(A_shard) (rank-major rows), [A @ B]; A_shard [m, K], one B [K, N]."""
+    """A = all_gather(A_shard) (rank-major rows), [A @ B]; A_shard [m, K], one B [K, N].  Under
+    GC3_FUSED_TRACE=1 the call's stamps become overlap.last_trace (what the benchmark and the
+    tests read of either pipeline)."""
     check(pg)
     B, = Bs
     sh = _shape(pg, "ag_gemm", A_shard, B, what)
     _ensure_allocator()
     out = A_shard.new_empty((sh.M, sh.N))
     A = A_shard.new_empty((sh.M, sh.K)) if return_A else None
-    sh.launch(A_shard, B, out, A_shard if A is None else A, RETURN_A=int(return_A))
+    trace = settings.get("GC3_FUSED_TRACE")
+    copiers = sh.scalars[-1]
+    stamps = torch.zeros((copiers + sh.G * sh.tiles, 2), dtype=torch.int64, device=out.device) if trace else out
+    sh.launch(A_shard, B, out, A_shard if A is None else A, stamps, RETURN_A=int(return_A), TRACE=int(trace))
+    if trace:
+        from . import overlap
+        overlap.last_trace = Trace(stamps, copiers)
     return A, [out]
 
 

@@ -7,6 +7,7 @@ rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank
   all-gather's A equal to every rank's shard (and not made when return_A is off), and the
   tile-store path shown to have served them;
 - five calls of each in a row on new inputs (both parities of the buffers, twice);
+- GC3_FUSED_TRACE at one M = 8192 all-gather: at least half of the pushes' time inside tiles;
 - CUDA-graph capture of each and two replays on new inputs;
 - back-to-back calls of alternating operators and shapes, no synchronisation until the end;
 - a rank that skips a call: the others' waits for its tiles give up after GC3_FUSED_TIMEOUT and
@@ -16,6 +17,7 @@ rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank
 
 Prints "PASS <name>" per check and "ALL OK rank=R" at the end; any failure raises.
 """
+import os
 import sys
 
 import torch
@@ -23,7 +25,7 @@ import torch.distributed as dist
 
 import torch_rank
 from gc3.errors import RuntimeTimeoutError
-from runtime_cuda.torch_dist import ops, tile_store
+from runtime_cuda.torch_dist import ops, overlap, tile_store
 
 rank, world, dev, pg = torch_rank.join(sys.argv)
 G = world
@@ -96,6 +98,20 @@ a, b = operands("ag_gemm", SHAPES[0], 7)
 A, (got,) = ops.fused_all_gather_matmul(a, [b], 0, pg, return_A=False, path="fused")
 assert A is None
 close("ag_gemm without A", got, reference("ag_gemm", SHAPES[0], 7), all_gather_matmul(a, b, path="sequential"))
+
+# GC3_FUSED_TRACE at one M = 8192 all-gather: the share of the pushes' time during which tiles ran.
+os.environ["GC3_FUSED_TRACE"] = "1"
+shape = (8192, 4096, 8 * (1792 // G))
+a, b = operands("ag_gemm", shape, 8)
+overlap.last_trace = None
+all_gather_matmul(a, b, path="fused")
+trace = overlap.last_trace
+share = trace.overlap()
+del os.environ["GC3_FUSED_TRACE"]
+pushes, tiles = trace.intervals()
+assert len(tiles) == G * (shape[0] // G // tile_store.BM) * -(-shape[2] // tile_store.BN), len(tiles)
+assert share >= 0.5, f"rank {rank}: {share:.2f} of the pushes' time inside tiles ({pushes} / {tiles[:8]})"
+passed(f"ag_gemm trace: {share:.2f} of the pushes' time inside tiles")
 
 # CUDA graph: one captured call of each operator, replayed on new inputs.
 for op, call in CALLS.items():
