@@ -566,6 +566,22 @@ def test_auto_runs_sequential_where_the_measured_tile_store_cannot_serve(monkeyp
     assert run is not None and why == ""
 
 
+def test_a_measured_all_gather_entry_holds_only_where_the_tile_store_serves(monkeypatch):
+    """All-gather + GEMM: the measured fused entry timed the tile-store GEMM of one B; several Bs,
+    or operands it refuses, make auto sequential, and a forced call is not second-guessed."""
+    from runtime_cuda.torch_dist import ops, tile_store
+    monkeypatch.delenv("GC3_FUSED_EXCHANGE", raising=False)
+    monkeypatch.setattr(tile_store, "refusal", lambda *a: "")
+    A, B = torch.zeros((256, 16), dtype=torch.bfloat16), torch.zeros((16, 8), dtype=torch.bfloat16)
+    assert ops._unmeasured(_FakeGroup(2), "ag_gemm", A, [B], None) == ""
+    assert "2 matrices B" in ops._unmeasured(_FakeGroup(2), "ag_gemm", A, [B, B], None)
+    assert ops._unmeasured(_FakeGroup(2), "ag_gemm", A, [B, B], "fused") == ""
+    monkeypatch.setattr(tile_store, "refusal", lambda *a: "no Triton")
+    assert "no Triton" in ops._unmeasured(_FakeGroup(2), "ag_gemm", A, [B], "auto")
+    monkeypatch.setenv("GC3_FUSED_EXCHANGE", "collective")          # the user chose the exchange
+    assert ops._unmeasured(_FakeGroup(2), "ag_gemm", A, [B], None) == ""
+
+
 def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_path):
     from runtime_cuda.fused import records
     from runtime_cuda.torch_dist import bench_fused
