@@ -673,13 +673,14 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
 
 
 def test_the_tile_store_trace_measures_the_pushes_inside_the_tiles():
-    """tile_store.covered, what the all-gather's GC3_FUSED_TRACE reports: the share of the pushes'
-    time inside the union of the tiles' intervals (it can say 0)."""
-    from runtime_cuda.torch_dist import tile_store
-    assert tile_store.covered([(0, 10)], [(20, 30)]) == 0.0
-    assert tile_store.covered([(0, 10)], [(0, 4), (3, 10)]) == 1.0
-    assert tile_store.covered([(0, 10), (10, 20)], [(5, 15)]) == 0.5
-    assert tile_store.covered([], [(0, 1)]) == 0.0
+    """overlap.covered, what either pipeline's GC3_FUSED_TRACE reports: the share of the
+    transfers' time inside the union of the compute intervals (it can say 0); the all-gather's
+    trace reads its pushes against its tiles."""
+    from runtime_cuda.torch_dist import overlap, tile_store
+    assert overlap.covered([(0, 10)], [(20, 30)]) == 0.0
+    assert overlap.covered([(0, 10)], [(0, 4), (3, 10)]) == 1.0       # overlapping tiles count once
+    assert overlap.covered([(0, 10), (10, 20)], [(5, 15)]) == 0.5
+    assert overlap.covered([], [(0, 1)]) == 0.0
     trace = tile_store.Trace(torch.tensor([[0, 10], [2, 6], [8, 30]]), copiers=1)
     assert trace.intervals() == ([(0, 10)], [(2, 6), (8, 30)])
     assert trace.overlap() == 0.6

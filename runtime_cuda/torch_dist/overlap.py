@@ -65,14 +65,26 @@ class Trace:
 
     def overlap(self) -> float:
         """The share of the collectives' time spent while a GEMM chunk ran."""
-        gemm, comm = self.intervals(self.gemm), self.intervals(self.comm)
-        total = sum(b - a for a, b in comm)
-        inside = sum(max(0.0, min(b, d) - max(a, c)) for a, b in comm for c, d in gemm)
-        return inside / total if total > 0 else 0.0
+        return covered(self.intervals(self.comm), self.intervals(self.gemm))
 
 
-# The last traced call's timing events (GC3_FUSED_TRACE=1), for the benchmark and the tests.
-last_trace: Optional[Trace] = None
+def covered(spans: Sequence[Tuple[float, float]], by: Sequence[Tuple[float, float]]) -> float:
+    """The share of the total length of `spans` that lies inside the union of `by` (a fused
+    call's transfer time inside its GEMM work, for either pipeline's trace)."""
+    union: List[List[float]] = []
+    for a, b in sorted(by):
+        if union and a <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], b)
+        else:
+            union.append([a, b])
+    total = sum(b - a for a, b in spans)
+    inside = sum(max(0, min(b, d) - max(a, c)) for a, b in spans for c, d in union)
+    return inside / total if total > 0 else 0.0
+
+
+# The last traced call's timing (GC3_FUSED_TRACE=1), for the benchmark and the tests: this
+# pipeline's Trace, or tile_store.Trace for the tile-store all-gather.
+last_trace = None
 
 
 class _Lanes:

@@ -50,6 +50,7 @@ import torch
 
 from gc3 import settings
 
+from . import overlap
 from .handover import fused_call, ipc_group
 
 # The GEMM's tiles: 128 x 256 outputs, K in steps of 64, three stages of TMA loads in flight,
@@ -466,7 +467,8 @@ class _Shape:
         self.DT = _dt(dtype)
         self.timeout_ns = int(group.watchdog.timeout * 1e9)
         self.ident = group.watchdog.name(f"the tile-store wait of {op} {M}x{K}x{N}")
-        self._run: Optional[Callable] = None
+        # The compiled kernel's launch, per value of the constexprs a call passes.
+        self._runs: Dict[Tuple, Callable] = {}
 
     def _exchange(self, group, M: int, N: int, dtype: torch.dtype, item: int):
         G, me, op = self.G, self.rank, self.op
@@ -511,7 +513,8 @@ class _Shape:
         copiers = min(4 * G + 8 if asked is None else asked, blocks * -(-K // COPY_COLUMNS), self.grid - 1)
         self.tiles = blocks * -(-N // BN)
         self.kernel = "gather_gemm"
-        self.scalars = (self.M, self.N, self.K, self.rows, me, max(copiers, 1))
+        self.copiers = max(copiers, 1)
+        self.scalars = (self.M, self.N, self.K, self.rows, me, self.copiers)
         self.constexprs = dict(G=G, BM=BM, BN=BN, BK=BK, CW=COPY_COLUMNS, GROUP_M=GROUP_M)
         # The word a wait that gave up sets, then the tile counter.
         return st, t, self.grid + 2
@@ -524,8 +527,7 @@ class _Shape:
         compiled kernel straight, which saves most of Triton's host time."""
         args = tensors + (self.table, self.cnt) + self.scalars + (self.timeout_ns, self.ident)
         key = tuple(constexprs.items())
-        runs = self._run if self._run is not None else {}
-        run = runs.get(key)
+        run = self._runs.get(key)
         if run is not None:
             run(*args)
             return
@@ -538,8 +540,7 @@ class _Shape:
             full = args + values
             compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata,
                          compiled.launch_metadata((grid, 1, 1), stream, *full), None, None, *full)
-        runs[key] = run
-        self._run = runs
+        self._runs[key] = run
 
 
 def _key(op: str, A: torch.Tensor, B: torch.Tensor, G: int) -> Tuple:
@@ -612,20 +613,7 @@ class Trace:
 
     def overlap(self) -> float:
         """The share of the pushes' time during which some tile was being computed."""
-        return covered(*self.intervals())
-
-
-def covered(spans: Sequence[Tuple[int, int]], by: Sequence[Tuple[int, int]]) -> float:
-    """The share of the total length of `spans` that lies inside the union of `by`."""
-    union: List[List[int]] = []
-    for a, b in sorted(by):
-        if union and a <= union[-1][1]:
-            union[-1][1] = max(union[-1][1], b)
-        else:
-            union.append([a, b])
-    total = sum(b - a for a, b in spans)
-    inside = sum(max(0, min(b, d) - max(a, c)) for a, b in spans for c, d in union)
-    return inside / total if total > 0 else 0.0
+        return overlap.covered(*self.intervals())
 
 
 def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chunks: int, return_A: bool,
@@ -640,12 +628,10 @@ def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chu
     out = A_shard.new_empty((sh.M, sh.N))
     A = A_shard.new_empty((sh.M, sh.K)) if return_A else None
     trace = settings.get("GC3_FUSED_TRACE")
-    copiers = sh.scalars[-1]
-    stamps = torch.zeros((copiers + sh.G * sh.tiles, 2), dtype=torch.int64, device=out.device) if trace else out
+    stamps = torch.zeros((sh.copiers + sh.G * sh.tiles, 2), dtype=torch.int64, device=out.device) if trace else out
     sh.launch(A_shard, B, out, A_shard if A is None else A, stamps, RETURN_A=int(return_A), TRACE=int(trace))
     if trace:
-        from . import overlap
-        overlap.last_trace = Trace(stamps, copiers)
+        overlap.last_trace = Trace(stamps, sh.copiers)
     return A, [out]
 
 
