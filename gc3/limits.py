@@ -88,7 +88,7 @@ INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, s
 # SMALL_ALLREDUCE_MAX_BYTES; each rank's scratch is sized once per communicator
 # for the largest call its catalog gives them (SMALL_ALLREDUCE_DEFAULT_BYTES
 # where it says nothing).  A call runs one LL line (8 data bytes) per thread,
-# in as many blocks of SMALL_ALLREDUCE_THREADS as that takes, up to
+# in as many blocks as that takes (of small_allreduce_threads each), up to
 # SMALL_ALLREDUCE_BLOCKS per rank (fewer where the GPU cannot hold them all):
 # through the drop-in on 2x H200 (2026-11-23), 256 KiB took 7.4 us with 16
 # blocks and 5.8 with 64; 2 MiB 36 us with 16, 17.5 with 128 and 16.9 with 240.
@@ -101,7 +101,8 @@ SMALL_KERNELS = {"allreduce": SMALL_ALLREDUCE_KERNELS, "allgather": ("oneshot",)
 SMALL_ALLREDUCE_MAX_BYTES = 2 << 20
 SMALL_ALLREDUCE_DEFAULT_BYTES = 256 << 10
 SMALL_ALLREDUCE_BLOCKS = 128
-SMALL_ALLREDUCE_THREADS = 512
+SMALL_ALLREDUCE_THREADS = 512       # the most a block has (the kernels' launch bound)
+SMALL_ALLREDUCE_MIN_THREADS = 128
 SMALL_ALLREDUCE_LINE_DATA_BYTES = 8
 
 
@@ -111,7 +112,21 @@ def small_kernel_block_bytes(collective: str, nbytes: int, nranks: int) -> int:
     return nbytes if collective == "allreduce" else -(-nbytes // max(nranks, 1))
 
 
-def small_allreduce_blocks(nbytes: int, max_blocks: int = SMALL_ALLREDUCE_BLOCKS) -> int:
-    """Blocks per rank of one small-kernel call of `nbytes`: a line per thread, within [1, max_blocks]."""
+def small_allreduce_threads(nbytes: int, max_blocks: int = SMALL_ALLREDUCE_BLOCKS) -> int:
+    """Threads a block of one small-kernel call of `nbytes`: a line per thread in at most
+    `max_blocks` blocks, in whole warps, at least SMALL_ALLREDUCE_MIN_THREADS.  Small blocks
+    start sooner: on 4 and 2 H100s (2026-11-27) a 1-64 KiB call replayed in a CUDA graph took
+    0.1-0.4 us less in blocks of 64-256 threads than of 512, and a call with more lines than
+    the blocks' threads (256 KiB at 2 ranks) took 0.6 us more in blocks of 128."""
     lines = -(-nbytes // SMALL_ALLREDUCE_LINE_DATA_BYTES)
-    return max(1, min(max_blocks, -(-lines // SMALL_ALLREDUCE_THREADS)))
+    per_block = -(-lines // max(max_blocks, 1))
+    warps = -(-per_block // 32)
+    return max(SMALL_ALLREDUCE_MIN_THREADS, min(SMALL_ALLREDUCE_THREADS, 32 * warps))
+
+
+def small_allreduce_blocks(nbytes: int, max_blocks: int = SMALL_ALLREDUCE_BLOCKS,
+                           threads: int = SMALL_ALLREDUCE_THREADS) -> int:
+    """Blocks per rank of one small-kernel call of `nbytes` in blocks of `threads`: a line per
+    thread, within [1, max_blocks]."""
+    lines = -(-nbytes // SMALL_ALLREDUCE_LINE_DATA_BYTES)
+    return max(1, min(max_blocks, -(-lines // threads)))

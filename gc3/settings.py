@@ -116,6 +116,10 @@ _DECLARED: List[Setting] = [
     *(Setting(f"GC3_TILE_SPLIT_{p.upper()}", "TILES:MIN_BYTES", None,
               f"cut each {p} chunk into at least TILES tiles while a tile keeps MIN_BYTES (unset: no split)",
               _tile_split, "TILES >= 1, MIN_BYTES >= 0", blank_is_unset=False) for p in limits.SLOT_BYTES),
+    Setting("GC3_SMALL_THREADS", "int", None,
+            "threads a block of the small-message kernels (one-shot/two-shot allreduce, one-shot allgather and "
+            "reducescatter; unset: a line a thread in the group's most blocks, 128 to 512 threads)",
+            _int(32, limits.SMALL_ALLREDUCE_THREADS), f"32 to {limits.SMALL_ALLREDUCE_THREADS}"),
     Setting("GC3_TRACE", "flag", False,
             "build kernels that timestamp each block's steps (Executor.trace); any value but 0 turns it on",
             lambda raw: raw != "0", "0 or anything else", blank_is_unset=False),

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from gc3 import limits
+from gc3 import limits, settings
 from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error, LimitError
 
@@ -164,7 +164,7 @@ class _Launch:
     __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "head", "_launch")
     coop = False    # a plain launch: each rank's blocks wait only on lines, never on a grid barrier
 
-    def __init__(self, ex: "SmallExecutor", fn, grid: int, nlocal: int, args: _Args, keep):
+    def __init__(self, ex: "SmallExecutor", fn, grid: int, nlocal: int, args: _Args, keep, threads: int = THREADS):
         from cupy_backends.cuda.api import driver
 
         self.ex, self.fn, self.grid, self.nlocal, self.args, self.keep = ex, fn, grid, nlocal, args, keep
@@ -173,7 +173,7 @@ class _Launch:
             *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
         self.params_ptr = ctypes.addressof(self.params)
         # Everything but the stream fixed once: a call passes only the stream.
-        self.head = (fn, grid, nlocal, 1, THREADS, 1, 1, 0)     # as launcher.Launch.head
+        self.head = (fn, grid, nlocal, 1, threads, 1, 1, 0)     # as launcher.Launch.head
         self._launch = functools.partial(driver.launchKernel, *self.head)
 
     def driver_calls(self):
@@ -446,8 +446,9 @@ class SmallAllreduce:
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
                      in_elems, KINDS[coll, kind], self.max_lines, self.region_lines, most,
                      0 if epw is None else epw.data.ptr)
-        grid = min(limits.small_allreduce_blocks(nbytes, most), self._resident(fn))
-        return _Launch(self.executor, fn.kernel.ptr, grid, n, args, (io,) + keep)
+        threads = settings.get("GC3_SMALL_THREADS") or limits.small_allreduce_threads(nbytes, most)
+        grid = min(limits.small_allreduce_blocks(nbytes, most, threads), self._resident(fn))
+        return _Launch(self.executor, fn.kernel.ptr, grid, n, args, (io,) + keep, threads)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                  stream=None, kind: str = "oneshot", coll: str = "allreduce", epilogue: Optional[Sequence] = None,
