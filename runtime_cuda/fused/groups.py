@@ -38,6 +38,9 @@ class ShapeState:
         self.epoch = 0   # calls made on this shape; every rank counts the same
         # A device kernel's own call counters, kept with the flags whose values they give.
         self.counts = None
+        # The other tensors a device kernel addresses on these buffers (its table, its scratch),
+        # kept as long as the buffers: a captured launch still addresses them.
+        self.kept: Dict[Hashable, Any] = {}
 
     def buf(self, name: str, rank: int, parity: int) -> int:
         return self.bases[name][rank] + parity * self.sizes[name]

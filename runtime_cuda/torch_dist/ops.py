@@ -131,11 +131,12 @@ def _capturing() -> bool:
 
 def _decision_context() -> Tuple:
     """What changes a kept decision besides the call itself: the two variables choice.choose
-    reads, choice.generation (choice.forget()), and whether the call is being captured into a
+    reads, the one that picks the fused pipeline (_pipeline), choice.generation
+    (choice.forget()), and whether the call is being captured into a
     CUDA graph (a measured table may answer a captured call otherwise: choice.decided).  The
     last field is that flag."""
     env = os.environ
-    return env.get("GC3_FUSED"), env.get("GC3_CONFIG"), choice.generation, _capturing()
+    return env.get("GC3_FUSED"), env.get("GC3_CONFIG"), env.get("GC3_FUSED_EXCHANGE"), choice.generation, _capturing()
 
 
 def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], chunks: Optional[int],
@@ -204,6 +205,13 @@ def tile_store_refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
         return f"GC3_FUSED_EXCHANGE={exchange}"
     if op not in tile_store.OPS:
         return f"{op} (the tile-store GEMM serves {', '.join(tile_store.OPS)})"
+    return _operand_refusal(pg, op, A, B)
+
+
+def _operand_refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
+    """tile_store.refusal's answer for these operands, kept on the group per shapes, strides,
+    dtypes and alignments."""
+    from . import tile_store
     kept = pg.__dict__.setdefault("_gc3_tile_store_refusals", {})
     key = (op, A.shape, A.stride(), B.shape, B.stride(), A.dtype, B.dtype, A.device,
            A.data_ptr() % 16, B.data_ptr() % 16)
@@ -221,7 +229,8 @@ def _tile_store(run: str, pg, A: torch.Tensor, B, *rest):
     what = rest[-1]
     Bs = B if isinstance(B, (list, tuple)) else [B]
     why = "" if len(Bs) == 1 else f"{len(Bs)} matrices B (the tile-store GEMM multiplies by one)"
-    why = why or tile_store_refusal(pg, op, A, Bs[0])
+    # _pipeline hands a call here only under GC3_FUSED_EXCHANGE=tile-store, for its operators.
+    why = why or _operand_refusal(pg, op, A, Bs[0])
     if not why and _capturing() and not tile_store.ready(pg, op, A, Bs[0]):
         why = "a CUDA graph capture of a shape whose buffers are not mapped yet (call it once eagerly first)"
     if why:
@@ -282,10 +291,10 @@ def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run: str, reduce_op:
     if why:
         return None, why
     _decided(what, pick)
-    n, size = pick.chunks, pg.size()
+    n, size, pipeline = pick.chunks, pg.size(), _pipeline(run)
 
     def fused(A, B):
-        out = _pipeline(run)(pg, A.contiguous(), B.contiguous(), n, what)
+        out = pipeline(pg, A.contiguous(), B.contiguous(), n, what)
         return out.div_(size) if reduce_op == "avg" else out
     return fused, ""
 
@@ -341,12 +350,11 @@ def fused_all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], g
         unmeasured = _unmeasured(pg, "ag_gemm", a, Bs, path) if pick.fused else ""
         if pick.fused and not unmeasured:
             _decided(what, pick)
-            pieces = pick.chunks
+            pieces, pipeline = pick.chunks, _pipeline("all_gather_matmul")
 
             def fused(A_shard, Bs):
                 a = A_shard.reshape(-1, K)
-                A, outs = _pipeline("all_gather_matmul")(pg, a.contiguous(), [B.contiguous() for B in Bs], pieces,
-                                                         return_A, what)
+                A, outs = pipeline(pg, a.contiguous(), [B.contiguous() for B in Bs], pieces, return_A, what)
                 lead = (n * A_shard.shape[0],) + tuple(A_shard.shape[1:-1])
                 return (None if A is None else A.reshape(lead + (K,))), [o.reshape(lead + (o.shape[1],)) for o in outs]
             return (fused if key is None else _keep_path(pg, key, fused))(A_shard, Bs)

@@ -460,7 +460,10 @@ class _Shape:
             st, t, words = self._gather(group, M, K, N, dtype, item)
         else:
             st, t, words = self._exchange(group, M, N, dtype, item)
-        self.table = torch.tensor(t, dtype=torch.int64, device=dev)
+        self.state = st
+        self.table = st.kept.get("table")
+        if self.table is None:
+            self.table = st.kept["table"] = torch.tensor(t, dtype=torch.int64, device=dev)
         if st.counts is None:
             st.counts = torch.zeros(words, dtype=torch.int32, device=dev)
         self.cnt = st.counts
@@ -531,16 +534,44 @@ class _Shape:
         if run is not None:
             run(*args)
             return
+        _ensure_allocator()
         every = dict(DT=self.DT, **self.constexprs, **constexprs)
         compiled = kernels()[self.kernel][(self.grid,)](*args, **every, num_stages=STAGES, num_warps=WARPS)
-        values, grid = tuple(every.values()), self.grid
+        scratch = ("scratch", self.kernel, self.grid) + key
+        self._runs[key] = _direct(compiled, self.grid, tuple(every.values()), self.device, self.state.kept, scratch)
 
+
+def _direct(compiled, grid: int, values: Tuple, device: torch.device, kept: Dict, name: Tuple) -> Callable:
+    """The launch of a compiled kernel with the arguments of a call (then `values`, the
+    constexprs'), on torch's current stream, through Triton's own C launcher but none of its
+    per-call Python: the scratch the kernel makes its descriptors in is allocated once, kept in
+    `kept` under `name` with the shape's buffers (calls of one shape run in stream order, as
+    their flags already require, and a captured launch addresses it), and the stream comes from
+    torch's raw getter.  Profiler hooks are not called.  A Triton whose launcher differs from
+    the one this was written against (3.6) goes through `compiled.run`."""
+    launcher = compiled.run
+    launch = getattr(launcher, "launch", None)
+    size = getattr(launcher, "global_scratch_size", None)
+    if launch is None or size is None or getattr(launcher, "profile_scratch_size", 0) \
+            or getattr(launcher, "num_ctas", 1) != 1 or getattr(launcher, "global_scratch_align", 1) > 256:
         def run(*args):
             stream = torch.cuda.current_stream().cuda_stream
             full = args + values
             compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata,
                          compiled.launch_metadata((grid, 1, 1), stream, *full), None, None, *full)
-        self._runs[key] = run
+        return run
+    # torch's caching allocator aligns every block to 512 bytes.
+    scratch = kept.get(name)
+    if scratch is None and size:
+        scratch = kept[name] = torch.empty(grid * size, dtype=torch.int8, device=device)
+    head = (grid, 1, 1)
+    tail = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, scratch, None,
+            compiled.packed_metadata, None, None, None)
+    raw, index = torch._C._cuda_getCurrentRawStream, torch.cuda._get_device_index(device, optional=True)
+
+    def run(*args):
+        launch(*head, raw(index), *tail, *args, *values)
+    return run
 
 
 def _key(op: str, A: torch.Tensor, B: torch.Tensor, G: int) -> Tuple:
@@ -578,7 +609,6 @@ def check(pg) -> None:
 def _call(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tensor:
     check(pg)
     sh = _shape(pg, op, A, B, what)
-    _ensure_allocator()
     out = A.new_empty((sh.rows if op == "gemm_rs" else sh.M, sh.N))
     sh.launch(A, B, out)
     return out
@@ -624,7 +654,6 @@ def all_gather_matmul(pg, A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], chu
     check(pg)
     B, = Bs
     sh = _shape(pg, "ag_gemm", A_shard, B, what)
-    _ensure_allocator()
     out = A_shard.new_empty((sh.M, sh.N))
     A = A_shard.new_empty((sh.M, sh.K)) if return_A else None
     trace = settings.get("GC3_FUSED_TRACE")
