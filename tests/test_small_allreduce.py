@@ -589,3 +589,20 @@ def test_a_timed_out_wait_says_what_it_waited_for(kind, want):
     assert msg.startswith("GPU wait timed out after 5 s")
     for part in want:
         assert part in msg, (part, msg)
+
+
+def test_the_small_kernels_blocks_shrink_to_spread_a_call_over_more_of_them():
+    """limits.small_allreduce_threads: a line (8 bytes) a thread in at most the group's most
+    blocks, in whole warps, 128 to 512 threads; the blocks then cover every line once."""
+    from gc3 import limits
+    seen = []
+    for nbytes in (8, 1000, 1 << 10, 64 << 10, 100 << 10, 256 << 10, 1 << 20, 2 << 20):
+        for most in (1, 33, 128):
+            t = limits.small_allreduce_threads(nbytes, most)
+            b = limits.small_allreduce_blocks(nbytes, most, t)
+            lines = -(-nbytes // limits.SMALL_ALLREDUCE_LINE_DATA_BYTES)
+            assert t % 32 == 0 and limits.SMALL_ALLREDUCE_MIN_THREADS <= t <= limits.SMALL_ALLREDUCE_THREADS
+            assert 1 <= b <= most
+            assert b * t >= lines or t == limits.SMALL_ALLREDUCE_THREADS and b == most
+            seen.append((nbytes, most, t, b))
+    assert (64 << 10, 128, 128, 64) in seen and (256 << 10, 128, 256, 128) in seen and (2 << 20, 128, 512, 128) in seen

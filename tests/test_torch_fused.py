@@ -651,6 +651,8 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
     assert sh.cnt.numel() - 1 == sh.grid == (M // tile_store.BM) * 2
     other_k = tile_store._Shape(group, pg, "gemm_ar", M, 456, N, torch.bfloat16)
     assert other_k.cnt is sh.cnt and keys[1][0] == keys[0][0]
+    # The table lives with the buffers too: a captured launch of a dropped _Shape still addresses it.
+    assert other_k.table is sh.table and st.kept["table"] is sh.table
     # All-gather + GEMM: every rank's gather buffer by parity, every rank's row-block counts;
     # the buffers and counters are the (M, K, N)'s, a tile counter after the call counters.
     K = 200
@@ -684,3 +686,39 @@ def test_the_tile_store_trace_measures_the_pushes_inside_the_tiles():
     trace = tile_store.Trace(torch.tensor([[0, 10], [2, 6], [8, 30]]), copiers=1)
     assert trace.intervals() == ([(0, 10)], [(2, 6), (8, 30)])
     assert trace.overlap() == 0.6
+
+
+def test_the_tile_store_launch_passes_what_tritons_launcher_parses(monkeypatch):
+    """tile_store._direct, a later call's launch: Triton's C launcher gets the grid, torch's raw
+    stream, the function, the launch flags, the scratch (made once, kept under its name with the
+    shape's buffers), no profile scratch, the packed metadata, no hooks, then the call's
+    arguments and the constexprs; a launcher without those fields goes through compiled.run."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.torch_dist import tile_store
+    launches, made = [], []
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1000 + index, raising=False)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda n, dtype, device: made.append((n, device)) or real_empty(n, dtype=dtype))
+    launcher = SimpleNamespace(launch=lambda *a: launches.append(a), global_scratch_size=64, global_scratch_align=128,
+                               profile_scratch_size=0, num_ctas=1, launch_cooperative_grid=False, launch_pdl=False)
+    compiled = SimpleNamespace(run=launcher, function=77, packed_metadata=(8, 1, 1000))
+    kept, dev = {}, torch.device("cuda", 1)
+    run = tile_store._direct(compiled, 132, ("bf16", 4), dev, kept, ("scratch", "k", 132))
+    run("A", "B", 5)
+    run("A2", "B", 6)
+    scratch = kept[("scratch", "k", 132)]
+    assert made == [(132 * 64, dev)] and scratch.numel() == 132 * 64
+    assert launches[0][:3] == (132, 1, 1) and launches[0][3] == 1001
+    assert launches[0][4:13] == (77, False, False, scratch, None, (8, 1, 1000), None, None, None)
+    assert launches[0][13:] == ("A", "B", 5, "bf16", 4) and launches[1][13:] == ("A2", "B", 6, "bf16", 4)
+    # Another launch of the same name (a _Shape made again) takes the kept scratch.
+    tile_store._direct(compiled, 132, ("bf16", 4), dev, kept, ("scratch", "k", 132))("A", "B", 5)
+    assert len(made) == 1 and launches[-1][7] is scratch
+    # A launcher this was not written against: the call goes through compiled.run.
+    ran = []
+    old = SimpleNamespace(run=lambda *a: ran.append(a), function=77, packed_metadata=(8, 1, 1000),
+                          launch_metadata=lambda grid, stream, *args: "meta")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=55))
+    tile_store._direct(old, 132, ("bf16",), dev, {}, ("scratch",))("A", 5)
+    assert ran == [(132, 1, 1, 55, 77, (8, 1, 1000), "meta", None, None, "A", 5, "bf16")]
