@@ -234,6 +234,38 @@ def test_the_fused_section_merges_into_a_catalog_and_keeps_the_rest(tmp_path):
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
 
 
+@needs_torch
+def test_shape_picks_grid_cases_by_their_record_fields():
+    """bench_fused.cases with --shape specs: the named cases of the whole grid (quick or not),
+    GEMM and memory-bound together, in grid order; a spec that is malformed, names an unknown
+    operator or field, or names no case is refused before anything runs."""
+    from runtime_cuda.torch_dist import bench_fused as bf
+    every = list(bf.OPS) + list(bf.MEMORY_OPS)
+    gemm, mem = bf.cases(every, True, ["gemm_ar:M=8192,K=53248", "ag_gemm:M=16384,K=16384,N=53248",
+                                       "ar_epilogue:bytes=16777216,dtype=bfloat16"])
+    assert gemm == [("ag_gemm", 16384, 16384, 53248), ("gemm_ar", 8192, 53248, 16384)]
+    assert [(op, dict(dims), bf.DTYPE_NAME[dt]) for op, dims, dt, _ in mem] == \
+        [("ar_epilogue", {"bytes": 16 << 20}, "bfloat16")]
+    gemm, mem = bf.cases(every, False, ["gemm_a2a"])
+    assert len(gemm) == 6 and {c[0] for c in gemm} == {"gemm_a2a"} and mem == []
+    assert bf.cases(["gemm_rs"], True, []) == (bf.grid(["gemm_rs"], True), [])
+    for spec, words in (("gemm_xx:M=1", "unknown operator"), ("gemm_ar:M", "not field=value"),
+                        ("gemm_ar:b=1", "no field b"), ("gemm_ar:M=8191", "names no shape"),
+                        ("gemv_ar:b=1", "names no shape")):
+        with pytest.raises(ValueError, match=words):
+            bf.cases(["gemm_ar"] if spec != "gemm_xx:M=1" else every, False, [spec])
+
+
+@needs_torch
+def test_the_cli_refuses_a_shape_that_names_nothing():
+    from click.testing import CliRunner
+    from runtime_cuda.commands import cli
+    out = CliRunner().invoke(cli(), ["bench", "--fused", "--shape", "gemm_rs:M=1000"])
+    assert out.exit_code == 2 and "--shape" in out.output and "gemm_rs:M=1000" in out.output
+    out = CliRunner().invoke(cli(), ["bench", "--shape", "gemm_rs:M=1024"])
+    assert out.exit_code == 2 and "use it with --fused" in out.output
+
+
 def test_the_cli_refuses_unknown_fused_ops():
     from click.testing import CliRunner
     from runtime_cuda.commands import cli

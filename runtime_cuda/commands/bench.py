@@ -75,13 +75,30 @@ def fused_runtime(what: str):
     return bench_fused
 
 
-def _fused(ops: str, quick: bool, chunks, record: Path, iters: int, rounds: int, plot_path, report: bool) -> None:
+def _check_shapes(names, quick: bool, shapes) -> None:
+    """A --shape that names no shape of the grid is refused before anything starts (with no GPU
+    too; without torch, fused_runtime says what is missing)."""
+    if not shapes:
+        return
+    try:
+        from runtime_cuda.torch_dist import bench_fused
+    except ImportError:
+        return
+    try:
+        bench_fused.cases(names, quick, shapes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shape") from None
+
+
+def _fused(ops: str, quick: bool, chunks, record: Path, iters: int, rounds: int, plot_path, report: bool,
+           shapes=()) -> None:
     from runtime_cuda.fused import records
 
     names = fused_op_names(ops, "--ops")
     if not report:
+        _check_shapes(names, quick, shapes)
         bench_fused = fused_runtime("gc3 bench --fused")
-        failed = bench_fused.bench(names, quick, record, iters, rounds, chunks, click.echo)
+        failed = bench_fused.bench(names, quick, record, iters, rounds, chunks, click.echo, shapes)
         if failed:
             raise click.ClickException(f"{failed} shape(s) failed the check against the fp32 reference")
         if os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) != "0":
@@ -143,22 +160,29 @@ def impl_names(impl: str, peer: str):
 @click.option("--quick", is_flag=True, help="--fused: a third of the shape grid")
 @click.option("--chunks", type=click.IntRange(1, 64), help="--fused: the fused path's chunk count "
               "[default: the measured table's, else runtime_cuda.fused.choice.DEFAULT_CHUNKS]")
+@click.option("--shape", "shapes", multiple=True, metavar="OP[:FIELD=VALUE,...]",
+              help="--fused: only the grid's shapes this names, e.g. gemm_ar:M=8192,K=53248 or "
+              "ar_epilogue:bytes=16777216,dtype=bfloat16 (the fields of the op's record line); repeatable")
 @click.option("--record", type=click.Path(dir_okay=False), default=None,
               help="--fused: measured-lines file to append to [default: measured/fused.txt at the repository root]")
 @click.option("--report", is_flag=True, help="--fused: measure nothing; print --record's lines as a markdown table "
               "(and draw --plot)")
 def command(collectives, minbytes, maxbytes, stepfactor, stepbytes, dtype, op, root, warmup, iters, rounds,
             graph_max, warm_s, hang_s, check, impl, peer, xml_files, csv_path, json_path, plot_path,
-            fused, fused_ops, quick, chunks, record, report):
+            fused, fused_ops, quick, chunks, shapes, record, report):
     """Measure collectives like nccl-tests, gc3 beside NCCL (run under mpirun -np N)."""
     if report and not fused:
         raise click.UsageError("--report reads the fused operators' record: use it with --fused")
+    if shapes and (report or not fused):
+        raise click.UsageError("--shape picks the fused operators' shapes to measure: use it with --fused, "
+                               "without --report")
     if fused:
         try:
             path = Path(record) if record else measured_file(FUSED_RECORD)
         except GC3Error as exc:
             raise click.BadParameter(str(exc), param_hint="--record") from None
-        return _fused(fused_ops, quick, chunks, path, iters, rounds, Path(plot_path) if plot_path else None, report)
+        return _fused(fused_ops, quick, chunks, path, iters, rounds, Path(plot_path) if plot_path else None, report,
+                      shapes)
     from runtime_cuda.nccl import perf
 
     try:

@@ -480,9 +480,71 @@ def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str
             f"{check}")
 
 
+def parse_shape(spec: str) -> Tuple[str, Dict[str, str]]:
+    """`op` or `op:field=value,...` (a --shape of `gc3 bench --fused`): the operator and the
+    fields a grid case must have, as its record line writes them (GEMM: M, K, N of the full
+    layer; gemv_ar: b, K, N; ebag_a2a: T, rows, dim, pooling, samples; ar_epilogue: bytes;
+    the memory-bound ones also dtype and out_dtype).  ValueError saying what is wrong."""
+    op, _, rest = spec.partition(":")
+    op = op.strip()
+    if op not in OPS + MEMORY_OPS:
+        raise ValueError(f"{spec!r}: unknown operator {op!r}; choose from {', '.join(OPS + MEMORY_OPS)}")
+    fields = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"{spec!r}: {part!r} is not field=value")
+        fields[key.strip()] = value.strip()
+    return op, fields
+
+
+def case_fields(case: Tuple) -> Tuple[str, Dict[str, str]]:
+    """A grid case (grid's or memory_grid's) as (operator, its fields as text)."""
+    if case[0] in OPS:
+        op, M, K, N = case
+        return op, {"M": str(M), "K": str(K), "N": str(N)}
+    op, dims, dtype, out_dtype = case
+    fields = {k: str(v) for k, v in dims}
+    fields["dtype"] = DTYPE_NAME[dtype]
+    if out_dtype is not None:
+        fields["out_dtype"] = DTYPE_NAME[out_dtype]
+    return op, fields
+
+
+def pick(cases: Sequence[Tuple], specs: Sequence[str]) -> List[Tuple]:
+    """The cases that some spec of `specs` (parse_shape) names; ValueError for a spec that names
+    a field its operator's cases lack, or that names none of `cases`."""
+    wanted = [parse_shape(s) for s in specs]
+    keep = []
+    for spec, (op, fields) in zip(specs, wanted):
+        own = [c for c in cases if c[0] == op]
+        known = set(case_fields(own[0])[1]) if own else set()
+        unknown = sorted(set(fields) - known)
+        if own and unknown:
+            raise ValueError(f"{spec!r}: {op} has no field {', '.join(unknown)} (its fields: {', '.join(sorted(known))})")
+        hits = [c for c in own if all(case_fields(c)[1].get(k) == v for k, v in fields.items())]
+        if not hits:
+            raise ValueError(f"{spec!r} names no shape of the grid of the operators measured")
+        keep += [c for c in hits if c not in keep]
+    return [c for c in cases if c in keep]
+
+
+def cases(ops: Sequence[str], quick: bool, shapes: Sequence[str] = ()) -> Tuple[List[Tuple], List[Tuple]]:
+    """(grid's cases, memory_grid's cases) of `ops`; with `shapes` (parse_shape's specs), only
+    those of the whole grid they name (ValueError where one names none)."""
+    gemm, memory = _split_ops(ops)
+    if not shapes:
+        return grid(gemm, quick), memory_grid(memory, quick)
+    chosen = pick(grid(gemm, False) + memory_grid(memory, False), shapes)
+    return [c for c in chosen if c[0] in OPS], [c for c in chosen if c[0] in MEMORY_OPS]
+
+
 def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, rounds: int, chunks: Optional[int],
-          echo: Callable[[str], None]) -> int:
-    """Returns the number of shapes whose check failed."""
+          echo: Callable[[str], None], shapes: Sequence[str] = ()) -> int:
+    """Returns the number of shapes whose check failed.  `shapes`: as `cases`, checked before
+    anything runs."""
+    gemm_cases, mem_cases = cases(ops, quick, shapes)
+    memory = _split_ops(ops)[1]
     job = start()
     timer = Timer(job, calls, rounds)
     lead = job.rank == 0
@@ -491,8 +553,7 @@ def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, r
              f"rounds x {calls} calls, max over ranks (us per call)")
         echo(header())
     failed = 0
-    ops, memory = _split_ops(ops)
-    for op, M, K, N in grid(ops, quick):
+    for op, M, K, N in gemm_cases:
         case = Case(op, M, K, N, job.size, job.device)
         v, path, check = measure(job, case, timer, chunks)
         failed += check != "ok"
@@ -502,7 +563,7 @@ def bench(ops: Sequence[str], quick: bool, record: Optional[Path], calls: int, r
                 with open(record, "a") as fh:
                     fh.write(line(case, v, path, check, job.hw) + "\n")
         torch.cuda.empty_cache()
-    failed += bench_memory(job, timer, memory, quick, record, echo)
+    failed += bench_memory(job, timer, memory, quick, record, echo, mem_cases)
     dist.destroy_process_group()
     return failed
 
@@ -888,8 +949,9 @@ def memory_row(case: MemoryCase, v: Dict[str, Optional[float]], path: str, check
             f"{check}")
 
 
-def memory_cases(job: Job, ops: Sequence[str], quick: bool):
-    for op, dims, dtype, out_dtype in memory_grid(ops, quick):
+def memory_cases(job: Job, ops: Sequence[str], quick: bool, cases: Optional[Sequence[Tuple]] = None):
+    """The MemoryCase of each of `cases` (memory_grid's tuples), by default memory_grid(ops, quick)'s."""
+    for op, dims, dtype, out_dtype in memory_grid(ops, quick) if cases is None else cases:
         yield MemoryCase(op, dims, dtype, out_dtype, job.size, job.device)
 
 
@@ -908,12 +970,13 @@ def _emit(job: Job, echo: Callable[[str], None], record: Optional[Path], text: s
 
 
 def bench_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, record: Optional[Path],
-                 echo: Callable[[str], None]) -> int:
-    """The memory-bound operators' part of `bench`: returns the number of shapes whose check failed."""
-    if job.rank == 0 and ops:
+                 echo: Callable[[str], None], cases: Optional[Sequence[Tuple]] = None) -> int:
+    """The memory-bound operators' part of `bench` (`cases`: memory_grid tuples instead of the
+    grid of `ops`): returns the number of shapes whose check failed."""
+    if job.rank == 0 and (ops if cases is None else cases):
         echo(memory_header())
     failed = 0
-    for case in memory_cases(job, ops, quick):
+    for case in memory_cases(job, ops, quick, cases):
         v, path, check = measure_memory(job, case, timer)
         failed += check != "ok"
         _emit(job, echo, record, memory_row(case, v, path, check), memory_line(case, v, path, check, job.hw))
