@@ -949,9 +949,9 @@ def memory_row(case: MemoryCase, v: Dict[str, Optional[float]], path: str, check
             f"{check}")
 
 
-def memory_cases(job: Job, ops: Sequence[str], quick: bool, cases: Optional[Sequence[Tuple]] = None):
-    """The MemoryCase of each of `cases` (memory_grid's tuples), by default memory_grid(ops, quick)'s."""
-    for op, dims, dtype, out_dtype in memory_grid(ops, quick) if cases is None else cases:
+def memory_cases(job: Job, ops: Sequence[str], quick: bool, chosen: Optional[Sequence[Tuple]] = None):
+    """The MemoryCase of each of `chosen` (memory_grid's tuples), by default memory_grid(ops, quick)'s."""
+    for op, dims, dtype, out_dtype in memory_grid(ops, quick) if chosen is None else chosen:
         yield MemoryCase(op, dims, dtype, out_dtype, job.size, job.device)
 
 
@@ -970,13 +970,13 @@ def _emit(job: Job, echo: Callable[[str], None], record: Optional[Path], text: s
 
 
 def bench_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, record: Optional[Path],
-                 echo: Callable[[str], None], cases: Optional[Sequence[Tuple]] = None) -> int:
-    """The memory-bound operators' part of `bench` (`cases`: memory_grid tuples instead of the
+                 echo: Callable[[str], None], chosen: Optional[Sequence[Tuple]] = None) -> int:
+    """The memory-bound operators' part of `bench` (`chosen`: memory_grid tuples instead of the
     grid of `ops`): returns the number of shapes whose check failed."""
-    if job.rank == 0 and (ops if cases is None else cases):
+    if job.rank == 0 and (ops if chosen is None else chosen):
         echo(memory_header())
     failed = 0
-    for case in memory_cases(job, ops, quick, cases):
+    for case in memory_cases(job, ops, quick, chosen):
         v, path, check = measure_memory(job, case, timer)
         failed += check != "ok"
         _emit(job, echo, record, memory_row(case, v, path, check), memory_line(case, v, path, check, job.hw))
