@@ -528,22 +528,26 @@ class _Shape:
         specializes the kernel on the arguments (every one of them has the same value, or for
         tensors the same 16-byte alignment, at every call of a shape); later ones call the
         compiled kernel straight, which saves most of Triton's host time."""
-        args = tensors + (self.table, self.cnt) + self.scalars + (self.timeout_ns, self.ident)
         key = tuple(constexprs.items())
         run = self._runs.get(key)
         if run is not None:
-            run(*args)
+            run(*tensors)
             return
+        fixed = (self.table, self.cnt) + self.scalars + (self.timeout_ns, self.ident)
         _ensure_allocator()
         every = dict(DT=self.DT, **self.constexprs, **constexprs)
-        compiled = kernels()[self.kernel][(self.grid,)](*args, **every, num_stages=STAGES, num_warps=WARPS)
+        compiled = kernels()[self.kernel][(self.grid,)](*tensors, *fixed, **every, num_stages=STAGES,
+                                                         num_warps=WARPS)
         scratch = ("scratch", self.kernel, self.grid) + key
-        self._runs[key] = _direct(compiled, self.grid, tuple(every.values()), self.device, self.state.kept, scratch)
+        # The shape's own arguments follow the call's tensors, and never change: they go with
+        # the constexprs into the launch.
+        self._runs[key] = _direct(compiled, self.grid, fixed + tuple(every.values()), self.device, self.state.kept,
+                                  scratch)
 
 
 def _direct(compiled, grid: int, values: Tuple, device: torch.device, kept: Dict, name: Tuple) -> Callable:
     """The launch of a compiled kernel with the arguments of a call (then `values`, the
-    constexprs'), on torch's current stream, through Triton's own C launcher but none of its
+    arguments every call passes the same, constexprs last), on torch's current stream, through Triton's own C launcher but none of its
     per-call Python: the scratch the kernel makes its descriptors in is allocated once, kept in
     `kept` under `name` with the shape's buffers (calls of one shape run in stream order, as
     their flags already require, and a captured launch addresses it), and the stream comes from
