@@ -542,7 +542,8 @@ def test_tile_store_refusals_name_what_is_missing(monkeypatch):
 
     assert why() == ""
     assert "multiples of 8" in why(k=201) and "multiples of 8" in why(n=300 - 1)
-    assert f"multiple of {tile_store.BM}" in why(m=M + 8)
+    assert f"multiple of {tile_store.MIN_BM}" in why(m=M + 8)
+    assert why(m=4 * tile_store.MIN_BM) == ""        # a rank's rows: one tile of the lower height
     assert "float32" in why(dtype=torch.float32)
     assert "strided" in why(b_t=True)
     assert "at most 8" in why(group=_FakeGroup(9), m=9 * tile_store.BM)
@@ -643,6 +644,35 @@ def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_
     assert len(section["entries"]) == 2
 
 
+def test_tile_shape_halves_tiles_only_where_they_would_leave_most_sms_idle():
+    """128 x 256 wherever the call's tiles fill more than half the SMs; rows halved where a rank's
+    rows are not whole tiles of 128; where a few rows leave most SMs idle, rows then columns
+    halved, and never past one wave.  Of the benchmark's grid at 2 and 4 GPUs, only the
+    all-reduce's M = 256 rows change."""
+    from runtime_cuda.torch_dist import bench_fused, tile_store
+    shape = tile_store.tile_shape
+    assert shape(8192, 8192, 4, 132) == (tile_store.BM, tile_store.BN) == (128, 256)
+    assert shape(256, 8192, 4, 132) == (64, 256)        # 64 rows a rank, 128 tiles: one wave
+    assert shape(256, 4096, 4, 132) == (64, 128)        # 64 tiles of 64 x 256 fill half
+    assert shape(256, 4096, 2, 132) == (64, 128)        # 32 tiles of 128 x 256
+    assert shape(256, 16384, 2, 132) == (128, 256)      # 128 tiles: one wave already
+    assert shape(64, 128, 1, 132) == (64, 128)          # as small as it goes
+    assert shape(1024, 296, 4, 16) == (128, 256)
+    for M in (64, 128, 192, 256, 512, 1024, 4096):
+        for N in (8, 128, 296, 2200, 4096, 16384):
+            for G in (1, 2, 4, 8):
+                if M % (G * tile_store.MIN_BM):
+                    continue
+                for sms in (16, 78, 114, 132):
+                    bm, bn = shape(M, N, G, sms)
+                    assert (M // G) % bm == 0 and bm in (64, 128) and bn in (128, 256)
+                    halved = (bm, bn) != ((128 if (M // G) % 128 == 0 else 64), 256)
+                    assert not halved or (M // bm) * -(-N // bn) <= sms, (M, N, G, sms)
+    changed = {(G, op, M, K, N) for G in (2, 4) for op, M, K, N in bench_fused.grid(bench_fused.OPS, False)
+               if shape(M, N // G if op == "ag_gemm" else N, G, 132) != (128, 256)}
+    assert changed and {(op, M) for _, op, M, _, _ in changed} == {("gemm_ar", 256)}
+
+
 def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypatch):
     """The address table of one shape (tile_store._Shape), on rank 1 of 4: its rows' tiles land in
     slot 1 of each owner's buffer, its sums in block 1 of every rank's result, it flags each rank's
@@ -652,7 +682,8 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
 
     from runtime_cuda.fused.groups import ShapeState
     from runtime_cuda.torch_dist import tile_store
-    monkeypatch.setattr(tile_store, "_sms", lambda device: 132)
+    # As many SMs as the shape has tiles of 128 x 256: tile_shape keeps those.
+    monkeypatch.setattr(tile_store, "_sms", lambda device: 16)
     monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
     G, me, M, N = 4, 1, 4 * 256, 296
     slot = (M // G) * N * 2
@@ -698,7 +729,7 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
     for p in range(2):
         assert t[p * G:(p + 1) * G] == [st.buf("gather", d, p) for d in range(G)]
     assert t[2 * G:3 * G] == [st.buf("flags", d, 0) for d in range(G)]
-    assert ag.grid == 132 and ag.cnt.numel() == 134 and ag.cnt is not sh.cnt
+    assert ag.grid == 16 and ag.cnt.numel() == 18 and ag.cnt is not sh.cnt
     # Copiers: 4 a rank and 8 by default, never more than the blocks of the shard to push.
     assert ag.scalars == (M, N, K, M // G, me, min(24, 2 * -(-K // tile_store.COPY_COLUMNS)))
     monkeypatch.setenv("GC3_FUSED_GATHER_COPIERS", "3")

@@ -38,7 +38,8 @@ The buffers are the copy-engine pipeline's (runtime_cuda.fused.IpcGemmGroup over
 communicator's rendezvous), registered on a shape's first call on every rank together.
 What it takes: Triton, a GPU with TMA (compute capability 9.0 and up), 16-bit inputs,
 contiguous 16-byte aligned A [M, K] and B [K, N] with K and N multiples of 8, and M / G a
-multiple of BM (all-gather: the shard's rows, and one B); anything else runs overlap.py's pipeline, and `refusal` says why.
+multiple of MIN_BM (all-gather: the shard's rows, and one B); anything else runs overlap.py's
+pipeline, and `refusal` says why.
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ from .handover import fused_call, ipc_group
 # The GEMM's tiles: 128 x 256 outputs, K in steps of 64, three stages of TMA loads in flight,
 # measured against cuBLAS on H100 (scripts/probe_triton_gemm.py: 0.92-1.03x at the fused grid).
 BM, BN, BK, STAGES, WARPS, GROUP_M = 128, 256, 64, 3, 8, 8
+# The halves tile_shape falls back to: one warpgroup's MMA is 64 rows high.
+MIN_BM, MIN_BN = 64, 128
 MAX_RANKS = 8
 # All-gather + GEMM: the columns of A one copy step moves (a block of BM x COPY_COLUMNS).
 COPY_COLUMNS = 128
@@ -91,10 +94,10 @@ def refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
     N = B.shape[1]
     if K % 8 or N % 8:
         return f"K {K} and N {N} must be multiples of 8 (16-byte rows for TMA)"
-    if op == "ag_gemm" and M % BM:
-        return f"a shard of {M} rows, not a multiple of {BM}"
-    if op != "ag_gemm" and M % (G * BM):
-        return f"{M} rows are not {G} blocks of a multiple of {BM} rows"
+    if op == "ag_gemm" and M % MIN_BM:
+        return f"a shard of {M} rows, not a multiple of {MIN_BM}"
+    if op != "ag_gemm" and M % (G * MIN_BM):
+        return f"{M} rows are not {G} blocks of a multiple of {MIN_BM} rows"
     if not (A.is_contiguous() and B.is_contiguous()):
         return "strided operands"
     if B.dtype != A.dtype:
@@ -102,6 +105,26 @@ def refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
     if A.data_ptr() % 16 or B.data_ptr() % 16:
         return "an operand not 16-byte aligned (TMA loads)"
     return ""
+
+
+def tile_shape(M: int, N: int, G: int, sms: int) -> Tuple[int, int]:
+    """(BM, BN) of a call's output tiles, M counting every rank's rows: BM x BN, or BM halved
+    where a rank's rows are not whole tiles of BM.  Where the call's tiles would fill at most
+    half the GPU's multiprocessors (a GEMM of few rows: one wave of long K loops on a few SMs
+    while the rest idle), first the rows, then the columns are halved: the count doubles and
+    still fits one wave, so each tile's K loop does half the work and none waits for a second
+    wave."""
+    rows = M // G
+    bm = BM if rows % BM == 0 else MIN_BM
+    bn = BN
+    while 2 * (M // bm) * -(-N // bn) <= sms:
+        if bm > MIN_BM:
+            bm = MIN_BM
+        elif bn > MIN_BN:
+            bn = MIN_BN
+        else:
+            break
+    return bm, bn
 
 
 @functools.lru_cache(maxsize=None)
@@ -455,6 +478,7 @@ class _Shape:
         G, me = pg.size(), pg.rank()
         self.G, self.M, self.K, self.N, self.rows, self.op, self.rank = G, M, K, N, M // G, op, me
         dev = self.device = pg._device
+        self.bm, self.bn = tile_shape(M, N, G, _sms(dev))
         item = torch.empty((), dtype=dtype).element_size()
         if op == "ag_gemm":
             st, t, words = self._gather(group, M, K, N, dtype, item)
@@ -476,7 +500,7 @@ class _Shape:
     def _exchange(self, group, M: int, N: int, dtype: torch.dtype, item: int):
         G, me, op = self.G, self.rank, self.op
         slot = self.rows * N * item
-        tiles = (self.rows // BM) * -(-N // BN)
+        tiles = (self.rows // self.bm) * -(-N // self.bn)
         sizes = {"stage": G * slot, "flags": 4 * 2 * G * tiles}
         if op == "gemm_ar":
             sizes["result"] = G * slot
@@ -493,16 +517,16 @@ class _Shape:
         for d in range(G):
             t[4 * G + 4 + d] = st.buf("flags", d, 0)
         t[5 * G + 4] = group.watchdog.failed_ptr
-        self.grid = min(_sms(self.device), (M // BM) * -(-N // BN))
+        self.grid = min(_sms(self.device), (M // self.bm) * -(-N // self.bn))
         self.kernel = "gemm_exchange"
-        self.scalars = (self.M, self.N, self.K, self.rows, ((me + 1) % G) * (self.rows // BM), me)
-        self.constexprs = dict(G=G, OP=OPS.index(op), BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M)
+        self.scalars = (self.M, self.N, self.K, self.rows, ((me + 1) % G) * (self.rows // self.bm), me)
+        self.constexprs = dict(G=G, OP=OPS.index(op), BM=self.bm, BN=self.bn, BK=BK, GROUP_M=GROUP_M)
         # One more word: set once a wait of this shape gave up (the group is then failed).
         return st, t, self.grid + 1
 
     def _gather(self, group, M: int, K: int, N: int, dtype: torch.dtype, item: int):
         G, me = self.G, self.rank
-        blocks = self.rows // BM
+        blocks = self.rows // self.bm
         st = group.shape(("tile-store", "ag_gemm", M, K, N, str(dtype)),
                          {"gather": M * K * item, "flags": 4 * G * blocks})
         t = [0] * (3 * G + 1)
@@ -514,11 +538,11 @@ class _Shape:
         self.grid = _sms(self.device)
         asked = settings.get("GC3_FUSED_GATHER_COPIERS")
         copiers = min(4 * G + 8 if asked is None else asked, blocks * -(-K // COPY_COLUMNS), self.grid - 1)
-        self.tiles = blocks * -(-N // BN)
+        self.tiles = blocks * -(-N // self.bn)
         self.kernel = "gather_gemm"
         self.copiers = max(copiers, 1)
         self.scalars = (self.M, self.N, self.K, self.rows, me, self.copiers)
-        self.constexprs = dict(G=G, BM=BM, BN=BN, BK=BK, CW=COPY_COLUMNS, GROUP_M=GROUP_M)
+        self.constexprs = dict(G=G, BM=self.bm, BN=self.bn, BK=BK, CW=COPY_COLUMNS, GROUP_M=GROUP_M)
         # The word a wait that gave up sets, then the tile counter.
         return st, t, self.grid + 2
 

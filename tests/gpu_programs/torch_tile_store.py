@@ -1,9 +1,9 @@
 """One rank of the tile-store GEMM's check (runtime_cuda/torch_dist/tile_store.py), every
 rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank % count:
 
-- GEMM + reduce-scatter, + all-reduce, + all-to-all and all-gather + GEMM forced fused at two
-  shapes whose K and N are not multiples of the GEMM's tiles, each against an fp32 reference
-  (error no larger than the sequential path's), the all-reduce bit-identical across ranks, the
+- GEMM + reduce-scatter, + all-reduce, + all-to-all and all-gather + GEMM forced fused at three
+  shapes whose K and N are not multiples of the GEMM's tiles (tiles of both sizes), each against
+  an fp32 reference (error no larger than the sequential path's), the all-reduce bit-identical across ranks, the
   all-gather's A equal to every rank's shard (and not made when return_A is off), and the
   tile-store path shown to have served them;
 - five calls of each in a row on new inputs (both parities of the buffers, twice);
@@ -31,8 +31,13 @@ rank, world, dev, pg = torch_rank.join(sys.argv)
 G = world
 user = torch.cuda.Stream()      # the caller's own stream, not the default one
 torch.cuda.set_stream(user)
-# Rows: 1 and 2 tiles a rank; K: 3 steps of 64 and a part; N: one tile of 256 and a part.
-SHAPES = ((G * tile_store.BM, 200, 8 * 37), (2 * G * tile_store.BM, 456, 8 * 45))
+# K: 3 steps of 64 and a part, or 7 and a part; N: tiles and a part.  Tiles (tile_store.tile_shape):
+# 64 x 128 at the first two (64 rows a rank, the lower height; 2 blocks of 128 rows, halved for
+# the idle SMs) and 128 x 256 at the third (104 tiles: more than half of any GPU's SMs).
+SHAPES = ((G * tile_store.MIN_BM, 200, 8 * 37), (2 * G * tile_store.BM, 456, 8 * 45), (1024, 200, 8 * 410))
+TILES = [tile_store.tile_shape(M, N, G, torch.cuda.get_device_properties(dev).multi_processor_count)
+         for M, _, N in SHAPES]
+assert TILES[0] == TILES[1] == (64, 128) and TILES[2] == (128, 256), TILES
 
 
 passed, close = torch_rank.passed, torch_rank.close
@@ -113,7 +118,8 @@ trace = overlap.last_trace
 share = trace.overlap()
 del os.environ["GC3_FUSED_TRACE"]
 pushes, tiles = trace.intervals()
-assert len(tiles) == G * (shape[0] // G // tile_store.BM) * -(-shape[2] // tile_store.BN), len(tiles)
+bm, bn = tile_store.tile_shape(shape[0], shape[2], G, torch.cuda.get_device_properties(dev).multi_processor_count)
+assert len(tiles) == G * (shape[0] // G // bm) * -(-shape[2] // bn), len(tiles)
 assert share >= 0.5, f"rank {rank}: {share:.2f} of the pushes' time inside tiles ({pushes} / {tiles[:8]})"
 passed(f"ag_gemm trace: {share:.2f} of the pushes' time inside tiles")
 
@@ -137,7 +143,7 @@ for op, call in CALLS.items():
 # Back to back: alternating operators and shapes, checked only at the end.
 results = []
 for i in range(12):
-    op, shape = list(CALLS)[i % len(CALLS)], SHAPES[(i // len(CALLS) + i) % 2]
+    op, shape = list(CALLS)[i % len(CALLS)], SHAPES[(i // len(CALLS) + i) % len(SHAPES)]
     a, b = operands(op, shape, 30 + i)
     results.append((op, shape, 30 + i, CALLS[op](a, b, path="fused")))
 torch.cuda.synchronize()
