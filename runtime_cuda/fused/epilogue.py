@@ -134,10 +134,15 @@ def run_kernel(comm, xs: Sequence[int], outs: Sequence[int], count: int, dtype: 
 def run_pass(ys: Sequence[int], outs: Sequence[int], count: int, dtype: str, out_dtype: str,
              epw: Sequence[Sequence[int]], stream: int) -> None:
     """The epilogue as one pass over each rank's allreduced y (above the kernels' limit)."""
-    from ..ranks.small_allreduce import epilogue_pass
-
     for y, o, w in zip(ys, outs, epw):
-        epilogue_pass(y, o, count, dtype, out_dtype, w, stream)
+        pass_launch(count, dtype, out_dtype, w)(y, o, stream)
+
+
+def pass_launch(count: int, dtype: str, out_dtype: str, words: Sequence[int]):
+    """One rank's pass, packed once, to keep for repeated calls: run(y, out, stream)."""
+    from ..ranks.small_allreduce import PassLaunch
+
+    return PassLaunch(count, dtype, out_dtype, words)
 
 
 # --- the CuPy API ---------------------------------------------------------------------------------------

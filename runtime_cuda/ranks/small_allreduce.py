@@ -133,22 +133,45 @@ def epilogue_refusal(dtype: str, op: str, coll: str, out_dtype: str) -> Optional
     return None
 
 
+class _PassArgs(ctypes.Structure):
+    """gc3_epilogue_pass's parameters, in its order."""
+    _fields_ = [("y", ctypes.c_uint64), ("out", ctypes.c_uint64), ("count", ctypes.c_int64), ("bias", ctypes.c_uint64),
+                ("residual", ctypes.c_uint64), ("scale", ctypes.c_uint64), ("shape", ctypes.c_uint64)]
+
+
+class PassLaunch:
+    """The epilogue pass of one (count, types, words) on the current device, packed once: a
+    call sets y and out and is one driver launch (CuPy's kernel call cost a call of the fused
+    epilogue some 25 µs of host time).  The driver copies the parameters at each launch, so
+    one object serves call after call; not from two threads at once."""
+    __slots__ = ("args", "params", "params_ptr", "_launch", "_fn")
+
+    def __init__(self, count: int, dtype: str, out_dtype: str, words: Sequence[int]):
+        import cupy
+        from cupy_backends.cuda.api import driver
+
+        why = epilogue_refusal(dtype, "sum", "allreduce", out_dtype)
+        if why:
+            raise GC3Error(f"epilogue pass: {why}")
+        lines = -(-count * dtype_info(dtype).np.itemsize // LINE_DATA)
+        blocks = max(1, min(PASS_MAX_BLOCKS, -(-lines // PASS_THREADS)))
+        self._fn = _module(dtype, "sum", cupy.cuda.Device().id, True, _cast(dtype, out_dtype)).get_function(PASS_NAME)
+        self.args = _PassArgs(0, 0, count, *(words[abi.C[f"GC3_EPW_{k}"]] for k in ("BIAS", "RESIDUAL", "SCALE", "SHAPE")))
+        self.params, self.params_ptr = kernel_params(self.args)
+        self._launch = functools.partial(driver.launchKernel, self._fn.kernel.ptr, blocks, 1, 1, PASS_THREADS, 1, 1, 0)
+
+    def __call__(self, y: int, out: int, stream: int) -> None:
+        """out = epilogue(y) on `stream` (out may be y itself where the types are the same)."""
+        self.args.y, self.args.out = y, out
+        self._launch(stream, self.params_ptr, 0)
+
+
 def epilogue_pass(y: int, out: int, count: int, dtype: str, out_dtype: str, words: Sequence[int],
                   stream: int) -> None:
     """out = epilogue(y) over `count` elements on `stream`: y of `dtype`, out of `out_dtype`
     (out may be y itself where they are the same type); `words`: one rank's GC3_EPW_* words
     (runtime_cuda.core.tables.pack_epilogue)."""
-    import cupy
-
-    why = epilogue_refusal(dtype, "sum", "allreduce", out_dtype)
-    if why:
-        raise GC3Error(f"epilogue pass: {why}")
-    lines = -(-count * dtype_info(dtype).np.itemsize // LINE_DATA)
-    blocks = max(1, min(PASS_MAX_BLOCKS, -(-lines // PASS_THREADS)))
-    fn = _module(dtype, "sum", cupy.cuda.Device().id, True, _cast(dtype, out_dtype)).get_function(PASS_NAME)
-    w = [np.uint64(words[abi.C[f"GC3_EPW_{k}"]]) for k in ("BIAS", "RESIDUAL", "SCALE", "SHAPE")]
-    with streams.current(cupy.cuda.ExternalStream(stream)):
-        fn((blocks,), (PASS_THREADS,), (np.uint64(y), np.uint64(out), np.int64(count), *w))
+    PassLaunch(count, dtype, out_dtype, words)(y, out, stream)
 
 
 class _Args(ctypes.Structure):
@@ -168,10 +191,7 @@ class _Launch:
         from cupy_backends.cuda.api import driver
 
         self.ex, self.fn, self.grid, self.nlocal, self.args, self.keep = ex, fn, grid, nlocal, args, keep
-        base = ctypes.addressof(args)
-        self.params = (ctypes.c_void_p * len(_Args._fields_))(
-            *(base + getattr(_Args, name).offset for name, _ in _Args._fields_))
-        self.params_ptr = ctypes.addressof(self.params)
+        self.params, self.params_ptr = kernel_params(args)
         # Everything but the stream fixed once: a call passes only the stream.
         self.head = (fn, grid, nlocal, 1, threads, 1, 1, 0)     # as launcher.Launch.head
         self._launch = functools.partial(driver.launchKernel, *self.head)

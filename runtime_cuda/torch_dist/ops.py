@@ -774,8 +774,9 @@ def _epilogue_key(x: torch.Tensor, scale, bias: Optional[torch.Tensor], residual
     return (x.shape, x.dtype, x.device, type(scale), scale, out_dtype, path) + terms + _decision_context()
 
 
-# The kept launch of an epilogue above the small kernels' limit (its `group` is the communicator):
-# the group's allreduce into a buffer kept per stream, then one pass.
+# The kept launch of an epilogue above the small kernels' limit (its `group` is the communicator,
+# its words the pass's packed launch): the group's allreduce into a buffer kept per stream, then
+# one pass.
 _ALLREDUCE_THEN_PASS = "allreduce+pass"
 
 
@@ -786,23 +787,22 @@ def _epilogue_launch(pg, hit: Tuple, x: torch.Tensor) -> torch.Tensor:
     stream = torch._C._cuda_getCurrentRawStream(index)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if kind == _ALLREDUCE_THEN_PASS:
-        _allreduce_then_pass(pg, group, x, out, count, dtype, odt, epw, stream)
+        _allreduce_then_pass(pg, group, x, out, count, dtype, epw, stream)
     else:
         group.run_ptrs((x.data_ptr(),), (out.data_ptr(),), count, dtype, "sum", stream, kind=kind, epilogue=epw,
                        out_dtype=odt)
     return out
 
 
-def _allreduce_then_pass(pg, comm, x: torch.Tensor, out: torch.Tensor, count: int, dtype: str, odt: str, epw,
+def _allreduce_then_pass(pg, comm, x: torch.Tensor, out: torch.Tensor, count: int, dtype: str, run_pass,
                          stream: int) -> None:
     """The group's allreduce of x into a buffer kept per (stream, shape, dtype), so that a repeated
     call hands the communicator the same addresses (its prepared-call path), then the epilogue pass
-    into out."""
-    from runtime_cuda.fused import epilogue as fe
+    (`run_pass`, runtime_cuda.fused.epilogue.pass_launch's) into out."""
     from runtime_cuda.nccl.constants import DTYPE_CODES, NCCL_SUM
     (y,) = overlap.scratch(pg, ("epilogue", stream, x.shape, x.dtype), lambda: (torch.empty_like(x),))
     comm.allReduce(x.data_ptr(), y.data_ptr(), count, DTYPE_CODES[dtype], NCCL_SUM, stream)
-    fe.run_pass([y.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream)
+    run_pass(y.data_ptr(), out.data_ptr(), stream)
 
 
 def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[torch.Tensor],
@@ -843,10 +843,11 @@ def epilogue_fused(x: torch.Tensor, pg, scale: Optional[float], bias: Optional[t
                                                                    out.dtype, kind, epw, xs.device.index))
             fe.run_kernel(comm, [xs.data_ptr()], [out.data_ptr()], count, dtype, odt, epw, stream, kind)
         else:
+            run_pass = fe.pass_launch(count, dtype, odt, epw[0])
             if repeat is not None:
                 _keep_repeat(pg, "_gc3_epilogue_repeats", repeat, (comm, count, dtype, odt, out.dtype,
-                                                                   _ALLREDUCE_THEN_PASS, epw, xs.device.index))
-            _allreduce_then_pass(pg, comm, xs, out, count, dtype, odt, epw, stream)
+                                                                   _ALLREDUCE_THEN_PASS, run_pass, xs.device.index))
+            _allreduce_then_pass(pg, comm, xs, out, count, dtype, run_pass, stream)
     return out, ""
 
 
