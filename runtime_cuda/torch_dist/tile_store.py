@@ -562,7 +562,7 @@ class _Shape:
         every = dict(DT=self.DT, **self.constexprs, **constexprs)
         compiled = kernels()[self.kernel][(self.grid,)](*tensors, *fixed, **every, num_stages=STAGES,
                                                          num_warps=WARPS)
-        scratch = ("scratch", self.kernel, self.grid) + key
+        scratch = ("scratch", self.kernel, self.grid) + tuple(every.items())     # a size per compiled variant
         # The shape's own arguments follow the call's tensors, and never change: they go with
         # the constexprs into the launch.
         self._runs[key] = _direct(compiled, self.grid, fixed + tuple(every.values()), self.device, self.state.kept,
