@@ -78,3 +78,12 @@ def test_slots_grow_in_powers_of_two_from_a_floor():
     assert ebag_kernel.extra_bytes(4, 1 << 20) == ebag_kernel._flag_bytes(4) + 2 * 4 * (1 << 20)
     assert ebag_kernel._flag_bytes(4) >= (4 * abi.C["GC3_SA_MAX_BLOCKS"] + 1) * 8
     assert ebag_kernel._flag_bytes(4) % 16 == 0
+
+
+@pytest.mark.parametrize("kernel, structure", [("gc3_small_allreduce", "_Args"), ("gc3_epilogue_pass", "_PassArgs")])
+def test_the_small_kernels_and_the_epilogue_pass_read_their_structures_in_order(kernel, structure):
+    """The small-message kernels' launch and the epilogue pass's packed launch (PassLaunch)."""
+    from runtime_cuda.ranks import small_allreduce
+    source = (KERNELS / "small_allreduce.cu").read_text()
+    signature = re.search(r"%s\((.*?)\)\s*{" % kernel, source, re.S).group(1)
+    assert _params(source, signature) == _fields(getattr(small_allreduce, structure))
