@@ -15,7 +15,7 @@ avg is the sum kernel then runtime_cuda.core.avg's division pass (the caller's).
 
 The same kernel built with the epilogue (`run_ptrs(..., epilogue=[per rank words],
 out_dtype=)`) applies y * scale + bias + residual where each rank stores its result,
-rounded once to out_dtype (runtime_cuda/fused/epilogue.py); `epilogue_pass` is that
+rounded once to out_dtype (runtime_cuda/fused/epilogue.py); `PassLaunch` is that
 epilogue as a pass of its own, for calls above the kernels' limit.
 """
 from __future__ import annotations
@@ -164,14 +164,6 @@ class PassLaunch:
         """out = epilogue(y) on `stream` (out may be y itself where the types are the same)."""
         self.args.y, self.args.out = y, out
         self._launch(stream, self.params_ptr, 0)
-
-
-def epilogue_pass(y: int, out: int, count: int, dtype: str, out_dtype: str, words: Sequence[int],
-                  stream: int) -> None:
-    """out = epilogue(y) over `count` elements on `stream`: y of `dtype`, out of `out_dtype`
-    (out may be y itself where they are the same type); `words`: one rank's GC3_EPW_* words
-    (runtime_cuda.core.tables.pack_epilogue)."""
-    PassLaunch(count, dtype, out_dtype, words)(y, out, stream)
 
 
 class _Args(ctypes.Structure):

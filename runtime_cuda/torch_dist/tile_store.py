@@ -117,7 +117,7 @@ def tile_shape(M: int, N: int, G: int, sms: int) -> Tuple[int, int]:
     rows = M // G
     bm = BM if rows % BM == 0 else MIN_BM
     bn = BN
-    while 2 * (M // bm) * -(-N // bn) <= sms:
+    while 2 * _tiles(M, N, bm, bn) <= sms:
         if bm > MIN_BM:
             bm = MIN_BM
         elif bn > MIN_BN:
@@ -125,6 +125,11 @@ def tile_shape(M: int, N: int, G: int, sms: int) -> Tuple[int, int]:
         else:
             break
     return bm, bn
+
+
+def _tiles(rows: int, N: int, bm: int, bn: int) -> int:
+    """Output tiles of `rows` rows of an N-column result."""
+    return (rows // bm) * -(-N // bn)
 
 
 @functools.lru_cache(maxsize=None)
@@ -500,7 +505,7 @@ class _Shape:
     def _exchange(self, group, M: int, N: int, dtype: torch.dtype, item: int):
         G, me, op = self.G, self.rank, self.op
         slot = self.rows * N * item
-        tiles = (self.rows // self.bm) * -(-N // self.bn)
+        tiles = _tiles(self.rows, N, self.bm, self.bn)
         sizes = {"stage": G * slot, "flags": 4 * 2 * G * tiles}
         if op == "gemm_ar":
             sizes["result"] = G * slot
@@ -517,7 +522,7 @@ class _Shape:
         for d in range(G):
             t[4 * G + 4 + d] = st.buf("flags", d, 0)
         t[5 * G + 4] = group.watchdog.failed_ptr
-        self.grid = min(_sms(self.device), (M // self.bm) * -(-N // self.bn))
+        self.grid = min(_sms(self.device), _tiles(M, N, self.bm, self.bn))
         self.kernel = "gemm_exchange"
         self.scalars = (self.M, self.N, self.K, self.rows, ((me + 1) % G) * (self.rows // self.bm), me)
         self.constexprs = dict(G=G, OP=OPS.index(op), BM=self.bm, BN=self.bn, BK=BK, GROUP_M=GROUP_M)
@@ -538,7 +543,7 @@ class _Shape:
         self.grid = _sms(self.device)
         asked = settings.get("GC3_FUSED_GATHER_COPIERS")
         copiers = min(4 * G + 8 if asked is None else asked, blocks * -(-K // COPY_COLUMNS), self.grid - 1)
-        self.tiles = blocks * -(-N // self.bn)
+        self.tiles = _tiles(self.rows, N, self.bm, self.bn)
         self.kernel = "gather_gemm"
         self.copiers = max(copiers, 1)
         self.scalars = (self.M, self.N, self.K, self.rows, me, self.copiers)
