@@ -92,7 +92,11 @@ INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, s
 # SMALL_ALLREDUCE_BLOCKS per rank (fewer where the GPU cannot hold them all):
 # through the drop-in on 2x H200 (2026-11-23), 256 KiB took 7.4 us with 16
 # blocks and 5.8 with 64; 2 MiB 36 us with 16, 17.5 with 128 and 16.9 with 240.
-SMALL_ALLREDUCE_KERNELS = ("oneshot", "twoshot")
+# "oneshot_ll128" is the one-shot on LL128 lines (LL128_LINE_DATA_BYTES of data and a flag
+# word in each 128-byte line, 8 threads a line), where LL lines carry as many flag bytes
+# as data: fewer bytes across the links for the same call.
+SMALL_ALLREDUCE_KERNELS = ("oneshot", "twoshot", "oneshot_ll128")
+SMALL_LL128_KERNELS = ("oneshot_ll128",)
 # The same kernel and scratch serve allgather and reducescatter in one shot (a
 # rank puts its block, or each peer's segment, straight into that peer's
 # scratch); their sizes are nccl-tests' (the larger buffer), so one rank's block
@@ -112,21 +116,34 @@ def small_kernel_block_bytes(collective: str, nbytes: int, nranks: int) -> int:
     return nbytes if collective == "allreduce" else -(-nbytes // max(nranks, 1))
 
 
-def small_allreduce_threads(nbytes: int, max_blocks: int = SMALL_ALLREDUCE_BLOCKS) -> int:
-    """Threads a block of one small-kernel call of `nbytes`: a line per thread in at most
+def small_kernel_protocol(kernel: str) -> str:
+    """The lines a small-message kernel moves."""
+    return "LL128" if kernel in SMALL_LL128_KERNELS else "LL"
+
+
+def small_kernel_lanes(nbytes: int, kernel: str = "oneshot") -> int:
+    """Threads one rank's block of `nbytes` keeps busy in a small-kernel call: an LL line
+    (SMALL_ALLREDUCE_LINE_DATA_BYTES) each, or for an LL128 kernel 8 a 128-byte line."""
+    if small_kernel_protocol(kernel) == "LL128":
+        return -(-nbytes // LL128_LINE_DATA_BYTES) * (LL128_LINE_BYTES // 16)
+    return -(-nbytes // SMALL_ALLREDUCE_LINE_DATA_BYTES)
+
+
+def small_allreduce_threads(nbytes: int, max_blocks: int = SMALL_ALLREDUCE_BLOCKS, kernel: str = "oneshot") -> int:
+    """Threads a block of one small-kernel call of `nbytes`: a lane per thread in at most
     `max_blocks` blocks, in whole warps, at least SMALL_ALLREDUCE_MIN_THREADS.  Small blocks
     start sooner: on 4 and 2 H100s (2026-11-27) a 1-64 KiB call replayed in a CUDA graph took
     0.1-0.4 us less in blocks of 64-256 threads than of 512, and a call with more lines than
     the blocks' threads (256 KiB at 2 ranks) took 0.6 us more in blocks of 128."""
-    lines = -(-nbytes // SMALL_ALLREDUCE_LINE_DATA_BYTES)
+    lines = small_kernel_lanes(nbytes, kernel)
     per_block = -(-lines // max(max_blocks, 1))
     warps = -(-per_block // 32)
     return max(SMALL_ALLREDUCE_MIN_THREADS, min(SMALL_ALLREDUCE_THREADS, 32 * warps))
 
 
 def small_allreduce_blocks(nbytes: int, max_blocks: int = SMALL_ALLREDUCE_BLOCKS,
-                           threads: int = SMALL_ALLREDUCE_THREADS) -> int:
-    """Blocks per rank of one small-kernel call of `nbytes` in blocks of `threads`: a line per
+                           threads: int = SMALL_ALLREDUCE_THREADS, kernel: str = "oneshot") -> int:
+    """Blocks per rank of one small-kernel call of `nbytes` in blocks of `threads`: a lane per
     thread, within [1, max_blocks]."""
-    lines = -(-nbytes // SMALL_ALLREDUCE_LINE_DATA_BYTES)
+    lines = small_kernel_lanes(nbytes, kernel)
     return max(1, min(max_blocks, -(-lines // threads)))

@@ -15,6 +15,8 @@ import itertools
 import numpy as np
 import pytest
 
+from gc3 import limits
+
 pytestmark = pytest.mark.gpu
 
 MiB = 1 << 20
@@ -102,7 +104,7 @@ def test_sizes_types_and_terms_against_float64(n, dtype, out_dtype, monkeypatch)
         for terms in (TERMS if i in (0, 2, 5) else [("scale", "bias", "residual")]):
             xs, bias, res, scale, ref = make(rng, n, shape, dtype, terms)
             seq = host(call(comm, n, xs, bias, res, scale, out_dtype, "sequential", s), odt, s)
-            kinds = ("oneshot", "twoshot") if ep.fits_kernel(count, dtype) else ("-",)
+            kinds = limits.SMALL_ALLREDUCE_KERNELS if ep.fits_kernel(count, dtype) else ("-",)
             for kind in kinds:
                 monkeypatch.setattr(ep, "kernel_kind", lambda nbytes, nranks, _k=kind: _k)
                 outs = call(comm, n, xs, bias, res, scale, out_dtype, "fused", s)

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu_programs"))
 import small_cases as cases  # noqa: E402
 
 MAX = limits.SMALL_ALLREDUCE_MAX_BYTES          # the kernels' upper bound
+KERNELS = limits.SMALL_ALLREDUCE_KERNELS
 DEFAULT = limits.SMALL_ALLREDUCE_DEFAULT_BYTES  # an entry's max_bytes and a group's scratch when unsaid
 
 
@@ -63,7 +64,7 @@ def test_allgather_and_reducescatter_kernel_entries_size_the_scratch_by_a_rank_b
 
 
 @pytest.mark.parametrize("entry, words", [
-    ({"kernel": "threeshot", "ranks": 2}, "expected one of oneshot, twoshot"),
+    ({"kernel": "threeshot", "ranks": 2}, "expected one of oneshot, oneshot_ll128, twoshot"),
     ({"kernel": "oneshot"}, "needs 'ranks'"),
     ({"kernel": "oneshot", "ranks": 2, "max_bytes": "4MiB"}, "serves at most 2097152 bytes"),
     ({"kernel": "oneshot", "ranks": 2, "max_bytes": None}, "max_bytes=unbounded"),
@@ -175,7 +176,8 @@ def test_model_timer_times_kernel_candidates_only_where_they_serve():
     from runtime_cuda.nccl import tune
 
     timer = tune.ModelTimer("h200", 4)
-    one, two = tune.kernel_candidates("allreduce", 4, 1)
+    one, two, ll128 = tune.kernel_candidates("allreduce", 4, 1)
+    assert (ll128.kernel, ll128.protocol) == ("oneshot_ll128", "LL128")
     assert tune.kernel_candidates("alltoall", 4, 1) == [] and tune.kernel_candidates("allreduce", 8, 2) == []
     (ag,) = tune.kernel_candidates("allgather", 4, 1)
     assert (ag.collective, ag.label) == ("allgather", "oneshot_allgather_4r")
@@ -201,7 +203,9 @@ def test_scratch_holds_both_kernels_largest_calls():
     assert C["GC3_SA_ERR"] + abi.ERR_NFIELDS // 2 <= C["GC3_SA_COUNTERS"] and BLOCKS <= C["GC3_SA_MAX_BLOCKS"]
     for n in range(1, 9):
         max_lines, region, nbytes = scratch_shape(n, MAX)
-        assert nbytes == HEADER_BYTES + 2 * region * 16
+        ll128_slot = -(-max_lines // 15) * 128     # 15 data words a 128-byte line
+        assert nbytes == HEADER_BYTES + 2 * region * 16 + 2 * n * ll128_slot
+        assert HEADER_BYTES % 128 == 0 and region * 16 % 128 == 0   # the LL128 lines are whole lines
         for itemsize in (1, 2, 4, 8):
             count = MAX // itemsize
             lines = -(-count // (8 // itemsize))
@@ -311,7 +315,7 @@ def test_virtual_every_dtype_op_count_and_placement(n, dtype):
     wrong = []
     bufs = Bufs(n, dtype, max(cases.counts(dtype)))
     for op in cases.OPS:
-        for kind in ("oneshot", "twoshot"):
+        for kind in limits.SMALL_ALLREDUCE_KERNELS:
             for i, count in enumerate(cases.counts(dtype)):
                 inplace, off = bool(i & 1), (i >> 1) & 1     # each count in one of the four placements
                 seed = ((n * 10 + cases.DTYPES.index(dtype)) * 10 + cases.OPS.index(op)) * 100 + i
@@ -319,6 +323,23 @@ def test_virtual_every_dtype_op_count_and_placement(n, dtype):
                 if why:
                     wrong.append(why)
     assert not wrong, "\n".join(wrong[:10])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", limits.SMALL_ALLREDUCE_KERNELS)
+def test_a_shifted_peer_fails_the_check(kind, monkeypatch):
+    """The kernels' test hook (small_allreduce.SHIFT_PEERS) reduces peer p + 1's lines where
+    p's belong: the check these tests use must reject what it gives, at one block and many."""
+    import cupy
+
+    from runtime_cuda.ranks import small_allreduce
+
+    monkeypatch.setattr(small_allreduce, "SHIFT_PEERS", True)
+    group = small_allreduce.SmallAllreduce.virtual(4, timeout=10)
+    s = cupy.cuda.Stream(non_blocking=True)
+    for count in (33, 20011):
+        bufs = Bufs(4, "int32", count)
+        assert _run_case(group, bufs, "int32", "sum", kind, count, False, 0, count, s), (kind, count)
 
 
 @pytest.mark.gpu
@@ -334,7 +355,7 @@ def test_negative_zero_survives():
         count = 1001
         bufs = Bufs(4, dtype, count)
         neg = np.full(count, -0.0, dtype=info.np)
-        for kind in ("oneshot", "twoshot"):
+        for kind in limits.SMALL_ALLREDUCE_KERNELS:
             for a in bufs.ins:
                 a[:count].set(cases.storage(neg), stream=s)
             in_ptrs, out_ptrs = bufs.ptrs(False, 0)
@@ -369,7 +390,7 @@ def test_200_calls_back_to_back_with_changing_inputs_sizes_and_kernels():
         for r in range(n):
             cupy.cuda.runtime.memcpyAsync(ins[r].data.ptr, srcs[i][r].data.ptr, 4 * count, d2d, s.ptr)
         group.run_ptrs([a.data.ptr for a in ins], [a.data.ptr for a in outs], count, dtype, "sum", s,
-                       kind=("oneshot", "twoshot")[(i // 2) % 2])
+                       kind=KERNELS[(i // 2) % len(KERNELS)])
         for r in range(n):
             cupy.cuda.runtime.memcpyAsync(results[i][r].data.ptr, outs[r].data.ptr, 4 * count, d2d, s.ptr)
     s.synchronize()
@@ -390,7 +411,7 @@ def _counters(group, rank):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["oneshot", "twoshot"])
+@pytest.mark.parametrize("kind", limits.SMALL_ALLREDUCE_KERNELS)
 def test_graph_replays_are_new_calls(kind):
     import cupy
 
@@ -540,7 +561,7 @@ def test_virtual_allgather_and_reducescatter_kernels(n):
                 why = _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, s)
                 if why:
                     wrong.append(why)
-            why = _run_case(group, allreduce_bufs, "float32", "sum", ("oneshot", "twoshot")[i & 1],
+            why = _run_case(group, allreduce_bufs, "float32", "sum", KERNELS[i % len(KERNELS)],
                             (1, 4099)[i & 1], False, 0, seed, s)
             if why:
                 wrong.append("allreduce between: " + why)

@@ -47,11 +47,14 @@ def small_allreduce_seconds(kind: str, nbytes: int, ranks: int, cfg: CostConfig,
     links = [cfg.links[cfg.link_type(0, r)] for r in range(1, ranks)]
     if not links:
         return cfg.launch_s + nbytes / (blocks * cfg.tb_mem_Bps)
+    # An LL128 line arrives with its flag as an LL line does (one hop's latency), carrying
+    # 120 data bytes in 128.
+    proto = limits.small_kernel_protocol(kind)
     alpha = max(link.alpha_s["LL"] for link in links)
-    bw = min(min(blocks * link.tb_Bps["LL"], link.port_Bps * PROTOCOL_EFFICIENCY["LL"]) for link in links)
+    bw = min(min(blocks * link.tb_Bps[proto], link.port_Bps * PROTOCOL_EFFICIENCY[proto]) for link in links)
     red = blocks * cfg.tb_reduce_Bps
     n = ranks
-    if kind == "oneshot":
+    if kind != "twoshot":
         return cfg.launch_s + alpha + (n - 1) * nbytes / bw + n * nbytes / red
     return cfg.launch_s + 2 * alpha + 2 * (n - 1) / n * nbytes / bw + nbytes / red
 

@@ -55,6 +55,7 @@
 // stride), so it has read a line of the input before it writes that line of
 // the output: in-place calls need no extra copy.
 #include "prims_ll.cuh"
+#include "prims_ll128.cuh"
 #include "sa_call.cuh"
 
 namespace sa {
@@ -224,6 +225,19 @@ __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int 
   return true;
 }
 
+__device__ __forceinline__ u64 word(uint2 x) { return ((u64)x.y << 32) | x.x; }
+
+// The one-shot LL128 area (after the two LL parity regions; small_allreduce.py's
+// scratch_shape sizes it): two parities of n slots, a rank's slot holding enough
+// 128-byte lines for max_lines data words.  u64 words of a slot, and the byte offset
+// of call k's parity.
+__device__ __forceinline__ u64 ll128_slot_words(long long max_lines) {
+  return (u64)((max_lines + GC3_LL128_DATA_WORDS - 1) / GC3_LL128_DATA_WORDS) * GC3_LL128_LINE_WORDS;
+}
+__device__ __forceinline__ u64 ll128_area(long long region_lines, int nranks, long long max_lines, u64 k) {
+  return GC3_SA_HEADER_BYTES + 2 * (u64)region_lines * 16 + (k & 1) * (u64)nranks * ll128_slot_words(max_lines) * 8;
+}
+
 }  // namespace sa
 
 // grid (blocks per rank, local ranks); blockIdx.y = local slot, rank rank0 + slot.
@@ -294,6 +308,63 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
       const Where w{me, (int)blockIdx.x, 4, (int)g, 0};
       ok = sa::reduce_ranks(P, w, me, nranks, 0, own, g, count, mine + g, (u64)max_lines, flag, acc);
       if (ok) sa::store_line(out, g, count, acc.v);
+    }
+  } else if (kind == GC3_SA_ONESHOT128) {
+    // One-shot on LL128 lines (prims_ll128.cuh: 8 threads a 128-byte line, 15 data words and a
+    // flag word, one transaction over NVLink): 1/15 of what travels is flag, where an LL line
+    // carries as many flag bytes as data.  The lines live in an area of their own after the two
+    // LL regions: an LL reader checks two 32-bit words of each 16 bytes, which an LL128 line's
+    // data could hold by chance, so no LL line may ever sit where LL128 data was written.
+    // The 64-bit flag repeats the call's LL flag in both halves, so it differs from the flag of
+    // call k - 2 (the last to write the parity) and from the zeroed scratch.
+    const long long nl = (L + GC3_LL128_DATA_WORDS - 1) / GC3_LL128_DATA_WORDS;
+    const u64 pitch = sa::ll128_slot_words(max_lines);
+    const u64 area = sa::ll128_area(region_lines, nranks, max_lines, k);
+    const u64 f64 = ((u64)flag << 32) | flag;
+    const int j = threadIdx.x & 7;
+    const bool ft = j == 7;                       // holds data word 14 and the flag
+    const unsigned gmask = 0xffu << (threadIdx.x & 24);
+    const long long grp = t >> 3, gstride = stride >> 3;
+    for (long long l = grp; l < nl; l += gstride) {
+      const long long w0 = l * GC3_LL128_DATA_WORDS + 2 * j;
+      const u64 a = sa::word(sa::load_line(in, w0, count));
+      const u64 b = ft ? f64 : sa::word(sa::load_line(in, w0 + 1, count));
+      for (int p = 0; p < nranks; ++p) {
+        if (p == me) continue;
+        __syncwarp(gmask);   // the group's 8 stores issue as one instruction (one transaction)
+        st_volatile_v2u64((u64*)(base[p] + area) + ((u64)me * pitch + l * GC3_LL128_LINE_WORDS + 2 * j), a, b);
+      }
+    }
+    const u64* mine = (const u64*)(base[me] + area);
+    for (long long l = grp; ok && l < nl; l += gstride) {
+      const long long w0 = l * GC3_LL128_DATA_WORDS + 2 * j;
+      sa::LineAcc acc[2];
+      for (int p = 0; p < nranks; ++p) {
+#ifdef GC3_SA_SHIFT_PEERS
+        const int q = p == me ? me : (p + 1) % nranks;
+#else
+        const int q = p;
+#endif
+        uint2 x[2];
+        if (q == me) {
+          x[0] = sa::load_line(in, w0, count);
+          x[1] = ft ? make_uint2(0, 0) : sa::load_line(in, w0 + 1, count);   // (the flag thread's has no word)
+        } else {
+          u64 a, b;
+          const Where w{me, (int)blockIdx.x, 7, (int)l, 0};
+          ok = ll128_read(P, w, q, 0, mine + ((u64)q * pitch + l * GC3_LL128_LINE_WORDS + 2 * j), f64, ft, gmask,
+                          a, b);
+          if (!ok) break;
+          x[0] = make_uint2((unsigned)a, (unsigned)(a >> 32));
+          x[1] = make_uint2((unsigned)b, (unsigned)(b >> 32));
+        }
+        for (int u = 0; u < 2; ++u) {
+          if (p == 0) acc[u] = sa::LineAcc::of(x[u]); else acc[u].add(x[u]);
+        }
+      }
+      if (!ok) break;
+      sa::store_result(dst, w0, count, acc[0], ew);
+      if (!ft) sa::store_result(dst, w0 + 1, count, acc[1], ew);
     }
   } else if (kind == GC3_SA_ONESHOT) {
     // Slot r of every rank's region holds rank r's whole input.

@@ -153,8 +153,8 @@ class Candidate:
 
     @property
     def proto(self) -> str:
-        """The protocol it runs with (the small kernels move LL lines)."""
-        return "LL" if self.kernel else self.program.proto
+        """The protocol it runs with (the small kernels move LL lines, or LL128 lines)."""
+        return limits.small_kernel_protocol(self.kernel) if self.kernel else self.program.proto
 
     @property
     def run_kwargs(self) -> Dict[str, str]:
@@ -389,8 +389,9 @@ def _kernel_candidate(path: Path, origin: str, s: _Settings) -> Candidate:
         raise CatalogEntryError(f"{what}: no such kernel for collective={coll!r} (have {have})")
     if s.ranks is None:
         raise CatalogEntryError(f"{what} needs 'ranks' (the communicator size it serves)")
-    if s.protocol not in (None, "LL"):
-        raise CatalogEntryError(f"{what} moves LL lines; the entry asks for protocol {s.protocol}")
+    proto = limits.small_kernel_protocol(s.kernel)
+    if s.protocol not in (None, proto):
+        raise CatalogEntryError(f"{what} moves {proto} lines; the entry asks for protocol {s.protocol}")
     if s.root is not None:
         raise CatalogEntryError(f"{what}: an {coll} has no root")
     top = limits.SMALL_ALLREDUCE_MAX_BYTES

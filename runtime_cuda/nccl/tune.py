@@ -109,7 +109,8 @@ def kernel_candidates(coll: str, ranks: int, nodes: int) -> List[Variant]:
     node (they address every peer's memory directly)."""
     if nodes != 1:
         return []
-    return [Variant(f"{k}_{coll}_{ranks}r", k, (), 1, "LL", None, None, kernel=k, kernel_collective=coll)
+    return [Variant(f"{k}_{coll}_{ranks}r", k, (), 1, limits.small_kernel_protocol(k), None, None, kernel=k,
+                    kernel_collective=coll)
             for k in limits.SMALL_KERNELS.get(coll, ())]
 
 

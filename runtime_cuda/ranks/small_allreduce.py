@@ -36,12 +36,14 @@ from ..core.streams import StreamOrder
 
 KERNEL_NAME = "gc3_small_allreduce"
 KINDS = {("allreduce", "oneshot"): abi.C["GC3_SA_ONESHOT"], ("allreduce", "twoshot"): abi.C["GC3_SA_TWOSHOT"],
+         ("allreduce", "oneshot_ll128"): abi.C["GC3_SA_ONESHOT128"],
          ("allgather", "oneshot"): abi.C["GC3_SA_ALLGATHER"],
          ("reducescatter", "oneshot"): abi.C["GC3_SA_REDUCESCATTER"]}
 assert set(KINDS) == {(c, k) for c, ks in limits.SMALL_KERNELS.items() for k in ks}
 THREADS = limits.SMALL_ALLREDUCE_THREADS
 BLOCKS = limits.SMALL_ALLREDUCE_BLOCKS   # per rank; fewer where the GPU cannot hold every rank's blocks at once
 LINE_BYTES, LINE_DATA = 16, limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
+LL128_LINE, LL128_WORDS = limits.LL128_LINE_BYTES, limits.LL128_LINE_DATA_BYTES // LINE_DATA
 HEADER_BYTES = abi.C["GC3_SA_HEADER_BYTES"]
 MAX_LOCAL = abi.C["GC3_GV_MAX_LOCAL"]   # ranks one launch of the fused kernels on this scratch holds
 _SA = {name: abi.C[f"GC3_SA_{name}"] for name in ("ABORT", "ERR", "COUNTERS", "MAX_BLOCKS")}
@@ -49,20 +51,30 @@ _PHASES = {0: "one-shot gather", 1: "two-shot phase 1 (segment to its owner)",
            2: "two-shot phase 2 (reduced segment from its owner)", 3: "allgather (a peer's block)",
            4: "reducescatter (a peer's part of this rank's segment)",
            5: "gemv + allreduce (a peer's partial of a column tile)",
-           6: "embedding-bag + all-to-all (a peer's pooled rows for this block; the line is its first row)"}
+           6: "embedding-bag + all-to-all (a peer's pooled rows for this block; the line is its first row)",
+           7: "one-shot gather on LL128 lines (the line of 15 data words)"}
 
 
 def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> Tuple[int, int, int]:
     """(lines of the largest input, lines of one parity region, bytes of a rank's scratch).
     A region holds the larger of one-shot's n whole inputs and two-shot's two
-    halves of n segment slots."""
+    halves of n segment slots.  After the two LL regions come the LL128 kernel's two parities
+    of n slots (small_allreduce.cu's sa::ll128_area), on 128-byte lines: a region is a whole
+    number of them."""
     if not 1 <= max_bytes <= limits.SMALL_ALLREDUCE_MAX_BYTES:
         raise LimitError(f"small allreduce: scratch for calls of up to {max_bytes} B asked; the kernels serve "
                          f"1 to {limits.SMALL_ALLREDUCE_MAX_BYTES} B")
     max_lines = -(-max_bytes // LINE_DATA)
     seg = -(-max_lines // nranks)
-    region = max(nranks * max_lines, 2 * nranks * seg)
-    return max_lines, region, HEADER_BYTES + 2 * region * LINE_BYTES
+    per_line = LL128_LINE // LINE_BYTES
+    region = -(-max(nranks * max_lines, 2 * nranks * seg) // per_line) * per_line
+    ll128 = 2 * nranks * ll128_slot_lines(max_lines) * LL128_LINE
+    return max_lines, region, HEADER_BYTES + 2 * region * LINE_BYTES + ll128
+
+
+def ll128_slot_lines(max_lines: int) -> int:
+    """128-byte lines of a rank's LL128 slot: max_lines data words, 15 a line."""
+    return -(-max_lines // LL128_WORDS)
 
 
 def block_elems(collective: str, in_elems: int, nranks: int) -> int:
@@ -458,8 +470,10 @@ class SmallAllreduce:
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
                      in_elems, KINDS[coll, kind], self.max_lines, self.region_lines, most,
                      0 if epw is None else epw.data.ptr)
-        threads = settings.get("GC3_SMALL_THREADS") or limits.small_allreduce_threads(nbytes, most)
-        grid = min(limits.small_allreduce_blocks(nbytes, most, threads), self._resident(fn))
+        threads = settings.get("GC3_SMALL_THREADS") or limits.small_allreduce_threads(nbytes, most, kind)
+        if limits.small_kernel_protocol(kind) == "LL128":
+            threads = min(THREADS, -(-threads // 32) * 32)   # whole warps: 8 threads a line, converged
+        grid = min(limits.small_allreduce_blocks(nbytes, most, threads, kind), self._resident(fn))
         return _Launch(self.executor, fn.kernel.ptr, grid, n, args, (io,) + keep, threads)
 
     def run_ptrs(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,

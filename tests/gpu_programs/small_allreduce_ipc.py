@@ -2,9 +2,9 @@
 process (processes may share one GPU; CUDA IPC between them).
 
 1. runtime_cuda.ranks.small_allreduce.SmallAllreduce.ipc directly: every dtype,
-   sum/max/avg, both kernels, odd counts up to the largest served, in and out
+   sum/max/avg, every kernel, odd counts up to the largest served, in and out
    of place, buffers offset by one element.
-2. Through the drop-in (NcclCommunicator.from_mpi, a catalog naming the two
+2. Through the drop-in (NcclCommunicator.from_mpi, a catalog naming the three
    kernels): calls served by each kernel; 200 calls back to back on a
    non-blocking stream with changing inputs; a captured call replayed 20 times
    with new inputs, every fifth iteration an eager call instead; then the host
@@ -53,7 +53,7 @@ for dtype in cases.DTYPES:
     x, y = cp.zeros(top + 1, st), cp.zeros(top + 1, st)
     cp.cuda.Device().synchronize()      # zeroed on the legacy stream; s does not wait for it
     for op in cases.OPS:
-        for kind in ("oneshot", "twoshot"):
+        for kind in limits.SMALL_ALLREDUCE_KERNELS:
             for i, count in enumerate(cases.counts(dtype)):
                 inplace, off = bool(i & 1), (i >> 1) & 1
                 ins = cases.inputs(((cases.DTYPES.index(dtype) * 10 + cases.OPS.index(op)) * 10 + i), n, count,
@@ -79,6 +79,8 @@ if rank == 0:
     path = os.path.join(folder, "catalog.json")
     with open(path, "w") as f:
         json.dump({"version": 1, "algorithms": [{"kernel": "oneshot", "ranks": n, "max_bytes": 8192},
+                                                {"kernel": "oneshot_ll128", "ranks": n, "min_bytes": 8193,
+                                                 "max_bytes": "64KiB"},
                                                 {"kernel": "twoshot", "ranks": n, "max_bytes": "2MiB"}]}, f)
 os.environ["GC3_CONFIG"] = comm.bcast(path)
 from runtime_cuda.nccl import (NCCL_AVG, NCCL_FLOAT32, NCCL_INT32, NCCL_MAX, NCCL_SUM,  # noqa: E402
@@ -106,8 +108,8 @@ for k, (count, inplace, code, op, dt) in enumerate([(1, False, NCCL_SUM, "sum", 
             cases.expected(ins, op, dtype))
 c.check_async_error()
 served = dict(c.served)
-if set(served) != {f"oneshot_allreduce_{n}r", f"twoshot_allreduce_{n}r"}:
-    wrong.append(f"served by {served}, expected both kernels and nothing else")
+if set(served) != {f"{k}_allreduce_{n}r" for k in limits.SMALL_ALLREDUCE_KERNELS}:
+    wrong.append(f"served by {served}, expected the three kernels and nothing else")
 
 # 200 calls back to back, nothing waiting for the host, inputs changing on the stream, and
 # grids of 1 to the most blocks taking turns (every block must agree on the call number)
