@@ -13,7 +13,6 @@
 // Chunk-tiles are whole lines: the host tiles in multiples of 240 bytes
 // (gc3.limits.tile_granule_bytes), so a tile of T lanes is T*size/120 lines.
 #pragma once
-#include "prims_ll.cuh"
 #include "prims_simple.cuh"
 #include "sync.cuh"
 
@@ -70,61 +69,6 @@ __device__ __forceinline__ bool ll128_read(const Plan& P, const Where& w, int pe
   // ordered after the flag's arrival (same address, same thread) and the
   // sender cannot reuse the slot before this block returns its credit.
   ld_volatile_v2u64(p, a, b);
-  return true;
-}
-
-// This thread's 16 bytes of line(p) for each p in [p0, p0 + LL_AHEAD) below n whose line(p)
-// is not null (a part the caller has elsewhere), into a[p - p0], b[p - p0]: every line loaded at
-// once and polled together until each flag thread sees `flag`, so that the waits for several
-// peers overlap where one ll128_read after another would add them up; then every line read
-// again, as ll128_read does, the reads in flight together.  `gmask`, flag_thread: as
-// ll128_read's.  False on timeout or abort (uniform across the group); the record names the
-// first peer still missing.
-template <class Line>
-__device__ __forceinline__ bool ll128_read_ahead(const Plan& P, const Where& w, int chan, u64 (&a)[LL_AHEAD],
-                                                 u64 (&b)[LL_AHEAD], int p0, int n, Line line, u64 flag,
-                                                 bool flag_thread, unsigned gmask) {
-  bool want[LL_AHEAD];
-#pragma unroll
-  for (int i = 0; i < LL_AHEAD; ++i) {
-    want[i] = p0 + i < n && line(p0 + i) != nullptr;
-    if (want[i]) ld_volatile_v2u64(line(p0 + i), a[i], b[i]);
-  }
-  u64 t0 = 0;
-  for (unsigned spins = 0;; ++spins) {
-    bool all = true;
-#pragma unroll
-    for (int i = 0; i < LL_AHEAD; ++i) {
-      if (want[i] && !__any_sync(gmask, flag_thread && b[i] != flag)) want[i] = false;
-      all = all && !want[i];
-    }
-    if (all) break;
-    if (spins == 0) {
-      t0 = global_ns();
-    } else if ((spins & 63) == 0) {
-      int stop = 0;
-      if (flag_thread) {
-        if (aborted(P)) {
-          stop = 1;
-        } else if (global_ns() - t0 > P.timeout_ns) {
-          int who = -1;
-          u64 seen = 0;
-#pragma unroll
-          for (int i = LL_AHEAD - 1; i >= 0; --i)
-            if (want[i]) who = p0 + i, seen = b[i];
-          record_failure(P, w, GC3_WAIT_LL, who, chan, seen, flag);
-          stop = 1;
-        }
-      }
-      if (__any_sync(gmask, stop)) return false;
-    }
-#pragma unroll
-    for (int i = 0; i < LL_AHEAD; ++i)
-      if (want[i]) ld_volatile_v2u64(line(p0 + i), a[i], b[i]);
-  }
-#pragma unroll
-  for (int i = 0; i < LL_AHEAD; ++i)
-    if (p0 + i < n && line(p0 + i) != nullptr) ld_volatile_v2u64(line(p0 + i), a[i], b[i]);
   return true;
 }
 

@@ -199,39 +199,28 @@ __device__ __forceinline__ long long first_at(long long t, long long s, long lon
   return lo <= t ? t : t + (lo - t + s - 1) / s * s;
 }
 
-// Whose contribution a reader takes where rank p's belongs: p's own.
-__device__ __forceinline__ int peer_of(int p, int me, int nranks) {
-#ifdef GC3_SA_SHIFT_PEERS
-  // Test hook (small_allreduce.SHIFT_PEERS): peer p + 1's contribution where p's belongs,
-  // the result a peer index off by one gives, which the tests' checks must reject.
-  return p == me ? me : (p + 1) % nranks;
-#else
-  return p;
-#endif
-}
-
 // Line g reduced over ranks 0..n-1 in that order, so every rank that reduces a
 // line gets the same bits: this rank's part from `in`, peer p's from the line
-// at slots + p * pitch once it carries `flag`, LL_AHEAD peers' lines polled at once.
-// False if a wait gave up.
+// at slots + p * pitch once it carries `flag`.  False if a wait gave up.
 template <class A>
 __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int me, int nranks, int chan,
                                              const elem_t* in, long long g, long long count,
                                              const uint4* slots, u64 pitch, unsigned flag, A& acc) {
-  auto line = [&](int p) -> const uint4* {
-    const int q = peer_of(p, me, nranks);
-    return q == me ? nullptr : slots + (u64)q * pitch;
-  };
-  for (int p0 = 0; p0 < nranks; p0 += LL_AHEAD) {
-    uint4 v[LL_AHEAD];
-    if (!ll_read_ahead(P, w, chan, v, p0, nranks, line, flag)) return false;
-#pragma unroll
-    for (int i = 0; i < LL_AHEAD; ++i) {
-      const int p = p0 + i;
-      if (p >= nranks) break;
-      const uint2 x = peer_of(p, me, nranks) == me ? load_line(in, g, count) : make_uint2(v[i].x, v[i].z);
-      if (p == 0) acc = A::of(x); else acc.add(x);
+  for (int p = 0; p < nranks; ++p) {
+#ifdef GC3_SA_SHIFT_PEERS
+    // Test hook (small_allreduce.SHIFT_PEERS): peer p + 1's contribution where p's belongs,
+    // the result a peer index off by one gives, which the tests' checks must reject.
+    const int q = p == me ? me : (p + 1) % nranks;
+#else
+    const int q = p;
+#endif
+    uint2 x;
+    if (q == me) {
+      x = load_line(in, g, count);
+    } else if (!ll_read(P, w, q, chan, slots + (u64)q * pitch, flag, x)) {
+      return false;
     }
+    if (p == 0) acc = A::of(x); else acc.add(x);
   }
   return true;
 }
@@ -349,30 +338,28 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
     const u64* mine = (const u64*)(base[me] + area);
     for (long long l = grp; ok && l < nl; l += gstride) {
       const long long w0 = l * GC3_LL128_DATA_WORDS + 2 * j;
-      auto line = [&](int p) -> const u64* {
-        const int q = sa::peer_of(p, me, nranks);
-        return q == me ? nullptr : mine + ((u64)q * pitch + l * GC3_LL128_LINE_WORDS + 2 * j);
-      };
-      const Where w{me, (int)blockIdx.x, 7, (int)l, 0};
       sa::LineAcc acc[2];
-      for (int p0 = 0; ok && p0 < nranks; p0 += LL_AHEAD) {
-        u64 a[LL_AHEAD], b[LL_AHEAD];
-        ok = ll128_read_ahead(P, w, 0, a, b, p0, nranks, line, f64, ft, gmask);
-#pragma unroll
-        for (int i = 0; i < LL_AHEAD; ++i) {
-          const int p = p0 + i;
-          if (!ok || p >= nranks) break;
-          uint2 x[2];
-          if (sa::peer_of(p, me, nranks) == me) {
-            x[0] = sa::load_line(in, w0, count);
-            x[1] = ft ? make_uint2(0, 0) : sa::load_line(in, w0 + 1, count);   // (the flag thread's has no word)
-          } else {
-            x[0] = make_uint2((unsigned)a[i], (unsigned)(a[i] >> 32));
-            x[1] = make_uint2((unsigned)b[i], (unsigned)(b[i] >> 32));
-          }
-          for (int u = 0; u < 2; ++u) {
-            if (p == 0) acc[u] = sa::LineAcc::of(x[u]); else acc[u].add(x[u]);
-          }
+      for (int p = 0; p < nranks; ++p) {
+#ifdef GC3_SA_SHIFT_PEERS
+        const int q = p == me ? me : (p + 1) % nranks;
+#else
+        const int q = p;
+#endif
+        uint2 x[2];
+        if (q == me) {
+          x[0] = sa::load_line(in, w0, count);
+          x[1] = ft ? make_uint2(0, 0) : sa::load_line(in, w0 + 1, count);   // (the flag thread's has no word)
+        } else {
+          u64 a, b;
+          const Where w{me, (int)blockIdx.x, 7, (int)l, 0};
+          ok = ll128_read(P, w, q, 0, mine + ((u64)q * pitch + l * GC3_LL128_LINE_WORDS + 2 * j), f64, ft, gmask,
+                          a, b);
+          if (!ok) break;
+          x[0] = make_uint2((unsigned)a, (unsigned)(a >> 32));
+          x[1] = make_uint2((unsigned)b, (unsigned)(b >> 32));
+        }
+        for (int u = 0; u < 2; ++u) {
+          if (p == 0) acc[u] = sa::LineAcc::of(x[u]); else acc[u].add(x[u]);
         }
       }
       if (!ok) break;
