@@ -92,11 +92,12 @@ INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, s
 # SMALL_ALLREDUCE_BLOCKS per rank (fewer where the GPU cannot hold them all):
 # through the drop-in on 2x H200 (2026-11-23), 256 KiB took 7.4 us with 16
 # blocks and 5.8 with 64; 2 MiB 36 us with 16, 17.5 with 128 and 16.9 with 240.
-# "oneshot_ll128" is the one-shot on LL128 lines (LL128_LINE_DATA_BYTES of data and a flag
-# word in each 128-byte line, 8 threads a line), where LL lines carry as many flag bytes
-# as data: fewer bytes across the links for the same call.
-SMALL_ALLREDUCE_KERNELS = ("oneshot", "twoshot", "oneshot_ll128")
-SMALL_LL128_KERNELS = ("oneshot_ll128",)
+# "oneshot_ll128" and "twoshot_ll128" are the same on LL128 lines (LL128_LINE_DATA_BYTES of
+# data and a flag word in each 128-byte line, 8 threads a line), where LL lines carry as many
+# flag bytes as data: fewer bytes across the links for the same call, and a second read of
+# each line after its flag (prims_ll128.cuh) on the way.
+SMALL_ALLREDUCE_KERNELS = ("oneshot", "twoshot", "oneshot_ll128", "twoshot_ll128")
+SMALL_LL128_KERNELS = ("oneshot_ll128", "twoshot_ll128")
 # The same kernel and scratch serve allgather and reducescatter in one shot (a
 # rank puts its block, or each peer's segment, straight into that peer's
 # scratch); their sizes are nccl-tests' (the larger buffer), so one rank's block

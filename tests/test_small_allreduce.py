@@ -64,7 +64,7 @@ def test_allgather_and_reducescatter_kernel_entries_size_the_scratch_by_a_rank_b
 
 
 @pytest.mark.parametrize("entry, words", [
-    ({"kernel": "threeshot", "ranks": 2}, "expected one of oneshot, oneshot_ll128, twoshot"),
+    ({"kernel": "threeshot", "ranks": 2}, "expected one of oneshot, oneshot_ll128, twoshot, twoshot_ll128"),
     ({"kernel": "oneshot"}, "needs 'ranks'"),
     ({"kernel": "oneshot", "ranks": 2, "max_bytes": "4MiB"}, "serves at most 2097152 bytes"),
     ({"kernel": "oneshot", "ranks": 2, "max_bytes": None}, "max_bytes=unbounded"),
@@ -176,8 +176,8 @@ def test_model_timer_times_kernel_candidates_only_where_they_serve():
     from runtime_cuda.nccl import tune
 
     timer = tune.ModelTimer("h200", 4)
-    one, two, ll128 = tune.kernel_candidates("allreduce", 4, 1)
-    assert (ll128.kernel, ll128.protocol) == ("oneshot_ll128", "LL128")
+    one, two, *ll128 = tune.kernel_candidates("allreduce", 4, 1)
+    assert [(c.kernel, c.protocol) for c in ll128] == [("oneshot_ll128", "LL128"), ("twoshot_ll128", "LL128")]
     assert tune.kernel_candidates("alltoall", 4, 1) == [] and tune.kernel_candidates("allreduce", 8, 2) == []
     (ag,) = tune.kernel_candidates("allgather", 4, 1)
     assert (ag.collective, ag.label) == ("allgather", "oneshot_allgather_4r")
@@ -203,8 +203,8 @@ def test_scratch_holds_both_kernels_largest_calls():
     assert C["GC3_SA_ERR"] + abi.ERR_NFIELDS // 2 <= C["GC3_SA_COUNTERS"] and BLOCKS <= C["GC3_SA_MAX_BLOCKS"]
     for n in range(1, 9):
         max_lines, region, nbytes = scratch_shape(n, MAX)
-        ll128_slot = -(-max_lines // 15) * 128     # 15 data words a 128-byte line
-        assert nbytes == HEADER_BYTES + 2 * region * 16 + 2 * n * ll128_slot
+        slot = -(-max_lines // 15)     # 15 data words a 128-byte line: one-shot's n slots, two-shot's 2n halves
+        assert nbytes == HEADER_BYTES + 2 * region * 16 + 2 * 128 * max(n * slot, 2 * n * -(-slot // n))
         assert HEADER_BYTES % 128 == 0 and region * 16 % 128 == 0   # the LL128 lines are whole lines
         for itemsize in (1, 2, 4, 8):
             count = MAX // itemsize

@@ -54,7 +54,7 @@ def small_allreduce_seconds(kind: str, nbytes: int, ranks: int, cfg: CostConfig,
     bw = min(min(blocks * link.tb_Bps[proto], link.port_Bps * PROTOCOL_EFFICIENCY[proto]) for link in links)
     red = blocks * cfg.tb_reduce_Bps
     n = ranks
-    if kind != "twoshot":
+    if not kind.startswith("twoshot"):
         return cfg.launch_s + alpha + (n - 1) * nbytes / bw + n * nbytes / red
     return cfg.launch_s + 2 * alpha + 2 * (n - 1) / n * nbytes / bw + nbytes / red
 

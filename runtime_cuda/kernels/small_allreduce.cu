@@ -199,6 +199,17 @@ __device__ __forceinline__ long long first_at(long long t, long long s, long lon
   return lo <= t ? t : t + (lo - t + s - 1) / s * s;
 }
 
+// Whose contribution a reader takes where rank p's belongs: p's own.
+__device__ __forceinline__ int peer_of(int p, int me, int nranks) {
+#ifdef GC3_SA_SHIFT_PEERS
+  // Test hook (small_allreduce.SHIFT_PEERS): peer p + 1's contribution where p's belongs,
+  // the result a peer index off by one gives, which the tests' checks must reject.
+  return p == me ? me : (p + 1) % nranks;
+#else
+  return p;
+#endif
+}
+
 // Line g reduced over ranks 0..n-1 in that order, so every rank that reduces a
 // line gets the same bits: this rank's part from `in`, peer p's from the line
 // at slots + p * pitch once it carries `flag`.  False if a wait gave up.
@@ -207,13 +218,7 @@ __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int 
                                              const elem_t* in, long long g, long long count,
                                              const uint4* slots, u64 pitch, unsigned flag, A& acc) {
   for (int p = 0; p < nranks; ++p) {
-#ifdef GC3_SA_SHIFT_PEERS
-    // Test hook (small_allreduce.SHIFT_PEERS): peer p + 1's contribution where p's belongs,
-    // the result a peer index off by one gives, which the tests' checks must reject.
-    const int q = p == me ? me : (p + 1) % nranks;
-#else
-    const int q = p;
-#endif
+    const int q = peer_of(p, me, nranks);
     uint2 x;
     if (q == me) {
       x = load_line(in, g, count);
@@ -227,15 +232,87 @@ __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int 
 
 __device__ __forceinline__ u64 word(uint2 x) { return ((u64)x.y << 32) | x.x; }
 
-// The one-shot LL128 area (after the two LL parity regions; small_allreduce.py's
-// scratch_shape sizes it): two parities of n slots, a rank's slot holding enough
-// 128-byte lines for max_lines data words.  u64 words of a slot, and the byte offset
-// of call k's parity.
-__device__ __forceinline__ u64 ll128_slot_words(long long max_lines) {
-  return (u64)((max_lines + GC3_LL128_DATA_WORDS - 1) / GC3_LL128_DATA_WORDS) * GC3_LL128_LINE_WORDS;
+// The LL128 kernels (one-shot and two-shot on LL128 lines: prims_ll128.cuh, 8 threads a
+// 128-byte line of 15 data words and a flag word, one transaction over NVLink): 1/15 of what
+// travels is flag, where an LL line carries as many flag bytes as data.  Their lines live in an
+// area of their own after the two LL regions: an LL reader checks two 32-bit words of each 16
+// bytes, which an LL128 line's data could hold by chance, so no LL line may ever sit where LL128
+// data was written.  Its flag repeats the call's LL flag in both halves, so it differs from the
+// flag of call k - 2 (the last to write the parity) and from the zeroed scratch.
+//
+// A parity of the area holds the larger of one-shot's n slots of every line and two-shot's two
+// halves of n segment slots (small_allreduce.py's scratch_shape sizes it alike): lines of a
+// one-shot slot, of a two-shot segment slot, of a parity, and call k's parity's byte offset.
+__device__ __forceinline__ u64 ll128_slot_lines(long long max_lines) {
+  return (u64)((max_lines + GC3_LL128_DATA_WORDS - 1) / GC3_LL128_DATA_WORDS);
+}
+__device__ __forceinline__ u64 ll128_seg_lines(long long max_lines, int nranks) {
+  return (ll128_slot_lines(max_lines) + nranks - 1) / nranks;
 }
 __device__ __forceinline__ u64 ll128_area(long long region_lines, int nranks, long long max_lines, u64 k) {
-  return GC3_SA_HEADER_BYTES + 2 * (u64)region_lines * 16 + (k & 1) * (u64)nranks * ll128_slot_words(max_lines) * 8;
+  const u64 one = (u64)nranks * ll128_slot_lines(max_lines), two = 2 * (u64)nranks * ll128_seg_lines(max_lines, nranks);
+  return GC3_SA_HEADER_BYTES + 2 * (u64)region_lines * 16 + (k & 1) * (one > two ? one : two) * GC3_LL128_LINE_BYTES;
+}
+
+// One thread's place in an LL128 call: its 16 bytes of a line (j of 8), the flag thread (the
+// group's last: data word 14 and the flag), the group's lanes, the call's flag.
+struct Ll128 {
+  int j;
+  bool ft;
+  unsigned gmask;
+  u64 flag;
+  __device__ __forceinline__ Ll128(unsigned f)
+      : j(threadIdx.x & 7), ft((threadIdx.x & 7) == 7), gmask(0xffu << (threadIdx.x & 24)),
+        flag(((u64)f << 32) | f) {}
+  // The first data word of this thread's 16 bytes of line l, and u64 word `at` of line l.
+  __device__ __forceinline__ long long w0(long long l) const { return l * GC3_LL128_DATA_WORDS + 2 * j; }
+  __device__ __forceinline__ u64 at(u64 l) const { return l * GC3_LL128_LINE_WORDS + 2 * j; }
+  // This thread's data words of line l of `in` (the flag thread's second: none, zero).
+  __device__ __forceinline__ void load(const elem_t* in, long long l, long long count, uint2 (&x)[2]) const {
+    x[0] = load_line(in, w0(l), count);
+    x[1] = ft ? make_uint2(0, 0) : load_line(in, w0(l) + 1, count);
+  }
+  // Words x as this thread's 16 bytes of the line at `dst` (u64 words), with the flag.
+  __device__ __forceinline__ void put(u64* dst, const uint2 (&x)[2]) const {
+    __syncwarp(gmask);   // the group's 8 stores issue as one instruction (one transaction)
+    st_volatile_v2u64(dst, word(x[0]), ft ? flag : word(x[1]));
+  }
+  // This thread's words of the line at `src` once it carries the flag; false if the wait gave up.
+  __device__ __forceinline__ bool get(const Plan& P, const Where& w, int peer, int chan, const u64* src,
+                                      uint2 (&x)[2]) const {
+    u64 a, b;
+    if (!ll128_read(P, w, peer, chan, src, flag, ft, gmask, a, b)) return false;
+    x[0] = make_uint2((unsigned)a, (unsigned)(a >> 32));
+    x[1] = make_uint2((unsigned)b, (unsigned)(b >> 32));
+    return true;
+  }
+  // The result words of line l into `out`.
+  template <class A, class O>
+  __device__ __forceinline__ void store(O* out, long long l, long long count, const A (&acc)[2], const u64* ew) const {
+    store_result(out, w0(l), count, acc[0], ew);
+    if (!ft) store_result(out, w0(l) + 1, count, acc[1], ew);
+  }
+};
+
+// Line l reduced over ranks 0..n-1 in that order (as reduce_ranks): this rank's words from
+// `in`, peer p's from slots + p * pitch (u64 words) + at(l) once they carry the flag.
+template <class A>
+__device__ __forceinline__ bool ll128_reduce_ranks(const Plan& P, const Where& w, const Ll128& G, int me, int nranks,
+                                                   int chan, const elem_t* in, long long l, long long count,
+                                                   const u64* slots, u64 pitch, u64 at, A (&acc)[2]) {
+  for (int p = 0; p < nranks; ++p) {
+    const int q = peer_of(p, me, nranks);
+    uint2 x[2];
+    if (q == me) {
+      G.load(in, l, count, x);
+    } else if (!G.get(P, w, q, chan, slots + (u64)q * pitch + at, x)) {
+      return false;
+    }
+    for (int u = 0; u < 2; ++u) {
+      if (p == 0) acc[u] = A::of(x[u]); else acc[u].add(x[u]);
+    }
+  }
+  return true;
 }
 
 }  // namespace sa
@@ -309,62 +386,66 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
       ok = sa::reduce_ranks(P, w, me, nranks, 0, own, g, count, mine + g, (u64)max_lines, flag, acc);
       if (ok) sa::store_line(out, g, count, acc.v);
     }
-  } else if (kind == GC3_SA_ONESHOT128) {
-    // One-shot on LL128 lines (prims_ll128.cuh: 8 threads a 128-byte line, 15 data words and a
-    // flag word, one transaction over NVLink): 1/15 of what travels is flag, where an LL line
-    // carries as many flag bytes as data.  The lines live in an area of their own after the two
-    // LL regions: an LL reader checks two 32-bit words of each 16 bytes, which an LL128 line's
-    // data could hold by chance, so no LL line may ever sit where LL128 data was written.
-    // The 64-bit flag repeats the call's LL flag in both halves, so it differs from the flag of
-    // call k - 2 (the last to write the parity) and from the zeroed scratch.
+  } else if (kind == GC3_SA_ONESHOT128 || kind == GC3_SA_TWOSHOT128) {
+    // The one-shot and the two-shot on LL128 lines (sa::Ll128 above), in the same slots as
+    // their LL forms, counted in lines of 15 words; a group of 8 threads a line.
+    const sa::Ll128 G(flag);
+    const u64 off = sa::ll128_area(region_lines, nranks, max_lines, k);
+    auto slots_of = [&](int r) { return (u64*)(base[r] + off); };
     const long long nl = (L + GC3_LL128_DATA_WORDS - 1) / GC3_LL128_DATA_WORDS;
-    const u64 pitch = sa::ll128_slot_words(max_lines);
-    const u64 area = sa::ll128_area(region_lines, nranks, max_lines, k);
-    const u64 f64 = ((u64)flag << 32) | flag;
-    const int j = threadIdx.x & 7;
-    const bool ft = j == 7;                       // holds data word 14 and the flag
-    const unsigned gmask = 0xffu << (threadIdx.x & 24);
     const long long grp = t >> 3, gstride = stride >> 3;
-    for (long long l = grp; l < nl; l += gstride) {
-      const long long w0 = l * GC3_LL128_DATA_WORDS + 2 * j;
-      const u64 a = sa::word(sa::load_line(in, w0, count));
-      const u64 b = ft ? f64 : sa::word(sa::load_line(in, w0 + 1, count));
-      for (int p = 0; p < nranks; ++p) {
-        if (p == me) continue;
-        __syncwarp(gmask);   // the group's 8 stores issue as one instruction (one transaction)
-        st_volatile_v2u64((u64*)(base[p] + area) + ((u64)me * pitch + l * GC3_LL128_LINE_WORDS + 2 * j), a, b);
-      }
-    }
-    const u64* mine = (const u64*)(base[me] + area);
-    for (long long l = grp; ok && l < nl; l += gstride) {
-      const long long w0 = l * GC3_LL128_DATA_WORDS + 2 * j;
-      sa::LineAcc acc[2];
-      for (int p = 0; p < nranks; ++p) {
-#ifdef GC3_SA_SHIFT_PEERS
-        const int q = p == me ? me : (p + 1) % nranks;
-#else
-        const int q = p;
-#endif
+    const u64* mine = slots_of(me);
+    if (kind == GC3_SA_ONESHOT128) {
+      // Slot r of every rank's area holds rank r's whole input.
+      const u64 pitch = sa::ll128_slot_lines(max_lines) * GC3_LL128_LINE_WORDS;
+      for (long long l = grp; l < nl; l += gstride) {
         uint2 x[2];
-        if (q == me) {
-          x[0] = sa::load_line(in, w0, count);
-          x[1] = ft ? make_uint2(0, 0) : sa::load_line(in, w0 + 1, count);   // (the flag thread's has no word)
-        } else {
-          u64 a, b;
-          const Where w{me, (int)blockIdx.x, 7, (int)l, 0};
-          ok = ll128_read(P, w, q, 0, mine + ((u64)q * pitch + l * GC3_LL128_LINE_WORDS + 2 * j), f64, ft, gmask,
-                          a, b);
-          if (!ok) break;
-          x[0] = make_uint2((unsigned)a, (unsigned)(a >> 32));
-          x[1] = make_uint2((unsigned)b, (unsigned)(b >> 32));
-        }
-        for (int u = 0; u < 2; ++u) {
-          if (p == 0) acc[u] = sa::LineAcc::of(x[u]); else acc[u].add(x[u]);
-        }
+        G.load(in, l, count, x);
+        for (int p = 0; p < nranks; ++p)
+          if (p != me) G.put(slots_of(p) + (u64)me * pitch + G.at(l), x);
       }
-      if (!ok) break;
-      sa::store_result(dst, w0, count, acc[0], ew);
-      if (!ft) sa::store_result(dst, w0 + 1, count, acc[1], ew);
+      for (long long l = grp; ok && l < nl; l += gstride) {
+        sa::LineAcc acc[2];
+        const Where w{me, (int)blockIdx.x, 7, (int)l, 0};
+        ok = sa::ll128_reduce_ranks(P, w, G, me, nranks, 0, in, l, count, mine, pitch, G.at(l), acc);
+        if (ok) G.store(dst, l, count, acc, ew);
+      }
+    } else {
+      // As the LL two-shot: segment s (lines [s*Ls, ...)) belongs to rank s; phase 1 puts a
+      // rank's lines of it in slot r of the owner's first half, phase 2 every rank's second
+      // half gets it reduced, in slot s.
+      const long long Ls = (nl + nranks - 1) / nranks;
+      const u64 S = sa::ll128_seg_lines(max_lines, nranks);
+      const u64 pitch = S * GC3_LL128_LINE_WORDS, half = (u64)nranks * pitch;
+      for (long long l = grp; l < nl; l += gstride) {
+        const int s = (int)(l / Ls);
+        if (s == me) continue;
+        uint2 x[2];
+        G.load(in, l, count, x);
+        G.put(slots_of(s) + (u64)me * pitch + G.at(l - s * Ls), x);
+      }
+      const long long lo = (long long)me * Ls, hi = lo + Ls < nl ? lo + Ls : nl;
+      for (long long l = sa::first_at(grp, gstride, lo); ok && l < hi; l += gstride) {
+        sa::LineAcc acc[2];
+        const Where w{me, (int)blockIdx.x, 8, (int)l, 0};
+        ok = sa::ll128_reduce_ranks(P, w, G, me, nranks, 1, in, l, count, mine, pitch, G.at(l - lo), acc);
+        if (!ok) break;
+        const uint2 r[2] = {acc[0].raw(), acc[1].raw()};   // the bits every rank gets, the owner too
+        for (int p = 0; p < nranks; ++p)
+          if (p != me) G.put(slots_of(p) + half + (u64)me * pitch + G.at(l - lo), r);
+        const sa::LineAcc res[2] = {sa::LineAcc::of(r[0]), sa::LineAcc::of(r[1])};
+        G.store(dst, l, count, res, ew);
+      }
+      for (long long l = grp; ok && l < nl; l += gstride) {
+        const int s = (int)(l / Ls);
+        if (s == me) continue;
+        uint2 x[2];
+        const Where w{me, (int)blockIdx.x, 9, (int)l, 0};
+        ok = G.get(P, w, s, 2, mine + half + (u64)s * pitch + G.at(l - s * Ls), x);
+        if (!ok) break;
+        const sa::LineAcc res[2] = {sa::LineAcc::of(x[0]), sa::LineAcc::of(x[1])};
+        G.store(dst, l, count, res, ew);
+      }
     }
   } else if (kind == GC3_SA_ONESHOT) {
     // Slot r of every rank's region holds rank r's whole input.

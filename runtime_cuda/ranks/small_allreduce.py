@@ -37,6 +37,7 @@ from ..core.streams import StreamOrder
 KERNEL_NAME = "gc3_small_allreduce"
 KINDS = {("allreduce", "oneshot"): abi.C["GC3_SA_ONESHOT"], ("allreduce", "twoshot"): abi.C["GC3_SA_TWOSHOT"],
          ("allreduce", "oneshot_ll128"): abi.C["GC3_SA_ONESHOT128"],
+         ("allreduce", "twoshot_ll128"): abi.C["GC3_SA_TWOSHOT128"],
          ("allgather", "oneshot"): abi.C["GC3_SA_ALLGATHER"],
          ("reducescatter", "oneshot"): abi.C["GC3_SA_REDUCESCATTER"]}
 assert set(KINDS) == {(c, k) for c, ks in limits.SMALL_KERNELS.items() for k in ks}
@@ -52,15 +53,17 @@ _PHASES = {0: "one-shot gather", 1: "two-shot phase 1 (segment to its owner)",
            4: "reducescatter (a peer's part of this rank's segment)",
            5: "gemv + allreduce (a peer's partial of a column tile)",
            6: "embedding-bag + all-to-all (a peer's pooled rows for this block; the line is its first row)",
-           7: "one-shot gather on LL128 lines (the line of 15 data words)"}
+           7: "one-shot gather on LL128 lines (the line of 15 data words)",
+           8: "two-shot phase 1 on LL128 lines (segment to its owner; the line of 15 data words)",
+           9: "two-shot phase 2 on LL128 lines (reduced segment from its owner; the line of 15 data words)"}
 
 
 def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> Tuple[int, int, int]:
     """(lines of the largest input, lines of one parity region, bytes of a rank's scratch).
     A region holds the larger of one-shot's n whole inputs and two-shot's two
-    halves of n segment slots.  After the two LL regions come the LL128 kernel's two parities
-    of n slots (small_allreduce.cu's sa::ll128_area), on 128-byte lines: a region is a whole
-    number of them."""
+    halves of n segment slots.  After the two LL regions come the LL128 kernels' two parities,
+    each the same larger of the two on 128-byte lines of 15 words (small_allreduce.cu's
+    sa::ll128_area); a region is a whole number of such lines."""
     if not 1 <= max_bytes <= limits.SMALL_ALLREDUCE_MAX_BYTES:
         raise LimitError(f"small allreduce: scratch for calls of up to {max_bytes} B asked; the kernels serve "
                          f"1 to {limits.SMALL_ALLREDUCE_MAX_BYTES} B")
@@ -68,13 +71,9 @@ def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_B
     seg = -(-max_lines // nranks)
     per_line = LL128_LINE // LINE_BYTES
     region = -(-max(nranks * max_lines, 2 * nranks * seg) // per_line) * per_line
-    ll128 = 2 * nranks * ll128_slot_lines(max_lines) * LL128_LINE
-    return max_lines, region, HEADER_BYTES + 2 * region * LINE_BYTES + ll128
-
-
-def ll128_slot_lines(max_lines: int) -> int:
-    """128-byte lines of a rank's LL128 slot: max_lines data words, 15 a line."""
-    return -(-max_lines // LL128_WORDS)
+    slot = -(-max_lines // LL128_WORDS)
+    ll128 = max(nranks * slot, 2 * nranks * -(-slot // nranks))
+    return max_lines, region, HEADER_BYTES + 2 * region * LINE_BYTES + 2 * ll128 * LL128_LINE
 
 
 def block_elems(collective: str, in_elems: int, nranks: int) -> int:

@@ -4,8 +4,8 @@ process (processes may share one GPU; CUDA IPC between them).
 1. runtime_cuda.ranks.small_allreduce.SmallAllreduce.ipc directly: every dtype,
    sum/max/avg, every kernel, odd counts up to the largest served, in and out
    of place, buffers offset by one element.
-2. Through the drop-in (NcclCommunicator.from_mpi, a catalog naming the three
-   kernels): calls served by each kernel; 200 calls back to back on a
+2. Through the drop-in (NcclCommunicator.from_mpi, a catalog naming every
+   kernel): calls served by each kernel; 200 calls back to back on a
    non-blocking stream with changing inputs; a captured call replayed 20 times
    with new inputs, every fifth iteration an eager call instead; then the host
    time per call (eager, a graph of 100 calls / 100, a graph of one call) --
@@ -81,6 +81,8 @@ if rank == 0:
         json.dump({"version": 1, "algorithms": [{"kernel": "oneshot", "ranks": n, "max_bytes": 8192},
                                                 {"kernel": "oneshot_ll128", "ranks": n, "min_bytes": 8193,
                                                  "max_bytes": "64KiB"},
+                                                {"kernel": "twoshot_ll128", "ranks": n, "min_bytes": 65537,
+                                                 "max_bytes": "1MiB"},
                                                 {"kernel": "twoshot", "ranks": n, "max_bytes": "2MiB"}]}, f)
 os.environ["GC3_CONFIG"] = comm.bcast(path)
 from runtime_cuda.nccl import (NCCL_AVG, NCCL_FLOAT32, NCCL_INT32, NCCL_MAX, NCCL_SUM,  # noqa: E402
@@ -109,7 +111,7 @@ for k, (count, inplace, code, op, dt) in enumerate([(1, False, NCCL_SUM, "sum", 
 c.check_async_error()
 served = dict(c.served)
 if set(served) != {f"{k}_allreduce_{n}r" for k in limits.SMALL_ALLREDUCE_KERNELS}:
-    wrong.append(f"served by {served}, expected the three kernels and nothing else")
+    wrong.append(f"served by {served}, expected every kernel and nothing else")
 
 # 200 calls back to back, nothing waiting for the host, inputs changing on the stream, and
 # grids of 1 to the most blocks taking turns (every block must agree on the call number)
