@@ -80,7 +80,8 @@ def test_slots_grow_in_powers_of_two_from_a_floor():
     assert ebag_kernel._flag_bytes(4) % 16 == 0
 
 
-@pytest.mark.parametrize("kernel, structure", [("gc3_small_allreduce", "_Args"), ("gc3_epilogue_pass", "_PassArgs")])
+@pytest.mark.parametrize("kernel, structure", [("gc3_small_allreduce", "_Args"), ("gc3_small_allreduce_ll128", "_Args"),
+                                               ("gc3_epilogue_pass", "_PassArgs")])
 def test_the_small_kernels_and_the_epilogue_pass_read_their_structures_in_order(kernel, structure):
     """The small-message kernels' launch and the epilogue pass's packed launch (PassLaunch)."""
     from runtime_cuda.ranks import small_allreduce

@@ -244,7 +244,7 @@ def test_epilogue_build_compiles(dtype, out_dtype, shift, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = ptx.read_text()
-    assert ".entry gc3_small_allreduce(" in text and ".entry gc3_epilogue_pass(" in text
+    assert all(f".entry {k}(" in text for k in ("gc3_small_allreduce", "gc3_small_allreduce_ll128", "gc3_epilogue_pass"))
 
 
 # --- GPU: virtual ranks ---------------------------------------------------------------------

@@ -325,9 +325,12 @@ __device__ __forceinline__ bool ll128_reduce_ranks(const Plan& P, const Where& w
 // max_lines: lines of the largest count the scratch holds;
 // region_lines: lines of one parity region; grid_max: the group's most blocks per rank.
 // epw: [nlocal][GC3_CMP_PTRS] epilogue words (the epilogue build), or null.
-extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
-gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
-                    int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw) {
+// One body, two entries: the LL128 kernels are an entry of their own, so that their registers
+// (a group's two words per line, the epilogue's accumulators) do not become the LL kernels'.
+template <bool LL128>
+__device__ __forceinline__ void small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks,
+                                                int rank0, long long count, int kind, long long max_lines,
+                                                long long region_lines, int grid_max, const u64* epw) {
   const Plan P = *plan;
   const int slot = blockIdx.y;
   const int me = rank0 + slot;
@@ -354,39 +357,7 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   const long long stride = (long long)gridDim.x * blockDim.x;
   bool ok = true;
 
-  if (kind == GC3_SA_ALLGATHER) {
-    // Slot r of every rank's region holds rank r's block, which lands at out + r * count.
-    for (long long g = t; g < L; g += stride) {
-      const uint2 d = sa::load_line(in, g, count);
-      for (int p = 0; p < nranks; ++p)
-        if (p != me) sa::put(lines_of(p) + (u64)me * max_lines + g, d, flag);
-      sa::store_line(out + (long long)me * count, g, count, d);
-    }
-    const uint4* mine = lines_of(me);
-    for (long long g = t; ok && g < L; g += stride) {
-      for (int p = 0; ok && p < nranks; ++p) {
-        if (p == me) continue;
-        uint2 x;
-        const Where w{me, (int)blockIdx.x, 3, (int)g, 0};
-        ok = ll_read(P, w, p, 0, mine + (u64)p * max_lines + g, flag, x);
-        if (ok) sa::store_line(out + (long long)p * count, g, count, x);
-      }
-    }
-  } else if (kind == GC3_SA_REDUCESCATTER) {
-    // Segment s of a rank's input (count elements from in + s * count) goes to
-    // slot `me` of rank s; a rank reduces its own segment over ranks 0..n-1.
-    for (long long g = t; g < L; g += stride)
-      for (int s = 0; s < nranks; ++s)
-        if (s != me) sa::put(lines_of(s) + (u64)me * max_lines + g, sa::load_line(in + (long long)s * count, g, count), flag);
-    const uint4* mine = lines_of(me);
-    const elem_t* own = in + (long long)me * count;
-    for (long long g = t; ok && g < L; g += stride) {
-      sa::RawAcc acc;
-      const Where w{me, (int)blockIdx.x, 4, (int)g, 0};
-      ok = sa::reduce_ranks(P, w, me, nranks, 0, own, g, count, mine + g, (u64)max_lines, flag, acc);
-      if (ok) sa::store_line(out, g, count, acc.v);
-    }
-  } else if (kind == GC3_SA_ONESHOT128 || kind == GC3_SA_TWOSHOT128) {
+  if constexpr (LL128) {
     // The one-shot and the two-shot on LL128 lines (sa::Ll128 above), in the same slots as
     // their LL forms, counted in lines of 15 words; a group of 8 threads a line.
     const sa::Ll128 G(flag);
@@ -447,6 +418,38 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
         G.store(dst, l, count, res, ew);
       }
     }
+  } else if (kind == GC3_SA_ALLGATHER) {
+    // Slot r of every rank's region holds rank r's block, which lands at out + r * count.
+    for (long long g = t; g < L; g += stride) {
+      const uint2 d = sa::load_line(in, g, count);
+      for (int p = 0; p < nranks; ++p)
+        if (p != me) sa::put(lines_of(p) + (u64)me * max_lines + g, d, flag);
+      sa::store_line(out + (long long)me * count, g, count, d);
+    }
+    const uint4* mine = lines_of(me);
+    for (long long g = t; ok && g < L; g += stride) {
+      for (int p = 0; ok && p < nranks; ++p) {
+        if (p == me) continue;
+        uint2 x;
+        const Where w{me, (int)blockIdx.x, 3, (int)g, 0};
+        ok = ll_read(P, w, p, 0, mine + (u64)p * max_lines + g, flag, x);
+        if (ok) sa::store_line(out + (long long)p * count, g, count, x);
+      }
+    }
+  } else if (kind == GC3_SA_REDUCESCATTER) {
+    // Segment s of a rank's input (count elements from in + s * count) goes to
+    // slot `me` of rank s; a rank reduces its own segment over ranks 0..n-1.
+    for (long long g = t; g < L; g += stride)
+      for (int s = 0; s < nranks; ++s)
+        if (s != me) sa::put(lines_of(s) + (u64)me * max_lines + g, sa::load_line(in + (long long)s * count, g, count), flag);
+    const uint4* mine = lines_of(me);
+    const elem_t* own = in + (long long)me * count;
+    for (long long g = t; ok && g < L; g += stride) {
+      sa::RawAcc acc;
+      const Where w{me, (int)blockIdx.x, 4, (int)g, 0};
+      ok = sa::reduce_ranks(P, w, me, nranks, 0, own, g, count, mine + g, (u64)max_lines, flag, acc);
+      if (ok) sa::store_line(out, g, count, acc.v);
+    }
   } else if (kind == GC3_SA_ONESHOT) {
     // Slot r of every rank's region holds rank r's whole input.
     for (long long g = t; g < L; g += stride) {
@@ -495,6 +498,20 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   }
   // Every thread ends here, a failed one too.
   sa_call_end(header, k, grid_max);
+}
+
+// kind: GC3_SA_ONESHOT, _TWOSHOT, _ALLGATHER or _REDUCESCATTER.
+extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
+gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
+                    int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw) {
+  small_allreduce<false>(plan, peers, io, nranks, rank0, count, kind, max_lines, region_lines, grid_max, epw);
+}
+
+// kind: GC3_SA_ONESHOT128 or _TWOSHOT128.
+extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
+gc3_small_allreduce_ll128(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
+                          int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw) {
+  small_allreduce<true>(plan, peers, io, nranks, rank0, count, kind, max_lines, region_lines, grid_max, epw);
 }
 
 #ifdef GC3_EPILOGUE

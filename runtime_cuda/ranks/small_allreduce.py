@@ -35,6 +35,7 @@ from ..core.launcher import CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _b
 from ..core.streams import StreamOrder
 
 KERNEL_NAME = "gc3_small_allreduce"
+LL128_KERNEL_NAME = "gc3_small_allreduce_ll128"   # the kinds on LL128 lines, an entry of their own
 KINDS = {("allreduce", "oneshot"): abi.C["GC3_SA_ONESHOT"], ("allreduce", "twoshot"): abi.C["GC3_SA_TWOSHOT"],
          ("allreduce", "oneshot_ll128"): abi.C["GC3_SA_ONESHOT128"],
          ("allreduce", "twoshot_ll128"): abi.C["GC3_SA_TWOSHOT128"],
@@ -122,11 +123,13 @@ def _module(dtype: str, op: str, device: int, epilogue: bool, out_dtype: Optiona
                           options=opts + (("-DGC3_SA_SHIFT_PEERS",) if shift else ()))
 
 
-def kernel(dtype: str, op: str, device: int, epilogue: bool = False, out_dtype: Optional[str] = None):
-    """The compiled kernel for the current device (`device` is part of the cache key);
+def kernel(dtype: str, op: str, device: int, epilogue: bool = False, out_dtype: Optional[str] = None,
+           kind: str = "oneshot"):
+    """The compiled kernel of `kind` for the current device (`device` is part of the cache key);
     `epilogue`: the build that applies one at the final store, storing `out_dtype`."""
+    name = LL128_KERNEL_NAME if limits.small_kernel_protocol(kind) == "LL128" else KERNEL_NAME
     return _module(dtype, op, device, epilogue, _cast(dtype, out_dtype) if epilogue else None,
-                   SHIFT_PEERS).get_function(KERNEL_NAME)
+                   SHIFT_PEERS).get_function(name)
 
 
 def _cast(dtype: str, out_dtype: Optional[str]) -> Optional[str]:
@@ -463,7 +466,7 @@ class SmallAllreduce:
         elif out != info.name:
             raise GC3Error(f"small {coll}: output {out} differs from input {info.name}; only the epilogue build "
                            f"casts (epilogue=)")
-        fn = kernel(info.name, op, self.executor.device.id, epilogue is not None, out)
+        fn = kernel(info.name, op, self.executor.device.id, epilogue is not None, out, kind)
         io = self.executor.buffer_table(tuple(p for pair in zip(in_ptrs, out_ptrs) for p in pair), stream, captured)
         most = self._grid(fn)
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
