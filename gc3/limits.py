@@ -102,7 +102,8 @@ SMALL_LL128_KERNELS = ("oneshot_ll128", "twoshot_ll128")
 # rank puts its block, or each peer's segment, straight into that peer's
 # scratch); their sizes are nccl-tests' (the larger buffer), so one rank's block
 # is 1/n of it and the scratch holds blocks of up to its max bytes.
-SMALL_KERNELS = {"allreduce": SMALL_ALLREDUCE_KERNELS, "allgather": ("oneshot",), "reducescatter": ("oneshot",)}
+SMALL_KERNELS = {"allreduce": SMALL_ALLREDUCE_KERNELS, "allgather": ("oneshot", "oneshot_ll128"),
+                 "reducescatter": ("oneshot", "oneshot_ll128")}
 SMALL_ALLREDUCE_MAX_BYTES = 2 << 20
 SMALL_ALLREDUCE_DEFAULT_BYTES = 256 << 10
 SMALL_ALLREDUCE_BLOCKS = 128

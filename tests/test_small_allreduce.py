@@ -179,8 +179,8 @@ def test_model_timer_times_kernel_candidates_only_where_they_serve():
     one, two, *ll128 = tune.kernel_candidates("allreduce", 4, 1)
     assert [(c.kernel, c.protocol) for c in ll128] == [("oneshot_ll128", "LL128"), ("twoshot_ll128", "LL128")]
     assert tune.kernel_candidates("alltoall", 4, 1) == [] and tune.kernel_candidates("allreduce", 8, 2) == []
-    (ag,) = tune.kernel_candidates("allgather", 4, 1)
-    assert (ag.collective, ag.label) == ("allgather", "oneshot_allgather_4r")
+    ag, ag128 = tune.kernel_candidates("allgather", 4, 1)
+    assert (ag.collective, ag.label, ag128.label) == ("allgather", "oneshot_allgather_4r", "oneshot_ll128_allgather_4r")
     # an allgather of nccl-tests size 4 KiB on 4 ranks moves 1 KiB blocks: the one-shot's time for 1 KiB
     assert timer.time(ag, 4096, True) == small_allreduce_seconds("oneshot", 1024, 4, timer.config)
     assert timer.time(ag, MAX + 1, True) is None
@@ -494,9 +494,9 @@ def test_processes_sharing_one_gpu_direct_and_through_the_drop_in(nprocs):
 
 # --- GPU: the one-shot allgather and reducescatter on virtual ranks ---------------------------
 
-def _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, stream):
+def _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, stream, kind="oneshot"):
     """One allgather (`count` elements per rank's block) or reducescatter (`count`
-    out, n * count in) through the group, against numpy; "" when right."""
+    out, n * count in) through the group's `kind` kernel, against numpy; "" when right."""
     import cupy
 
     n, info = group.nranks, cases.dtype_info(dtype)
@@ -519,7 +519,7 @@ def _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, stre
             in_ptrs.append(at(b, 0))
             out_ptrs.append(at(b, r * count) if inplace else at(o, 0))
     _issue_and_wait(group, in_ptrs, out_ptrs, count if coll == "allgather" else big, count, dtype, op, stream,
-                    coll=coll)
+                    coll=coll, kind=kind)
     reduced = cases.expected(ins, op, dtype) if coll == "reducescatter" else None
     for r in range(n):
         if coll == "allgather":
@@ -558,9 +558,10 @@ def test_virtual_allgather_and_reducescatter_kernels(n):
                 op = cases.OPS[(i + d) % len(cases.OPS)] if coll == "reducescatter" else "sum"
                 inplace, off = bool(i & 1), (i >> 1) & 1
                 seed = ((n * 10 + d) * 10 + i) * 10 + (coll == "allgather")
-                why = _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, s)
-                if why:
-                    wrong.append(why)
+                for kind in limits.SMALL_KERNELS[coll]:
+                    why = _gather_scatter_case(group, coll, dtype, op, count, inplace, off, seed, s, kind)
+                    if why:
+                        wrong.append(f"{kind}: {why}")
             why = _run_case(group, allreduce_bufs, "float32", "sum", KERNELS[i % len(KERNELS)],
                             (1, 4099)[i & 1], False, 0, seed, s)
             if why:

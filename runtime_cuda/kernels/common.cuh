@@ -212,8 +212,10 @@ struct Plan {
 #define GC3_SA_TWOSHOT 2
 #define GC3_SA_ALLGATHER 3         // the one-shot forms of allgather and reducescatter
 #define GC3_SA_REDUCESCATTER 4
-#define GC3_SA_ONESHOT128 5         // one-shot and two-shot allreduce on LL128 lines
+#define GC3_SA_ONESHOT128 5         // the same four on LL128 lines
 #define GC3_SA_TWOSHOT128 6
+#define GC3_SA_ALLGATHER128 7
+#define GC3_SA_REDUCESCATTER128 8
 // GEMV + AllReduce (gemv_allreduce.cu) on the same scratch: a tile's partial
 // (batch rows x its columns) sits in shared memory, at most this many elements.
 #define GC3_GV_TILE_LANES 4096

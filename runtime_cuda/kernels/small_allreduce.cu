@@ -286,6 +286,11 @@ struct Ll128 {
     x[1] = make_uint2((unsigned)b, (unsigned)(b >> 32));
     return true;
   }
+  // Words x of line l into `out` as they are.
+  __device__ __forceinline__ void store_words(elem_t* out, long long l, long long count, const uint2 (&x)[2]) const {
+    store_line(out, w0(l), count, x[0]);
+    if (!ft) store_line(out, w0(l) + 1, count, x[1]);
+  }
   // The result words of line l into `out`.
   template <class A, class O>
   __device__ __forceinline__ void store(O* out, long long l, long long count, const A (&acc)[2], const u64* ew) const {
@@ -358,17 +363,58 @@ __device__ __forceinline__ void small_allreduce(const Plan* plan, const u64* pee
   bool ok = true;
 
   if constexpr (LL128) {
-    // The one-shot and the two-shot on LL128 lines (sa::Ll128 above), in the same slots as
-    // their LL forms, counted in lines of 15 words; a group of 8 threads a line.
+    // The kernels on LL128 lines (sa::Ll128 above), in the same slots as their LL forms,
+    // counted in lines of 15 words; a group of 8 threads a line.
     const sa::Ll128 G(flag);
     const u64 off = sa::ll128_area(region_lines, nranks, max_lines, k);
     auto slots_of = [&](int r) { return (u64*)(base[r] + off); };
     const long long nl = (L + GC3_LL128_DATA_WORDS - 1) / GC3_LL128_DATA_WORDS;
     const long long grp = t >> 3, gstride = stride >> 3;
     const u64* mine = slots_of(me);
-    if (kind == GC3_SA_ONESHOT128) {
+    // The one-shot forms' slot r of every rank's area: rank r's block.
+    const u64 pitch1 = sa::ll128_slot_lines(max_lines) * GC3_LL128_LINE_WORDS;
+    if (kind == GC3_SA_ALLGATHER128) {
+      // Rank r's block lands at out + r * count.
+      for (long long l = grp; l < nl; l += gstride) {
+        uint2 x[2];
+        G.load(in, l, count, x);
+        for (int p = 0; p < nranks; ++p)
+          if (p != me) G.put(slots_of(p) + (u64)me * pitch1 + G.at(l), x);
+        G.store_words(out + (long long)me * count, l, count, x);
+      }
+      for (long long l = grp; ok && l < nl; l += gstride) {
+        for (int p = 0; ok && p < nranks; ++p) {
+          if (p == me) continue;
+          uint2 x[2];
+          const Where w{me, (int)blockIdx.x, 10, (int)l, 0};
+          ok = G.get(P, w, p, 0, mine + (u64)p * pitch1 + G.at(l), x);
+          if (ok) G.store_words(out + (long long)p * count, l, count, x);
+        }
+      }
+    } else if (kind == GC3_SA_REDUCESCATTER128) {
+      // Segment s of a rank's input (count elements from in + s * count) goes to slot `me` of
+      // rank s; a rank reduces its own segment over ranks 0..n-1.
+      for (long long l = grp; l < nl; l += gstride) {
+        for (int s = 0; s < nranks; ++s) {
+          if (s == me) continue;
+          uint2 x[2];
+          G.load(in + (long long)s * count, l, count, x);
+          G.put(slots_of(s) + (u64)me * pitch1 + G.at(l), x);
+        }
+      }
+      const elem_t* own = in + (long long)me * count;
+      for (long long l = grp; ok && l < nl; l += gstride) {
+        sa::RawAcc acc[2];
+        const Where w{me, (int)blockIdx.x, 11, (int)l, 0};
+        ok = sa::ll128_reduce_ranks(P, w, G, me, nranks, 0, own, l, count, mine, pitch1, G.at(l), acc);
+        if (ok) {
+          const uint2 r[2] = {acc[0].v, acc[1].v};
+          G.store_words(out, l, count, r);
+        }
+      }
+    } else if (kind == GC3_SA_ONESHOT128) {
       // Slot r of every rank's area holds rank r's whole input.
-      const u64 pitch = sa::ll128_slot_lines(max_lines) * GC3_LL128_LINE_WORDS;
+      const u64 pitch = pitch1;
       for (long long l = grp; l < nl; l += gstride) {
         uint2 x[2];
         G.load(in, l, count, x);
@@ -507,7 +553,7 @@ gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nrank
   small_allreduce<false>(plan, peers, io, nranks, rank0, count, kind, max_lines, region_lines, grid_max, epw);
 }
 
-// kind: GC3_SA_ONESHOT128 or _TWOSHOT128.
+// kind: GC3_SA_ONESHOT128, _TWOSHOT128, _ALLGATHER128 or _REDUCESCATTER128.
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
 gc3_small_allreduce_ll128(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
                           int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw) {

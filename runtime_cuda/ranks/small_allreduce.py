@@ -40,7 +40,9 @@ KINDS = {("allreduce", "oneshot"): abi.C["GC3_SA_ONESHOT"], ("allreduce", "twosh
          ("allreduce", "oneshot_ll128"): abi.C["GC3_SA_ONESHOT128"],
          ("allreduce", "twoshot_ll128"): abi.C["GC3_SA_TWOSHOT128"],
          ("allgather", "oneshot"): abi.C["GC3_SA_ALLGATHER"],
-         ("reducescatter", "oneshot"): abi.C["GC3_SA_REDUCESCATTER"]}
+         ("reducescatter", "oneshot"): abi.C["GC3_SA_REDUCESCATTER"],
+         ("allgather", "oneshot_ll128"): abi.C["GC3_SA_ALLGATHER128"],
+         ("reducescatter", "oneshot_ll128"): abi.C["GC3_SA_REDUCESCATTER128"]}
 assert set(KINDS) == {(c, k) for c, ks in limits.SMALL_KERNELS.items() for k in ks}
 THREADS = limits.SMALL_ALLREDUCE_THREADS
 BLOCKS = limits.SMALL_ALLREDUCE_BLOCKS   # per rank; fewer where the GPU cannot hold every rank's blocks at once
@@ -56,7 +58,9 @@ _PHASES = {0: "one-shot gather", 1: "two-shot phase 1 (segment to its owner)",
            6: "embedding-bag + all-to-all (a peer's pooled rows for this block; the line is its first row)",
            7: "one-shot gather on LL128 lines (the line of 15 data words)",
            8: "two-shot phase 1 on LL128 lines (segment to its owner; the line of 15 data words)",
-           9: "two-shot phase 2 on LL128 lines (reduced segment from its owner; the line of 15 data words)"}
+           9: "two-shot phase 2 on LL128 lines (reduced segment from its owner; the line of 15 data words)",
+           10: "allgather on LL128 lines (a peer's block; the line of 15 data words)",
+           11: "reducescatter on LL128 lines (a peer's part of this rank's segment; the line of 15 data words)"}
 
 
 def scratch_shape(nranks: int, max_bytes: int = limits.SMALL_ALLREDUCE_DEFAULT_BYTES) -> Tuple[int, int, int]:
