@@ -118,7 +118,8 @@ _DECLARED: List[Setting] = [
               _tile_split, "TILES >= 1, MIN_BYTES >= 0", blank_is_unset=False) for p in limits.SLOT_BYTES),
     Setting("GC3_SMALL_THREADS", "int", None,
             "threads a block of the small-message kernels (one-shot/two-shot allreduce, one-shot allgather and "
-            "reducescatter; unset: a line a thread in the group's most blocks, 128 to 512 threads)",
+            "reducescatter, on LL or LL128 lines; unset: an LL line a thread, or 8 threads an LL128 line, in the "
+            "group's most blocks, 128 to 512 threads; the LL128 kernels round it up to whole warps)",
             _int(32, limits.SMALL_ALLREDUCE_THREADS), f"32 to {limits.SMALL_ALLREDUCE_THREADS}"),
     Setting("GC3_TRACE", "flag", False,
             "build kernels that timestamp each block's steps (Executor.trace); any value but 0 turns it on",

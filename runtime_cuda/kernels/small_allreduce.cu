@@ -232,8 +232,9 @@ __device__ __forceinline__ bool reduce_ranks(const Plan& P, const Where& w, int 
 
 __device__ __forceinline__ u64 word(uint2 x) { return ((u64)x.y << 32) | x.x; }
 
-// The LL128 kernels (one-shot and two-shot on LL128 lines: prims_ll128.cuh, 8 threads a
-// 128-byte line of 15 data words and a flag word, one transaction over NVLink): 1/15 of what
+// The LL128 kernels (the one-shot and two-shot allreduce, the one-shot allgather and
+// reducescatter on LL128 lines: prims_ll128.cuh, 8 threads a 128-byte line of 15 data words and
+// a flag word, one transaction over NVLink): 1/15 of what
 // travels is flag, where an LL line carries as many flag bytes as data.  Their lines live in an
 // area of their own after the two LL regions: an LL reader checks two 32-bit words of each 16
 // bytes, which an LL128 line's data could hold by chance, so no LL line may ever sit where LL128
