@@ -172,6 +172,18 @@ def test_cost_model_numbers_of_the_docstring():
     assert small_allreduce_seconds("oneshot", 1024, 8, two_nodes) > small_allreduce_seconds("oneshot", 1024, 8, cfg)
 
 
+def test_the_model_has_the_ll128_kernels_lose_small_and_win_large():
+    """As measured on H100 (2026-11-27): the second read after each flag costs the LL128 forms
+    their small sizes; their bytes win the large ones."""
+    cfg = preset("h200")
+    t = lambda kind, nbytes, n: small_allreduce_seconds(kind, nbytes, n, cfg)  # noqa: E731
+    for n in (2, 4):
+        assert t("oneshot_ll128", 1024, n) > t("oneshot", 1024, n)
+        assert t("twoshot_ll128", 1024, n) > t("twoshot", 1024, n)
+        assert t("oneshot_ll128", MAX, n) < t("oneshot", MAX, n)
+        assert t("twoshot_ll128", MAX, n) < t("twoshot", MAX, n)
+
+
 def test_model_timer_times_kernel_candidates_only_where_they_serve():
     from runtime_cuda.nccl import tune
 

@@ -21,6 +21,11 @@ LL hop 1.31 us, 4.38 GB/s LL and 38.9 GB/s reduction per block, 128 blocks):
 2 MiB: 18.6 and 19.5 us (one-shot measured on 2x H200: 5.8 us at 256 KiB,
 17.5 at 2 MiB); 8 ranks, 256 KiB: one-shot 16.7 us, two-shot 9.4 us.
 
+The LL128 forms (gc3.limits.SMALL_LL128_KERNELS) carry LL128's payload fraction
+and block rate, and their reader reads each line again once its flag is seen: one
+more round trip per peer whose line it waits for, LL128_REREAD_S each (n - 1 for
+one-shot, n for two-shot's two phases).
+
 The one-shot allgather and reducescatter move one rank's block (1/n of
 nccl-tests' size) to each peer and write (or reduce) n blocks: the one-shot
 allreduce's estimate for a buffer of one block (small_kernel_seconds).
@@ -32,6 +37,12 @@ from typing import Optional
 from .. import limits
 from ..errors import GC3Error
 from .cost_config import PROTOCOL_EFFICIENCY, CostConfig
+
+
+# What the second read costs an LL128 small kernel a peer: on 4 and 2 H100s (2026-11-27,
+# measured/small_ll128_2x4xH100_2026-11-27.txt) the one-shot LL128 allreduce took 0.7 us a peer
+# more than the LL one at 1-16 KiB in CUDA-graph replays.
+LL128_REREAD_S = 0.7e-6
 
 
 def small_allreduce_seconds(kind: str, nbytes: int, ranks: int, cfg: CostConfig,
@@ -54,9 +65,11 @@ def small_allreduce_seconds(kind: str, nbytes: int, ranks: int, cfg: CostConfig,
     bw = min(min(blocks * link.tb_Bps[proto], link.port_Bps * PROTOCOL_EFFICIENCY[proto]) for link in links)
     red = blocks * cfg.tb_reduce_Bps
     n = ranks
-    if not kind.startswith("twoshot"):
-        return cfg.launch_s + alpha + (n - 1) * nbytes / bw + n * nbytes / red
-    return cfg.launch_s + 2 * alpha + 2 * (n - 1) / n * nbytes / bw + nbytes / red
+    twoshot = kind.startswith("twoshot")
+    reread = (n if twoshot else n - 1) * LL128_REREAD_S if proto == "LL128" else 0.0
+    if not twoshot:
+        return cfg.launch_s + alpha + reread + (n - 1) * nbytes / bw + n * nbytes / red
+    return cfg.launch_s + 2 * alpha + reread + 2 * (n - 1) / n * nbytes / bw + nbytes / red
 
 
 def small_kernel_seconds(collective: str, kind: str, nbytes: int, ranks: int, cfg: CostConfig,
