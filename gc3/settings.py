@@ -121,6 +121,11 @@ _DECLARED: List[Setting] = [
             "reducescatter, on LL or LL128 lines; unset: an LL line a thread, or 8 threads an LL128 line, in the "
             "group's most blocks, 128 to 512 threads; the LL128 kernels round it up to whole warps)",
             _int(32, limits.SMALL_ALLREDUCE_THREADS), f"32 to {limits.SMALL_ALLREDUCE_THREADS}"),
+    Setting("GC3_PDL", "flag", True,
+            "launch the small-message kernels for programmatic dependent launch (sm_90 and up, with cuda.bindings): "
+            "a launch may start while the kernel before it on the stream ends, and waits on the device for it; "
+            "0 launches them plainly",
+            lambda raw: raw != "0", "0 or anything else", blank_is_unset=False),
     Setting("GC3_TRACE", "flag", False,
             "build kernels that timestamp each block's steps (Executor.trace); any value but 0 turns it on",
             lambda raw: raw != "0", "0 or anything else", blank_is_unset=False),

@@ -457,6 +457,80 @@ def test_graph_replays_are_new_calls(kind):
             assert not bad, f"{'eager' if it % 5 == 4 else 'replay'} {it} rank {r}: {bad}"
 
 
+class _Device:
+    def __init__(self, cc):
+        self.compute_capability = cc
+
+
+def test_launches_are_marked_only_where_the_kernel_can_wait_for_its_predecessor(monkeypatch):
+    """No mark below sm_90 (griddepcontrol is sm_90's), none under GC3_PDL=0, and none
+    without cuda.bindings (CuPy's launch takes no attributes)."""
+    import builtins
+
+    from runtime_cuda.core.launcher import pdl_launch
+
+    head = (0, 1, 1, 1, 32, 1, 1, 0)
+    assert pdl_launch(head, _Device("80")) is None
+    monkeypatch.setenv("GC3_PDL", "0")
+    assert pdl_launch(head, _Device("90")) is None
+    monkeypatch.delenv("GC3_PDL")
+    real_import = builtins.__import__
+
+    def no_bindings(name, *args, **kw):
+        if name.startswith("cuda.bindings") or (name == "cuda" and "bindings" in (args[2] or ())):
+            raise ImportError(name)
+        return real_import(name, *args, **kw)
+    monkeypatch.setattr(builtins, "__import__", no_bindings)
+    assert pdl_launch(head, _Device("90")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", limits.SMALL_ALLREDUCE_KERNELS)
+def test_a_graph_of_calls_that_each_read_the_last_ones_result(kind):
+    """In-place calls chained in one graph, each summing what the one before stored, some
+    after a plain kernel that changes rank 0's buffer.  The captured launches are marked for
+    programmatic dependent launch (on sm_90 with cuda.bindings): a call that read its input
+    or its call count before the kernel ahead of it had finished would sum stale values."""
+    import cupy
+
+    from runtime_cuda.core.launcher import pdl_launch
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
+
+    n, count, dtype, calls = 2, 4099, "int32", 16
+    group = SmallAllreduce.virtual(n, timeout=10)
+    s = cupy.cuda.Stream(non_blocking=True)
+    bufs = Bufs(n, dtype, count)
+    ptrs, _ = bufs.ptrs(True, 0)
+    x0 = [(np.arange(count) % 5 + r).astype(np.int32) for r in range(n)]
+    bump = cupy.ElementwiseKernel("", "int32 x", "x += 1", "gc3_test_bump")
+    cupy.cuda.Device().synchronize()
+    s.begin_capture()
+    for i in range(calls):
+        group.run_ptrs(ptrs, ptrs, count, dtype, "sum", s, kind=kind)
+        if i % 3 == 0:
+            with s:
+                bump(bufs.ins[0][:count])
+    graph = s.end_capture()
+    marked = pdl_launch((0, 1, 1, 1, 32, 1, 1, 0), cupy.cuda.Device()) is not None
+    for replay in range(3):
+        xs = [x.copy() for x in x0]
+        for a, x in zip(bufs.ins, xs):
+            a[:count].set(x, stream=s)
+        graph.launch(stream=s)
+        s.synchronize()
+        group.check()
+        for i in range(calls):
+            total = sum(x.astype(np.int64) for x in xs)
+            xs = [total.copy() for _ in range(n)]
+            if i % 3 == 0:
+                xs[0] += 1
+        for r in range(n):
+            got = bufs.ins[r][:count].get().astype(np.int64)
+            bad = np.flatnonzero(got != xs[r])
+            assert bad.size == 0, (f"{kind} replay {replay} rank {r} (launches marked: {marked}): element "
+                                   f"{bad[0]} is {got[bad[0]]}, want {xs[r][bad[0]]}")
+
+
 @pytest.mark.gpu
 def test_a_rank_out_of_step_times_out_with_a_message_and_stops_the_group():
     import cupy

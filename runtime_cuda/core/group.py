@@ -104,7 +104,7 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
     keep = streams.owner_ref(stream) if stream is not None else None
     launch = call.launch if call.launch is not None and not call.pre and not call.post else None
     whole = None if launch is not None else call.__call__
-    plain, coop, params = launch.driver_calls() if launch is not None else (None, None, 0)
+    in_capture, eager, params = launch.driver_calls() if launch is not None else (None, None, 0)
     ex = launch.ex if launch is not None else group.executor
 
     def issue(stream_ptr: int = stream) -> bool:
@@ -126,10 +126,10 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
             kept[key] = call
         if whole is not None:
             whole(stream_ptr, captured)
-        elif captured or coop is None:   # Launch.__call__'s choice: a capture takes a plain node
-            plain(stream_ptr, params, 0)
+        elif captured or eager is None:   # Launch.__call__'s choice (Launch.driver_calls)
+            in_capture(stream_ptr, params, 0)
         else:
-            coop(stream_ptr, params)
+            eager(stream_ptr, params)
         if order.held != stream_ptr or outer is not None:
             owner = keep() if keep is not None and stream_ptr == stream else None
             order.leave(stream_ptr, captured, owner)

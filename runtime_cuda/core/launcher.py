@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 from functools import partial
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -105,9 +105,10 @@ class Launch:
         self._coop = partial(driver.launchCooperativeKernel, *head) if self.coop else None
 
     def driver_calls(self):
-        """(plain launch, cooperative launch or None, parameter block address): the
-        bound driver calls, taking (stream, params, 0) and (stream, params), for a
-        repeat path that issues them itself (group.Reissue)."""
+        """(the launch a captured call takes, the one an eager call takes where it differs or
+        None, parameter block address): the bound driver calls, taking (stream, params, 0)
+        and (stream, params), for a repeat path that issues them itself (group.Reissue).
+        Here a capture takes a plain launch and an eager call the cooperative one."""
         return self._plain, self._coop, self.params_ptr
 
     def __call__(self, stream_ptr: int, captured: bool = False) -> None:
@@ -128,6 +129,47 @@ class Launch:
                 raise LimitError(f"{t.prog.name}: {t.nblocks} blocks of {self.block} threads cannot be co-resident "
                                  f"on device {self.ex.device.id} (cooperative launch refused)") from None
             raise
+
+
+def pdl_launch(head: tuple, device) -> Optional[Callable[[int, int, int], None]]:
+    """A launch of `head` (function, grid x/y/z, block x/y/z, shared bytes) marked for
+    programmatic dependent launch, as the callable (stream, params, 0) that CuPy's
+    driver.launchKernel bound to `head` is, raising CuPy's CUDADriverError as it does.
+    None where it cannot be marked: GC3_PDL=0, a device below sm_90 (no griddepcontrol),
+    or no cuda.bindings (CuPy's launch takes no attributes).  Only a kernel that passes
+    grid_dependency_wait (sync.cuh) before touching memory may be launched so: the mark
+    lets it start before the previous kernel on the stream has finished."""
+    if not settings.get("GC3_PDL") or int(device.compute_capability) < 90:
+        return None
+    try:
+        from cuda.bindings import driver as cb
+    except ImportError:
+        return None
+    from cupy_backends.cuda.api.driver import CUDADriverError
+
+    fn = cb.CUfunction(head[0])
+    attr = cb.CUlaunchAttribute()
+    attr.id = cb.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    ok = cb.CUresult.CUDA_SUCCESS
+    configs: Dict[int, object] = {}   # one per stream: a call sets nothing but picks its stream's
+
+    def config(stream: int):
+        if len(configs) >= 64:
+            configs.clear()
+        c = cb.CUlaunchConfig()
+        c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes = head[1:]
+        c.hStream = cb.CUstream(stream)
+        c.attrs = [attr]
+        c.numAttrs = 1
+        configs[stream] = c
+        return c
+
+    def launch(stream: int, params: int, extra: int = 0) -> None:
+        err, = cb.cuLaunchKernelEx(configs.get(stream) or config(stream), fn, params, 0)
+        if err != ok:
+            raise CUDADriverError(int(err))
+    return launch
 
 
 class Executor:

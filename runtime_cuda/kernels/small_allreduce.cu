@@ -337,6 +337,11 @@ template <bool LL128>
 __device__ __forceinline__ void small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks,
                                                 int rank0, long long count, int kind, long long max_lines,
                                                 long long region_lines, int grid_max, const u64* epw) {
+  // First, before the plan or any buffer: the host may launch this kernel marked
+  // for programmatic dependent launch (the opening comment's stream-order argument
+  // holds from here on).
+  grid_dependency_wait();
+  allow_next_grid();
   const Plan P = *plan;
   const int slot = blockIdx.y;
   const int me = rank0 + slot;

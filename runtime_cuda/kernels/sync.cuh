@@ -48,6 +48,23 @@ __device__ __forceinline__ void st_volatile_v4(uint4* p, uint4 v) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};"
                :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
+// Programmatic dependent launch (sm_90 and up).  A launch the host marks
+// (core/launcher.py, pdl_launch) may start while the kernel before it on the
+// stream still runs, so a marked kernel passes grid_dependency_wait before it
+// touches any memory: that returns once the previous grid has finished and its
+// writes are visible, as plain stream order would have it.  allow_next_grid
+// lets the next marked launch start (its blocks then sit in their own wait);
+// it changes no ordering.  Both are no-ops for an unmarked launch.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ u64 global_ns() {
   u64 t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -31,7 +31,8 @@ from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error, LimitError
 
 from ..core import abi, module, streams
-from ..core.launcher import CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_per_sm, gpu_wait_timeout_s
+from ..core.launcher import (CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_per_sm, gpu_wait_timeout_s,
+                             pdl_launch)
 from ..core.streams import StreamOrder
 
 KERNEL_NAME = "gc3_small_allreduce"
@@ -194,7 +195,7 @@ class _Args(ctypes.Structure):
 
 class _Launch:
     """One call, packed once: each call is one driver launch."""
-    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "head", "_launch")
+    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "head", "_eager", "_captured")
     coop = False    # a plain launch: each rank's blocks wait only on lines, never on a grid barrier
 
     def __init__(self, ex: "SmallExecutor", fn, grid: int, nlocal: int, args: _Args, keep, threads: int = THREADS):
@@ -204,11 +205,16 @@ class _Launch:
         self.params, self.params_ptr = kernel_params(args)
         # Everything but the stream fixed once: a call passes only the stream.
         self.head = (fn, grid, nlocal, 1, threads, 1, 1, 0)     # as launcher.Launch.head
-        self._launch = functools.partial(driver.launchKernel, *self.head)
+        plain = functools.partial(driver.launchKernel, *self.head)
+        self._eager = lambda stream, params: plain(stream, params, 0)
+        # The kernels wait on the device for the kernel before them (grid_dependency_wait), so a
+        # captured launch may start early: in a graph a call loses most of its launch latency.  An
+        # eager call is bound by the host's time per call, which the marked launch only adds to.
+        self._captured = pdl_launch(self.head, ex.device) or plain
 
     def driver_calls(self):
-        """As launcher.Launch.driver_calls: a plain launch only."""
-        return self._launch, None, self.params_ptr
+        """As launcher.Launch.driver_calls: the marked launch in a capture, the plain one else."""
+        return self._captured, self._eager, self.params_ptr
 
     # What runtime_cuda.core.group.Reissue reads of a prepared call: no copies around the launch.
     pre = post = ()
@@ -220,7 +226,10 @@ class _Launch:
     def __call__(self, stream_ptr: int, captured: bool = False) -> None:
         if self.ex.broken:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
-        self._launch(stream_ptr, self.params_ptr, 0)
+        if captured:
+            self._captured(stream_ptr, self.params_ptr, 0)
+        else:
+            self._eager(stream_ptr, self.params_ptr)
 
 
 def most_blocks(fn, device, nlocal: int, what: str) -> int:
