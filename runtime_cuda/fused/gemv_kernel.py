@@ -19,7 +19,7 @@ from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error
 
 from ..core import abi, module, streams
-from ..core.launcher import CommunicatorBroken
+from ..core.launcher import CommunicatorBroken, pdl_launch
 from ..ranks.small_allreduce import MAX_LOCAL, THREADS, SmallAllreduce, kernel_params, kernel_refusal, most_blocks
 
 KERNEL_NAME = "gc3_gemv_allreduce"
@@ -198,8 +198,13 @@ class GemvAllreduce:
             from cupy_backends.cuda.api import driver
 
             grid = min(most, -(-n_out // tw) * max(split, 1))
-            launch = functools.partial(driver.launchKernel, fn.kernel.ptr, grid, self.nlocal, 1, THREADS, 1, 1, 0)
-            got = self._shapes[key] = (launch, tw, split, most)
+            head = (fn.kernel.ptr, grid, self.nlocal, 1, THREADS, 1, 1, 0)
+            launch = functools.partial(driver.launchKernel, *head)
+            # A captured call's launch is marked: the kernel prefetches weight rows into L2 and
+            # then waits on the device for the kernel ahead (small_allreduce's _Launch says why
+            # an eager one is not).
+            marked = pdl_launch(head, self.executor.device) or launch
+            got = self._shapes[key] = (launch, marked, tw, split, most)
         return got
 
     def run_ptrs(self, x_ptrs: Sequence[int], w_ptrs: Sequence[int], out_ptrs: Sequence[int], batch: int, k: int,
@@ -212,7 +217,7 @@ class GemvAllreduce:
         if not len(x_ptrs) == len(w_ptrs) == len(out_ptrs) == self.nlocal:
             raise GC3Error(f"gemv_allreduce: need {self.nlocal} x, w and out addresses (one per rank here), got "
                            f"{len(x_ptrs)}, {len(w_ptrs)} and {len(out_ptrs)}")
-        launch, tw, split, most = self._shape(batch, k, n_out, dtype)
+        launch, marked, tw, split, most = self._shape(batch, k, n_out, dtype)
         ptr = streams.handle(stream)
         captured = streams.is_capturing(ptr)
         self.executor.order.enter(ptr, captured)
@@ -220,7 +225,7 @@ class GemvAllreduce:
         for i in range(self.nlocal):
             a.io[4 * i], a.io[4 * i + 1], a.io[4 * i + 2] = x_ptrs[i], w_ptrs[i], out_ptrs[i]
         a.batch, a.K, a.N, a.tw, a.split, a.grid_max = batch, k, n_out, tw, split, most
-        launch(ptr, self._params_ptr, 0)   # the driver copies the parameters now
+        (marked if captured else launch)(ptr, self._params_ptr, 0)   # the driver copies the parameters now
         self.executor.order.leave(ptr, captured)
 
     def __call__(self, xs: Sequence, ws: Sequence, outs: Sequence, dtype: Optional[str] = None,

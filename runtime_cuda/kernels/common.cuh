@@ -244,6 +244,12 @@ struct Plan {
 #ifndef GC3_GV_SPLIT_INFLIGHT
 #define GC3_GV_SPLIT_INFLIGHT 128
 #endif
+// Weight bytes a marked launch (programmatic dependent launch) prefetches into L2 over
+// its whole grid before it waits for the kernel ahead: a third of an H100's L2, so the
+// rows it brings stay there until they are read.
+#ifndef GC3_GV_PDL_PREFETCH_BYTES
+#define GC3_GV_PDL_PREFETCH_BYTES (16 << 20)
+#endif
 // Iterations of rows ahead a split-K thread prefetches into L2 (0: none): one measured best on
 // H100 (scripts/bench_gemv_splitk.py), more thrashed L2 at the largest K.
 #ifndef GC3_GV_SPLIT_PREFETCH

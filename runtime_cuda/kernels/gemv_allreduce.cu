@@ -268,12 +268,42 @@ __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __re
 
 // Item i of a split-K call (slice i % split of K for tile i / split of tw columns)
 // into the slice's fp32 partial [batch][N] in `part`.
+// Rows [k0, k1) of K that slice s of `split` covers (whole 16-row steps but the last).
+__device__ __forceinline__ void slice_rows(int K, int split, int s, int& k0, int& k1) {
+  const int per = ((K + split - 1) / split + 15) / 16 * 16;
+  k0 = min(K, s * per);
+  k1 = min(K, k0 + per);
+}
+
+// The first rows of the weight this block reads first (item blockIdx.x: a split-K slice, or
+// a column tile over all of K), into L2, GC3_GV_PDL_PREFETCH_BYTES over the grid.  Only a
+// prefetch may come before grid_dependency_wait: L2 is where a write by the kernel ahead
+// lands too, so a weight that kernel changes is still read fresh after the wait.
+__device__ __forceinline__ void prefetch_first_item(const elem_t* w, int K, int N, int tw, int split) {
+  const int tiles = (N + tw - 1) / tw, i = blockIdx.x;
+  if (i >= tiles * (split ? split : 1)) return;
+  int c0 = i * tw, k0 = 0, k1 = K;
+  if (split) {
+    c0 = i / split * tw;
+    slice_rows(K, split, i % split, k0, k1);
+  }
+  const u64 row = (u64)min(tw, N - c0) * sizeof(elem_t);
+  const u64 budget = (u64)GC3_GV_PDL_PREFETCH_BYTES / ((u64)gridDim.x * gridDim.y);
+  const int lines = (int)((row + 127) / 128) + 1;   // a row need not start on a 128-byte line
+  const int rows = (int)min((u64)(k1 - k0), budget / row);
+  for (int t = threadIdx.x; t < rows * lines; t += blockDim.x) {
+    const int r = t / lines, l = t - r * lines;
+    const char* start = (const char*)(w + (i64)(k0 + r) * N + c0);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(start + min((u64)l * 128, row - 1)));
+  }
+}
+
 __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, int batch, int K, int N, int tw,
                                              int split, int i, float* part, float* sred) {
   const int j = i / split, s = i - j * split;
   const int c0 = j * tw, width = min(tw, N - c0);
-  const int per = ((K + split - 1) / split + 15) / 16 * 16;
-  const int k0 = min(K, s * per), k1 = min(K, k0 + per);
+  int k0, k1;
+  slice_rows(K, split, s, k0, k1);
   float* mine = part + (i64)s * batch * N;
 #ifdef GC3_CMP_MMA
   // The host's tile for these rows: MMA_COLS columns a warp (gemv_kernel.split_plan).
@@ -340,6 +370,11 @@ template <bool SPLIT>
 __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peers, const GvIO& io, int nranks,
                                                int rank0, int batch, int K, int N, int tw, int split,
                                                long long max_lines, long long region_lines, int grid_max) {
+  // Before the wait only what cannot see the kernel ahead's writes stale (sync.cuh): a launch
+  // marked for programmatic dependent launch starts while that kernel still runs.
+  gv::prefetch_first_item((const elem_t*)io.p[4 * blockIdx.y + 1], K, N, tw, split);
+  grid_dependency_wait();
+  allow_next_grid();
   const Plan P = *plan;
   const int slot = blockIdx.y;
   const int me = rank0 + slot;
