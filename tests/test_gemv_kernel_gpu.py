@@ -135,6 +135,33 @@ def test_back_to_back_on_a_stream_and_graph_replay():
         _check(outs, want, scale, dtype, f"graph replay {rep}")
 
 
+def test_a_graph_whose_kernels_ahead_write_the_weight_and_x():
+    """Each captured call follows plain kernels that write its x and its weight.  A captured
+    launch is marked for programmatic dependent launch and prefetches weight rows into L2
+    before it waits for the kernel ahead: a call that read either operand early would use
+    the values of the call before."""
+    n, dtype, shape, steps = 2, "bfloat16", (1, 2560, 2048), 4
+    g = group(n)
+    cap = cupy.cuda.Stream(non_blocking=True)
+    xs, ws, _, _ = gemv_case(np.random.default_rng(200), n, *shape, dtype)
+    new = [gemv_case(np.random.default_rng(300 + i), n, *shape, dtype) for i in range(steps)]
+    outs = [[poisoned((shape[0], shape[2]), dtype) for _ in range(n)] for _ in range(steps)]
+    cupy.cuda.Device().synchronize()
+    cap.begin_capture()
+    for i in range(steps):
+        with cap:
+            for a, b in zip(xs + ws, new[i][0] + new[i][1]):
+                a[...] = b
+        _run(g, xs, ws, outs[i], dtype, cap)
+    graph = cap.end_capture()
+    for rep in range(2):
+        graph.launch(cap)
+        cap.synchronize()
+        g.check()
+        for i in range(steps):
+            _check(outs[i], new[i][2], new[i][3], dtype, f"replay {rep} step {i}")
+
+
 def test_a_partial_in_the_wrong_place_is_wrong():
     """Negative control of the check: rank 1's operands given to rank 0 too."""
     n, dtype = 2, "bfloat16"
