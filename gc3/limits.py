@@ -98,6 +98,7 @@ INT32_MAX = (1 << 31) - 1      # any other integer field of the IR (ids, deps, s
 # each line after its flag (prims_ll128.cuh) on the way.
 SMALL_ALLREDUCE_KERNELS = ("oneshot", "twoshot", "oneshot_ll128", "twoshot_ll128")
 SMALL_LL128_KERNELS = ("oneshot_ll128", "twoshot_ll128")
+SMALL_TWO_SHOT_KERNELS = ("twoshot", "twoshot_ll128")
 # The same kernel and scratch serve allgather and reducescatter in one shot (a
 # rank puts its block, or each peer's segment, straight into that peer's
 # scratch); their sizes are nccl-tests' (the larger buffer), so one rank's block
@@ -121,6 +122,12 @@ def small_kernel_block_bytes(collective: str, nbytes: int, nranks: int) -> int:
 def small_kernel_protocol(kernel: str) -> str:
     """The lines a small-message kernel moves."""
     return "LL128" if kernel in SMALL_LL128_KERNELS else "LL"
+
+
+def small_kernel_phases(kernel: str) -> int:
+    """Rounds of lines a call of a small-message kernel waits for: 1 (one-shot: every rank's
+    input), or 2 (two-shot: a reduce-scatter's lines, then the owners' reduced segments)."""
+    return 2 if kernel in SMALL_TWO_SHOT_KERNELS else 1
 
 
 def small_kernel_lanes(nbytes: int, kernel: str = "oneshot") -> int:

@@ -65,7 +65,7 @@ def small_allreduce_seconds(kind: str, nbytes: int, ranks: int, cfg: CostConfig,
     bw = min(min(blocks * link.tb_Bps[proto], link.port_Bps * PROTOCOL_EFFICIENCY[proto]) for link in links)
     red = blocks * cfg.tb_reduce_Bps
     n = ranks
-    twoshot = kind.startswith("twoshot")
+    twoshot = limits.small_kernel_phases(kind) == 2
     reread = (n if twoshot else n - 1) * LL128_REREAD_S if proto == "LL128" else 0.0
     if not twoshot:
         return cfg.launch_s + alpha + reread + (n - 1) * nbytes / bw + n * nbytes / red
