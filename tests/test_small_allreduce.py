@@ -466,13 +466,14 @@ def test_launches_are_marked_only_where_the_kernel_can_wait_for_its_predecessor(
     """No mark below sm_90 (griddepcontrol is sm_90's), none under GC3_PDL=0, and none
     without cuda.bindings (CuPy's launch takes no attributes)."""
     import builtins
+    import types
 
-    from runtime_cuda.core.launcher import pdl_launch
+    from runtime_cuda.core import launcher
 
     head = (0, 1, 1, 1, 32, 1, 1, 0)
-    assert pdl_launch(head, _Device("80")) is None
+    assert launcher.pdl_launch(head, _Device("80")) is None
     monkeypatch.setenv("GC3_PDL", "0")
-    assert pdl_launch(head, _Device("90")) is None
+    assert launcher.pdl_launch(head, _Device("90")) is None
     monkeypatch.delenv("GC3_PDL")
     real_import = builtins.__import__
 
@@ -480,8 +481,25 @@ def test_launches_are_marked_only_where_the_kernel_can_wait_for_its_predecessor(
         if name.startswith("cuda.bindings") or (name == "cuda" and "bindings" in (args[2] or ())):
             raise ImportError(name)
         return real_import(name, *args, **kw)
-    monkeypatch.setattr(builtins, "__import__", no_bindings)
-    assert pdl_launch(head, _Device("90")) is None
+    launcher._pdl_driver.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "__import__", no_bindings)
+        assert launcher.pdl_launch(head, _Device("90")) is None
+    # A driver of CUDA 12.2 cannot capture a marked launch.
+    old = types.SimpleNamespace(CUresult=types.SimpleNamespace(CUDA_SUCCESS=0),
+                                cuDriverGetVersion=lambda: (0, 12020))
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.driver = old
+    launcher._pdl_driver.cache_clear()
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+        m.setitem(sys.modules, "cuda.bindings", bindings)
+        m.setitem(sys.modules, "cuda.bindings.driver", old)
+        assert launcher.pdl_launch(head, _Device("90")) is None
+        launcher._pdl_driver.cache_clear()
+        old.cuDriverGetVersion = lambda: (0, 12030)    # the control: the same fake, new enough
+        assert launcher._pdl_driver() is old
+    launcher._pdl_driver.cache_clear()
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ captured in a CUDA graph.
 from __future__ import annotations
 
 import ctypes
-from functools import partial
+from functools import lru_cache, partial
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -131,19 +131,31 @@ class Launch:
             raise
 
 
+@lru_cache(maxsize=1)
+def _pdl_driver():
+    """cuda.bindings' driver module where a marked launch can also be captured into a graph
+    (a driver of CUDA 12.3 or later), else None."""
+    try:
+        from cuda.bindings import driver as cb
+    except ImportError:
+        return None
+    err, version = cb.cuDriverGetVersion()
+    return cb if err == cb.CUresult.CUDA_SUCCESS and version >= 12030 else None
+
+
 def pdl_launch(head: tuple, device) -> Optional[Callable[[int, int, int], None]]:
     """A launch of `head` (function, grid x/y/z, block x/y/z, shared bytes) marked for
     programmatic dependent launch, as the callable (stream, params, 0) that CuPy's
     driver.launchKernel bound to `head` is, raising CuPy's CUDADriverError as it does.
     None where it cannot be marked: GC3_PDL=0, a device below sm_90 (no griddepcontrol),
-    or no cuda.bindings (CuPy's launch takes no attributes).  Only a kernel that passes
+    no cuda.bindings (CuPy's launch takes no attributes), or a driver older than CUDA 12.3
+    (which cannot capture a marked launch).  Only a kernel that passes
     grid_dependency_wait (sync.cuh) before touching memory may be launched so: the mark
     lets it start before the previous kernel on the stream has finished."""
     if not settings.get("GC3_PDL") or int(device.compute_capability) < 90:
         return None
-    try:
-        from cuda.bindings import driver as cb
-    except ImportError:
+    cb = _pdl_driver()
+    if cb is None:
         return None
     from cupy_backends.cuda.api.driver import CUDADriverError
 
