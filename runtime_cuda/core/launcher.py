@@ -184,6 +184,18 @@ def pdl_launch(head: tuple, device) -> Optional[Callable[[int, int, int], None]]
     return launch
 
 
+def bound_launches(head: tuple, device) -> Tuple[Callable[[int, int, int], None], Callable[[int, int, int], None]]:
+    """(the launch a captured call takes, the one an eager call takes) of a kernel that passes
+    grid_dependency_wait first, both taking (stream, params, 0): the captured one marked for
+    programmatic dependent launch where pdl_launch can (a graph's back-to-back calls then lose
+    most of their launch latency), the eager one CuPy's plain launch (an eager call is bound by
+    the host, and cuda.bindings' launch costs more host time than CuPy's)."""
+    from cupy_backends.cuda.api import driver
+
+    plain = partial(driver.launchKernel, *head)
+    return pdl_launch(head, device) or plain, plain
+
+
 class Executor:
     def __init__(self, t: Tables, proto: str, send_records: np.ndarray, recv_records: np.ndarray,
                  control, abort_peers: Sequence[int] = (), timeout: Optional[float] = None):

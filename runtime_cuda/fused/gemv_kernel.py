@@ -19,7 +19,7 @@ from gc3.dtypes import dtype_info
 from gc3.errors import GC3Error
 
 from ..core import abi, module, streams
-from ..core.launcher import CommunicatorBroken, pdl_launch
+from ..core.launcher import CommunicatorBroken, bound_launches
 from ..ranks.small_allreduce import MAX_LOCAL, THREADS, SmallAllreduce, kernel_params, kernel_refusal, most_blocks
 
 KERNEL_NAME = "gc3_gemv_allreduce"
@@ -195,15 +195,11 @@ class GemvAllreduce:
             if need > self.group.max_lines:
                 raise GC3Error(f"gemv_allreduce: partials of {batch} x {n_out} {dtype} take {need} lines, the "
                                f"scratch holds {self.group.max_lines}")
-            from cupy_backends.cuda.api import driver
-
             grid = min(most, -(-n_out // tw) * max(split, 1))
-            head = (fn.kernel.ptr, grid, self.nlocal, 1, THREADS, 1, 1, 0)
-            launch = functools.partial(driver.launchKernel, *head)
-            # A captured call's launch is marked: the kernel prefetches weight rows into L2 and
-            # then waits on the device for the kernel ahead (small_allreduce's _Launch says why
-            # an eager one is not).
-            marked = pdl_launch(head, self.executor.device) or launch
+            # A captured call's launch is marked: the kernel prefetches weight rows into L2, then
+            # waits on the device for the kernel ahead.
+            marked, launch = bound_launches((fn.kernel.ptr, grid, self.nlocal, 1, THREADS, 1, 1, 0),
+                                            self.executor.device)
             got = self._shapes[key] = (launch, marked, tw, split, most)
         return got
 

@@ -32,7 +32,7 @@ from gc3.errors import GC3Error, LimitError
 
 from ..core import abi, module, streams
 from ..core.launcher import (CommunicatorBroken, Executor, PREPARED_CALLS_MAX, _blocks_per_sm, gpu_wait_timeout_s,
-                             pdl_launch)
+                             bound_launches)
 from ..core.streams import StreamOrder
 
 KERNEL_NAME = "gc3_small_allreduce"
@@ -199,18 +199,12 @@ class _Launch:
     coop = False    # a plain launch: each rank's blocks wait only on lines, never on a grid barrier
 
     def __init__(self, ex: "SmallExecutor", fn, grid: int, nlocal: int, args: _Args, keep, threads: int = THREADS):
-        from cupy_backends.cuda.api import driver
-
         self.ex, self.fn, self.grid, self.nlocal, self.args, self.keep = ex, fn, grid, nlocal, args, keep
         self.params, self.params_ptr = kernel_params(args)
         # Everything but the stream fixed once: a call passes only the stream.
         self.head = (fn, grid, nlocal, 1, threads, 1, 1, 0)     # as launcher.Launch.head
-        plain = functools.partial(driver.launchKernel, *self.head)
+        self._captured, plain = bound_launches(self.head, ex.device)
         self._eager = lambda stream, params: plain(stream, params, 0)
-        # The kernels wait on the device for the kernel before them (grid_dependency_wait), so a
-        # captured launch may start early: in a graph a call loses most of its launch latency.  An
-        # eager call is bound by the host's time per call, which the marked launch only adds to.
-        self._captured = pdl_launch(self.head, ex.device) or plain
 
     def driver_calls(self):
         """As launcher.Launch.driver_calls: the marked launch in a capture, the plain one else."""
