@@ -122,9 +122,9 @@ _DECLARED: List[Setting] = [
             "group's most blocks, 128 to 512 threads; the LL128 kernels round it up to whole warps)",
             _int(32, limits.SMALL_ALLREDUCE_THREADS), f"32 to {limits.SMALL_ALLREDUCE_THREADS}"),
     Setting("GC3_PDL", "flag", True,
-            "launch the small-message kernels for programmatic dependent launch (sm_90 and up, with cuda.bindings): "
-            "a launch may start while the kernel before it on the stream ends, and waits on the device for it; "
-            "0 launches them plainly",
+            "mark the captured launches of the small-message and GEMV + allreduce kernels for programmatic "
+            "dependent launch (sm_90 and up, cuda.bindings, a CUDA 12.3 driver): in a graph a launch may start "
+            "while the kernel before it ends, and waits on the device for it; 0 launches them plainly",
             lambda raw: raw != "0", "0 or anything else", blank_is_unset=False),
     Setting("GC3_TRACE", "flag", False,
             "build kernels that timestamp each block's steps (Executor.trace); any value but 0 turns it on",

@@ -266,8 +266,6 @@ __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __re
 }
 #endif
 
-// Item i of a split-K call (slice i % split of K for tile i / split of tw columns)
-// into the slice's fp32 partial [batch][N] in `part`.
 // Rows [k0, k1) of K that slice s of `split` covers (whole 16-row steps but the last).
 __device__ __forceinline__ void slice_rows(int K, int split, int s, int& k0, int& k1) {
   const int per = ((K + split - 1) / split + 15) / 16 * 16;
@@ -298,6 +296,8 @@ __device__ __forceinline__ void prefetch_first_item(const elem_t* w, int K, int 
   }
 }
 
+// Item i of a split-K call (slice i % split of K for tile i / split of tw columns)
+// into the slice's fp32 partial [batch][N] in `part`.
 __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, int batch, int K, int N, int tw,
                                              int split, int i, float* part, float* sred) {
   const int j = i / split, s = i - j * split;
