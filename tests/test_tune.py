@@ -238,6 +238,8 @@ def test_candidates_respect_the_shape():
     (["--model-only", "--ranks", 4, "-b", "lots", "-o", "x.json"], "cannot read size"),
     (["--model-only", "--ranks", 4, "-c", "gather", "-o", "x.json"], "unknown collective"),
     (["--model-only", "--ranks", 4, "-f", 1, "-o", "x.json"], "-f must be >= 2"),
+    (["--model-only", "--ranks", 4, "--graph-max", "1M", "-o", "x.json"], "--graph-max"),
+    (["--model-only", "--ranks", 4, "--graph-max", "big", "-o", "x.json"], "cannot read size"),
 ])
 def test_bad_options_exit_2_with_one_clear_line(args, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

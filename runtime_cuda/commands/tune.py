@@ -86,6 +86,10 @@ def choices_title(prov: dict) -> str:
 @click.option("-d", "--dtype", type=click.Choice(_DTYPES), default=None,
               help="the element type candidates are timed in (the catalog serves every type; tune in the one your "
                    "calls use) [default: runtime_cuda.nccl.tune.DTYPE]")
+@click.option("--graph-max", default=None, callback=lambda ctx, param, value: None if value is None else
+              _size(ctx, param, value),
+              help="measured: up to this size a candidate's time is its eager time plus its time in a CUDA graph "
+                   "(0: eager only) [default: runtime_cuda.nccl.tune.GRAPH_MAX]")
 @click.option("--fused", is_flag=True, help="tune the fused operators instead (torch; under torchrun or mpirun, one "
               "process per GPU): per shape, the faster of the sequential and the fused path goes into the 'fused' "
               "section of -o (default: the catalog the drop-in serves on these GPUs), created or updated in "
@@ -93,7 +97,7 @@ def choices_title(prov: dict) -> str:
 @click.option("--ops", "fused_ops", default="all", show_default=True, help="--fused: operators, comma-separated, or all")
 @quiet_option
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, install,
-            time_budget, ir_dir, prior_ratio, plot_path, dtype, fused, fused_ops):
+            time_budget, ir_dir, prior_ratio, plot_path, dtype, graph_max, fused, fused_ops):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     if fused and dtype is not None:
@@ -112,6 +116,10 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     from runtime_cuda.nccl import library, perf, tune
 
     maxbytes = _size(None, None, maxbytes or ("16M" if quick and not model_only else "1G"))
+    if graph_max is not None and model_only:
+        raise click.UsageError("--graph-max chooses how a measured tune times a call; the cost model prices "
+                               "the GPU's time alone")
+    graph_max = tune.GRAPH_MAX if graph_max is None else graph_max
     cost = cost or tune.COST
     dtype = dtype or tune.DTYPE
     if install and (model_only or output or ir_dir):
@@ -163,7 +171,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
     else:
         from runtime_cuda.nccl.tune_gpu import MeasuredTimer
 
-        timer = MeasuredTimer(host, max(sizes), dtype=dtype)
+        timer = MeasuredTimer(host, max(sizes), dtype=dtype, graph_max=graph_max)
     lead = host is None or host.rank == 0     # measured: rank 0 speaks and writes
     held = contextlib.ExitStack()             # --install: the fingerprint's tuning lock, on rank 0
     if install:
@@ -204,6 +212,7 @@ def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbyt
         ([f"--nodes {nodes}"] if nodes > 1 else []) + ([f"--cost {cost}"] if host is None else []) + \
         (["--quick"] if quick else []) + ([f"--time-budget {time_budget:g}"] if time_budget else []) + \
         ([f"-d {dtype}"] if dtype != tune.DTYPE else []) + \
+        ([f"--graph-max {graph_max}"] if host is not None and graph_max != tune.GRAPH_MAX else []) + \
         ([f"--prior {prior.ratio:g} --cost {cost}"] if prior is not None else [])
     prov = tune.provenance(timer, ranks, nodes, sizes, grid, results, " ".join(words), prior)
     if not lead:

@@ -72,6 +72,12 @@ UNFUSED = "unfused"             # the label's suffix of a candidate compiled wit
 _FUSED_TYPES = frozenset({"rcs", "rrcs", "rrs"})
 SIZE_RANGE = (1 << 10, 1 << 30)       # 1 KiB .. 1 GiB
 SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
+# Up to this size a measured tune scores a candidate by its eager time per call plus its time per
+# call in a 100-call CUDA graph.  There, eager calls are bound by the host's time to issue them,
+# which is nearly the same for every gc3 candidate, so eager timing alone cannot tell them apart
+# and picked interpreter programs that took twice a kernel's time in a graph; a graph's replay
+# shows the GPU's time.  Above it, calls are bound by the GPU either way and eager time says it.
+GRAPH_MAX = limits.SMALL_ALLREDUCE_MAX_BYTES
 
 
 @dataclass(frozen=True)

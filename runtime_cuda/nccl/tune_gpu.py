@@ -7,7 +7,9 @@ set up collectively when it is first timed and closed when the tune moves on
 to the next collective.  Every (candidate, size, placement) is checked on data
 first and then timed, by the method of `gc3 bench` (perf_gpu.run_case:
 generated inputs, poisoned outputs, every element compared on the GPU, then
-CUDA-event timing averaged over ranks).  The ranks agree on every time and on
+CUDA-event timing averaged over ranks; up to `graph_max` bytes a call's time
+is its eager time plus its time in a 100-call CUDA graph, tune.GRAPH_MAX says
+why).  The ranks agree on every time and on
 every failure, so each makes the same choices.  A candidate that fails
 anywhere -- set-up, launch, a timed-out wait, one wrong element -- is out, and
 the catalog's provenance says why.
@@ -19,6 +21,7 @@ unavailable" and is marked never to be shipped.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Tuple
 
 from gc3 import limits
@@ -27,8 +30,8 @@ from gc3.errors import GC3Error
 from . import machine
 from .call import REDUCING, Call
 from .catalog import run_kwargs
-from .perf_gpu import BenchConfig, Host, local_device, nccl_issue, run_case
-from .tune import DTYPE, Variant, call_elems
+from .perf_gpu import GRAPH_CALLS, BenchConfig, Host, local_device, nccl_issue, run_case
+from .tune import DTYPE, GRAPH_MAX, Variant, call_elems
 
 TIMEOUT_S = 2.0     # a candidate that cannot run (e.g. not co-resident beside its peer) fails fast
 
@@ -39,14 +42,15 @@ class MeasuredTimer:
     prices_inplace_copy = True
 
     def __init__(self, host: Host, max_bytes: int, warmup: int = 3, iters: int = 10, device: Optional[int] = None,
-                 dtype: str = DTYPE):
+                 dtype: str = DTYPE, graph_max: int = GRAPH_MAX):
         import cupy
 
         self.host, self.dtype = host, dtype
         self.device = local_device(host.rank) if device is None else device
         cupy.cuda.Device(self.device).use()
         # One round: the tune times many candidates, and its budget is the scarce part.
-        self.cfg = BenchConfig(collectives=(), sizes=(), dtype=dtype, warmup=warmup, iters=iters, rounds=1)
+        self.cfg = BenchConfig(collectives=(), sizes=(), dtype=dtype, warmup=warmup, iters=iters, rounds=1,
+                               graph_max=graph_max)
         biggest = (max_bytes + 256 + 15) // 16 * 16    # whole elements of every dtype, as run_bench
         self.sendbuf = cupy.empty(biggest, dtype=cupy.uint8)
         self.recvbuf = cupy.empty(biggest, dtype=cupy.uint8)
@@ -93,8 +97,11 @@ class MeasuredTimer:
                 err.append(f"rank {self.host.rank}: {type(exc).__name__}: {exc}")
             return cand.label
 
+        graphs: Dict[str, float] = {}
         t_us, wrong, first, _ = run_case(issue, self.host, self.cfg, cand.collective, nbytes, inplace,
-                                         self.sendbuf, self.recvbuf, self.stream)
+                                         self.sendbuf, self.recvbuf, self.stream, graphs)
+        if math.isnan(graphs.get("graph100", 0.0)):
+            err.append("its calls cannot be captured in a CUDA graph")
         try:
             group.executor.check()
         except GC3Error as exc:
@@ -106,16 +113,18 @@ class MeasuredTimer:
         if why:
             self._reject(cand, why)
             return None
-        return t_us * 1e-6
+        return (t_us + graphs.get("graph100", 0.0)) * 1e-6
 
     def baseline(self, coll: str, nbytes: int, inplace: bool) -> Optional[float]:
         if self._nccl is None:
             return None
         key = (coll, nbytes, inplace)
         if key not in self._nccl_times:
+            graphs: Dict[str, float] = {}
             t_us, wrong, _, _ = run_case(self._nccl, self.host, self.cfg, coll, nbytes, inplace,
-                                         self.sendbuf, self.recvbuf, self.stream)
-            self._nccl_times[key] = None if wrong else t_us * 1e-6
+                                         self.sendbuf, self.recvbuf, self.stream, graphs)
+            graph = graphs.get("graph100", 0.0)
+            self._nccl_times[key] = None if wrong or math.isnan(graph) else (t_us + graph) * 1e-6
         return self._nccl_times[key]
 
     def provenance(self) -> Dict[str, object]:
@@ -123,6 +132,8 @@ class MeasuredTimer:
             "timer": "measured", "measured": True, "device": self.gpu_name, "fingerprint": self.fingerprint,
             "processes": self.host.size,
             "gpus": self.gpus, "nccl": self.nccl_note, "warmup": self.cfg.warmup, "iters": self.cfg.iters,
+            "time": (f"eager us per call + us per call in a {GRAPH_CALLS}-call CUDA graph up to "
+                     f"{self.cfg.graph_max} bytes, eager above" if self.cfg.graph_max else "eager us per call"),
             "shippable": self._nccl is not None and self.gpus == self.host.size}
         if self.host.rank == 0:     # the lead writes the catalog: the links as its node sees them
             out["topology"] = machine.topology()

@@ -1,0 +1,82 @@
+"""How a measured tune times a call (runtime_cuda.nccl.tune_gpu.MeasuredTimer), without a GPU:
+the bench's case runner is replaced by one that reports given eager and graph times, so the
+timer's own arithmetic, rejections and choices are what is tested."""
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+
+from runtime_cuda.nccl import tune, tune_gpu
+
+
+class Host:
+    """One rank: every agreement is this rank's own answer."""
+    rank, size = 0, 2
+    comm = types.SimpleNamespace(allgather=lambda x: [x])
+
+
+def kernel(label):
+    return tune.Variant(label, label, (), 1, "LL", None, None, kernel="oneshot")
+
+
+def timer(monkeypatch, times, graph_max, nccl=None):
+    """A MeasuredTimer whose cases take `times[label] = (eager us, graph us per call or nan)`."""
+    def run_case(issue, host, cfg, coll, nbytes, inplace, send, recv, stream, graphs=None):
+        label = issue(coll, 0, 0, 1, 0, 0, 0, 0)
+        eager, graph = times[label]
+        if graphs is not None and nbytes <= cfg.graph_max:
+            graphs["graph100"] = graph
+        return eager, 0, "", label
+
+    monkeypatch.setattr(tune_gpu, "run_case", run_case)
+    t = object.__new__(tune_gpu.MeasuredTimer)
+    t.host, t.dtype, t.rejected, t._nccl_times = Host(), "float32", {}, {}
+    t.cfg = tune_gpu.BenchConfig(collectives=(), sizes=(), graph_max=graph_max)
+    t.sendbuf = t.recvbuf = t.stream = None
+    t.gpu_name, t.fingerprint, t.gpus, t.nccl_note = "GPU", "2xGPU", 2, "NCCL"
+    monkeypatch.setattr(tune_gpu.machine, "topology", lambda: {})
+    t._nccl = None if nccl is None else (lambda *a: "NCCL")
+    if nccl is not None:
+        times["NCCL"] = nccl
+    group = types.SimpleNamespace(run_ptrs=lambda *a, **k: None, executor=types.SimpleNamespace(check=lambda: None),
+                                  close=lambda: None)
+    t._groups = {}
+    monkeypatch.setattr(t, "_group", lambda cand: group, raising=False)
+    monkeypatch.setattr(t, "_serves", lambda group, cand, nbytes: True, raising=False)
+    return t
+
+
+def test_up_to_graph_max_a_call_costs_its_eager_time_plus_its_graph_time(monkeypatch):
+    t = timer(monkeypatch, {"a": (8.0, 6.0)}, graph_max=64 << 10)
+    assert t.time(kernel("a"), 64 << 10, False) == pytest.approx(14e-6)
+    assert t.time(kernel("a"), 128 << 10, False) == pytest.approx(8e-6)    # above: eager alone
+
+
+def test_nccl_is_timed_the_same_way(monkeypatch):
+    t = timer(monkeypatch, {}, graph_max=64 << 10, nccl=(12.0, 7.0))
+    assert t.baseline("allreduce", 1024, True) == pytest.approx(19e-6)
+    assert t.baseline("allreduce", 1 << 20, True) == pytest.approx(12e-6)
+
+
+def test_a_candidate_a_graph_cannot_capture_is_rejected_with_the_reason(monkeypatch):
+    t = timer(monkeypatch, {"a": (8.0, math.nan)}, graph_max=64 << 10)
+    assert t.time(kernel("a"), 1024, True) is None
+    assert "CUDA graph" in t.rejected["a"]
+
+
+@pytest.mark.parametrize("graph_max, winner", [(2 << 20, "kernel"), (0, "program")])
+def test_the_graph_time_decides_where_eager_times_tie(monkeypatch, graph_max, winner):
+    # Host-bound eager calls: the interpreter program's eager time is a shade under the kernel's,
+    # while in a graph the kernel takes half its time.  Eager timing alone picks the program.
+    t = timer(monkeypatch, {"program": (8.0, 6.4), "kernel": (8.1, 3.1)}, graph_max, nccl=(12.0, 7.0))
+    chosen = tune.choose([kernel("program"), kernel("kernel")], [1024, 4096], t, True, "allreduce")
+    assert [c.winner.label for c in chosen] == [winner, winner]
+    assert "graph" in t.provenance()["time"] if graph_max else t.provenance()["time"] == "eager us per call"
+
+
+def test_nccl_keeps_a_size_where_its_eager_and_graph_times_sum_lower(monkeypatch):
+    t = timer(monkeypatch, {"program": (9.0, 11.0)}, 2 << 20, nccl=(12.0, 7.0))
+    chosen = tune.choose([kernel("program")], [1024], t, True, "allreduce")
+    assert chosen[0].winner is None and chosen[0].time_s == pytest.approx(19e-6)
