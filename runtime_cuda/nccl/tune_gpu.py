@@ -9,7 +9,7 @@ first and then timed, by the method of `gc3 bench` (perf_gpu.run_case:
 generated inputs, poisoned outputs, every element compared on the GPU, then
 CUDA-event timing averaged over ranks; up to `graph_max` bytes a call's time
 is its eager time plus its time in a 100-call CUDA graph, tune.GRAPH_MAX says
-why).  The ranks agree on every time and on
+why, where every process has a GPU of its own).  The ranks agree on every time and on
 every failure, so each makes the same choices.  A candidate that fails
 anywhere -- set-up, launch, a timed-out wait, one wrong element -- is out, and
 the catalog's provenance says why.
@@ -60,6 +60,10 @@ class MeasuredTimer:
             self.gpu_name = self.gpu_name.decode()
         devices = host.comm.allgather(machine.local_device(self.device))
         self.gpus = len({(d.host, d.bus_id) for d in devices})
+        if self.gpus < host.size:
+            # Processes sharing a GPU take turns on it in time slices: a graph of 100 calls that
+            # each wait for the other processes' kernels would time the slicing, and slowly.
+            self.cfg.graph_max = 0
         # What the catalog is keyed by where it is shipped or cached: rank 0's view, as a communicator's.
         self.fingerprint = host.bcast(str(machine.fingerprint_of(devices)) if host.rank == 0 else None)
         self._groups: Dict[str, object] = {}
