@@ -32,7 +32,7 @@ def timer(monkeypatch, times, graph_max, nccl=None):
 
     monkeypatch.setattr(tune_gpu, "run_case", run_case)
     t = object.__new__(tune_gpu.MeasuredTimer)
-    t.host, t.dtype, t.rejected, t._nccl_times = Host(), "float32", {}, {}
+    t.host, t.dtype, t.rejected, t._nccl_times, t._halves = Host(), "float32", {}, {}, {}
     t.cfg = tune_gpu.BenchConfig(collectives=(), sizes=(), graph_max=graph_max)
     t.sendbuf = t.recvbuf = t.stream = None
     t.gpu_name, t.fingerprint, t.gpus, t.nccl_note = "GPU", "2xGPU", 2, "NCCL"
@@ -80,3 +80,15 @@ def test_nccl_keeps_a_size_where_its_eager_and_graph_times_sum_lower(monkeypatch
     t = timer(monkeypatch, {"program": (9.0, 11.0)}, 2 << 20, nccl=(12.0, 7.0))
     chosen = tune.choose([kernel("program")], [1024], t, True, "allreduce")
     assert chosen[0].winner is None and chosen[0].time_s == pytest.approx(19e-6)
+
+
+def test_the_provenance_shows_both_halves_of_each_choice(monkeypatch):
+    t = timer(monkeypatch, {"program": (8.0, 6.4), "kernel": (8.1, 3.1)}, 64 << 10, nccl=(12.0, 7.0))
+    chosen = tune.choose([kernel("program"), kernel("kernel")], [1024, 1 << 20], t, True, "allreduce")
+    tuned = tune.Tuned("allreduce", [], [])
+    tuned.choices["inplace"] = chosen
+    small, large = tune.choices_record([tuned], t)["allreduce"]["inplace"]
+    assert small == {"bytes": 1024, "algorithm": "kernel", "time_us": 11.2, "nccl_us": 19.0, "eager_us": 8.1,
+                     "graph_us": 3.1, "nccl_eager_us": 12.0, "nccl_graph_us": 7.0}
+    # Above graph_max eager alone decides (the program, a shade faster there), and no halves are shown.
+    assert large == {"bytes": 1 << 20, "algorithm": "program", "time_us": 8.0, "nccl_us": 12.0}

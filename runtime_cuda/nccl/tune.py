@@ -226,6 +226,10 @@ class Timer(Protocol):
     def provenance(self) -> Dict[str, object]:
         """What the catalog's "provenance" says about these times."""
 
+    # Optional: a key of how a size is timed (a timer that measures small calls another way than
+    # large ones); `choose` bounds a size's times by a smaller size's only where the keys agree.
+    # def measure(self, nbytes: int) -> object
+
 
 class ModelTimer:
     """The simulator's cost model (`gc3 simulate --cost`): each candidate runs
@@ -336,7 +340,11 @@ def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace
     the same answer) the remaining sizes go to NCCL untimed."""
     bound: Dict[str, float] = {}
     out = []
+    measure, measured_as = getattr(timer, "measure", lambda nbytes: None), None
     for nbytes in sorted(sizes):
+        if measure(nbytes) != measured_as:      # timed another way from here: the last times bound nothing
+            bound.clear()
+            measured_as = measure(nbytes)
         if out_of_time():
             out.append(Choice(nbytes, None, None, None, 0, unmeasured=True))
             done(out[-1])
@@ -520,13 +528,24 @@ def entries(results: Sequence[Tuned], ranks: int, file_of: Callable[[Variant], s
     return out
 
 
-def choices_record(results: Sequence[Tuned]) -> Dict[str, Dict[str, List[dict]]]:
-    """Per collective and placement, what won at each grid size and by how much, for the provenance."""
-    return {t.collective: {place: [{"bytes": c.nbytes, "algorithm": c.winner.label if c.winner else
-                                    ("NCCL (not measured: time budget spent)" if c.unmeasured else "NCCL"),
-                                    "time_us": None if c.time_s is None else round(c.time_s * 1e6, 3),
-                                    "nccl_us": None if c.nccl_s is None else round(c.nccl_s * 1e6, 3)}
-                                   for c in cs] for place, cs in t.choices.items()}
+def choices_record(results: Sequence[Tuned], timer: Optional[Timer] = None) -> Dict[str, Dict[str, List[dict]]]:
+    """Per collective and placement, what won at each grid size and by how much, for the provenance;
+    where the timer added a graph's time to the eager one, both halves of the winner's and NCCL's."""
+    split = getattr(timer, "parts", lambda label, coll, nbytes, inplace: None)
+
+    def row(coll: str, inplace: bool, c: Choice) -> dict:
+        out = {"bytes": c.nbytes, "algorithm": c.winner.label if c.winner else
+               ("NCCL (not measured: time budget spent)" if c.unmeasured else "NCCL"),
+               "time_us": None if c.time_s is None else round(c.time_s * 1e6, 3),
+               "nccl_us": None if c.nccl_s is None else round(c.nccl_s * 1e6, 3)}
+        for prefix, label in ([("", c.winner.label)] if c.winner else []) + [("nccl_", None)]:
+            halves = split(label, coll, c.nbytes, inplace)      # None: NCCL's side
+            if halves is not None:
+                out.update({f"{prefix}eager_us": round(halves[0], 3), f"{prefix}graph_us": round(halves[1], 3)})
+        return out
+
+    return {t.collective: {place: [row(t.collective, place == "inplace", c) for c in cs]
+                           for place, cs in t.choices.items()}
             for t in results}
 
 
@@ -562,7 +581,7 @@ def provenance(timer: Timer, ranks: int, nodes: int, sizes: Sequence[int], grid:
     return {"command": command, **timer.provenance(), **pruned, "ranks": ranks, "nodes": nodes,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "dtype": getattr(timer, "dtype", DTYPE), "root": ROOT, "sizes": list(sizes), "grid": dataclasses.asdict(grid),
-            "choices": choices_record(results),
+            "choices": choices_record(results, timer),
             "unmeasured": [f"{t.collective} {place} {c.nbytes}" for t in results
                            for place, cs in t.choices.items() for c in cs if c.unmeasured]}
 

@@ -70,6 +70,9 @@ class MeasuredTimer:
         self._coll: Optional[str] = None
         self.rejected: Dict[str, str] = {}
         self._nccl_times: Dict[Tuple[str, int, bool], Optional[float]] = {}
+        # (eager, graph) us per call behind each time that added a graph's, by (label or None for
+        # NCCL, collective, bytes, in place): the provenance shows both halves of each choice.
+        self._halves: Dict[Tuple[Optional[str], str, int, bool], Tuple[float, float]] = {}
         self._nccl = None
         if self.gpus < host.size:
             self.nccl_note = (f"NCCL unavailable: {host.size} processes share {self.gpus} GPU(s) "
@@ -117,7 +120,7 @@ class MeasuredTimer:
         if why:
             self._reject(cand, why)
             return None
-        return (t_us + graphs.get("graph100", 0.0)) * 1e-6
+        return self._time(cand.label, cand.collective, nbytes, inplace, t_us, graphs)
 
     def baseline(self, coll: str, nbytes: int, inplace: bool) -> Optional[float]:
         if self._nccl is None:
@@ -127,9 +130,25 @@ class MeasuredTimer:
             graphs: Dict[str, float] = {}
             t_us, wrong, _, _ = run_case(self._nccl, self.host, self.cfg, coll, nbytes, inplace,
                                          self.sendbuf, self.recvbuf, self.stream, graphs)
-            graph = graphs.get("graph100", 0.0)
-            self._nccl_times[key] = None if wrong or math.isnan(graph) else (t_us + graph) * 1e-6
+            bad = wrong or math.isnan(graphs.get("graph100", 0.0))
+            self._nccl_times[key] = None if bad else self._time(None, coll, nbytes, inplace, t_us, graphs)
         return self._nccl_times[key]
+
+    def _time(self, label: Optional[str], coll: str, nbytes: int, inplace: bool, eager_us: float,
+              graphs: Dict[str, float]) -> float:
+        """Seconds a call takes by this tune's measure: eager, plus the graph's time where one was timed."""
+        if "graph100" not in graphs:
+            return eager_us * 1e-6
+        self._halves[(label, coll, nbytes, inplace)] = (eager_us, graphs["graph100"])
+        return (eager_us + graphs["graph100"]) * 1e-6
+
+    def measure(self, nbytes: int) -> bool:
+        """Whether a call of `nbytes` is timed in a graph as well (tune.Timer.measure)."""
+        return nbytes <= self.cfg.graph_max
+
+    def parts(self, label: Optional[str], coll: str, nbytes: int, inplace: bool) -> Optional[Tuple[float, float]]:
+        """(eager, graph) us per call behind time() of candidate `label` (None: baseline(), NCCL's)."""
+        return self._halves.get((label, coll, nbytes, inplace))
 
     def provenance(self) -> Dict[str, object]:
         out: Dict[str, object] = {
