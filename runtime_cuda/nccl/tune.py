@@ -210,7 +210,11 @@ def call_elems(coll: str, nbytes: int, ranks: int, dtype: str = DTYPE) -> int:
 # --- how long a candidate takes -------------------------------------------------------
 
 class Timer(Protocol):
-    """Where times come from.  Sizes are nccl-tests' size in bytes; times are seconds per call."""
+    """Where times come from.  Sizes are nccl-tests' size in bytes; times are seconds per call.
+    A timer that measures small calls another way than large ones also has `measure(nbytes)`, a
+    key of how that size is timed: `choose` bounds a size's times by a smaller size's only where
+    the keys agree; and `parts(label, coll, nbytes, inplace)`, the halves a time was summed from
+    (label None: NCCL's), which the provenance shows."""
 
     # True when `time` includes the runtime's copy of the input before an in-place IR serves an
     # out-of-place call; otherwise in-place IRs serve out-of-place calls only for collectives
@@ -225,10 +229,6 @@ class Timer(Protocol):
 
     def provenance(self) -> Dict[str, object]:
         """What the catalog's "provenance" says about these times."""
-
-    # Optional: a key of how a size is timed (a timer that measures small calls another way than
-    # large ones); `choose` bounds a size's times by a smaller size's only where the keys agree.
-    # def measure(self, nbytes: int) -> object
 
 
 class ModelTimer:

@@ -107,7 +107,7 @@ class MeasuredTimer:
         graphs: Dict[str, float] = {}
         t_us, wrong, first, _ = run_case(issue, self.host, self.cfg, cand.collective, nbytes, inplace,
                                          self.sendbuf, self.recvbuf, self.stream, graphs)
-        if math.isnan(graphs.get("graph100", 0.0)):
+        if math.isnan(graphs.get("graph100", 0.0)) and self.host.rank == 0:   # every rank has the nan
             err.append("its calls cannot be captured in a CUDA graph")
         try:
             group.executor.check()
