@@ -72,12 +72,18 @@ UNFUSED = "unfused"             # the label's suffix of a candidate compiled wit
 _FUSED_TYPES = frozenset({"rcs", "rrcs", "rrs"})
 SIZE_RANGE = (1 << 10, 1 << 30)       # 1 KiB .. 1 GiB
 SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
-# Up to this size a measured tune scores a candidate by its eager time per call plus its time per
-# call in a 100-call CUDA graph.  There, eager calls are bound by the host's time to issue them,
-# which is nearly the same for every gc3 candidate, so eager timing alone cannot tell them apart
-# and picked interpreter programs that took twice a kernel's time in a graph; a graph's replay
-# shows the GPU's time.  Above it, calls are bound by the GPU either way and eager time says it.
+# Up to this size a measured tune ranks gc3's candidates by their time per call in a 100-call CUDA
+# graph, and weighs the best against NCCL by its eager time per call plus that.  There, eager calls
+# are bound by the host's time to issue them, which is nearly the same for every gc3 candidate and
+# varies by several µs from one timing to the next: eager timing picked interpreter programs that
+# took twice a kernel's time in a graph, and the sum of both still chose differently from one tune
+# to the next (measured/tune_rank_2x4xH100_2026-11-27.txt); a graph's replay shows the GPU's time
+# and repeats within a few percent.  Above it, calls are bound by the GPU and eager time says it.
 GRAPH_MAX = limits.SMALL_ALLREDUCE_MAX_BYTES
+# Timed rounds of eager calls behind a score, the median taken: one round above GRAPH_MAX, where
+# the tune's budget goes to big calls; more below, where a round costs microseconds and one call
+# the host delays by tens of them moves a round's mean more than kernels differ in a graph.
+ROUNDS, GRAPH_ROUNDS = 1, 3
 
 
 @dataclass(frozen=True)
@@ -213,8 +219,10 @@ class Timer(Protocol):
     """Where times come from.  Sizes are nccl-tests' size in bytes; times are seconds per call.
     A timer that measures small calls another way than large ones also has `measure(nbytes)`, a
     key of how that size is timed: `choose` bounds a size's times by a smaller size's only where
-    the keys agree; and `parts(label, coll, nbytes, inplace)`, the halves a time was summed from
-    (label None: NCCL's), which the provenance shows."""
+    the keys agree; `parts(label, coll, nbytes, inplace)`, the halves a time was summed from
+    (label None: NCCL's), which the provenance shows; and `rank(cand, nbytes, inplace, t)`, the
+    key gc3's candidates are ordered by where it is not their time `t` (which still decides
+    against NCCL's)."""
 
     # True when `time` includes the runtime's copy of the input before an in-place IR serves an
     # out-of-place call; otherwise in-place IRs serve out-of-place calls only for collectives
@@ -341,6 +349,7 @@ def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace
     bound: Dict[str, float] = {}
     out = []
     measure, measured_as = getattr(timer, "measure", lambda nbytes: None), None
+    rank = getattr(timer, "rank", lambda cand, nbytes, inplace, t: t)
     for nbytes in sorted(sizes):
         if measure(nbytes) != measured_as:      # timed another way from here: the last times bound nothing
             bound.clear()
@@ -349,7 +358,7 @@ def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace
             out.append(Choice(nbytes, None, None, None, 0, unmeasured=True))
             done(out[-1])
             continue
-        best: Optional[Tuple[float, Variant]] = None
+        best: Optional[Tuple[float, float, Variant]] = None     # (rank key, time, candidate)
         timed = 0
         here = prior.shortlist(cands, nbytes, inplace) if prior is not None else list(cands)
         for cand in sorted(here, key=lambda c: bound.get(c.label, 0.0)):   # stable: grid order breaks ties
@@ -359,15 +368,15 @@ def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace
             timed += 1
             if t is None:
                 continue
-            bound[cand.label] = t
-            if best is None or t < best[0]:
-                best = (t, cand)
+            key = bound[cand.label] = rank(cand, nbytes, inplace, t)
+            if best is None or key < best[0]:
+                best = (key, t, cand)
         nccl = timer.baseline(coll, nbytes, inplace)
         ruled_out = len(cands) - len(here)
-        if best is None or (nccl is not None and nccl < best[0]):
+        if best is None or (nccl is not None and nccl < best[1]):
             out.append(Choice(nbytes, None, nccl, nccl, timed, ruled_out=ruled_out))
         else:
-            out.append(Choice(nbytes, best[1], best[0], nccl, timed, ruled_out=ruled_out))
+            out.append(Choice(nbytes, best[2], best[1], nccl, timed, ruled_out=ruled_out))
         done(out[-1])
     return out
 

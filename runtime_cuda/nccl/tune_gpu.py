@@ -21,6 +21,7 @@ unavailable" and is marked never to be shipped.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Dict, Optional, Tuple
 
@@ -31,7 +32,7 @@ from . import machine
 from .call import REDUCING, Call
 from .catalog import run_kwargs
 from .perf_gpu import GRAPH_CALLS, BenchConfig, Host, local_device, nccl_issue, run_case
-from .tune import DTYPE, GRAPH_MAX, Variant, call_elems
+from .tune import DTYPE, GRAPH_MAX, GRAPH_ROUNDS, ROUNDS, Variant, call_elems
 
 TIMEOUT_S = 2.0     # a candidate that cannot run (e.g. not co-resident beside its peer) fails fast
 
@@ -48,8 +49,7 @@ class MeasuredTimer:
         self.host, self.dtype = host, dtype
         self.device = local_device(host.rank) if device is None else device
         cupy.cuda.Device(self.device).use()
-        # One round: the tune times many candidates, and its budget is the scarce part.
-        self.cfg = BenchConfig(collectives=(), sizes=(), dtype=dtype, warmup=warmup, iters=iters, rounds=1,
+        self.cfg = BenchConfig(collectives=(), sizes=(), dtype=dtype, warmup=warmup, iters=iters, rounds=ROUNDS,
                                graph_max=graph_max)
         biggest = (max_bytes + 256 + 15) // 16 * 16    # whole elements of every dtype, as run_bench
         self.sendbuf = cupy.empty(biggest, dtype=cupy.uint8)
@@ -64,6 +64,7 @@ class MeasuredTimer:
             # Processes sharing a GPU take turns on it in time slices: a graph of 100 calls that
             # each wait for the other processes' kernels would time the slicing, and slowly.
             self.cfg.graph_max = 0
+        self.graph_cfg = dataclasses.replace(self.cfg, rounds=GRAPH_ROUNDS)
         # What the catalog is keyed by where it is shipped or cached: rank 0's view, as a communicator's.
         self.fingerprint = host.bcast(str(machine.fingerprint_of(devices)) if host.rank == 0 else None)
         self._groups: Dict[str, object] = {}
@@ -105,7 +106,7 @@ class MeasuredTimer:
             return cand.label
 
         graphs: Dict[str, float] = {}
-        t_us, wrong, first, _ = run_case(issue, self.host, self.cfg, cand.collective, nbytes, inplace,
+        t_us, wrong, first, _ = run_case(issue, self.host, self._cfg(nbytes), cand.collective, nbytes, inplace,
                                          self.sendbuf, self.recvbuf, self.stream, graphs)
         if math.isnan(graphs.get("graph100", 0.0)) and self.host.rank == 0:   # every rank has the nan
             err.append("its calls cannot be captured in a CUDA graph")
@@ -128,7 +129,7 @@ class MeasuredTimer:
         key = (coll, nbytes, inplace)
         if key not in self._nccl_times:
             graphs: Dict[str, float] = {}
-            t_us, wrong, _, _ = run_case(self._nccl, self.host, self.cfg, coll, nbytes, inplace,
+            t_us, wrong, _, _ = run_case(self._nccl, self.host, self._cfg(nbytes), coll, nbytes, inplace,
                                          self.sendbuf, self.recvbuf, self.stream, graphs)
             bad = wrong or math.isnan(graphs.get("graph100", 0.0))
             self._nccl_times[key] = None if bad else self._time(None, coll, nbytes, inplace, t_us, graphs)
@@ -142,9 +143,17 @@ class MeasuredTimer:
         self._halves[(label, coll, nbytes, inplace)] = (eager_us, graphs["graph100"])
         return (eager_us + graphs["graph100"]) * 1e-6
 
+    def _cfg(self, nbytes: int) -> BenchConfig:
+        return self.graph_cfg if self.measure(nbytes) else self.cfg
+
     def measure(self, nbytes: int) -> bool:
         """Whether a call of `nbytes` is timed in a graph as well (tune.Timer.measure)."""
         return nbytes <= self.cfg.graph_max
+
+    def rank(self, cand: Variant, nbytes: int, inplace: bool, t: float) -> float:
+        """tune.Timer.rank: a candidate's graph time where one was timed (tune.GRAPH_MAX says why), else t."""
+        halves = self._halves.get((cand.label, cand.collective, nbytes, inplace))
+        return t if halves is None else halves[1] * 1e-6
 
     def parts(self, label: Optional[str], coll: str, nbytes: int, inplace: bool) -> Optional[Tuple[float, float]]:
         """(eager, graph) us per call behind time() of candidate `label` (None: baseline(), NCCL's)."""
@@ -155,8 +164,9 @@ class MeasuredTimer:
             "timer": "measured", "measured": True, "device": self.gpu_name, "fingerprint": self.fingerprint,
             "processes": self.host.size,
             "gpus": self.gpus, "nccl": self.nccl_note, "warmup": self.cfg.warmup, "iters": self.cfg.iters,
-            "time": (f"eager us per call + us per call in a {GRAPH_CALLS}-call CUDA graph up to "
-                     f"{self.cfg.graph_max} bytes, eager above" if self.cfg.graph_max else "eager us per call"),
+            "time": (f"eager us per call (median of {GRAPH_ROUNDS} rounds) + us per call in a {GRAPH_CALLS}-call "
+                     f"CUDA graph up to {self.cfg.graph_max} bytes, eager (one round) above" if self.cfg.graph_max
+                     else "eager us per call"),
             "shippable": self._nccl is not None and self.gpus == self.host.size}
         if self.host.rank == 0:     # the lead writes the catalog: the links as its node sees them
             out["topology"] = machine.topology()
