@@ -156,3 +156,49 @@ def test_graph_details_line():
     plain = Row("allreduce", 1024, 256, "float32", "sum", 0, 2)
     plain.results["gc3"] = {"oop": measure("allreduce", 1024, 2, 6.0, 0)}
     assert graph_details(plain, ("gc3",)) == []
+
+
+class RecordingNccl:
+    """cupy.cuda.nccl's communicator methods, recording each call's arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name,) + args)
+
+
+def test_nccls_repeat_calls_its_method_directly_as_a_users_loop_does(monkeypatch):
+    """The bench's NCCL side binds a call's arguments once, so a repeat pays what a user's
+    call of NCCL's method pays plus one lookup: no Call built per call (gc3's repeat path has
+    the same one lookup)."""
+    from runtime_cuda.nccl import perf_gpu
+
+    made = []
+    real = perf_gpu.Call
+    monkeypatch.setattr(perf_gpu, "Call", lambda *a: made.append(a) or real(*a))
+    host = one_rank_host()
+    host.size, host.rank = 4, 1
+    comm = RecordingNccl()
+    issue = perf_gpu._issue_on(comm, host, "NCCL")
+    for stream in (7, 7, 7, 9):
+        assert issue("allreduce", 100, 200, 64, 9, 0, stream, 0) == "NCCL"
+    issue("reducescatter", 100, 200, 16, 9, 0, 7, 0)
+    issue("broadcast", 100, 200, 64, 9, None, 7, 2)
+    assert comm.calls == [("allReduce", 100, 200, 64, 9, 0, 7)] * 3 + [("allReduce", 100, 200, 64, 9, 0, 9),
+                          ("reduceScatter", 100, 200, 16, 9, 0, 7), ("broadcast", 100, 200, 64, 9, 2, 7)]
+    assert len(made) == 4      # one per distinct call: the stream is part of what a call is
+
+
+def test_nccls_alltoall_runs_its_sends_and_receives_on_every_call(monkeypatch):
+    from runtime_cuda.nccl import perf_gpu
+    from runtime_cuda.nccl.fallback import NcclFallback
+
+    runs = []
+    monkeypatch.setattr(NcclFallback, "_alltoall", lambda self, c: runs.append(c.coll))
+    host = one_rank_host()
+    host.size = 2
+    issue = perf_gpu._issue_on(RecordingNccl(), host, "NCCL")
+    for _ in range(3):
+        issue("alltoall", 100, 200, 8, 9, None, 7, 0)
+    assert runs == ["alltoall"] * 3
