@@ -88,8 +88,9 @@ def choices_title(prov: dict) -> str:
                    "calls use) [default: runtime_cuda.nccl.tune.DTYPE]")
 @click.option("--graph-max", default=None, callback=lambda ctx, param, value: None if value is None else
               _size(ctx, param, value),
-              help="measured: up to this size a candidate's time is its eager time plus its time in a CUDA graph "
-                   "(0: eager only) [default: runtime_cuda.nccl.tune.GRAPH_MAX]")
+              help="measured: up to this size candidates rank by their time per call in a CUDA graph, and the best "
+                   "is weighed against NCCL by its eager time plus that (0: eager only) "
+                   "[default: runtime_cuda.nccl.tune.GRAPH_MAX]")
 @click.option("--fused", is_flag=True, help="tune the fused operators instead (torch; under torchrun or mpirun, one "
               "process per GPU): per shape, the faster of the sequential and the fused path goes into the 'fused' "
               "section of -o (default: the catalog the drop-in serves on these GPUs), created or updated in "

@@ -7,9 +7,10 @@ set up collectively when it is first timed and closed when the tune moves on
 to the next collective.  Every (candidate, size, placement) is checked on data
 first and then timed, by the method of `gc3 bench` (perf_gpu.run_case:
 generated inputs, poisoned outputs, every element compared on the GPU, then
-CUDA-event timing averaged over ranks; up to `graph_max` bytes a call's time
-is its eager time plus its time in a 100-call CUDA graph, tune.GRAPH_MAX says
-why, where every process has a GPU of its own).  The ranks agree on every time and on
+CUDA-event timing averaged over ranks; up to `graph_max` bytes, where every
+process has a GPU of its own, candidates rank by their time in a 100-call CUDA
+graph and a call's time against NCCL's is its eager time plus that one,
+tune.GRAPH_MAX says why).  The ranks agree on every time and on
 every failure, so each makes the same choices.  A candidate that fails
 anywhere -- set-up, launch, a timed-out wait, one wrong element -- is out, and
 the catalog's provenance says why.
