@@ -216,14 +216,19 @@ def test_gemv_kernel_refusals_and_tiles():
     assert refusal("bfloat16", 32, 28672, 8192, 4) is None
     assert tile_columns(1, 8192, 132) == 64 and tile_columns(1, 4096, 132) == 32
     assert tile_columns(32, 8192, 16) == 128          # a tile's shared memory bounds it; tiles wrap the grid
-    assert split_plan(1, 2048, 8192, 2, 132) == (1024, 16)   # 8 tiles of 4 vectors a lane, 16 slices of K each
-    assert split_plan(2, 2048, 8192, 2, 132) == (1024, 16)
+    # 16-bit types to 2 rows, the rows form: a tile is one 16-byte vector for each of 512 threads,
+    # slices of at least 16 rows, a block each
+    assert split_plan(1, 2048, 8192, 2, 132) == (4096, 66)
+    assert split_plan(2, 2048, 8192, 2, 132) == (4096, 66)
+    assert split_plan(1, 3584, 4096, 2, 132) == (4096, 132)
+    assert split_plan(1, 7168, 16384, 2, 128) == (4096, 32)
     assert split_plan(3, 2048, 8192, 2, 132) == (1024, 16)    # 16-bit types from 3 rows: 64 columns a warp (mma)
     assert split_plan(8, 3584, 4096, 2, 132) == (1024, 28)    # 4 tiles, slices of at least 128 rows
     assert split_plan(5, 2048, 8193, 2, 132) == (1024, 14)    # tensor cores take any width
     assert split_plan(3, 2048, 8192, 2, 132, max_batch=2) is None
     assert split_plan(3, 2048, 8192, 4, 132) == (512, 8)      # fp32: 4 rows of 4 vectors of 4 a lane
     assert split_plan(8, 7168, 8192, 4, 132) == (256, 4)      # fp32 batch 8: 2 vectors a lane
-    assert split_plan(1, 100, 8192, 2, 132) == (1024, 1)     # too few rows to split
+    assert split_plan(1, 100, 8192, 2, 132) == (4096, 7)     # few rows: slices of 16
+    assert split_plan(1, 100, 8192, 4, 132) == (512, 1)      # fp32: too few rows to split
     assert split_plan(1, 2048, 8192, 4, 132) == (512, 8)     # fp32: 16-byte vectors of 4
     assert split_plan(9, 2048, 8192, 2, 132) is None and split_plan(1, 2048, 8193, 2, 132) is None

@@ -68,10 +68,13 @@ def group(n):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("batch,k,n_out", [(1, 512, 4096), (3, 96, 232), (5, 40, 235), (8, 300, 1), (32, 64, 1000),
                                            (1, 7, 8), (1, 2048, 4096), (2, 3000, 1032), (6, 1030, 1024),
-                                           (8, 777, 520), (4, 2500, 34000), (8, 1500, 34000)])
+                                           (8, 777, 520), (4, 2500, 34000), (8, 1500, 34000),
+                                           (1, 2048, 8192), (1, 1000, 8200), (2, 1500, 8192), (1, 100, 16384)])
 def test_matches_float64_and_every_rank_has_the_same_bits(n, dtype, batch, k, n_out, split_k):
-    """The last two shapes have more tiles than blocks, so a split-K slice is all of K: longer
-    than the x rows a block holds at once."""
+    """(4, 2500, 34000) and (8, 1500, 34000) have more tiles than blocks, so a split-K slice is all
+    of K: longer than the x rows a block holds at once.  The last four take the 16-bit types' rows
+    form with rows of two tiles, a last tile 8 columns wide, 2 rows, and slices of a few rows each
+    whose sums a group of lanes shares."""
     rng = np.random.default_rng(batch * 1000 + k + n_out)
     xs, ws, want, scale = gemv_case(rng, n, batch, k, n_out, dtype)
     outs = [poisoned((batch, n_out), dtype) for _ in range(n)]
@@ -83,11 +86,12 @@ def test_matches_float64_and_every_rank_has_the_same_bits(n, dtype, batch, k, n_
     _check(outs, want, scale, dtype, f"{n} ranks {dtype} {batch}x{k}x{n_out}")
 
 
+@pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_a_weight_no_vector_load_fits(dtype):
+def test_a_weight_no_vector_load_fits(dtype, batch):
     """Rank 1's weight starts one element past an aligned address: its loads go element by element
     and the ranks still agree (the tile layout does not depend on the alignment)."""
-    n, batch, k, n_out = 2, 4, 1500, 2048
+    n, k, n_out = 2, 1500, 2048
     rng = np.random.default_rng(77)
     xs, ws, want, scale = gemv_case(rng, n, batch, k, n_out, dtype)
     ws = [ws[0], _misaligned(ws[1])]

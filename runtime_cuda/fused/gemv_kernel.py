@@ -31,16 +31,18 @@ LINE_DATA = limits.SMALL_ALLREDUCE_LINE_DATA_BYTES
 # Tiles start at multiples of this many columns: a 16-byte weight load never straddles two tiles.
 COLUMN_STEP = 8
 # Split-K (batches up to SPLIT_MAX_BATCH; gemv_allreduce.cu says how): the blocks of a tile
-# each take a slice of K of at least SPLIT_MIN_ROWS rows, their fp32 partials in a workspace
-# of SPLIT_WORK_BYTES per rank after one u64 per item (slice of a tile).  A tile is one warp's
-# row of vectors on CUDA cores, or MMA_COLS columns a warp on tensor cores (16-bit types above
-# SPLIT_FMA_ROWS rows).
+# each take a slice of K of at least SPLIT_MIN_ROWS rows (ROWS_MIN in the rows form), their
+# fp32 partials in a workspace of SPLIT_WORK_BYTES per rank after one u64 per item (slice of a
+# tile).  A tile is, in the 16-bit types, one 16-byte vector a thread of the block across the
+# row (the rows form: up to SPLIT_FMA_ROWS rows, on CUDA cores) or MMA_COLS columns a warp
+# (tensor cores, more rows); in fp32 one warp's row of vectors.
 SPLIT_MAX_BATCH = abi.C["GC3_GV_SPLIT_MAX_BATCH"]
 SPLIT_FMA_ROWS = abi.C["GC3_GV_SPLIT_FMA_ROWS"]
 SPLIT_DONE_BYTES = abi.C["GC3_GV_DONE_BYTES"]
 SPLIT_ACC = abi.C["GC3_GV_SPLIT_ACC"]
 MMA_COLS = abi.C["GC3_GV_MMA_COLS"]
 SPLIT_MIN_ROWS = 128
+ROWS_MIN = abi.C["GC3_GV_ROWS_MIN"]
 SPLIT_WORK_BYTES = 8 << 20
 _VEC_BYTES = 16
 
@@ -78,8 +80,14 @@ def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int,
     workspace)."""
     if batch > min(SPLIT_MAX_BATCH if max_batch is None else max_batch, SPLIT_MAX_BATCH):
         return None
+    rows = SPLIT_MIN_ROWS
     if itemsize == 2 and batch > SPLIT_FMA_ROWS:
         tw = MMA_COLS * (THREADS // 32)
+    elif itemsize == 2:
+        vec = _VEC_BYTES // itemsize
+        if n_out % vec:
+            return None
+        tw, rows = THREADS * vec, ROWS_MIN   # one pass of the block's vectors (rows_item)
     else:
         vec, lanes = split_vectors(batch, itemsize, acc)
         if n_out % vec:
@@ -88,7 +96,7 @@ def split_plan(batch: int, k: int, n_out: int, itemsize: int, blocks: int,
     tiles = -(-n_out // tw)
     if tiles > SPLIT_DONE_BYTES // 8 or batch * n_out * 4 > SPLIT_WORK_BYTES:
         return None
-    split = max(1, min(blocks // tiles, -(-k // SPLIT_MIN_ROWS), SPLIT_WORK_BYTES // (batch * n_out * 4)))
+    split = max(1, min(blocks // tiles, -(-k // rows), SPLIT_WORK_BYTES // (batch * n_out * 4)))
     return tw, split
 
 

@@ -239,6 +239,13 @@ struct Plan {
 #ifndef GC3_GV_SPLIT_FMA_ROWS
 #define GC3_GV_SPLIT_FMA_ROWS 2
 #endif
+// The rows form of those CUDA-core slices (gemv_allreduce.cu's rows_item): weight rows (one
+// 16-byte vector each) a thread has in flight, and the fewest rows of K a slice takes (the
+// host's split plan).
+#ifndef GC3_GV_ROWS_INFLIGHT
+#define GC3_GV_ROWS_INFLIGHT 16
+#endif
+#define GC3_GV_ROWS_MIN 16
 // Columns one warp owns in a tensor-core slice (4 m-tiles of 16): a tile is one per warp.
 #define GC3_GV_MMA_COLS 64
 #ifndef GC3_GV_SPLIT_INFLIGHT

@@ -204,6 +204,108 @@ __device__ __forceinline__ void splitk_run(const elem_t* x, const elem_t* w, int
   }
 }
 
+// 16 bytes of the weight on their way through: not kept in L1, and L2 asked for
+// the whole 256-byte sector pair around them, which the next rows' loads of the block use.
+// A read-only load: nothing in the kernel writes the weight, and no load of it comes before
+// grid_dependency_wait (a prefetch into L2 does, which is coherent).
+__device__ __forceinline__ uint4 stream_load(const elem_t* p) {
+  uint4 u;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+               : "l"(p));
+  return u;
+}
+
+// The V elements of a 16-byte vector: the loads stay four 32-bit words in flight (an element
+// array would hold 16-bit types one a register, twice the registers) until their use.
+union Vec16 {
+  uint4 u;
+  elem_t e[GC3_CMP_VEC];
+};
+
+// The rows form of a CUDA-core split-K slice (16-bit types up to GC3_GV_SPLIT_FMA_ROWS rows):
+// the block sweeps rows [k0, k1) of columns [c0, c0 + width) front to back, thread t owning
+// the V columns at t * V (the host's tiles are one pass of the block's vectors wide), with
+// GC3_GV_ROWS_INFLIGHT rows of loads in flight.  A slice's weight is then a few runs of
+// blockDim.x * 16 bytes a row, read in order.  Measured through the torch operator on 2 and
+// 4 H100s (b=1, in graph replays) against the splitk_item tiles, whose runs are 2 KiB a row:
+// 3-12 us less a call where the weight does not stay in L2 (56-224 MiB), the same where it
+// does.  Two passes a thread at once (16 KiB runs, half the rows in flight) were slower.
+// x's values of a row are one load every thread shares.
+template <int RB, bool ALIGNED>
+__device__ void rows_item(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int batch, int K, int N,
+                          int c0, int width, int k0, int k1, float* part) {
+  constexpr int V = GC3_CMP_VEC, U = GC3_GV_ROWS_INFLIGHT;
+  const int col = threadIdx.x * V;
+  const bool on = col < width;
+  float acc[RB][V];
+#pragma unroll
+  for (int r = 0; r < RB; ++r)
+#pragma unroll
+    for (int c = 0; c < V; ++c) acc[r][c] = 0.f;
+  const elem_t* wp = w + (i64)k0 * N + c0 + col;
+  // U rows from row k (`rows` of them real: U but for the slice's last rows), loads first.
+  auto step = [&](int k, int rows) {
+    uint4 wv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u < rows && on) {
+        const elem_t* src = wp + (i64)u * N;
+        if constexpr (ALIGNED) {
+          wv[u] = stream_load(src);
+        } else {
+          Vec16 t;
+#pragma unroll
+          for (int c = 0; c < V; ++c) t.e[c] = src[c];
+          wv[u] = t.u;
+        }
+      } else {
+        wv[u] = make_uint4(0, 0, 0, 0);   // zero bits: +0.0 in every float type
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u >= rows) break;
+      float xv[RB];
+#pragma unroll
+      for (int r = 0; r < RB; ++r) xv[r] = r < batch ? cmp_f32(x[(i64)r * K + k + u]) : 0.f;
+      Vec16 t;
+      t.u = wv[u];
+#pragma unroll
+      for (int c = 0; c < V; ++c) {
+        const float wf = cmp_f32(t.e[c]);
+#pragma unroll
+        for (int r = 0; r < RB; ++r) acc[r][c] = fmaf(xv[r], wf, acc[r][c]);
+      }
+    }
+    wp += (i64)U * N;
+  };
+  int k = k0;
+  for (; k + U <= k1; k += U) step(k, U);
+  if (k < k1) step(k, k1 - k);
+  if (!on) return;
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    if (r >= batch) break;
+#pragma unroll
+    for (int c = 0; c < V; ++c) part[(i64)r * N + c0 + col + c] = acc[r][c];
+  }
+}
+
+// A rows-form slice of any tile width, one pass of the block's vectors at a time (the host's
+// tiles are one pass wide).
+template <int RB>
+__device__ __forceinline__ void rows_run(const elem_t* x, const elem_t* w, int batch, int K, int N, int c0,
+                                         int width, int k0, int k1, float* part) {
+  const int span = blockDim.x * GC3_CMP_VEC;
+  for (int cc = 0; cc < width; cc += span) {
+    if (((u64)w & 15) == 0)
+      rows_item<RB, true>(x, w, batch, K, N, c0 + cc, min(span, width - cc), k0, k1, part);
+    else
+      rows_item<RB, false>(x, w, batch, K, N, c0 + cc, min(span, width - cc), k0, k1, part);
+  }
+}
+
 #ifdef GC3_CMP_MMA
 // A split-K slice of 3 to 8 rows on tensor cores (16-bit types): warp q owns the
 // MMA_COLS columns c0 + q * MMA_COLS .. of the tile and every k of the slice, as a
@@ -315,6 +417,15 @@ __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, i
     return;
   }
 #endif
+  if constexpr (sizeof(elem_t) == 2) {
+    if (batch <= GC3_GV_SPLIT_FMA_ROWS) {   // the host's rows-form plan (gemv_kernel.split_plan)
+      if (batch == 1)
+        rows_run<1>(x, w, batch, K, N, c0, width, k0, k1, mine);
+      else
+        rows_run<GC3_GV_SPLIT_FMA_ROWS>(x, w, batch, K, N, c0, width, k0, k1, mine);
+      return;
+    }
+  }
   if (splitk_vec(batch) != GC3_CMP_VEC)
     splitk_run<GC3_CMP_VEC / 2, 8>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
   else if (batch == 1)
@@ -477,10 +588,33 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
             tile[e] = from_acc(sum);
           }
         };
-        if (split <= 16)
+        // A share of fewer elements than the block has threads, over more slices than one
+        // round of loads covers (the rows form's: a slice a block), deals each element's slices
+        // out to a group of lanes of one warp: each sums its run in slice order, then the group
+        // adds the runs' sums in a fixed tree, so the bits are the same on every call.
+        const int ne = (int)((h1 - h0) * gv::LANES);
+        int grp = 1;
+        while (grp < 32 && 2 * grp * ne <= (int)blockDim.x && split > 16 * grp) grp *= 2;
+        if (grp > 1) {
+          const int per = (split + grp - 1) / grp, g = threadIdx.x % grp;
+          const int q0 = min(split, g * per), q1 = min(split, q0 + per);
+          for (int e0 = 0; e0 < ne; e0 += blockDim.x / grp) {   // the same rounds in every thread
+            const int e = e0 + threadIdx.x / grp, l = (int)(h0 * gv::LANES) + e;
+            float sum = 0.f;
+            if (e < ne && l < n) {
+              const int r = l / width;
+              const float* src = part + (i64)r * N + c0 + (l - r * width) + (i64)q0 * batch * N;
+              sum = per <= 16 ? gv::slice_sum<16>(src, (i64)batch * N, q1 - q0)
+                              : gv::slice_sum<32>(src, (i64)batch * N, q1 - q0);
+            }
+            for (int off = grp / 2; off >= 1; off /= 2) sum += __shfl_down_sync(0xffffffffu, sum, off, grp);
+            if (g == 0 && e < ne) tile[e] = from_acc(sum);
+          }
+        } else if (split <= 16) {
           sums(gv::Ahead<16>{});
-        else
+        } else {
           sums(gv::Ahead<32>{});
+        }
         __syncthreads();
         put(j, n, h0, h1);
       }
