@@ -204,25 +204,6 @@ __device__ __forceinline__ void splitk_run(const elem_t* x, const elem_t* w, int
   }
 }
 
-// 16 bytes of the weight on their way through: not kept in L1, and L2 asked for
-// the whole 256-byte sector pair around them, which the next rows' loads of the block use.
-// A read-only load: nothing in the kernel writes the weight, and no load of it comes before
-// grid_dependency_wait (a prefetch into L2 does, which is coherent).
-__device__ __forceinline__ uint4 stream_load(const elem_t* p) {
-  uint4 u;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-               : "l"(p));
-  return u;
-}
-
-// The V elements of a 16-byte vector: the loads stay four 32-bit words in flight (an element
-// array would hold 16-bit types one a register, twice the registers) until their use.
-union Vec16 {
-  uint4 u;
-  elem_t e[GC3_CMP_VEC];
-};
-
 // The rows form of a CUDA-core split-K slice (16-bit types up to GC3_GV_SPLIT_FMA_ROWS rows):
 // the block sweeps rows [k0, k1) of columns [c0, c0 + width) front to back, thread t owning
 // the V columns at t * V (the host's tiles are one pass of the block's vectors wide), with
@@ -310,10 +291,12 @@ __device__ __forceinline__ void rows_run(const elem_t* x, const elem_t* w, int b
 // A split-K slice of 3 to 8 rows on tensor cores (16-bit types): warp q owns the
 // MMA_COLS columns c0 + q * MMA_COLS .. of the tile and every k of the slice, as a
 // warp tile of gemv_pass_mma (prims_compute.cuh: A = w^T in 4 m-tiles, B = x^T with
-// the batch rows as its 8 columns), U k-steps of 16 loaded before any is used.
-// x's fragments are small loads that L1 serves.  A warp's accumulators are the
-// slice's partial of its columns, whole: they go to part[r * N + column] with no
-// exchange between warps.  Rows k >= k1 read as 0, of w and of x alike.
+// the batch rows as its 8 columns), U k-steps of 16 loaded before any is used, as
+// stream_load's (3.4-4.7 us a call less at batch 4 and 8 where the weight does not stay in
+// L2, on 2 and 4 H100s; within 0.5 us where it does: scripts/probe_gemv_phases.py).  x's
+// fragments are small loads that L1 serves.  A warp's accumulators are the slice's partial
+// of its columns, whole: they go to part[r * N + column] with no exchange between warps.
+// Rows k >= k1 read as 0, of w and of x alike.
 constexpr int MMA_COLS = GC3_GV_MMA_COLS, MMA_MT = MMA_COLS / 16;
 
 template <bool VEC>
@@ -334,7 +317,7 @@ __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __re
   for (int kb = k0; kb < k1; kb += 16 * U) {
     unsigned wv[U][4][MT];
 #pragma unroll
-    for (int u = 0; u < U; ++u) mma_wstep<MT, VEC>(wv[u], w, k1, N, kb + 16 * u + 2 * t, c);
+    for (int u = 0; u < U; ++u) mma_wstep<MT, VEC, true>(wv[u], w, k1, N, kb + 16 * u + 2 * t, c);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (kb + 16 * u >= k1) break;   // uniform across the warp
@@ -463,6 +446,25 @@ __device__ __forceinline__ float slice_sum(const float* src, i64 pitch, int spli
 
 }  // namespace gv
 
+#ifdef GC3_GV_PHASES
+// Where a call's time goes (scripts/probe_gemv_phases.py builds with this): thread 0 of each
+// block stamps the global timer as the block ends each phase, the latest call's stamps kept.
+// Blocks of every local rank: at most one a multiprocessor each (the host's bound).
+__device__ unsigned long long gc3_gv_phases[GC3_GV_MAX_LOCAL * 1024][10];
+#define GV_STAMP(n)                                                   \
+  do {                                                                \
+    if (threadIdx.x == 0) {                                           \
+      unsigned long long t_;                                          \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));          \
+      gc3_gv_phases[blockIdx.y * gridDim.x + blockIdx.x][n] = t_;     \
+    }                                                                 \
+  } while (0)
+#else
+#define GV_STAMP(n) \
+  do {              \
+  } while (0)
+#endif
+
 // x, w, out and the split-K workspace of each local rank, by value: a call uploads nothing.
 struct GvIO {
   u64 p[4 * GC3_GV_MAX_LOCAL];
@@ -483,9 +485,11 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
                                                long long max_lines, long long region_lines, int grid_max) {
   // Before the wait only what cannot see the kernel ahead's writes stale (sync.cuh): a launch
   // marked for programmatic dependent launch starts while that kernel still runs.
+  GV_STAMP(0);
   gv::prefetch_first_item((const elem_t*)io.p[4 * blockIdx.y + 1], K, N, tw, split);
   grid_dependency_wait();
   allow_next_grid();
+  GV_STAMP(1);
   const Plan P = *plan;
   const int slot = blockIdx.y;
   const int me = rank0 + slot;
@@ -560,6 +564,7 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
       __syncthreads();
       if (threadIdx.x == 0) st_release_gpu(done + i, k);
     }
+    GV_STAMP(2);
     for (int i = blockIdx.x; ok && i < items; i += gridDim.x) {
       int j, n;
       u64 g0, g1;
@@ -572,6 +577,7 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
       }
       ok = __syncthreads_and(ok);
       if (!ok) break;
+      GV_STAMP(3);
       const int c0 = j * tw, width = n / batch;
       constexpr u64 CH = GC3_GV_TILE_LANES / gv::LANES;   // lines `tile` holds
       for (u64 h0 = g0; h0 < g1; h0 += CH) {
@@ -589,17 +595,19 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
           }
         };
         // A share of fewer elements than the block has threads, over more slices than one
-        // round of loads covers (the rows form's: a slice a block), deals each element's slices
-        // out to a group of lanes of one warp: each sums its run in slice order, then the group
-        // adds the runs' sums in a fixed tree, so the bits are the same on every call.
-        const int ne = (int)((h1 - h0) * gv::LANES);
+        // round of loads covers (the rows form's: a slice a block), deals the slices out to
+        // `grp` groups of C threads, thread c of each on element c, so that a warp's loads of a
+        // slice are 32 consecutive floats: each group sums its run of slices in slice order,
+        // then thread c adds the groups' sums in group order, so the bits are the same on every
+        // call.  Groups of lanes of one warp on one element, every load a sector of its own, took
+        // 2.1-3.0 us from the tile's last slice to its sum at 4 H100s, where these take 1.6.
+        const int ne = (int)((h1 - h0) * gv::LANES), C = (ne + 31) / 32 * 32;
         int grp = 1;
-        while (grp < 32 && 2 * grp * ne <= (int)blockDim.x && split > 16 * grp) grp *= 2;
+        while (grp < 32 && 2 * grp * C <= (int)blockDim.x && split > 16 * grp) grp *= 2;
         if (grp > 1) {
-          const int per = (split + grp - 1) / grp, g = threadIdx.x % grp;
-          const int q0 = min(split, g * per), q1 = min(split, q0 + per);
-          for (int e0 = 0; e0 < ne; e0 += blockDim.x / grp) {   // the same rounds in every thread
-            const int e = e0 + threadIdx.x / grp, l = (int)(h0 * gv::LANES) + e;
+          const int per = (split + grp - 1) / grp, g = threadIdx.x / C, e = threadIdx.x % C;
+          const int q0 = min(split, g * per), q1 = min(split, q0 + per), l = (int)(h0 * gv::LANES) + e;
+          if (g < grp) {
             float sum = 0.f;
             if (e < ne && l < n) {
               const int r = l / width;
@@ -607,8 +615,13 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
               sum = per <= 16 ? gv::slice_sum<16>(src, (i64)batch * N, q1 - q0)
                               : gv::slice_sum<32>(src, (i64)batch * N, q1 - q0);
             }
-            for (int off = grp / 2; off >= 1; off /= 2) sum += __shfl_down_sync(0xffffffffu, sum, off, grp);
-            if (g == 0 && e < ne) tile[e] = from_acc(sum);
+            sred[threadIdx.x] = sum;
+          }
+          __syncthreads();
+          if (threadIdx.x < ne) {
+            float sum = sred[threadIdx.x];
+            for (int q = 1; q < grp; ++q) sum += sred[q * C + threadIdx.x];
+            tile[threadIdx.x] = from_acc(sum);
           }
         } else if (split <= 16) {
           sums(gv::Ahead<16>{});
@@ -616,11 +629,13 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
           sums(gv::Ahead<32>{});
         }
         __syncthreads();
+        GV_STAMP(7);
         put(j, n, h0, h1);
       }
     }
   }
 
+  GV_STAMP(4);
   // Every rank sums each line of its shares over the ranks in rank order.
   const uint4* mine = lines_of(me);
   for (int i = blockIdx.x; ok && i < items; i += gridDim.x) {
@@ -636,6 +651,7 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
       for (int p0 = 0; ok && p0 < nranks; p0 += LL_AHEAD) {
         uint4 v[LL_AHEAD];
         ok = ll_read_ahead(P, wh, 0, v, p0, nranks, at, flag);
+        GV_STAMP(8);
 #pragma unroll
         for (int a = 0; a < LL_AHEAD; ++a) {
           if (!ok || p0 + a >= nranks) break;
@@ -656,8 +672,10 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
       }
     }
   }
+  GV_STAMP(5);
   // Every thread ends here, a failed one too.
   sa_call_end(header, k, grid_max);
+  GV_STAMP(6);
 }
 
 #define GC3_GV_ENTRY(name, split_form)                                                                         \

@@ -40,16 +40,32 @@ struct CmpVec {
   elem_t e[V];
 };
 
+// 16 bytes of a weight on their way through: not kept in L1, and L2 asked for the whole
+// 256-byte sector pair around them, which the next loads of the block use.  A read-only load:
+// for a weight nothing in the kernel writes, read after grid_dependency_wait (a prefetch into
+// L2 may come before it, which is coherent).
+__device__ __forceinline__ uint4 stream_load(const elem_t* p) {
+  uint4 u;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+               : "l"(p));
+  return u;
+}
+
+// The V elements of a 16-byte vector: the loads stay four 32-bit words in flight (an element
+// array would hold 16-bit types one a register, twice the registers) until their use.
+union Vec16 {
+  uint4 u;
+  elem_t e[GC3_CMP_VEC];
+};
+
 // V consecutive elements; one 16- or 8-byte load when V fills that many bytes
 // (the caller guarantees the alignment), else element by element.
 template <int V>
 __device__ __forceinline__ CmpVec<V> cmp_load(const elem_t* p) {
   CmpVec<V> r;
   if constexpr (V * sizeof(elem_t) == 16) {
-    union {
-      uint4 u;
-      elem_t e[V];
-    } t;
+    Vec16 t;
     t.u = __ldg(reinterpret_cast<const uint4*>(p));
 #pragma unroll
     for (int c = 0; c < V; ++c) r.e[c] = t.e[c];
@@ -196,14 +212,14 @@ __device__ __forceinline__ unsigned cmp_pack(elem_t lo, elem_t hi) { return (uns
 
 // Columns [c, c + 2*MT) of w's row k as MT words of two elements, 0 past w's
 // end.  VEC: one load (the caller guarantees alignment and that the columns
-// are all inside or all outside w).
-template <int MT, bool VEC>
+// are all inside or all outside w).  STREAM: 16-byte loads as stream_load's.
+template <int MT, bool VEC, bool STREAM = false>
 __device__ __forceinline__ void mma_wload(unsigned (&r)[MT], const elem_t* w, int K, int N, int k, i64 c) {
   if constexpr (VEC) {
     if (k < K && c < N) {
       const elem_t* p = w + (i64)k * N + c;
       if constexpr (MT == 4) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+        const uint4 u = STREAM ? stream_load(p) : __ldg(reinterpret_cast<const uint4*>(p));
         r[0] = u.x; r[1] = u.y; r[2] = u.z; r[3] = u.w;
       } else if constexpr (MT == 2) {
         const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
@@ -228,12 +244,12 @@ __device__ __forceinline__ void mma_wload(unsigned (&r)[MT], const elem_t* w, in
 
 // The weight words of one k step of 16 for A registers 0..3: rows k, k + 1, k + 8, k + 9
 // (k = the step's first row + 2t), columns [c, c + 2*MT) of each.
-template <int MT, bool VEC>
+template <int MT, bool VEC, bool STREAM = false>
 __device__ __forceinline__ void mma_wstep(unsigned (&r)[4][MT], const elem_t* w, int K, int N, int k, i64 c) {
-  mma_wload<MT, VEC>(r[0], w, K, N, k, c);
-  mma_wload<MT, VEC>(r[1], w, K, N, k + 1, c);
-  mma_wload<MT, VEC>(r[2], w, K, N, k + 8, c);
-  mma_wload<MT, VEC>(r[3], w, K, N, k + 9, c);
+  mma_wload<MT, VEC, STREAM>(r[0], w, K, N, k, c);
+  mma_wload<MT, VEC, STREAM>(r[1], w, K, N, k + 1, c);
+  mma_wload<MT, VEC, STREAM>(r[2], w, K, N, k + 8, c);
+  mma_wload<MT, VEC, STREAM>(r[3], w, K, N, k + 9, c);
 }
 
 // A's registers of m-tile q from a step's words: one byte permute pairs the two k rows a
