@@ -8,22 +8,15 @@ kernel change pays before `gc3 bench` measures it against the user's path.
     python3 scripts/ab_kernels.py /tmp/old/runtime_cuda/kernels 2                (virtual ranks)
 
 The old side runs with this tree's host code, which must still match its kernels' parameters."""
-import os, pathlib, statistics, sys
+import os, pathlib, sys
 import cupy
 import ml_dtypes
 import numpy as np
 from runtime_cuda.core import module
 from runtime_cuda.fused import gemv_kernel as gk
 from runtime_cuda.ranks import small_allreduce as sa
+from kernel_probe_common import graph_time
 
-# Every module compiled here stays loaded: the groups launch by raw kernel handle, and the
-# compile caches are cleared between builds.
-_Raw, KEEP = cupy.RawModule, []
-def _keep(*a, **k):
-    m = _Raw(*a, **k)
-    KEEP.append(m)
-    return m
-cupy.RawModule = _keep
 NEW = module.KERNEL_DIR
 OLD = pathlib.Path(sys.argv[1]).resolve()
 MPI_MODE = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
@@ -48,24 +41,6 @@ def build(d, extra, fn):
     finally:
         module.KERNEL_DIR = NEW
         module.options = ORIG_OPTIONS
-
-def graph_time(call, reps=9, n=20):
-    s = cupy.cuda.Stream(non_blocking=True)
-    call(s); s.synchronize()
-    if comm: comm.Barrier()
-    s.begin_capture()
-    for _ in range(n):
-        call(s)
-    g = s.end_capture()
-    g.launch(s); s.synchronize()
-    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-    ts = []
-    for _ in range(reps):
-        if comm: comm.Barrier()
-        e0.record(s); g.launch(s); e1.record(s); e1.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e3 / n)
-    t = statistics.median(ts)
-    return comm.allreduce(t, op=MPI.MAX) if comm else t
 
 def say(*a):
     if rank == 0: print(*a, flush=True)
@@ -116,7 +91,7 @@ for k, n in ((8192 // nranks, 8192), (14336 // nranks, 4096), (28672 // nranks, 
             build(OLD if name == "old" else NEW, (), lambda: call(cupy.cuda.Stream.null))
             cupy.cuda.Device().synchronize()
             outs[name], t[name] = o, call
-        times = {name: min(graph_time(c) for _ in range(2)) for name, c in t.items()}
+        times = {name: min(graph_time(c, comm) for _ in range(2)) for name, c in t.items()}
         agree = all_true(same_everywhere(outs["new"]) and same_everywhere(outs["old"]))
         split = gv["new"]._shape(b, k, n, "bfloat16")[2]
         row = "  ".join(f"{nm} {v:6.1f}" for nm, v in times.items())
@@ -139,7 +114,7 @@ for nbytes in (1024, 16384, 65536, 262144, 2 << 20):
         build(OLD if name == "old" else NEW, (), lambda: call(cupy.cuda.Stream.null))
         cupy.cuda.Device().synchronize()
         outs[name], t[name] = o, call
-    times = {name: min(graph_time(c) for _ in range(2)) for name, c in t.items()}
+    times = {name: min(graph_time(c, comm) for _ in range(2)) for name, c in t.items()}
     same = all_true(all((outs["old"][r] == outs["new"][r]).all() for r in range(nlocal)))
     say(f"{nbytes:8d} B  " + "  ".join(f"{nm} {v:6.2f}" for nm, v in times.items()) + f"  same_bits={same}")
 for g in sg.values():

@@ -12,12 +12,13 @@ pays before `gc3 bench --fused` measures it against the user's path.
 A VARIANT is NAME=ITEM[,ITEM...], each ITEM a kernel build option (-DMACRO=V), rows:R (the host's
 split-K plan with at least R rows a tensor-core slice) or dir:PATH (the kernels of another tree, e.g.
 `git archive REV runtime_cuda/kernels | tar -x -C /tmp/old`, with this tree's host code)."""
-import os, pathlib, statistics, sys
+import pathlib, sys
 import cupy
 import ml_dtypes
 import numpy as np
 from runtime_cuda.core import module
 from runtime_cuda.fused import gemv_kernel as gk
+from kernel_probe_common import graph_time
 
 args = sys.argv[1:]
 VIRTUAL = 0
@@ -38,13 +39,6 @@ for a in args:
     host = dict(i.split(":", 1) for i in items if ":" in i)
     VARIANTS.append((name, tuple(i for i in items if ":" not in i), host))
 
-# Every module compiled here stays loaded: the groups launch by raw kernel handle.
-_Raw, KEEP = cupy.RawModule, []
-def _keep(*a, **k):
-    m = _Raw(*a, **k)
-    KEEP.append(m)
-    return m
-cupy.RawModule = _keep
 ORIG_OPTIONS, ORIG_ROWS, ORIG_DIR = module.options, gk.SPLIT_MIN_ROWS, module.KERNEL_DIR
 
 
@@ -62,24 +56,6 @@ def built(extra, host, fn):
 
 def worst(v, op=max):
     return comm.allreduce(v, op=MPI.MAX if op is max else MPI.MIN) if comm else v
-
-
-def graph_time(call, reps=9, n=20):
-    s = cupy.cuda.Stream(non_blocking=True)
-    call(s); s.synchronize()
-    if comm: comm.Barrier()
-    s.begin_capture()
-    for _ in range(n):
-        call(s)
-    g = s.end_capture()
-    g.launch(s); s.synchronize()
-    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-    ts = []
-    for _ in range(reps):
-        if comm: comm.Barrier()
-        e0.record(s); g.launch(s); e1.record(s); e1.synchronize()
-        ts.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e3 / n)
-    return worst(statistics.median(ts))
 
 
 def say(*a):
@@ -116,7 +92,7 @@ for b, k, n in SHAPES:
         cupy.cuda.Device().synchronize()
         same = ref is None or all(bool((o[i] == ref[i]).all()) for i in range(nlocal))
         ref = ref or o
-        t = graph_time(call)
+        t = graph_time(call, comm)
         tw, split = g._shape(b, k, n, "bfloat16")[2:4]
         row.append(f"{name}/{split} {t:5.1f}{'' if worst(int(same), min) else ' DIFF'}")
         if name.startswith("phases"):
