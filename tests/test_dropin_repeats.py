@@ -235,7 +235,7 @@ class CountingCall:
 
     def driver_calls(self):
         return (lambda s, params, extra: self.calls.append((s, True)),
-                lambda s, params: self.calls.append((s, False)), 0x8000)
+                lambda s, params, extra: self.calls.append((s, False)), 0x8000)
 
 
 class Executor:

@@ -129,7 +129,7 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
         elif captured or eager is None:   # Launch.__call__'s choice (Launch.driver_calls)
             in_capture(stream_ptr, params, 0)
         else:
-            eager(stream_ptr, params)
+            eager(stream_ptr, params, 0)
         if order.held != stream_ptr or outer is not None:
             owner = keep() if keep is not None and stream_ptr == stream else None
             order.leave(stream_ptr, captured, owner)

@@ -102,13 +102,18 @@ class Launch:
         self.head = head = (self.fn, self.grid, 1, 1, self.block, 1, 1, 0)
         self._driver = driver
         self._plain = partial(driver.launchKernel, *head)
-        self._coop = partial(driver.launchCooperativeKernel, *head) if self.coop else None
+        self._coop = None
+        if self.coop:
+            # Every bound launch takes (stream, params, extra); the driver's cooperative launch has no
+            # `extra`.
+            coop = partial(driver.launchCooperativeKernel, *head)
+            self._coop = lambda stream, params, extra=0: coop(stream, params)
 
     def driver_calls(self):
         """(the launch a captured call takes, the one an eager call takes where it differs or
-        None, parameter block address): the bound driver calls, taking (stream, params, 0)
-        and (stream, params), for a repeat path that issues them itself (group.Reissue).
-        Here a capture takes a plain launch and an eager call the cooperative one."""
+        None, parameter block address): the bound driver calls, both taking (stream, params, 0),
+        for a repeat path that issues them itself (group.Reissue).  Here a capture takes a plain
+        launch and an eager call the cooperative one."""
         return self._plain, self._coop, self.params_ptr
 
     def __call__(self, stream_ptr: int, captured: bool = False) -> None:
@@ -122,7 +127,7 @@ class Launch:
             if self._coop is None or captured:
                 self._plain(stream_ptr, self.params_ptr, 0)
             else:
-                self._coop(stream_ptr, self.params_ptr)
+                self._coop(stream_ptr, self.params_ptr, 0)
         except self._driver.CUDADriverError as exc:
             if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(exc):
                 t = self.ex.tables

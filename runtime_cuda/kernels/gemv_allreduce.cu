@@ -298,6 +298,9 @@ __device__ __forceinline__ void rows_run(const elem_t* x, const elem_t* w, int b
 // of its columns, whole: they go to part[r * N + column] with no exchange between warps.
 // Rows k >= k1 read as 0, of w and of x alike.
 constexpr int MMA_COLS = GC3_GV_MMA_COLS, MMA_MT = MMA_COLS / 16;
+#ifndef GC3_GV_MMA_XS
+#define GC3_GV_MMA_XS 0
+#endif
 
 template <bool VEC>
 __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int batch, int K, int N,
@@ -306,12 +309,50 @@ __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __re
   constexpr int MT = MMA_MT, U = GC3_CMP_MMA_INFLIGHT / (16 * MT) < 1 ? 1 : GC3_CMP_MMA_INFLIGHT / (16 * MT);
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, q = threadIdx.x >> 5;
   const i64 c = c0 + (i64)q * MMA_COLS + 2 * MT * g;   // this thread's first column
-  if (c0 + (i64)q * MMA_COLS >= N) return;              // the whole warp: past w's last column
   float d[MT][4];
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int e = 0; e < 4; ++e) d[m][e] = 0.f;
+#if GC3_GV_MMA_XS
+  // x's rows of a stretch of the slice staged in `sred` as words of two k of one row, k-pair
+  // major (xs[(k - kc) / 2 * 8 + row]): the 32 lanes' fragment of a step are then 32
+  // consecutive words, where from global memory they are 8 rows' lines.  Every warp stays
+  // for the block's barriers, one past w's last column too.
+  constexpr int XS_ROWS = SPLIT_SRED / 4;
+  unsigned* xs = reinterpret_cast<unsigned*>(sred);
+  const bool live = c0 + (i64)q * MMA_COLS < N;
+  for (int kc = k0; kc < k1; kc += XS_ROWS) {
+    const int kc1 = min(k1, kc + XS_ROWS), words = min(XS_ROWS, (kc1 - kc + 15) / 16 * 16) * 4;
+    __syncthreads();   // the stretch before is read
+    for (int i = threadIdx.x; i < words; i += blockDim.x) {
+      const int r = i & 7;
+      xs[i] = mma_xload<VEC>(k1, r < batch, x + (i64)(r < batch ? r : 0) * K, kc + 2 * (i >> 3));
+    }
+    __syncthreads();
+    if (!live) continue;
+    for (int kb = kc; kb < kc1; kb += 16 * U) {
+      unsigned wv[U][4][MT];
+#pragma unroll
+      for (int u = 0; u < U; ++u) mma_wstep<MT, VEC, true>(wv[u], w, k1, N, kb + 16 * u + 2 * t, c);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (kb + 16 * u >= kc1) break;   // uniform across the warp
+        const int at = (kb + 16 * u - kc) * 4 + 8 * t + g;
+        const unsigned b[2] = {xs[at], xs[at + 32]};
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          unsigned a[4];
+          mma_afrag<MT>(a, wv[u], m);
+          cmp_mma(d[m], a, b);
+        }
+      }
+    }
+  }
+  __syncthreads();   // every warp's reads of xs, before `sred` takes the warps' tiles
+  if (!live) return;
+#else
+  if (c0 + (i64)q * MMA_COLS >= N) return;              // the whole warp: past w's last column
   const bool xok = g < batch;
   const elem_t* xr = x + (i64)(xok ? g : 0) * K;
   for (int kb = k0; kb < k1; kb += 16 * U) {
@@ -331,6 +372,7 @@ __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __re
       }
     }
   }
+#endif
   // D row g of m-tile m is column c + 2m, row g + 8 column c + 2m + 1; D column 2t (+1) is
   // batch row 2t (+1).  Straight from the fragments, a warp's stores would scatter over 4x
   // the sectors they fill; through the warp's MMA_COLS x 8 floats of `sred` (an XOR of the
@@ -421,22 +463,21 @@ __device__ __forceinline__ void splitk_slice(const elem_t* x, const elem_t* w, i
     splitk_run<GC3_CMP_VEC, 8>(x, w, batch, K, N, c0, width, k0, k1, mine, sred);
 }
 
-// Element (r, column) of a tile summed over the split slices' partials in slice order (the
-// same bits whichever block sums it), AHEAD loads in flight: L2 latency, not bandwidth, is
-// what a sum of a few elements a thread costs, so every slice's load should be in one round
-// trip (slice_sum picks AHEAD: twice as many loads in flight where a tile has more than 16
-// slices, while 16 costs less where that covers them).
-template <int AHEAD>
-struct Ahead {
-  static constexpr int value = AHEAD;
-};
+// Element (r, column) of a tile summed over `split` slices' partials in slice order (the same
+// bits whichever block sums it), AHEAD loads in flight: L2 latency, not bandwidth, is what a
+// sum of a few elements a thread costs, so every slice's load should be in one round trip (the
+// caller takes 32 where a thread sums more than 16 slices, while 16 costs less where that
+// covers them).
 template <int AHEAD>
 __device__ __forceinline__ float slice_sum(const float* src, i64 pitch, int split) {
   float sum = 0.f;
   for (int q0 = 0; q0 < split; q0 += AHEAD) {
     float v[AHEAD];
 #pragma unroll
-    for (int u = 0; u < AHEAD; ++u) v[u] = q0 + u < split ? __ldcg(src + (i64)(q0 + u) * pitch) : 0.f;
+    for (int u = 0; u < AHEAD; ++u) {
+      v[u] = q0 + u < split ? __ldcg(src) : 0.f;
+      src += pitch;   // one running address, not AHEAD of them live at once
+    }
 #pragma unroll
     for (int u = 0; u < AHEAD; ++u)
       if (q0 + u < split) sum += v[u];
@@ -582,51 +623,35 @@ __device__ __forceinline__ void gemv_allreduce(const Plan* plan, const u64* peer
       constexpr u64 CH = GC3_GV_TILE_LANES / gv::LANES;   // lines `tile` holds
       for (u64 h0 = g0; h0 < g1; h0 += CH) {
         const u64 h1 = min(g1, h0 + CH);
-        auto sums = [&](auto ahead) {
-          for (int e = threadIdx.x; e < (int)((h1 - h0) * gv::LANES); e += blockDim.x) {
-            const int l = (int)(h0 * gv::LANES) + e;
-            float sum = 0.f;
-            if (l < n) {
-              const int r = l / width;
-              sum = gv::slice_sum<decltype(ahead)::value>(part + (i64)r * N + c0 + (l - r * width), (i64)batch * N,
-                                                          split);
-            }
-            tile[e] = from_acc(sum);
-          }
-        };
-        // A share of fewer elements than the block has threads, over more slices than one
-        // round of loads covers (the rows form's: a slice a block), deals the slices out to
-        // `grp` groups of C threads, thread c of each on element c, so that a warp's loads of a
-        // slice are 32 consecutive floats: each group sums its run of slices in slice order,
-        // then thread c adds the groups' sums in group order, so the bits are the same on every
-        // call.  Groups of lanes of one warp on one element, every load a sector of its own, took
-        // 2.1-3.0 us from the tile's last slice to its sum at 4 H100s, where these take 1.6.
-        const int ne = (int)((h1 - h0) * gv::LANES), C = (ne + 31) / 32 * 32;
+        // The share's lines [h0, h1) summed over the tile's slices into `tile`, the slices dealt
+        // out to `grp` groups of C threads, thread c of each on elements c, c + C, ..., so that a
+        // warp's loads of a slice are 32 consecutive floats.  Each group sums its run of slices
+        // in slice order, then thread c adds the groups' sums in group order: the bits are the
+        // same on every call.  Several groups where a share has fewer elements than the block
+        // has threads, over more slices than one round of loads covers (the rows form's: a slice
+        // a block).  Groups of lanes of one warp on one element, every load a sector of its own,
+        // took 2.1-3.0 us from a tile's last slice to its sum at 4 H100s, where these take 1.6.
+        const int ne = (int)((h1 - h0) * gv::LANES), C = min((int)blockDim.x, (ne + 31) / 32 * 32);
         int grp = 1;
         while (grp < 32 && 2 * grp * C <= (int)blockDim.x && split > 16 * grp) grp *= 2;
-        if (grp > 1) {
-          const int per = (split + grp - 1) / grp, g = threadIdx.x / C, e = threadIdx.x % C;
-          const int q0 = min(split, g * per), q1 = min(split, q0 + per), l = (int)(h0 * gv::LANES) + e;
-          if (g < grp) {
-            float sum = 0.f;
-            if (e < ne && l < n) {
-              const int r = l / width;
-              const float* src = part + (i64)r * N + c0 + (l - r * width) + (i64)q0 * batch * N;
-              sum = per <= 16 ? gv::slice_sum<16>(src, (i64)batch * N, q1 - q0)
-                              : gv::slice_sum<32>(src, (i64)batch * N, q1 - q0);
-            }
-            sred[threadIdx.x] = sum;
+        const int per = (split + grp - 1) / grp, g = threadIdx.x / C, c = threadIdx.x % C;
+        const int q0 = min(split, g * per), q1 = min(split, q0 + per);
+        for (int e0 = 0; e0 < ne; e0 += C) {   // the same rounds in every thread (one where grp > 1)
+          const int e = e0 + c, l = (int)(h0 * gv::LANES) + e;
+          float sum = 0.f;
+          if (g < grp && e < ne && l < n) {
+            const int r = l / width;
+            const float* src = part + (i64)r * N + c0 + (l - r * width) + (i64)q0 * batch * N;
+            sum = per <= 16 ? gv::slice_sum<16>(src, (i64)batch * N, q1 - q0)
+                            : gv::slice_sum<32>(src, (i64)batch * N, q1 - q0);
           }
-          __syncthreads();
-          if (threadIdx.x < ne) {
-            float sum = sred[threadIdx.x];
-            for (int q = 1; q < grp; ++q) sum += sred[q * C + threadIdx.x];
-            tile[threadIdx.x] = from_acc(sum);
+          if (grp > 1) {
+            if (g < grp) sred[threadIdx.x] = sum;
+            __syncthreads();
+            if (g == 0)
+              for (int q = 1; q < grp; ++q) sum += sred[q * C + c];
           }
-        } else if (split <= 16) {
-          sums(gv::Ahead<16>{});
-        } else {
-          sums(gv::Ahead<32>{});
+          if (g == 0 && e < ne) tile[e] = from_acc(sum);
         }
         __syncthreads();
         GV_STAMP(7);

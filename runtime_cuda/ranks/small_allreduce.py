@@ -203,8 +203,7 @@ class _Launch:
         self.params, self.params_ptr = kernel_params(args)
         # Everything but the stream fixed once: a call passes only the stream.
         self.head = (fn, grid, nlocal, 1, threads, 1, 1, 0)     # as launcher.Launch.head
-        self._captured, plain = bound_launches(self.head, ex.device)
-        self._eager = lambda stream, params: plain(stream, params, 0)
+        self._captured, self._eager = bound_launches(self.head, ex.device)
 
     def driver_calls(self):
         """As launcher.Launch.driver_calls: the marked launch in a capture, the plain one else."""
@@ -223,7 +222,7 @@ class _Launch:
         if captured:
             self._captured(stream_ptr, self.params_ptr, 0)
         else:
-            self._eager(stream_ptr, self.params_ptr)
+            self._eager(stream_ptr, self.params_ptr, 0)
 
 
 def most_blocks(fn, device, nlocal: int, what: str) -> int:
