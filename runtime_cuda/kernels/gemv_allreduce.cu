@@ -294,13 +294,10 @@ __device__ __forceinline__ void rows_run(const elem_t* x, const elem_t* w, int b
 // the batch rows as its 8 columns), U k-steps of 16 loaded before any is used, as
 // stream_load's (3.4-4.7 us a call less at batch 4 and 8 where the weight does not stay in
 // L2, on 2 and 4 H100s; within 0.5 us where it does: scripts/probe_gemv_phases.py).  x's
-// fragments are small loads that L1 serves.  A warp's accumulators are the slice's partial
-// of its columns, whole: they go to part[r * N + column] with no exchange between warps.
-// Rows k >= k1 read as 0, of w and of x alike.
+// fragments come from shared memory.  A warp's accumulators are the slice's partial of its
+// columns, whole: they go to part[r * N + column] with no exchange between warps.  Rows
+// k >= k1 read as 0, of w and of x alike.
 constexpr int MMA_COLS = GC3_GV_MMA_COLS, MMA_MT = MMA_COLS / 16;
-#ifndef GC3_GV_MMA_XS
-#define GC3_GV_MMA_XS 0
-#endif
 
 template <bool VEC>
 __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __restrict__ w, int batch, int K, int N,
@@ -314,11 +311,12 @@ __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __re
   for (int m = 0; m < MT; ++m)
 #pragma unroll
     for (int e = 0; e < 4; ++e) d[m][e] = 0.f;
-#if GC3_GV_MMA_XS
   // x's rows of a stretch of the slice staged in `sred` as words of two k of one row, k-pair
   // major (xs[(k - kc) / 2 * 8 + row]): the 32 lanes' fragment of a step are then 32
-  // consecutive words, where from global memory they are 8 rows' lines.  Every warp stays
-  // for the block's barriers, one past w's last column too.
+  // consecutive words.  Loaded from global memory, a fragment touched 8 rows' lines at every
+  // step; staged, batch 4 and 8 took about 1 us a call less on 2 and 4 H100s
+  // (scripts/probe_gemv_phases.py).  Every warp stays for the block's barriers, one past w's
+  // last column too.
   constexpr int XS_ROWS = SPLIT_SRED / 4;
   unsigned* xs = reinterpret_cast<unsigned*>(sred);
   const bool live = c0 + (i64)q * MMA_COLS < N;
@@ -351,28 +349,6 @@ __device__ void splitk_item_mma(const elem_t* __restrict__ x, const elem_t* __re
   }
   __syncthreads();   // every warp's reads of xs, before `sred` takes the warps' tiles
   if (!live) return;
-#else
-  if (c0 + (i64)q * MMA_COLS >= N) return;              // the whole warp: past w's last column
-  const bool xok = g < batch;
-  const elem_t* xr = x + (i64)(xok ? g : 0) * K;
-  for (int kb = k0; kb < k1; kb += 16 * U) {
-    unsigned wv[U][4][MT];
-#pragma unroll
-    for (int u = 0; u < U; ++u) mma_wstep<MT, VEC, true>(wv[u], w, k1, N, kb + 16 * u + 2 * t, c);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (kb + 16 * u >= k1) break;   // uniform across the warp
-      const int k = kb + 16 * u + 2 * t;
-      const unsigned b[2] = {mma_xload<VEC>(k1, xok, xr, k), mma_xload<VEC>(k1, xok, xr, k + 8)};
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        unsigned a[4];
-        mma_afrag<MT>(a, wv[u], m);
-        cmp_mma(d[m], a, b);
-      }
-    }
-  }
-#endif
   // D row g of m-tile m is column c + 2m, row g + 8 column c + 2m + 1; D column 2t (+1) is
   // batch row 2t (+1).  Straight from the fragments, a warp's stores would scatter over 4x
   // the sectors they fill; through the warp's MMA_COLS x 8 floats of `sred` (an XOR of the
