@@ -6,6 +6,7 @@ The GPU side of the same contract: tests/test_dropin_gpu.py and
 runtime_cuda/commands/fuzz.py (`gc3 fuzz`)."""
 import os
 import re
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from runtime_cuda.nccl.constants import DTYPE_NAMES, NCCL_FLOAT32, NCCL_SUM, OP_
 from runtime_cuda.core.streams import StreamOrder
 
 ROOT = Path(__file__).resolve().parents[1]
+HOOK = "gc3_nccl_hook.pth"
 PAIRS = ROOT / "tests" / "data" / "msccl" / "allreduce_allpairs_2r_1i.xml"
 from runtime_cuda.commands import fuzz as fz  # noqa: E402
 from test_nccl_dispatch import RecordingNccl  # noqa: E402
@@ -347,13 +349,19 @@ def test_the_pattern_finds_what_it_must():
 
 
 @pytest.mark.parametrize("value, imported", [(None, False), ("1", True)])
-def test_the_startup_hook_needs_only_the_variable(value, imported):
-    """pip installs gc3_nccl_hook.pth with the package; GC3_NCCL alone switches it on."""
+def test_the_startup_hook_needs_only_the_variable(value, imported, tmp_path):
+    """pip installs gc3_nccl_hook.pth with the package; GC3_NCCL alone switches it on.  Where this
+    checkout runs uninstalled (PYTHONPATH), the same hook file is read from a site folder of its own,
+    as Python's startup reads site-packages."""
     env = {k: v for k, v in os.environ.items() if k != "GC3_NCCL"}
     if value is not None:
         env["GC3_NCCL"] = value
-    out = subprocess.run([sys.executable, "-c", "import sys; print('runtime_cuda.auto' in sys.modules)"],
-                         env=env, cwd="/", capture_output=True, text=True, timeout=60)
+    code = "import sys; print('runtime_cuda.auto' in sys.modules)"
+    if not any((Path(d) / HOOK).is_file() for d in site.getsitepackages() + [site.getusersitepackages()]):
+        (tmp_path / HOOK).write_text((ROOT / HOOK).read_text())
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        code = f"import site; site.addsitedir({str(tmp_path)!r}); " + code
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd="/", capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(imported), (out.stdout, out.stderr)
 
