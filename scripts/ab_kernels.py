@@ -15,7 +15,7 @@ import numpy as np
 from runtime_cuda.core import module
 from runtime_cuda.fused import gemv_kernel as gk
 from runtime_cuda.ranks import small_allreduce as sa
-from kernel_probe_common import graph_time
+from kernel_probe_common import graph_times
 
 NEW = module.KERNEL_DIR
 OLD = pathlib.Path(sys.argv[1]).resolve()
@@ -91,7 +91,7 @@ for k, n in ((8192 // nranks, 8192), (14336 // nranks, 4096), (28672 // nranks, 
             build(OLD if name == "old" else NEW, (), lambda: call(cupy.cuda.Stream.null))
             cupy.cuda.Device().synchronize()
             outs[name], t[name] = o, call
-        times = {name: min(graph_time(c, comm) for _ in range(2)) for name, c in t.items()}
+        times = {name: v for name, (v, _) in graph_times(t, comm).items()}
         agree = all_true(same_everywhere(outs["new"]) and same_everywhere(outs["old"]))
         split = gv["new"]._shape(b, k, n, "bfloat16")[2]
         row = "  ".join(f"{nm} {v:6.1f}" for nm, v in times.items())
@@ -114,7 +114,7 @@ for nbytes in (1024, 16384, 65536, 262144, 2 << 20):
         build(OLD if name == "old" else NEW, (), lambda: call(cupy.cuda.Stream.null))
         cupy.cuda.Device().synchronize()
         outs[name], t[name] = o, call
-    times = {name: min(graph_time(c, comm) for _ in range(2)) for name, c in t.items()}
+    times = {name: v for name, (v, _) in graph_times(t, comm).items()}
     same = all_true(all((outs["old"][r] == outs["new"][r]).all() for r in range(nlocal)))
     say(f"{nbytes:8d} B  " + "  ".join(f"{nm} {v:6.2f}" for nm, v in times.items()) + f"  same_bits={same}")
 for g in sg.values():

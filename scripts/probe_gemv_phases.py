@@ -1,6 +1,7 @@
 """Where a GEMV+AR call's time goes, and kernel build variants against the shipped one (dev
-tooling): per decode shape, us per call in CUDA-graph replays of 20 (median of 9, max over ranks)
-for each variant (NAME/slices a tile), then, from a build with -DGC3_GV_PHASES, the latest replay's phase ends on rank
+tooling): per decode shape, us per call in CUDA-graph replays of 20 for each variant (NAME/slices a
+tile; the variants' graphs replayed in turn, the median of 9 rounds and ± the range of their middle
+half, max over ranks), then, from a build with -DGC3_GV_PHASES, the latest replay's phase ends on rank
 0 (global timer, us after the first block left its wait for the kernel ahead): slices done
 (median and last block), the tile's slices seen, shares put, the ranks' sums, the exit.  Not a
 result by itself (every side is gc3's): it says what a kernel change should target and whether it
@@ -18,7 +19,7 @@ import ml_dtypes
 import numpy as np
 from runtime_cuda.core import module
 from runtime_cuda.fused import gemv_kernel as gk
-from kernel_probe_common import graph_time
+from kernel_probe_common import graph_times
 
 args = sys.argv[1:]
 VIRTUAL = 0
@@ -80,21 +81,25 @@ for b, k, n in SHAPES:
     ws = [cupy.asarray((rng.standard_normal((k, n)) * 0.02).astype(ml_dtypes.bfloat16).view(np.uint16))
           for _ in range(nlocal)]
     ref = None
-    row = []
-    ends = {}
+    calls, mods, same = {}, {}, {}
     for (name, extra, rows) in VARIANTS + PHASED:
         g = groups[name]
         o = [cupy.zeros((b, n), cupy.uint16) for _ in range(nlocal)]
         call = lambda s, g=g, o=o: g.run_ptrs([a.data.ptr for a in xs], [a.data.ptr for a in ws],
                                               [a.data.ptr for a in o], b, k, n, "bfloat16", s)
         # The module this shape's launch came from (the compile caches are per build).
-        mod = built(extra, rows, lambda: (call(cupy.cuda.Stream.null), gk._module("bfloat16", cupy.cuda.Device().id))[1])
+        mods[name] = built(extra, rows, lambda: (call(cupy.cuda.Stream.null), gk._module("bfloat16", cupy.cuda.Device().id))[1])
         cupy.cuda.Device().synchronize()
-        same = ref is None or all(bool((o[i] == ref[i]).all()) for i in range(nlocal))
+        same[name] = ref is None or all(bool((o[i] == ref[i]).all()) for i in range(nlocal))
         ref = ref or o
-        t = graph_time(call, comm)
+        calls[name] = call
+    times = graph_times(calls, comm)
+    row = []
+    ends = {}
+    for (name, extra, rows) in VARIANTS + PHASED:
+        g, mod, (t, spread) = groups[name], mods[name], times[name]
         tw, split = g._shape(b, k, n, "bfloat16")[2:4]
-        row.append(f"{name}/{split} {t:5.1f}{'' if worst(int(same), min) else ' DIFF'}")
+        row.append(f"{name}/{split} {t:5.1f}±{spread:.1f}{'' if worst(int(same[name]), min) else ' DIFF'}")
         if name.startswith("phases"):
             st = cupy.ndarray((8 * 1024, 10), cupy.uint64, mod.get_global("gc3_gv_phases"))
             grid = min(g._most_blocks(None), -(-n // tw) * max(split, 1))
