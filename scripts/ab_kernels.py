@@ -1,6 +1,7 @@
 """Kernel A/B (dev tooling): the kernels of another revision against the working tree's, in one job,
-GEMV+AR at the decode shapes and the small one-shot allreduce, us per call from CUDA-graph replays of 20
-calls (median of 9, max over ranks).  Not a result by itself (both sides are gc3's): it tells whether a
+GEMV+AR at the decode shapes and every small kernel (allreduce one-shot and two-shot, allgather and
+reducescatter one-shot, on LL and LL128 lines), us per call from CUDA-graph replays of 20 calls (the
+variants in turn, the median of 9 rounds, max over ranks).  Not a result by itself (both sides are gc3's): it tells whether a
 kernel change pays before `gc3 bench` measures it against the user's path.
 
     git archive REV runtime_cuda/kernels | tar -x -C /tmp/old
@@ -100,22 +101,26 @@ for k, n in ((8192 // nranks, 8192), (14336 // nranks, 4096), (28672 // nranks, 
 for g in gv.values():
     g.check()
 
-say("## small allreduce bf16 one-shot")
 MB = 2 << 20
 sg = {"old": build(OLD, (), lambda: mk(sa.SmallAllreduce, max_bytes=MB)),
       "new": mk(sa.SmallAllreduce, max_bytes=MB)}
-for nbytes in (1024, 16384, 65536, 262144, 2 << 20):
-    elems = nbytes // 2
-    ins = [cupy.asarray(rng.integers(-8, 8, elems).astype(ml_dtypes.bfloat16).view(np.uint16)) for _ in range(nlocal)]
-    t, outs = {}, {}
-    for name, g in sg.items():
-        o = [cupy.zeros(elems, cupy.uint16) for _ in range(nlocal)]
-        call = lambda s, g=g, o=o: g.run_ptrs(ptrs(ins), ptrs(o), elems, "bfloat16", "sum", s)
-        build(OLD if name == "old" else NEW, (), lambda: call(cupy.cuda.Stream.null))
-        cupy.cuda.Device().synchronize()
-        outs[name], t[name] = o, call
-    times = {name: v for name, (v, _) in graph_times(t, comm).items()}
-    same = all_true(all((outs["old"][r] == outs["new"][r]).all() for r in range(nlocal)))
-    say(f"{nbytes:8d} B  " + "  ".join(f"{nm} {v:6.2f}" for nm, v in times.items()) + f"  same_bits={same}")
+for coll, kind in sa.KINDS:   # every kernel of the small kernels' two entries, LL and LL128
+    say(f"## small {coll} {kind} bf16")
+    for nbytes in (1024, 16384, 65536, 262144) + ((2 << 20,) if coll == "allreduce" else ()):
+        elems = nbytes // 2
+        if sa.refusal("bfloat16", "sum", elems, MB, coll, nranks):   # past what the scratch holds
+            continue
+        ins = [cupy.asarray(rng.integers(-8, 8, elems).astype(ml_dtypes.bfloat16).view(np.uint16))
+               for _ in range(nlocal)]
+        t, outs = {}, {}
+        for name, g in sg.items():
+            o = [cupy.zeros(elems * nranks, cupy.uint16) for _ in range(nlocal)]   # allgather's output is the largest
+            call = lambda s, g=g, o=o: g.run_ptrs(ptrs(ins), ptrs(o), elems, "bfloat16", "sum", s, kind=kind, coll=coll)
+            build(OLD if name == "old" else NEW, (), lambda: call(cupy.cuda.Stream.null))
+            cupy.cuda.Device().synchronize()
+            outs[name], t[name] = o, call
+        times = {name: v for name, (v, _) in graph_times(t, comm).items()}
+        same = all_true(all((outs["old"][r] == outs["new"][r]).all() for r in range(nlocal)))
+        say(f"{nbytes:8d} B  " + "  ".join(f"{nm} {v:6.2f}" for nm, v in times.items()) + f"  same_bits={same}")
 for g in sg.values():
     g.check()
