@@ -7,6 +7,8 @@ a runtime package declares them under the entry-point group `gc3.commands`
 compiler never imports a runtime."""
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import click
 
 # The compiler's own subcommands: each module defines `command`, a click command.
@@ -26,6 +28,28 @@ class _Group(click.Group):
         except GC3Error as exc:
             fail(ctx.invoked_subcommand or "gc3", exc)
 
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            hint = _no_runtime_hint(args[0] if args else "")
+            if hint:
+                raise click.UsageError(f"{exc.message.rstrip('.')}. {hint}", ctx) from None
+            raise
+
+
+def _no_runtime_hint(name: str) -> str:
+    """Why a runtime command is missing, where no installed package declares any: from a
+    checkout on PYTHONPATH the runtime's code is there but its entry points are not."""
+    if not name or name.startswith("-") or _plugins:
+        return ""
+    if find_spec("runtime_cuda") is not None:   # found, not imported: the compiler imports no runtime
+        return (f"The GPU runtime's commands (bench, tune, catalog, run, ...) come from an installed "
+                f"package's '{PLUGIN_GROUP}' entry points, and none is installed here; from this "
+                f"checkout run `python -m runtime_cuda {name} ...`, or install it (`pip install -e .`)")
+    return (f"No GPU runtime is installed, and the runtime's commands (bench, tune, catalog, run, ...) "
+            f"come from one: install gc3 with its runtime (`pip install -e .` in a checkout)")
+
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gc3")
@@ -42,8 +66,12 @@ def _register() -> None:
     # Installed packages' commands, by the name they declare; loaded at start
     # (cheap: a plugin module imports its runtime inside the command).
     for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        _plugins.append(ep.name)
         if ep.name not in main.commands:
             main.add_command(ep.load(), ep.name)
+
+
+_plugins: list = []   # the commands installed packages declare, by name
 
 
 _register()
