@@ -133,3 +133,25 @@ def test_the_provenance_shows_both_halves_of_each_choice(monkeypatch):
                      "graph_us": 3.1, "nccl_eager_us": 12.0, "nccl_graph_us": 7.0}
     # Above graph_max eager alone decides (the program, a shade faster there), and no halves are shown.
     assert large == {"bytes": 1 << 20, "algorithm": "program", "time_us": 8.0, "nccl_us": 12.0}
+
+
+def test_where_the_graph_ranked_best_loses_to_nccl_the_next_that_wins_takes_the_size(monkeypatch):
+    # The graph ranks gc3's candidates, but only those that beat NCCL on the whole take part:
+    # a program fast in a graph and slow eager must not hand the size to NCCL past a kernel
+    # that beats NCCL both ways.
+    t = timer(monkeypatch, {"program": (20.0, 3.0), "kernel": (8.0, 3.3)}, 2 << 20, nccl=(9.0, 4.5))
+    chosen = tune.choose([kernel("program"), kernel("kernel")], [1024], t, True, "allreduce")
+    assert chosen[0].winner.label == "kernel"
+    assert chosen[0].time_s == pytest.approx(11.3e-6) and chosen[0].nccl_s == pytest.approx(13.5e-6)
+
+
+def test_a_candidate_already_slower_than_nccl_at_a_smaller_size_is_not_timed(monkeypatch):
+    timed = []
+    t = timer(monkeypatch, {"slow": (30.0, 25.0), "slower": (40.0, 30.0)}, 2 << 20, nccl=(9.0, 4.5))
+    real = t.time
+    monkeypatch.setattr(t, "time", lambda cand, nbytes, inplace: timed.append((cand.label, nbytes)) or
+                        real(cand, nbytes, inplace))
+    chosen = tune.choose([kernel("slow"), kernel("slower")], [1024, 4096], t, True, "allreduce")
+    assert [c.winner for c in chosen] == [None, None]
+    # At 4 KiB their graph times at 1 KiB (25 and 30 us) already exceed NCCL's whole time (13.5 us).
+    assert timed == [("slow", 1024), ("slower", 1024)] and chosen[1].timed == 0

@@ -89,7 +89,7 @@ def choices_title(prov: dict) -> str:
 @click.option("--graph-max", default=None, callback=lambda ctx, param, value: None if value is None else
               _size(ctx, param, value),
               help="measured: up to this size candidates rank by their time per call in a CUDA graph, and the best "
-                   "is weighed against NCCL by its eager time plus that (0: eager only) "
+                   "of those whose eager time plus that beats NCCL's wins (0: eager only) "
                    "[default: runtime_cuda.nccl.tune.GRAPH_MAX]")
 @click.option("--fused", is_flag=True, help="tune the fused operators instead (torch; under torchrun or mpirun, one "
               "process per GPU): per shape, the faster of the sequential and the fused path goes into the 'fused' "

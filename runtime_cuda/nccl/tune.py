@@ -73,7 +73,7 @@ _FUSED_TYPES = frozenset({"rcs", "rrcs", "rrs"})
 SIZE_RANGE = (1 << 10, 1 << 30)       # 1 KiB .. 1 GiB
 SIZE_FACTOR, QUICK_SIZE_FACTOR = 4, 64
 # Up to this size a measured tune ranks gc3's candidates by their time per call in a 100-call CUDA
-# graph, and weighs the best against NCCL by its eager time per call plus that.  There, eager calls
+# graph, among those whose eager time per call plus that beats NCCL's.  There, eager calls
 # are bound by the host's time to issue them, which is nearly the same for every gc3 candidate and
 # varies by several µs from one timing to the next: eager timing picked interpreter programs that
 # took twice a kernel's time in a graph, and the sum of both still chose differently from one tune
@@ -339,10 +339,11 @@ class Prior:
 def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace: bool,
            coll: str, done: Callable[[Choice], None] = lambda choice: None,
            out_of_time: Callable[[], bool] = lambda: False, prior: Optional[Prior] = None) -> List[Choice]:
-    """The fastest of `cands` at each size.  Sizes go up, and a candidate's time at
-    a smaller size bounds its time at this one from below (a call does not get
-    faster as it grows), so candidates whose bound is already slower than the
-    best found are not timed: the slow protocols at large sizes cost nothing.
+    """The fastest of `cands` at each size (by the timer's rank: the graph time where it has
+    one) among those no slower than NCCL there (by their whole time), else NCCL.  Sizes go
+    up, and a candidate's time at a smaller size bounds its time at this one from below (a
+    call does not get faster as it grows), so candidates whose bound is already slower than
+    the best found, or than NCCL, are not timed: the slow protocols at large sizes cost nothing.
     With a `prior`, only its shortlist at each size is timed at all.
     Once `out_of_time()` (asked before each size; under mpirun every rank must get
     the same answer) the remaining sizes go to NCCL untimed."""
@@ -358,22 +359,27 @@ def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace
             out.append(Choice(nbytes, None, None, None, 0, unmeasured=True))
             done(out[-1])
             continue
+        # NCCL first: a candidate that loses to it takes no part in the ranking, so where the
+        # graph-time best loses on the whole (its eager time) the next one that wins still can.
+        nccl = timer.baseline(coll, nbytes, inplace)
         best: Optional[Tuple[float, float, Variant]] = None     # (rank key, time, candidate)
         timed = 0
         here = prior.shortlist(cands, nbytes, inplace) if prior is not None else list(cands)
         for cand in sorted(here, key=lambda c: bound.get(c.label, 0.0)):   # stable: grid order breaks ties
-            if best is not None and bound.get(cand.label, 0.0) >= best[0]:
+            low = bound.get(cand.label, 0.0)   # bounds its rank key, and so its time (the key's whole)
+            if (best is not None and low >= best[0]) or (nccl is not None and low > nccl):
                 break
             t = timer.time(cand, nbytes, inplace)
             timed += 1
             if t is None:
                 continue
             key = bound[cand.label] = rank(cand, nbytes, inplace, t)
+            if nccl is not None and t > nccl:
+                continue
             if best is None or key < best[0]:
                 best = (key, t, cand)
-        nccl = timer.baseline(coll, nbytes, inplace)
         ruled_out = len(cands) - len(here)
-        if best is None or (nccl is not None and nccl < best[1]):
+        if best is None:
             out.append(Choice(nbytes, None, nccl, nccl, timed, ruled_out=ruled_out))
         else:
             out.append(Choice(nbytes, best[2], best[1], nccl, timed, ruled_out=ruled_out))
