@@ -7,8 +7,6 @@ a runtime package declares them under the entry-point group `gc3.commands`
 compiler never imports a runtime."""
 from __future__ import annotations
 
-from importlib.util import find_spec
-
 import click
 
 # The compiler's own subcommands: each module defines `command`, a click command.
@@ -40,15 +38,13 @@ class _Group(click.Group):
 
 def _no_runtime_hint(name: str) -> str:
     """Why a runtime command is missing, where no installed package declares any: from a
-    checkout on PYTHONPATH the runtime's code is there but its entry points are not."""
+    checkout on PYTHONPATH the runtime's code is there but its entry points are not.  (The
+    compiler names no runtime: the README says which module runs a checkout's commands.)"""
     if not name or name.startswith("-") or _plugins:
         return ""
-    if find_spec("runtime_cuda") is not None:   # found, not imported: the compiler imports no runtime
-        return (f"The GPU runtime's commands (bench, tune, catalog, run, ...) come from an installed "
-                f"package's '{PLUGIN_GROUP}' entry points, and none is installed here; from this "
-                f"checkout run `python -m runtime_cuda {name} ...`, or install it (`pip install -e .`)")
-    return (f"No GPU runtime is installed, and the runtime's commands (bench, tune, catalog, run, ...) "
-            f"come from one: install gc3 with its runtime (`pip install -e .` in a checkout)")
+    return (f"No installed package declares the GPU runtime's commands (bench, tune, catalog, run, ...; "
+            f"entry points '{PLUGIN_GROUP}'): install gc3 with its runtime (`pip install -e .` in a "
+            f"checkout), or run a checkout's runtime module with python -m (the README's command table)")
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
