@@ -155,3 +155,18 @@ def test_a_candidate_already_slower_than_nccl_at_a_smaller_size_is_not_timed(mon
     assert [c.winner for c in chosen] == [None, None]
     # At 4 KiB their graph times at 1 KiB (25 and 30 us) already exceed NCCL's whole time (13.5 us).
     assert timed == [("slow", 1024), ("slower", 1024)] and chosen[1].timed == 0
+
+
+def test_where_nccl_wins_the_provenance_names_gc3s_best_and_its_halves(monkeypatch):
+    t = timer(monkeypatch, {"program": (20.0, 3.0), "kernel": (14.0, 3.3)}, 2 << 20, nccl=(9.0, 4.5))
+    chosen = tune.choose([kernel("program"), kernel("kernel")], [1024], t, True, "allreduce")
+    assert chosen[0].winner is None and chosen[0].runner_up[0].label == "program"   # ranked by graph
+    tuned = tune.Tuned("allreduce", [], [])
+    tuned.choices["inplace"] = chosen
+    [row] = tune.choices_record([tuned], t)["allreduce"]["inplace"]
+    assert row == {"bytes": 1024, "algorithm": "NCCL", "time_us": 13.5, "nccl_us": 13.5, "nccl_eager_us": 9.0,
+                   "nccl_graph_us": 4.5, "best_gc3": "program", "best_gc3_us": 23.0, "best_gc3_eager_us": 20.0,
+                   "best_gc3_graph_us": 3.0}
+    lines = []
+    tune.choose([kernel("kernel")], [1024], t, True, "allreduce", done=lambda c: lines.append(c))
+    assert lines[0].runner_up[0].label == "kernel"

@@ -303,6 +303,9 @@ class Choice:
     timed: int                      # candidates timed at this size (the rest were pruned)
     unmeasured: bool = False        # the time budget ran out before this size: NCCL, untimed
     ruled_out: int = 0              # candidates the prior (cost model) left untimed at this size
+    # Where NCCL won: gc3's best loser by the same rank and its time, so the provenance says by how
+    # much (None: nothing of gc3's was timed here, or gc3 won).
+    runner_up: Optional[Tuple[Variant, float]] = None
 
 
 # A measured tune times, at each size, only the candidates the cost model predicts within this
@@ -363,6 +366,7 @@ def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace
         # graph-time best loses on the whole (its eager time) the next one that wins still can.
         nccl = timer.baseline(coll, nbytes, inplace)
         best: Optional[Tuple[float, float, Variant]] = None     # (rank key, time, candidate)
+        lost: Optional[Tuple[float, float, Variant]] = None     # the same, of those slower than NCCL
         timed = 0
         here = prior.shortlist(cands, nbytes, inplace) if prior is not None else list(cands)
         for cand in sorted(here, key=lambda c: bound.get(c.label, 0.0)):   # stable: grid order breaks ties
@@ -375,12 +379,15 @@ def choose(cands: Sequence[Variant], sizes: Sequence[int], timer: Timer, inplace
                 continue
             key = bound[cand.label] = rank(cand, nbytes, inplace, t)
             if nccl is not None and t > nccl:
+                if lost is None or key < lost[0]:
+                    lost = (key, t, cand)
                 continue
             if best is None or key < best[0]:
                 best = (key, t, cand)
         ruled_out = len(cands) - len(here)
         if best is None:
-            out.append(Choice(nbytes, None, nccl, nccl, timed, ruled_out=ruled_out))
+            out.append(Choice(nbytes, None, nccl, nccl, timed, ruled_out=ruled_out,
+                              runner_up=None if lost is None else (lost[2], lost[1])))
         else:
             out.append(Choice(nbytes, best[2], best[1], nccl, timed, ruled_out=ruled_out))
         done(out[-1])
@@ -476,6 +483,8 @@ def tune(ranks: int, nodes: int, collectives: Sequence[str], sizes: Sequence[int
         left = spent / steps[0] * (total - steps[0])
         what = c.winner.label if c.winner else ("NCCL (time budget spent, not measured)" if c.unmeasured else "NCCL")
         at = f" {c.time_s * 1e6:.1f} us" if c.time_s is not None else ""
+        if c.runner_up is not None:
+            at += f" (gc3's best: {c.runner_up[0].label} {c.runner_up[1] * 1e6:.1f} us)"
         progress(f"[{steps[0]}/{total}] {bar(steps[0], total)} {coll} {place} {format_size(c.nbytes)}: {what}{at} "
                  f"({c.timed} timed); {spent:.0f} s spent, about {left:.0f} s left")
 
@@ -553,7 +562,11 @@ def choices_record(results: Sequence[Tuned], timer: Optional[Timer] = None) -> D
                ("NCCL (not measured: time budget spent)" if c.unmeasured else "NCCL"),
                "time_us": None if c.time_s is None else round(c.time_s * 1e6, 3),
                "nccl_us": None if c.nccl_s is None else round(c.nccl_s * 1e6, 3)}
-        for prefix, label in ([("", c.winner.label)] if c.winner else []) + [("nccl_", None)]:
+        if c.runner_up is not None:
+            out.update(best_gc3=c.runner_up[0].label, best_gc3_us=round(c.runner_up[1] * 1e6, 3))
+        sides = ([("", c.winner.label)] if c.winner else []) + [("nccl_", None)] + \
+            ([("best_gc3_", c.runner_up[0].label)] if c.runner_up is not None else [])
+        for prefix, label in sides:
             halves = split(label, coll, c.nbytes, inplace)      # None: NCCL's side
             if halves is not None:
                 out.update({f"{prefix}eager_us": round(halves[0], 3), f"{prefix}graph_us": round(halves[1], 3)})
