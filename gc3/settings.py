@@ -126,6 +126,11 @@ _DECLARED: List[Setting] = [
             "dependent launch (sm_90 and up, cuda.bindings, a CUDA 12.3 driver): in a graph a launch may start "
             "while the kernel before it ends, and waits on the device for it; 0 launches them plainly",
             lambda raw: raw != "0", "0 or anything else", blank_is_unset=False),
+    Setting("GC3_ORDER_COUNT", "flag", True,
+            "mark the end of an eager small-message kernel call on a stream passed by handle with a device "
+            "counter its blocks bump as they end (a switch to another stream waits for it with "
+            "cuStreamWaitValue32; cuda.bindings), instead of an event record on every call; 0 records the event",
+            lambda raw: raw != "0", "0 or anything else", blank_is_unset=False),
     Setting("GC3_TRACE", "flag", False,
             "build kernels that timestamp each block's steps (Executor.trace); any value but 0 turns it on",
             lambda raw: raw != "0", "0 or anything else", blank_is_unset=False),

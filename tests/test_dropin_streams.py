@@ -267,6 +267,102 @@ def test_the_fast_path_fields_say_exactly_when_enter_and_leave_do_nothing(ops):
         assert order.held == (order.last if order._keeper is not None or order.last in (0, 1, 2) else None)
 
 
+class CountingEvents(GoneStreams):
+    """GoneStreams, and the counter wait StreamOrder issues for counted launches."""
+
+    def __init__(self, order_cls=StreamOrder):
+        super().__init__()
+        self.order = order = order_cls(self)
+        order._counter = 0x1000     # as counter() leaves it where streams can wait on memory
+        order._wait_counter = lambda stream: (self._alive(stream), self.log.append(("count", stream, order.total)))
+
+
+def test_counted_launches_mark_their_stream_without_an_event():
+    """A stream passed by handle whose calls are counting launches: no event record per call,
+    and the switch waits for the count, never touching the stream (destroyed by then)."""
+    ev = CountingEvents()
+    order = ev.order
+    for stream, blocks in ((7, 4), (7, 4), (8, 2)):
+        order.enter(stream)
+        order.counted(stream, blocks)
+        ev.gone.add(stream)
+    order.enter(9)
+    assert ev.log == [("count", 8, 8), ("count", 9, 10)]
+
+
+def test_a_count_never_stands_for_later_work_nor_an_old_mark_for_a_count():
+    ev = CountingEvents()
+    order = ev.order
+    order.enter(7)
+    order.counted(7, 4)
+    order.leave(7)                      # an NCCL call after the counted one: its event is the mark
+    order.enter(8)
+    assert ev.log == [("record", 1, 7), ("wait", 8, 1)]
+    order.leave(8)                      # marked by an event, then counted: the count is the mark
+    order.counted(8, 2)
+    order.enter(9)
+    assert ev.log[2:] == [("record", 1, 8), ("count", 9, 6)]
+
+
+def test_counts_on_the_default_streams_mark_at_the_switch():
+    """The default streams' repeats skip leave(), so a count never marks them: later work on
+    them would not be covered.  The switch records on them instead (they are never destroyed)."""
+    ev = CountingEvents()
+    order = ev.order
+    order.enter(0)
+    order.counted(0, 4)
+    order.enter(0)                      # another call on it, any kind
+    order.enter(5)
+    assert order.total == 4 and ev.log == [("record", 1, 0), ("wait", 5, 1)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["count", "event", "owned", "captured"]), st.sampled_from([0, 2, 5, 6, 7])),
+                max_size=40))
+def test_every_switch_waits_for_the_last_streams_latest_call(calls):
+    """Calls as the drop-in's repeat path makes them (a counting launch, an NCCL or interpreter
+    call marked by leave(), a call on a stream whose owner is known, a captured one), each on a
+    stream its owner may destroy right after (unless held or a default stream).  At every switch,
+    what the new stream waits for must cover the last stream's latest uncaptured call, and no
+    destroyed stream may be touched."""
+    ev = CountingEvents()
+    order = ev.order
+    owners, latest = {}, {}   # latest: stream -> (its last uncaptured call's index in ev.log, total after it)
+    for kind, stream in calls:
+        ev.gone.discard(stream)
+        ev.capturing_streams = {stream} if kind == "captured" else set()
+        last, mark = order.last, len(ev.log)
+        order.enter(stream)
+        if last is not None and last != stream and kind != "captured" and last in latest:
+            at, total = latest[last]
+            waits = [e for e in ev.log[mark:] if e[1] == stream and e[0] in ("wait", "count")]
+            assert len(waits) == 1, ev.log[mark:]
+            what, _, arg = waits[0]
+            if what == "count":
+                assert ev.log[at][0] == "counted" and total <= arg
+            else:
+                rec = max(i for i, e in enumerate(ev.log) if e[0] == "record" and e[1] == arg
+                          and i < ev.log.index(waits[0], mark))
+                assert ev.log[rec][2] == last and rec > at
+        if kind == "captured":
+            order.leave(stream, True)
+            continue
+        if kind == "count":                 # counted() is the whole mark: the repeat path calls no leave()
+            order.counted(stream, 3)
+            ev.log.append(("counted", stream, order.total))
+            latest[stream] = (len(ev.log) - 1, order.total)
+        else:
+            ev.log.append(("call", stream, None))
+            latest[stream] = (len(ev.log) - 1, order.total)
+            if kind == "owned" and stream not in owners:
+                owners[stream] = Owner(ev, stream)
+            owner = owners[stream] if kind == "owned" else None
+            if order.held != stream:
+                order.leave(stream, None, owner)
+        if kind != "owned" and stream not in (0, 1, 2) and order._keeper is None:
+            ev.gone.add(stream)             # a temporary stream, destroyed after its call
+
+
 class RecordingGc3:
     def __init__(self, log):
         self.log = log

@@ -468,7 +468,7 @@ def test_launches_are_marked_only_where_the_kernel_can_wait_for_its_predecessor(
     import builtins
     import types
 
-    from runtime_cuda.core import launcher
+    from runtime_cuda.core import cudadriver, launcher
 
     head = (0, 1, 1, 1, 32, 1, 1, 0)
     assert launcher.pdl_launch(head, _Device("80")) is None
@@ -481,7 +481,7 @@ def test_launches_are_marked_only_where_the_kernel_can_wait_for_its_predecessor(
         if name.startswith("cuda.bindings") or (name == "cuda" and "bindings" in (args[2] or ())):
             raise ImportError(name)
         return real_import(name, *args, **kw)
-    launcher._pdl_driver.cache_clear()
+    cudadriver.driver.cache_clear()
     with monkeypatch.context() as m:
         m.setattr(builtins, "__import__", no_bindings)
         assert launcher.pdl_launch(head, _Device("90")) is None
@@ -490,16 +490,72 @@ def test_launches_are_marked_only_where_the_kernel_can_wait_for_its_predecessor(
                                 cuDriverGetVersion=lambda: (0, 12020))
     bindings = types.ModuleType("cuda.bindings")
     bindings.driver = old
-    launcher._pdl_driver.cache_clear()
+    cudadriver.driver.cache_clear()
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
         m.setitem(sys.modules, "cuda.bindings", bindings)
         m.setitem(sys.modules, "cuda.bindings.driver", old)
         assert launcher.pdl_launch(head, _Device("90")) is None
-        launcher._pdl_driver.cache_clear()
+        cudadriver.driver.cache_clear()
         old.cuDriverGetVersion = lambda: (0, 12030)    # the control: the same fake, new enough
-        assert launcher._pdl_driver() is old
-    launcher._pdl_driver.cache_clear()
+        assert cudadriver.driver(12030) is old
+    cudadriver.driver.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["oneshot", "twoshot_ll128"])
+def test_repeats_on_temporary_streams_are_ordered_by_the_count(kind):
+    """The repeat path on streams passed by handle, each destroyed right after its call, each
+    call in place summing what the one before stored, the one before held back by a busy
+    kernel: the count its blocks bump (StreamOrder.counted) is the only mark each stream
+    gets, and the next stream waits for it.  A captured call in between bumps nothing: the
+    counter ends equal to the eager blocks the order counted."""
+    import cupy
+
+    from runtime_cuda.core import cudadriver
+    from runtime_cuda.fused import gemm_signal
+    from runtime_cuda.ranks.small_allreduce import SmallAllreduce
+
+    n, count, dtype = 2, 4099, "int32"
+    group = SmallAllreduce.virtual(n, timeout=10)
+    order = group.executor.order
+    bufs = Bufs(n, dtype, count)
+    ptrs, _ = bufs.ptrs(True, 0)
+    xs = [(np.arange(count) % 7 + r).astype(np.int32) for r in range(n)]
+    first = cupy.cuda.Stream(non_blocking=True)
+    for a, x in zip(bufs.ins, xs):
+        a[:count].set(x, stream=first)
+    group.run_ptrs(ptrs, ptrs, count, dtype, "sum", first, kind=kind)
+    counts = order.counter() != 0
+    assert counts == (cudadriver.driver() is not None)
+    rep = group.reissue(ptrs, ptrs, count, dtype, "sum", kind=kind)
+    assert rep is not None and (rep.launch.counting is not None) == counts
+    total = sum(x.astype(np.int64) for x in xs)
+    prev = first
+    for i in range(12):
+        if i == 6:   # a captured call on a stream of its own: replayed later, it counts nothing
+            c = cupy.cuda.Stream(non_blocking=True)
+            c.begin_capture()
+            assert rep(c.ptr)
+            graph = c.end_capture()
+        s = cupy.cuda.Stream(non_blocking=True)
+        gemm_signal.spin(s.ptr, 2e-4)      # this stream's call starts late; the next one must wait for it
+        assert rep(s.ptr)
+        total = total * n
+        del prev                           # destroyed by its owner: the order must not touch it
+        prev = s
+    prev.synchronize()
+    group.check()
+    for r in range(n):
+        got = bufs.ins[r][:count].get().astype(np.int64)
+        bad = np.flatnonzero(got != total)
+        assert bad.size == 0, f"{kind} rank {r}: element {bad[0]} is {got[bad[0]]}, want {total[bad[0]]}"
+    graph.launch(stream=prev)
+    prev.synchronize()
+    group.check()
+    if counts:
+        word = int(cupy.asarray(order._counter_mem).get()[0])
+        assert word == order.total % 2**32 and order.total > 0
 
 
 @pytest.mark.gpu

@@ -174,7 +174,7 @@ def flag_costs(stream, reps: int = 2000) -> Dict:
     """µs per release (each backend available) and per wait on a flag already set."""
     import cupy
 
-    from runtime_cuda.core import streams
+    from runtime_cuda.core import cudadriver, streams
     from runtime_cuda.fused import gemm_signal as sig
     from runtime_cuda.fused.groups import VirtualGemmGroup
 
@@ -190,11 +190,8 @@ def flag_costs(stream, reps: int = 2000) -> Dict:
     out["wait_kernel_us"] = 1000 * t.median(
         lambda: [g.watchdog.wait(stream.ptr, flag.data.ptr, 1, "benchmark flag") for _ in range(reps)], 3, 1) / reps
     if sig._driver() is not None:
-        d = sig._driver()
         out["wait_driver_us"] = 1000 * t.median(
-            lambda: [sig._check_driver(d.cuStreamWaitValue32(d.CUstream(stream.ptr), d.CUdeviceptr(flag.data.ptr), 1,
-                                                              sig._GEQ), "cuStreamWaitValue32")
-                     for _ in range(reps)], 3, 1) / reps
+            lambda: [cudadriver.wait_value32(stream.ptr, flag.data.ptr, 1) for _ in range(reps)], 3, 1) / reps
     g.watchdog.check()
     g.close()
     return out

@@ -18,6 +18,7 @@ from .tables import Tables, epilogue_words
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
 _LEGACY = streams.LEGACY_PTRS
+_LASTING = streams.LASTING
 
 
 class CollectiveGroup(Protocol):
@@ -106,6 +107,13 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
     whole = None if launch is not None else call.__call__
     in_capture, eager, params = launch.driver_calls() if launch is not None else (None, None, 0)
     ex = launch.ex if launch is not None else group.executor
+    # A launch whose blocks count themselves on a stream order (StreamOrder.counted): its eager
+    # call adds its blocks to that order's total, and where that order is the only one to mark,
+    # the count is the stream's end mark: no leave(), no event record.
+    counting = getattr(launch, "counting", None)
+    cparams = launch.captured_params_ptr if counting is not None else params
+    counter_order, nblocks = counting if counting is not None else (None, 0)
+    counts_mark = counter_order is order and outer is None
 
     def issue(stream_ptr: int = stream) -> bool:
         if group._epoch != epoch or ex.broken:
@@ -127,9 +135,17 @@ def _issuer(group: "LaunchGroup", call: PreparedCall, epoch: int, stream: Option
         if whole is not None:
             whole(stream_ptr, captured)
         elif captured or eager is None:   # Launch.__call__'s choice (Launch.driver_calls)
-            in_capture(stream_ptr, params, 0)
+            in_capture(stream_ptr, cparams if captured else params, 0)
         else:
             eager(stream_ptr, params, 0)
+            if counter_order is not None:
+                counter_order.total += nblocks
+                if counts_mark and stream_ptr not in _LASTING:
+                    if counter_order.counted_on != stream_ptr:
+                        counter_order.counted(stream_ptr, 0)
+                    if tally is not None:
+                        tally[0] += 1
+                    return True
         if order.held != stream_ptr or outer is not None:
             owner = keep() if keep is not None and stream_ptr == stream else None
             order.leave(stream_ptr, captured, owner)

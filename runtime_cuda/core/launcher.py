@@ -11,7 +11,7 @@ captured in a CUDA graph.
 from __future__ import annotations
 
 import ctypes
-from functools import lru_cache, partial
+from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,7 +20,7 @@ from gc3 import settings
 
 from gc3.errors import GC3Error, LimitError, RuntimeTimeoutError
 
-from . import abi, faults, module, streams
+from . import abi, cudadriver, faults, module, streams
 from .binding import Shape
 from . import block_rows
 from .connections import CONTROL_ABORT, CONTROL_ERR, CONTROL_FLAGS, nslots, slot_bytes
@@ -136,18 +136,6 @@ class Launch:
             raise
 
 
-@lru_cache(maxsize=1)
-def _pdl_driver():
-    """cuda.bindings' driver module where a marked launch can also be captured into a graph
-    (a driver of CUDA 12.3 or later), else None."""
-    try:
-        from cuda.bindings import driver as cb
-    except ImportError:
-        return None
-    err, version = cb.cuDriverGetVersion()
-    return cb if err == cb.CUresult.CUDA_SUCCESS and version >= 12030 else None
-
-
 def pdl_launch(head: tuple, device) -> Optional[Callable[[int, int, int], None]]:
     """A launch of `head` (function, grid x/y/z, block x/y/z, shared bytes) marked for
     programmatic dependent launch, as the callable (stream, params, 0) that CuPy's
@@ -159,7 +147,7 @@ def pdl_launch(head: tuple, device) -> Optional[Callable[[int, int, int], None]]
     lets it start before the previous kernel on the stream has finished."""
     if not settings.get("GC3_PDL") or int(device.compute_capability) < 90:
         return None
-    cb = _pdl_driver()
+    cb = cudadriver.driver(12030)   # a driver that can capture a marked launch
     if cb is None:
         return None
     from cupy_backends.cuda.api.driver import CUDADriverError

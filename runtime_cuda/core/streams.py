@@ -21,7 +21,12 @@
    (a temporary CuPy stream).  Where the drop-in knows the stream's owner
    (CuPy's current Stream, `owner()`), it holds that object while the stream
    is the last one instead: the stream cannot be destroyed, and its end is
-   marked once, at the switch.  A communicator's launch groups share its
+   marked once, at the switch.  Where the call is one launch of a kernel
+   whose blocks each bump the order's device counter as they end
+   (`StreamOrder.counter`, the small-message kernels), that bump is the
+   mark: the host only adds the launch's block count to the total a switch
+   waits for (`StreamOrder.counted`, one stream memory wait at the switch),
+   and issues no event record.  A communicator's launch groups share its
    order, so a call marks at most once.  NCCL orders a communicator's
    operations the same way.
 4. A buffer a queued launch may still read is never handed back to the pool
@@ -187,6 +192,16 @@ class StreamOrder:
         # held: the stream on which leave() does nothing (the last one, its owner held or one of
         # the process's own streams), or None.
         self.held: Optional[int] = None
+        # The device counter (a 32-bit word) that counting launches' blocks bump as they end,
+        # allocated on first need; 0 where streams cannot wait on memory (no cuda.bindings).
+        self._counter: Optional[int] = None
+        self._counter_mem: Any = None
+        # Blocks of counting launches issued so far: the counter's value once they have all
+        # ended.  Written by counted() and by the repeat paths directly (one add a call).
+        self.total = 0
+        # The stream whose end the counter marks (the last counting launch's, with nothing
+        # marked by an event after it on that stream), or None.
+        self.counted_on: Optional[int] = None
 
     def _sync(self) -> None:
         self.ready = self._last if not self._graves else None
@@ -218,7 +233,12 @@ class StreamOrder:
                 return
             keeper, self._keeper = self._keeper, None   # released once `last`'s end is marked
             self.held = None
-            if self._marked == last and keeper is None:
+            if self.counted_on == last and keeper is None:
+                # `last`'s latest work is counting launches: wait for the counter to reach
+                # every block issued so far, touching `last` no more.
+                if not self._fault:
+                    self._wait_counter(stream)
+            elif self._marked == last and keeper is None:
                 # leave() marked `last`'s end after its latest issue: wait on that mark and
                 # touch `last` no more (its owner may have destroyed it since).  A capture
                 # begun on it later holds nothing the mark waits for.
@@ -269,6 +289,43 @@ class StreamOrder:
             self._link = ev.new()
         ev.record(self._link, stream)
         self._marked = stream
+        self.counted_on = None
+
+    def counter(self) -> int:
+        """The address of the word a counting launch's blocks bump (one atomic add each, after
+        their last store), or 0 where this order does not count: no cuda.bindings (a switch
+        could not wait on the word) or GC3_FAULT=stream-order.  Allocated once, zeroed, on
+        the current device, which must be the one every call of this order runs on."""
+        if self._counter is None:
+            from . import cudadriver
+
+            self._counter = 0
+            if not self._fault and cudadriver.driver() is not None:
+                import cupy
+
+                setup = setup_stream()
+                with current(setup):
+                    self._counter_mem = cupy.zeros(1, dtype=cupy.uint32)
+                setup.synchronize()
+                self._counter = self._counter_mem.data.ptr
+        return self._counter
+
+    def counted(self, stream: int, blocks: int) -> None:
+        """After an eager launch on `stream` (entered last) whose `blocks` blocks each bump
+        counter() as they end: every such launch adds to `total` (a switch waits for the
+        counter to reach it), and on a stream leave() would mark per call, the count is
+        that mark instead (the caller then skips leave()).  The default streams are marked
+        at the switch anyway, and their repeats call no leave() that could clear the mark
+        after later work, so the count never marks them."""
+        self.total += blocks
+        if stream not in LASTING:
+            self.counted_on = stream
+            self._marked = None   # an older event mark on `stream` does not cover these launches
+
+    def _wait_counter(self, stream: int) -> None:
+        from . import cudadriver
+
+        cudadriver.wait_value32(stream, self._counter, self.total)
 
     def adopt(self, stream: int) -> None:
         """Take `stream` as the last one with no hand-over: the caller has ordered

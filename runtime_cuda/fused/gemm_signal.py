@@ -39,12 +39,11 @@ from typing import Deque, List, NamedTuple, Optional, Tuple
 
 from gc3.errors import GC3Error, InputError, RuntimeTimeoutError
 from gc3 import settings
-from runtime_cuda.core import streams
+from runtime_cuda.core import cudadriver, streams
 from runtime_cuda.core.stuck import end_process
 
 DEFAULT_TIMEOUT_S = settings.default("GC3_FUSED_TIMEOUT")
 KERNELS = ("gc3_flag_release", "gc3_flag_wait", "gc3_spin_ns", "gc3_stamp", "gc3_sum_round")
-_GEQ = 0   # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,18 +63,9 @@ def kernel(name: str):
     return _kernels(cupy.cuda.runtime.getDevice())[name]
 
 
-@functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def _driver():
-    """cuda.bindings' driver module, or None where it does not import or finds no
-    driver to call (cuda-bindings arrives with torch's wheels on machines without
-    a GPU; its import succeeds there and its first call fails)."""
-    try:
-        from cuda.bindings import driver
-        err, _ = driver.cuDriverGetVersion()
-    except Exception:   # absent, a build that does not match the installed driver, or no libcuda
-        return None
-    return driver if err == driver.CUresult.CUDA_SUCCESS else None
+    """cuda.bindings' driver module, or None (runtime_cuda.core.cudadriver)."""
+    return cudadriver.driver()
 
 
 def _choice(var: str, env) -> Optional[str]:
@@ -106,20 +96,11 @@ def flag_wait_timeout_s(env=None) -> float:
     return settings.get("GC3_FUSED_TIMEOUT", env)
 
 
-def _check_driver(result, what: str) -> None:
-    driver = _driver()
-    err = result[0] if isinstance(result, tuple) else result
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {err}")
-
-
 def release(stream: int, flag: int, value: int, backend: str) -> None:
     """Queue on `stream`: flag := value, after the work queued before it."""
     value &= 0xFFFFFFFF
     if backend == "driver":
-        driver = _driver()
-        _check_driver(driver.cuStreamWriteValue32(driver.CUstream(stream), driver.CUdeviceptr(flag), value, 0),
-                      "cuStreamWriteValue32")
+        cudadriver.write_value32(stream, flag, value)
         return
     import numpy as np
 
@@ -174,9 +155,7 @@ class Watchdog:
         ident = self.name(what)
         value &= 0xFFFFFFFF
         if self.wait_backend == "driver":
-            driver = _driver()
-            _check_driver(driver.cuStreamWaitValue32(driver.CUstream(stream), driver.CUdeviceptr(flag), value, _GEQ),
-                          "cuStreamWaitValue32")
+            cudadriver.wait_value32(stream, flag, value)
             self._track(stream, ident)
             return
         kernel("gc3_flag_wait")((1,), (1,), (np.uint64(flag), np.uint32(value),

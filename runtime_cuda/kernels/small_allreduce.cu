@@ -331,12 +331,16 @@ __device__ __forceinline__ bool ll128_reduce_ranks(const Plan& P, const Where& w
 // max_lines: lines of the largest count the scratch holds;
 // region_lines: lines of one parity region; grid_max: the group's most blocks per rank.
 // epw: [nlocal][GC3_CMP_PTRS] epilogue words (the epilogue build), or null.
+// done: the host's stream-order counter (runtime_cuda.core.streams.StreamOrder.counter), which
+// each block bumps once it has stored everything, or null (a captured launch: its replays are
+// no call the host counted).
 // One body, two entries: the LL128 kernels are an entry of their own, so that their registers
 // (a group's two words per line, the epilogue's accumulators) do not become the LL kernels'.
 template <bool LL128>
 __device__ __forceinline__ void small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks,
                                                 int rank0, long long count, int kind, long long max_lines,
-                                                long long region_lines, int grid_max, const u64* epw) {
+                                                long long region_lines, int grid_max, const u64* epw,
+                                                unsigned* done) {
   // First, before the plan or any buffer: the host may launch this kernel marked
   // for programmatic dependent launch (the opening comment's stream-order argument
   // holds from here on).
@@ -550,20 +554,28 @@ __device__ __forceinline__ void small_allreduce(const Plan* plan, const u64* pee
   }
   // Every thread ends here, a failed one too.
   sa_call_end(header, k, grid_max);
+  // After sa_call_end's barrier, so the fence orders every thread's stores before the count: a
+  // stream the host switches to waits for the count, then reads what this call wrote.
+  if (done != nullptr && threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(done, 1u);
+  }
 }
 
 // kind: GC3_SA_ONESHOT, _TWOSHOT, _ALLGATHER or _REDUCESCATTER.
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
 gc3_small_allreduce(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
-                    int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw) {
-  small_allreduce<false>(plan, peers, io, nranks, rank0, count, kind, max_lines, region_lines, grid_max, epw);
+                    int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw,
+                    unsigned* done) {
+  small_allreduce<false>(plan, peers, io, nranks, rank0, count, kind, max_lines, region_lines, grid_max, epw, done);
 }
 
 // kind: GC3_SA_ONESHOT128, _TWOSHOT128, _ALLGATHER128 or _REDUCESCATTER128.
 extern "C" __global__ void __launch_bounds__(GC3_MAX_THREADS)
 gc3_small_allreduce_ll128(const Plan* plan, const u64* peers, const u64* io, int nranks, int rank0, long long count,
-                          int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw) {
-  small_allreduce<true>(plan, peers, io, nranks, rank0, count, kind, max_lines, region_lines, grid_max, epw);
+                          int kind, long long max_lines, long long region_lines, int grid_max, const u64* epw,
+                          unsigned* done) {
+  small_allreduce<true>(plan, peers, io, nranks, rank0, count, kind, max_lines, region_lines, grid_max, epw, done);
 }
 
 #ifdef GC3_EPILOGUE

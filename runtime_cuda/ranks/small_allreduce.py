@@ -190,17 +190,25 @@ class _Args(ctypes.Structure):
     _fields_ = [("plan", ctypes.c_uint64), ("peers", ctypes.c_uint64), ("io", ctypes.c_uint64),
                 ("nranks", ctypes.c_int32), ("rank0", ctypes.c_int32), ("count", ctypes.c_int64),
                 ("kind", ctypes.c_int32), ("max_lines", ctypes.c_int64), ("region_lines", ctypes.c_int64),
-                ("grid_max", ctypes.c_int32), ("epw", ctypes.c_uint64)]
+                ("grid_max", ctypes.c_int32), ("epw", ctypes.c_uint64), ("done", ctypes.c_uint64)]
 
 
 class _Launch:
-    """One call, packed once: each call is one driver launch."""
-    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "head", "_eager", "_captured")
+    """One call, packed once: each call is one driver launch.  An eager launch's blocks bump
+    the stream order's counter as they end (`counting`), a captured one's do not (its replays
+    are no call the host counts), so each has its own parameter block."""
+    __slots__ = ("ex", "fn", "grid", "nlocal", "args", "params", "params_ptr", "keep", "head", "_eager", "_captured",
+                 "counting", "_cargs", "_cparams", "captured_params_ptr")
     coop = False    # a plain launch: each rank's blocks wait only on lines, never on a grid barrier
 
     def __init__(self, ex: "SmallExecutor", fn, grid: int, nlocal: int, args: _Args, keep, threads: int = THREADS):
         self.ex, self.fn, self.grid, self.nlocal, self.args, self.keep = ex, fn, grid, nlocal, args, keep
         self.params, self.params_ptr = kernel_params(args)
+        self._cargs = _Args.from_buffer_copy(args)
+        self._cargs.done = 0
+        self._cparams, self.captured_params_ptr = kernel_params(self._cargs)
+        # (the order whose counter the eager launch bumps, its blocks), or None where it bumps none.
+        self.counting = (ex.order, grid * nlocal) if args.done else None
         # Everything but the stream fixed once: a call passes only the stream.
         self.head = (fn, grid, nlocal, 1, threads, 1, 1, 0)     # as launcher.Launch.head
         self._captured, self._eager = bound_launches(self.head, ex.device)
@@ -220,9 +228,11 @@ class _Launch:
         if self.ex.broken:
             raise CommunicatorBroken(f"this communicator stopped after an earlier failure: {self.ex.broken}")
         if captured:
-            self._captured(stream_ptr, self.params_ptr, 0)
+            self._captured(stream_ptr, self.captured_params_ptr, 0)
         else:
             self._eager(stream_ptr, self.params_ptr, 0)
+            if self.counting is not None:
+                self.counting[0].counted(stream_ptr, self.counting[1])
 
 
 def most_blocks(fn, device, nlocal: int, what: str) -> int:
@@ -250,6 +260,10 @@ def kernel_refusal(dtype: str, dtypes, nranks: int, nlocal: int, does: str, alon
     if nlocal > MAX_LOCAL:
         return f"{nlocal} ranks in one process (at most {MAX_LOCAL})"
     return None
+
+
+def _counting() -> bool:
+    return settings.get("GC3_ORDER_COUNT")
 
 
 def kernel_params(args: ctypes.Structure) -> Tuple[object, int]:
@@ -477,7 +491,7 @@ class SmallAllreduce:
         most = self._grid(fn)
         args = _Args(self._plan.data.ptr, self._peers.data.ptr, io.data.ptr, self.nranks, self._ranks[0],
                      in_elems, KINDS[coll, kind], self.max_lines, self.region_lines, most,
-                     0 if epw is None else epw.data.ptr)
+                     0 if epw is None else epw.data.ptr, self.executor.order.counter() if _counting() else 0)
         threads = settings.get("GC3_SMALL_THREADS") or limits.small_allreduce_threads(nbytes, most, kind)
         if limits.small_kernel_protocol(kind) == "LL128":
             threads = min(THREADS, -(-threads // 32) * 32)   # whole warps: 8 threads a line, converged
@@ -508,7 +522,9 @@ class SmallAllreduce:
         if captured:
             self._captured[id(call)] = call
         call(ptr)
-        self.executor.order.leave(ptr, captured)
+        order = self.executor.order
+        if captured or call.counting is None or call.counting[0] is not order:   # else the count marked it
+            order.leave(ptr, captured)
 
     def reissue(self, in_ptrs: Sequence[int], out_ptrs: Sequence[int], in_elems: int, dtype: str, op: str,
                 kind: str = "oneshot", coll: str = "allreduce"):
