@@ -270,11 +270,15 @@ def test_the_fast_path_fields_say_exactly_when_enter_and_leave_do_nothing(ops):
 class CountingEvents(GoneStreams):
     """GoneStreams, and the counter wait StreamOrder issues for counted launches."""
 
-    def __init__(self, order_cls=StreamOrder):
+    def __init__(self):
         super().__init__()
-        self.order = order = order_cls(self)
-        order._counter = 0x1000     # as counter() leaves it where streams can wait on memory
-        order._wait_counter = lambda stream: (self._alive(stream), self.log.append(("count", stream, order.total)))
+        self.order = StreamOrder(self)
+        self.order._counter = 0x1000     # as counter() leaves it where streams can wait on memory
+
+    def wait_value(self, stream, address, value):
+        self._alive(stream)
+        assert address == 0x1000
+        self.log.append(("count", stream, value))
 
 
 def test_counted_launches_mark_their_stream_without_an_event():

@@ -17,6 +17,9 @@ loops: the one least disturbed by other work on the machine):
   held     the same repeat on a stream whose owner the drop-in knows (CuPy's current
            stream: streams.owner), so that it marks no end per call (StreamOrder.leave);
            "repeat" is on a stream passed by handle alone, marked on every call;
+  counted  "repeat" with a launch whose blocks count themselves (the small-message
+           kernels': StreamOrder.counted), so that the count is the mark and the call
+           records no event;
   named    the same repeat through cupy.cuda.nccl's named method
            (comm.allReduce: what users call; it looks the repeat up itself);
   full     the same call with the repeat cache emptied before each call
@@ -53,7 +56,7 @@ class _Events:
     """StreamOrder's CUDA events, answering at once from C builtins (a Cython wrapper's cost,
     not the driver's): a call marks its stream's end with `record` (StreamOrder.leave)."""
     new = staticmethod(int)
-    record = wait = staticmethod(max)
+    record = wait = wait_value = staticmethod(max)
 
     def capturing(self, stream):
         return False
@@ -72,13 +75,19 @@ class _Ex:
     broken = None
 
 
-def stub_call():
+def stub_call(counting=None):
     """A PreparedCall with no copies around a real Launch over the stand-in driver
-    (cooperative, as GC3_COOPERATIVE's default makes it)."""
+    (cooperative, as GC3_COOPERATIVE's default makes it); `counting`: (the stream order, its
+    blocks), a launch that counts itself on that order as the small-message kernels' do."""
     from runtime_cuda.core.group import PreparedCall
     from runtime_cuda.core.launcher import Launch
 
-    launch = Launch.__new__(Launch)
+    class Counting(Launch):
+        __slots__ = ("counting", "captured_params_ptr")
+
+    launch = Launch.__new__(Launch) if counting is None else Counting.__new__(Counting)
+    if counting is not None:
+        launch.counting, launch.captured_params_ptr = counting, 0x9000
     launch.ex, launch.fn, launch.grid, launch.block, launch.coop = _Ex(), 0x7000, 4, 512, True
     launch.params_ptr = 0x8000
     if hasattr(Launch, "bind"):
@@ -90,7 +99,7 @@ def stub_call():
     return call
 
 
-def build(n_elems: int, buf: int, stream: int):
+def build(n_elems: int, buf: int, stream: int, counted_buf: int = 0):
     import os
 
     from runtime_cuda.core import streams
@@ -105,6 +114,7 @@ def build(n_elems: int, buf: int, stream: int):
     streams._capture_status = (0).__mul__
 
     order = StreamOrder(_Events())   # the communicator's, which its launch groups share (Gc3Backend.prepare)
+    order._counter = 0x1000          # the word counting launches bump, as counter() leaves it on a GPU
 
     class Executor:
         broken = None
@@ -113,6 +123,8 @@ def build(n_elems: int, buf: int, stream: int):
     g = LaunchGroup.__new__(LaunchGroup)
     g.executor, g._prepared, g._captured, g._epoch = Executor(), {}, {}, 0
     g._prepared[g._key([buf], [buf], n_elems, "float32", "sum")] = stub_call()
+    if counted_buf:
+        g._prepared[g._key([counted_buf], [counted_buf], n_elems, "float32", "sum")] = stub_call((order, 4))
 
     be = Gc3Backend.__new__(Gc3Backend)
     from runtime_cuda.core import abi, binding, launcher, tables
@@ -144,8 +156,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM
 
-    buf, stream, n = 0x2000_0000, 0x77, 256
-    comm = build(n, buf, stream)
+    buf, stream, n, cbuf = 0x2000_0000, 0x77, 256, 0x3000_0000
+    comm = build(n, buf, stream, cbuf)
     a = ("allreduce", buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream)
     if comm.submit(*a) == "NCCL" or not comm._repeats:
         raise SystemExit("the stubbed communicator did not serve the call on gc3: nothing to time")
@@ -159,6 +171,9 @@ def main(argv=None) -> int:
     b = ("allreduce", buf, buf, n, NCCL_FLOAT32, NCCL_SUM, held)
     comm.submit(*b)
     comm.submit(*b)
+    c = ("allreduce", cbuf, cbuf, n, NCCL_FLOAT32, NCCL_SUM, stream)
+    comm.submit(*c)
+    comm.submit(*c)
 
     def full():
         comm._repeats.clear()
@@ -169,6 +184,7 @@ def main(argv=None) -> int:
 
     rows = [("held", per_call_us(lambda: comm.submit(*b), args.calls)),
             ("repeat", per_call_us(lambda: comm.submit(*a), args.calls)),
+            ("counted", per_call_us(lambda: comm.submit(*c), args.calls)),
             ("named", per_call_us(lambda: comm.allReduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream), args.calls)),
             ("full", per_call_us(full, args.calls // 4) - per_call_us(clear_only, args.calls // 4)),
             ("stub", per_call_us(lambda: drv(0x7000, 4, 1, 1, 512, 1, 1, 0, stream, 0x8000), args.calls))]

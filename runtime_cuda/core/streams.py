@@ -130,8 +130,8 @@ def setup_stream():
 
 
 class CudaEvents:
-    """The event operations StreamOrder needs, on raw stream handles, and
-    whether a stream is capturing a graph."""
+    """The event operations StreamOrder needs, on raw stream handles, the wait on its
+    counter, and whether a stream is capturing a graph."""
 
     def __init__(self):
         import cupy
@@ -147,6 +147,12 @@ class CudaEvents:
 
     def wait(self, stream: int, event: int) -> None:
         self._rt.streamWaitEvent(stream, event, 0)
+
+    def wait_value(self, stream: int, address: int, value: int) -> None:
+        """`stream` holds until the 32-bit word at `address` reaches `value` (StreamOrder.counter)."""
+        from . import cudadriver
+
+        cudadriver.wait_value32(stream, address, value)
 
     def done(self, event: int) -> bool:
         # CuPy returns cudaErrorNotReady (600) as a status; be robust to a raise too.
@@ -237,7 +243,7 @@ class StreamOrder:
                 # `last`'s latest work is counting launches: wait for the counter to reach
                 # every block issued so far, touching `last` no more.
                 if not self._fault:
-                    self._wait_counter(stream)
+                    self.events.wait_value(stream, self._counter, self.total)
             elif self._marked == last and keeper is None:
                 # leave() marked `last`'s end after its latest issue: wait on that mark and
                 # touch `last` no more (its owner may have destroyed it since).  A capture
@@ -321,11 +327,6 @@ class StreamOrder:
         if stream not in LASTING:
             self.counted_on = stream
             self._marked = None   # an older event mark on `stream` does not cover these launches
-
-    def _wait_counter(self, stream: int) -> None:
-        from . import cudadriver
-
-        cudadriver.wait_value32(stream, self._counter, self.total)
 
     def adopt(self, stream: int) -> None:
         """Take `stream` as the last one with no hand-over: the caller has ordered
