@@ -87,6 +87,10 @@ def test_fault_switch_drops_the_wait():
     order.enter(7)
     order.enter(9)
     assert ev.log == []
+    order._counter = 0x1000             # counted launches: the fault drops their wait too
+    order.counted(9, 4)
+    order.enter(11)
+    assert ev.log == [] and order.last == 11
 
 
 def test_retired_objects_live_until_their_event_completes():

@@ -300,13 +300,14 @@ class StreamOrder:
     def counter(self) -> int:
         """The address of the word a counting launch's blocks bump (one atomic add each, after
         their last store), or 0 where this order does not count: no cuda.bindings (a switch
-        could not wait on the word) or GC3_FAULT=stream-order.  Allocated once, zeroed, on
-        the current device, which must be the one every call of this order runs on."""
+        could not wait on the word).  Allocated once, zeroed, on the current device, which
+        must be the one every call of this order runs on.  GC3_FAULT=stream-order drops the
+        wait at the switch, whichever mark it would wait on."""
         if self._counter is None:
             from . import cudadriver
 
             self._counter = 0
-            if not self._fault and cudadriver.driver() is not None:
+            if cudadriver.driver() is not None:
                 import cupy
 
                 setup = setup_stream()
