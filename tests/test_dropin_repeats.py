@@ -656,3 +656,70 @@ def test_the_cpu_host_path_bench_still_drives_the_real_path():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = dict(line.split()[:2] for line in proc.stdout.splitlines() if not line.startswith("#"))
     assert set(rows) == {"held", "repeat", "counted", "named", "full", "stub"} and all(float(v) > 0 for v in rows.values())
+
+
+def test_a_counting_launch_is_its_streams_mark_on_the_repeat_path(monkeypatch):
+    """The drop-in's repeat of a launch whose blocks count themselves (the small kernels'),
+    through the real communicator, launch group and stream order (runtime_cuda.benchmarks.
+    host_path_cpu's stand-ins): on a stream passed by handle no event is recorded, each call
+    adds its blocks to the order's total, and the switch waits for the total; on the legacy
+    stream the count marks nothing (the switch records there); a captured call takes the
+    parameter block that passes no counter and counts nothing."""
+    from runtime_cuda.benchmarks import host_path_cpu as hp
+    from runtime_cuda.core import streams
+
+    capturing = {0x55}
+    buf, cbuf, n = 0x2000_0000, 0x3000_0000, 256
+    comm = hp.build(n, buf, 0x77, cbuf)
+    monkeypatch.setattr(streams, "_capture_status", lambda p: int(p in capturing))   # for repeats bound from here
+    order, log = comm._order, []
+
+    class Rec:
+        new = staticmethod(lambda: 1)
+
+        def record(self, event, stream):
+            log.append(("record", stream))
+
+        def wait(self, stream, event):
+            log.append(("wait", stream))
+
+        def wait_value(self, stream, address, value):
+            log.append(("count", stream, value))
+
+        def capturing(self, stream):
+            return stream in capturing
+    order._events = Rec()
+    launches = []
+    launch = None
+
+    def call(stream):
+        return comm.submit("allreduce", cbuf, cbuf, n, NCCL_FLOAT32, NCCL_SUM, stream)
+
+    for stream in (0x77, 0, 0x55):
+        call(stream)                    # the full path: it marks with an event, as before
+        hit = comm._repeats[("allreduce", cbuf, cbuf, n, NCCL_FLOAT32, NCCL_SUM, stream, 0)]
+        launch = hit[2].launch
+        assert launch.counting == (order, 4)
+    launch._plain = lambda s, params, extra: launches.append(("plain", s, params))
+    launch._coop = lambda s, params, extra=0: launches.append(("coop", s, params))
+    comm._repeats.clear()
+    for stream in (0x77, 0, 0x55):      # bound again, to the recording launches
+        call(stream)
+    del log[:], launches[:]
+    total = order.total
+    call(0x77)                          # from the legacy stream (0x55's capture took no part)
+    call(0x77)
+    call(0x77)
+    assert log == [("record", 0), ("wait", 0x77)]   # then no event on 0x77 itself
+    assert order.total == total + 12 and order.counted_on == 0x77
+    call(0x88)                          # its first call: the full path (here a stand-in that counts nothing)
+    assert log[2] == ("count", 0x88, total + 12) and ("record", 0x77) not in log
+    call(0x55)                          # captured: its own parameter block, no count
+    assert launches[-1] == ("plain", 0x55, launch.captured_params_ptr) and order.total == total + 12
+    del log[:]
+    call(0)                             # the legacy stream: counted, but the switch marks it
+    call(0)
+    assert order.total == total + 20 and order.counted_on is None   # 0x88 was marked by its event
+    call(0x99)                          # a first call again: the switch, then its full path's records
+    assert log[:3] == [("wait", 0), ("record", 0), ("wait", 0x99)]   # 0 waited on 0x88's event
+    assert all(p == launch.params_ptr for kind, s, p in launches if s != 0x55)
