@@ -66,16 +66,22 @@ COLLS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
 LAYERS = ("query", "launch", "reissue")
 
 
+def _uncounted(launch) -> int:
+    """The launch's parameter block that bumps no stream-order counter (StreamOrder.counted)."""
+    return launch.captured_params_ptr if getattr(launch, "counting", None) is not None else launch.params_ptr
+
+
 def bare_launchers():
     """[(name, make(launch, stream) -> a no-argument launch)]: cuda.bindings'
     cuLaunchKernel when importable, and CuPy's driver module, each issuing the
     drop-in's own launch (`head`: the same function, grid and block; the same
-    parameter block; cooperative where the drop-in launches it so) with the
-    handles converted once, outside the timed loop."""
+    parameter block, less the stream order's counter where the launch counts
+    itself: a bare launch is no call the order counted; cooperative where the
+    drop-in launches it so) with the handles converted once, outside the timed loop."""
     from cupy_backends.cuda.api import driver
 
     def make_cupy(launch, stream):
-        head, params = launch.head, launch.params_ptr
+        head, params = launch.head, _uncounted(launch)
         if launch.coop:
             return lambda: driver.launchCooperativeKernel(*head, stream, params)
         return lambda: driver.launchKernel(*head, stream, params, 0)
@@ -89,7 +95,7 @@ def bare_launchers():
         def make_cb(launch, stream):
             f, s = cb.CUfunction(launch.head[0]), cb.CUstream(stream)
             gx, gy, gz, bx, by, bz, shmem = launch.head[1:]
-            params = launch.params_ptr
+            params = _uncounted(launch)
             ok = cb.CUresult.CUDA_SUCCESS
 
             if launch.coop:
