@@ -670,8 +670,12 @@ def test_a_counting_launch_is_its_streams_mark_on_the_repeat_path(monkeypatch):
 
     capturing = {0x55}
     buf, cbuf, n = 0x2000_0000, 0x3000_0000, 256
+    # build() sets these for its whole process; here they are put back after the test.
+    monkeypatch.setenv("GC3_XML_FILES", str(hp.PAIRS))
+    monkeypatch.delenv("GC3_DEBUG", raising=False)
+    monkeypatch.setattr(streams, "_capture_status", streams._capture_status)
     comm = hp.build(n, buf, 0x77, cbuf)
-    monkeypatch.setattr(streams, "_capture_status", lambda p: int(p in capturing))   # for repeats bound from here
+    streams._capture_status = lambda p: int(p in capturing)   # for the repeats bound from here
     order, log = comm._order, []
 
     class Rec:
