@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from gc3.errors import GC3Error, InputError, RuntimeTimeoutError
+from runtime_cuda.core import cudadriver
 from runtime_cuda.fused import gemm, gemm_signal
 from runtime_cuda.fused.gemm import (all_gather_gemm, arrival_order, fuse_decision, gemm_all_reduce, gemm_all_to_all,
                                      gemm_reduce_scatter, peers_first, row_bounds)
@@ -290,7 +291,7 @@ def cp(monkeypatch):
     monkeypatch.delenv("GC3_FUSED_TRACE", raising=False)
     monkeypatch.setattr(gemm_signal, "_kernels", lambda device: {n: fake._function(n) for n in gemm_signal.KERNELS})
     # The stand-in's pointers are host memory: the real driver (present on a GPU machine) must not see them.
-    monkeypatch.setattr(gemm_signal, "_driver", lambda: None)
+    monkeypatch.setattr(cudadriver, "driver", lambda min_version=0: None)
     from runtime_cuda.fused import memory_bound
     memory_bound._bf16_round.cache_clear()   # built by the stand-in from here on; never kept for a real CuPy
     from runtime_cuda.core import streams
@@ -362,7 +363,7 @@ def test_fuse_decision(monkeypatch):
 
 def test_signal_settings():
     assert gemm_signal.release_backend({"GC3_FUSED_RELEASE": "kernel"}) == "kernel"
-    expected = "driver" if gemm_signal._driver() is not None else "kernel"
+    expected = "driver" if cudadriver.driver() is not None else "kernel"
     assert gemm_signal.release_backend({}) == expected
     assert gemm_signal.wait_backend({}) == "kernel"
     with pytest.raises(InputError, match="GC3_FUSED_RELEASE"):

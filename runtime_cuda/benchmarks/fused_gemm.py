@@ -182,14 +182,14 @@ def flag_costs(stream, reps: int = 2000) -> Dict:
         flag = cupy.zeros(1, dtype=cupy.uint32)
     t = Timer(stream)
     out = {}
-    backends = ["kernel"] + (["driver"] if sig._driver() is not None else [])
+    backends = ["kernel"] + (["driver"] if cudadriver.driver() is not None else [])
     for b in backends:
         out[f"release_{b}_us"] = 1000 * t.median(
             lambda b=b: [sig.release(stream.ptr, flag.data.ptr, 1, b) for _ in range(reps)], 3, 1) / reps
     g = VirtualGemmGroup(1)
     out["wait_kernel_us"] = 1000 * t.median(
         lambda: [g.watchdog.wait(stream.ptr, flag.data.ptr, 1, "benchmark flag") for _ in range(reps)], 3, 1) / reps
-    if sig._driver() is not None:
+    if cudadriver.driver() is not None:
         out["wait_driver_us"] = 1000 * t.median(
             lambda: [cudadriver.wait_value32(stream.ptr, flag.data.ptr, 1) for _ in range(reps)], 3, 1) / reps
     g.watchdog.check()

@@ -63,14 +63,9 @@ def kernel(name: str):
     return _kernels(cupy.cuda.runtime.getDevice())[name]
 
 
-def _driver():
-    """cuda.bindings' driver module, or None (runtime_cuda.core.cudadriver)."""
-    return cudadriver.driver()
-
-
 def _choice(var: str, env) -> Optional[str]:
     raw = settings.get(var, env)
-    if raw == "driver" and _driver() is None:
+    if raw == "driver" and cudadriver.driver() is None:
         raise InputError(f"{var}=driver, but cuda.bindings does not import here or finds no CUDA driver "
                          "(pip package cuda-bindings)")
     return raw
@@ -79,7 +74,7 @@ def _choice(var: str, env) -> Optional[str]:
 def release_backend(env=None) -> str:
     """How flags are released: 'driver' (cuStreamWriteValue32) where
     cuda.bindings imports and finds a driver, else 'kernel'; GC3_FUSED_RELEASE overrides."""
-    return _choice("GC3_FUSED_RELEASE", env) or ("driver" if _driver() is not None else "kernel")
+    return _choice("GC3_FUSED_RELEASE", env) or ("driver" if cudadriver.driver() is not None else "kernel")
 
 
 def wait_backend(env=None) -> str:
