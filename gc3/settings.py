@@ -129,7 +129,9 @@ _DECLARED: List[Setting] = [
     Setting("GC3_ORDER_COUNT", "flag", True,
             "mark the end of an eager small-message kernel call on a stream passed by handle with a device "
             "counter its blocks bump as they end (a switch to another stream waits for it with "
-            "cuStreamWaitValue32; cuda.bindings), instead of an event record on every call; 0 records the event",
+            "cuStreamWaitValue32; cuda.bindings), and of a call routed to NCCL (2.14 on) with NCCL's own launch "
+            "order (a gc3 call on another stream after it waits through one byte NCCL sends to self there), "
+            "instead of an event record on every call; 0 records the event",
             lambda raw: raw != "0", "0 or anything else", blank_is_unset=False),
     Setting("GC3_TRACE", "flag", False,
             "build kernels that timestamp each block's steps (Executor.trace); any value but 0 turns it on",

@@ -16,7 +16,8 @@ from hypothesis import given, settings, strategies as st
 
 from runtime_cuda.core import faults
 from runtime_cuda.nccl import communicator as cm
-from runtime_cuda.nccl.constants import DTYPE_NAMES, NCCL_FLOAT32, NCCL_SUM, OP_NAMES
+from runtime_cuda.nccl import fallback as fb
+from runtime_cuda.nccl.constants import DTYPE_NAMES, NCCL_FLOAT32, NCCL_SUM, NCCL_UINT8, OP_NAMES
 from runtime_cuda.core.streams import StreamOrder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,34 +325,44 @@ def test_counts_on_the_default_streams_mark_at_the_switch():
     assert order.total == 4 and ev.log == [("record", 1, 0), ("wait", 5, 1)]
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["count", "event", "owned", "captured"]), st.sampled_from([0, 2, 5, 6, 7])),
-                max_size=40))
-def test_every_switch_waits_for_the_last_streams_latest_call(calls):
-    """Calls as the drop-in's repeat path makes them (a counting launch, an NCCL or interpreter
-    call marked by leave(), a call on a stream whose owner is known, a captured one), each on a
-    stream its owner may destroy right after (unless held or a default stream).  At every switch,
-    what the new stream waits for must cover the last stream's latest uncaptured call, and no
-    destroyed stream may be touched."""
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["count", "event", "owned", "captured", "nccl"]),
+                          st.sampled_from([0, 2, 5, 6, 7])), max_size=40),
+       st.booleans())
+def test_every_switch_waits_for_the_last_streams_latest_call(calls, bridged):
+    """Calls as the drop-in's repeat path makes them (a counting launch, an interpreter call
+    marked by leave(), a call on a stream whose owner is known, a captured one, a call routed to
+    NCCL, which NCCL orders after the communicator's earlier NCCL calls itself), each on a stream
+    its owner may destroy right after (unless held or a default stream).  At every switch, what
+    the new stream waits for must cover the last stream's latest uncaptured call, and no
+    destroyed stream may be touched.  `bridged`: whether the order may rely on NCCL's own order
+    (StreamOrder.bridge: an NCCL operation on the new stream, which waits for every earlier one)."""
     ev = CountingEvents()
     order = ev.order
+    if bridged:
+        order.bridge = lambda stream: (ev._alive(stream), ev.log.append(("bridge", stream, None)))
     owners, latest = {}, {}   # latest: stream -> (its last uncaptured call's index in ev.log, total after it)
     for kind, stream in calls:
         ev.gone.discard(stream)
         ev.capturing_streams = {stream} if kind == "captured" else set()
         last, mark = order.last, len(ev.log)
-        order.enter(stream)
+        order.enter(stream, None, kind == "nccl")
         if last is not None and last != stream and kind != "captured" and last in latest:
             at, total = latest[last]
-            waits = [e for e in ev.log[mark:] if e[1] == stream and e[0] in ("wait", "count")]
-            assert len(waits) == 1, ev.log[mark:]
-            what, _, arg = waits[0]
-            if what == "count":
-                assert ev.log[at][0] == "counted" and total <= arg
+            waits = [e for e in ev.log[mark:] if e[1] == stream and e[0] in ("wait", "count", "bridge")]
+            if ev.log[at][0] == "nccl" and kind == "nccl" and not waits:
+                pass                        # NCCL orders its own calls
             else:
-                rec = max(i for i, e in enumerate(ev.log) if e[0] == "record" and e[1] == arg
-                          and i < ev.log.index(waits[0], mark))
-                assert ev.log[rec][2] == last and rec > at
+                assert len(waits) == 1, ev.log[mark:]
+                what, _, arg = waits[0]
+                if what == "count":
+                    assert ev.log[at][0] == "counted" and total <= arg
+                elif what == "bridge":       # waits for every NCCL call so far, only those
+                    assert bridged and ev.log[at][0] == "nccl"
+                else:
+                    rec = max(i for i, e in enumerate(ev.log) if e[0] == "record" and e[1] == arg
+                              and i < ev.log.index(waits[0], mark))
+                    assert ev.log[rec][2] == last and rec > at
         if kind == "captured":
             order.leave(stream, True)
             continue
@@ -359,6 +370,11 @@ def test_every_switch_waits_for_the_last_streams_latest_call(calls):
             order.counted(stream, 3)
             ev.log.append(("counted", stream, order.total))
             latest[stream] = (len(ev.log) - 1, order.total)
+        elif kind == "nccl":                # communicator._repeat_nccl
+            ev.log.append(("nccl", stream, None))
+            latest[stream] = (len(ev.log) - 1, order.total)
+            if order.held != stream and order.nccl_on != stream:
+                order.leave(stream, None, None, True)
         else:
             ev.log.append(("call", stream, None))
             latest[stream] = (len(ev.log) - 1, order.total)
@@ -389,7 +405,9 @@ class RecordingGc3:
 
 
 def test_the_communicator_orders_gc3_and_nccl_calls_across_streams(monkeypatch):
+    """Without relying on NCCL's own launch order (an NCCL older than 2.14, or GC3_ORDER_COUNT=0)."""
     monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    monkeypatch.setattr(cm, "orders_launches", lambda: False)
     log, ev = [], Events()
     comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
     comm._setup(RecordingNccl(log), 2, 0, lambda *a: RecordingGc3(log), order=StreamOrder(ev))
@@ -399,6 +417,39 @@ def test_the_communicator_orders_gc3_and_nccl_calls_across_streams(monkeypatch):
     assert [e[0] for e in log] == ["gc3", "allReduce", "gc3"]
     # Each call marks its stream's end after issuing (leave); the next stream waits on that mark.
     assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 22), ("wait", 11, 1), ("record", 1, 11)]
+
+
+class Pair:
+    class data:
+        ptr = 0x9000
+
+
+def test_calls_routed_to_nccl_are_ordered_by_nccl_and_bridged_to_gc3(monkeypatch):
+    """NCCL orders a communicator's launches itself (2.14 on): a call routed to it records no
+    event, first call or repeat, and a gc3 call on another stream after it waits through one
+    byte sent to self on that stream, in a group.  An NCCL call that launches nothing (no
+    data) marks its stream by an event as before."""
+    monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    monkeypatch.setattr(cm, "orders_launches", lambda: True)
+    monkeypatch.setattr(fb, "_two_bytes", lambda: Pair)
+    log, ev = [], Events()
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    group = (lambda: log.append(("groupStart",)), lambda: log.append(("groupEnd",)))
+    comm._setup(RecordingNccl(log), 2, 1, lambda *a: RecordingGc3(log), nccl_group=group, order=StreamOrder(ev))
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 11)   # gc3 (in place)
+    for _ in range(3):                                                 # NCCL, then its repeats
+        comm.allReduce(0x1000, 0x2000, 1000, NCCL_FLOAT32, NCCL_SUM, 22)
+    comm.allReduce(0x1000, 0x2000, 1000, NCCL_FLOAT32, NCCL_SUM, 33)  # NCCL after NCCL: nothing to do
+    assert ev.log == [("record", 1, 11), ("wait", 22, 1)]
+    del log[:]
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 44)   # gc3 after NCCL on another stream
+    assert log == [("groupStart",), ("send", 0x9000, 1, NCCL_UINT8, 1, 44), ("recv", 0x9001, 1, NCCL_UINT8, 1, 44),
+                   ("groupEnd",), ("gc3", 44)]
+    assert ev.log == [("record", 1, 11), ("wait", 22, 1), ("record", 1, 44)]
+    comm.allReduce(0x1000, 0x2000, 0, NCCL_FLOAT32, NCCL_SUM, 55)      # NCCL launches nothing: an event
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 66)
+    assert ev.log[3:] == [("wait", 55, 1), ("record", 1, 55), ("wait", 66, 1), ("record", 1, 66)]
+    assert [e[0] for e in log[5:]] == ["allReduce", "gc3"]
 
 
 def test_an_adopted_capture_stream_reaches_every_order(monkeypatch):

@@ -344,3 +344,64 @@ def test_streams_dropped_between_calls_are_ordered_and_released(irs):
     for got, served in results:
         np.testing.assert_array_equal(got, want)
         assert served.get("allreduce_ring.xml") == 2 * rounds, served
+
+
+def nccl_and_gc3_on_dropped_streams(rank, n, uid, count, rounds):
+    """Each call on a new stream passed by handle (no owner the drop-in could hold), destroyed
+    right after it, alternating NCCL (out of place) and gc3 (in place), each reading what the
+    one before wrote, NCCL's held back by a busy kernel.  NCCL orders its own calls; a gc3
+    call after an NCCL call waits through StreamOrder.bridge, which this counts."""
+    import cupy
+    from runtime_cuda.fused import gemm_signal
+    from runtime_cuda.nccl import NcclCommunicator
+    from runtime_cuda.nccl.constants import NCCL_FLOAT32, NCCL_SUM
+    comm = NcclCommunicator(n, uid, rank)
+    order = comm._dispatch.order
+    bridges, bridge = [0], order.bridge
+    if bridge is not None:
+        def counting(stream):
+            bridges[0] += 1
+            bridge(stream)
+        order.bridge = counting
+    x = cupy.asarray(inputs(count, np.float32, 0)[rank])
+    y = cupy.zeros_like(x)
+    cupy.cuda.Device().synchronize()
+    ptrs = (x.data.ptr, y.data.ptr)
+    for i in range(3 * rounds):
+        s = cupy.cuda.Stream(non_blocking=True)
+        if i % 3 != 1:                  # NCCL's calls start late: a gc3 call that did not wait would not
+            gemm_signal.spin(s.ptr, 1e-3)
+        src, dst = ptrs if i % 3 == 0 else (ptrs[1], ptrs[1]) if i % 3 == 1 else ptrs[::-1]
+        comm.allReduce(src, dst, count, NCCL_FLOAT32, NCCL_SUM, s.ptr)
+        del s
+    cupy.cuda.Device().synchronize()
+    out = (x.get(), dict(comm.served), bridges[0], bridge is not None)
+    comm.destroy()
+    return out
+
+
+@pytest.mark.parametrize("fault", [None, "nccl-bridge"])
+def test_gc3_calls_wait_for_nccl_calls_on_dropped_streams(irs, fault):
+    """Out of place to NCCL, in place to gc3 (the IRs hold only an in-place allreduce): the
+    chain is x -> y (NCCL), y -> y (gc3), y -> x (NCCL) a round, each a sum over the ranks.
+    With GC3_FAULT=nccl-bridge the gc3 call does not wait for the NCCL call before it, which a
+    busy kernel holds back, so it must read y too early: the check has to fail then."""
+    count, rounds = 4096, 4
+    env = {"GC3_XML_FILES": str(irs)}
+    if fault:
+        env["GC3_FAULT"] = fault
+    results = run_ranks(nccl_and_gc3_on_dropped_streams, count, rounds, env=env)
+    xs = inputs(count, np.float32, 0)
+    want = xs[0] + xs[1]
+    for _ in range(3 * rounds - 1):
+        want = want * N
+    for got, served, bridges, ordered in results:
+        assert served.get("allreduce_ring.xml") == rounds and served.get("NCCL") == 2 * rounds, served
+        if not ordered:   # an NCCL older than 2.14 or GC3_ORDER_COUNT=0: event marks, no bridge
+            np.testing.assert_array_equal(got, want)
+            continue
+        assert bridges == rounds
+        if fault:
+            assert not np.array_equal(got, want), "the gc3 calls read NCCL's output too early, yet all is right"
+        else:
+            np.testing.assert_array_equal(got, want)

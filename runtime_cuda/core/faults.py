@@ -12,6 +12,8 @@ FAULTS = {
     "stream-reset": "set-up work (rendezvous, table uploads) enters its private stream with `with stream:`, "
                     "which on exit resets the caller's s.use() selection to the legacy default stream",
     "stream-order": "calls of one communicator on different streams are not ordered after each other",
+    "nccl-bridge": "a gc3 call after a call routed to NCCL on another stream does not wait for it "
+                   "(StreamOrder.bridge does nothing; the NCCL call marks no event either)",
     "pool-stream": "scratch and buffer tables are allocated under CuPy's current stream rather than the "
                    "call's, and replaced ones are freed at once while launches may still use them",
 }

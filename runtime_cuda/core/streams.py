@@ -27,8 +27,11 @@
    mark: the host only adds the launch's block count to the total a switch
    waits for (`StreamOrder.counted`, one stream memory wait at the switch),
    and issues no event record.  A communicator's launch groups share its
-   order, so a call marks at most once.  NCCL orders a communicator's
-   operations the same way.
+   order, so a call marks at most once.  NCCL (2.14 on) orders a
+   communicator's launches the same way, through a stream of its own, so a
+   call routed to NCCL marks nothing either: only a later gc3 call on
+   another stream must wait for it, which an NCCL operation on that stream
+   does (`StreamOrder.bridge`, one byte sent to self).
 4. A buffer a queued launch may still read is never handed back to the pool
    at once: `StreamOrder.retire` keeps it until an event recorded after the
    last call has completed (no host synchronization; checked lazily).
@@ -208,6 +211,13 @@ class StreamOrder:
         # The stream whose end the counter marks (the last counting launch's, with nothing
         # marked by an event after it on that stream), or None.
         self.counted_on: Optional[int] = None
+        # The stream whose latest work of this order is an NCCL operation that NCCL itself
+        # orders after the communicator's earlier ones, or None.  Set only where `bridge` is.
+        self.nccl_on: Optional[int] = None
+        # bridge(stream): makes `stream` wait for every NCCL operation the communicator has
+        # issued (NCCL orders its launches; runtime_cuda.nccl.fallback.NcclFallback.bridge),
+        # or None where nothing does (no real NCCL behind the order, or one too old).
+        self.bridge: Optional[Callable[[int], None]] = None
 
     def _sync(self) -> None:
         self.ready = self._last if not self._graves else None
@@ -223,8 +233,10 @@ class StreamOrder:
     def last(self) -> Optional[int]:
         return self._last
 
-    def enter(self, stream: int, capturing: Optional[bool] = None) -> None:
+    def enter(self, stream: int, capturing: Optional[bool] = None, nccl: bool = False) -> None:
         """Order the next operation, on `stream`, after everything issued so far.
+        `nccl`: the operation is NCCL's, which NCCL itself orders after the
+        communicator's earlier NCCL operations.
         Work captured into a graph takes no part (contract point 6): a capturing
         `stream` neither waits nor becomes the last stream, and nothing waits
         for a `last` stream that is capturing (its work has not run).
@@ -239,7 +251,14 @@ class StreamOrder:
                 return
             keeper, self._keeper = self._keeper, None   # released once `last`'s end is marked
             self.held = None
-            if self.counted_on == last and keeper is None:
+            # Said of `last` only: a call on `stream` marks itself again (leave, counted).
+            by_nccl, self.nccl_on = self.nccl_on == last, None
+            if by_nccl and keeper is None:
+                # `last`'s latest work is NCCL's: NCCL orders its own next operation after it,
+                # and an operation of gc3's waits for it through one of NCCL's on `stream`.
+                if not nccl and not self._fault:
+                    self.bridge(stream)
+            elif self.counted_on == last and keeper is None:
                 # `last`'s latest work is counting launches: wait for the counter to reach
                 # every block issued so far, touching `last` no more.
                 if not self._fault:
@@ -268,14 +287,18 @@ class StreamOrder:
             self.reap()
         self._sync()
 
-    def leave(self, stream: int, capturing: Optional[bool] = None, owner: Any = None) -> None:
+    def leave(self, stream: int, capturing: Optional[bool] = None, owner: Any = None,
+              nccl: bool = False) -> None:
         """After issuing on `stream` (entered last): mark its end now, while the stream
         surely exists.  A later call on another stream then waits on the mark and never
         touches `stream`, which may be gone by then (a temporary CuPy stream destroyed
         after its call).  One event record per call, none on the default streams (they
         last as long as the process) nor on a capturing one (captured work takes no part).
         `owner` (see owner()) keeps `stream` alive: held until the next switch, it
-        replaces the per-call record with one record at that switch."""
+        replaces the per-call record with one record at that switch.  `nccl`: what was
+        issued ends with an NCCL launch (not a call NCCL skips: no data, or one rank),
+        which needs no mark where `bridge` orders gc3's next call after it; a repeat on
+        the same stream then calls nothing (`nccl_on`)."""
         if capturing or stream in LASTING or stream != self._last or self._fault:
             return
         if owner is not None:
@@ -291,11 +314,15 @@ class StreamOrder:
             capturing = ev.capturing(stream)
         if capturing:
             return
+        self.counted_on = None
+        if nccl and self.bridge is not None:
+            self.nccl_on, self._marked = stream, None
+            return
         if self._link is None:
             self._link = ev.new()
         ev.record(self._link, stream)
         self._marked = stream
-        self.counted_on = None
+        self.nccl_on = None
 
     def counter(self) -> int:
         """The address of the word a counting launch's blocks bump (one atomic add each, after
@@ -327,14 +354,15 @@ class StreamOrder:
         self.total += blocks
         if stream not in LASTING:
             self.counted_on = stream
-            self._marked = None   # an older event mark on `stream` does not cover these launches
+            # An older event or NCCL mark on `stream` does not cover these launches.
+            self._marked = self.nccl_on = None
 
     def adopt(self, stream: int) -> None:
         """Take `stream` as the last one with no hand-over: the caller has ordered
         it after everything issued so far.  For a CUDA graph capture stream, which
         cannot wait on an event recorded outside the capture (torch.cuda.graph
         makes it wait on the stream current when capture began instead)."""
-        self._last, self._keeper = stream, None
+        self._last, self._keeper, self.nccl_on = stream, None, None
         self._sync()
 
     def retire(self, obj: Any) -> None:

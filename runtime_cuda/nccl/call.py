@@ -70,6 +70,13 @@ class Call:
             return self.recvbuf == self.sendbuf + self.rank * step
         return self.sendbuf == self.recvbuf
 
+    @property
+    def nccl_launches(self) -> bool:
+        """Whether NCCL launches a kernel for this call when it serves it: it discards a call
+        with no data, and a one-rank communicator's is a copy (its launch order then
+        orders nothing)."""
+        return self.count > 0 and self.nranks > 1
+
     def describe(self) -> str:
         if self.coll in ("send", "recv"):
             return f"{self.coll} count={self.count} {self.dtype_name} peer={self.root}"

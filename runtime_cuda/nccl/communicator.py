@@ -30,7 +30,7 @@ from .call import COLLECTIVES, Call
 from .catalog import load_catalog, user_override
 from .constants import DTYPE_NAMES, OP_NAMES, dtype_name, op_name
 from .dispatch import P2P, Dispatcher, run_group
-from .fallback import NcclFallback, originals
+from .fallback import NcclFallback, orders_launches, originals
 from .log import get_logger
 from .autotune import agree
 from .rendezvous import NcclExchange
@@ -189,8 +189,11 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
         self._backend = backend_factory(exchange, rank, ndev, self._device, catalog)
         if hasattr(self._backend, "order"):   # its launch groups order their calls by the communicator's
             self._backend.order = order
-        self._dispatch = Dispatcher(Selector(catalog, log, self._backend.check),
-                                    fallback or NcclFallback(nccl_comm, nccl_group), self._backend, order)
+        fallback = fallback or NcclFallback(nccl_comm, nccl_group)
+        self._dispatch = Dispatcher(Selector(catalog, log, self._backend.check), fallback, self._backend, order)
+        if nccl and order.bridge is None and orders_launches() and hasattr(fallback, "bridge"):
+            order.bridge = (fallback.bridge(rank) if not faults.active("nccl-bridge")
+                            else lambda stream: None)
         self._order, self._log = order, log
         # Repeats of calls served before, by the call's own arguments, the stream included:
         # (what issues it again, taking no argument and returning False where it cannot;
@@ -431,8 +434,10 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
         bind = getattr(go, "bind", None)
         if bind is not None:   # a launch group's Reissue: the order and the tally ride in its one frame
             issue = bind(ptr, self._order, tally)
-        else:
+        elif decision.uses_gc3:
             issue = _repeat_plain(go, ptr, self._order, tally)
+        else:
+            issue = _repeat_nccl(go, ptr, self._order, tally, decision.call.nccl_launches)
         try:
             self._repeats[key] = (issue, route, go)
         except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
@@ -486,6 +491,23 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
             return False
         if order.held != ptr:
             order.leave(ptr, None, keep() if keep is not None else None)
+        tally[0] += 1
+        return True
+    return issue
+
+
+def _repeat_nccl(go, ptr: int, order: StreamOrder, tally: List[int], launches: bool):
+    """_repeat_plain for NCCL's bound method: NCCL orders the call after the communicator's
+    earlier NCCL calls itself, so once the order knows its stream's latest work is NCCL's
+    (`nccl_on`), a repeat there marks nothing (StreamOrder.leave's `nccl`)."""
+    keep = owner_ref(ptr)
+
+    def issue() -> bool:
+        if order.ready != ptr:
+            order.enter(ptr, None, True)
+        go(ptr)
+        if order.held != ptr and order.nccl_on != ptr:
+            order.leave(ptr, None, keep() if keep is not None else None, launches)
         tally[0] += 1
         return True
     return issue

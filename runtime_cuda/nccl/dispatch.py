@@ -62,22 +62,24 @@ class Dispatcher:
                 return Decision(call, rejections=decision.rejections + [Rejection(name, "runtime", reason)])
         return decision
 
-    def enter(self, stream: int) -> None:
+    def enter(self, stream: int, nccl: bool = False) -> None:
         if self.order is not None:
-            self.order.enter(stream)
+            self.order.enter(stream, None, nccl)
 
-    def leave(self, stream: int) -> None:
+    def leave(self, stream: int, nccl: bool = False) -> None:
         if self.order is not None:
-            self.order.leave(stream, None, owner(stream))
+            self.order.leave(stream, None, owner(stream), nccl)
 
     def run(self, call: Call) -> Decision:
         decision = self.decide(call)
-        self.enter(call.stream)
         if decision is not None and decision.uses_gc3:
+            self.enter(call.stream)
             self.gc3.run(decision)
+            self.leave(call.stream)
         else:
+            self.enter(call.stream, True)
             self.nccl.run(call)
-        self.leave(call.stream)
+            self.leave(call.stream, call.nccl_launches)
         return decision
 
 
@@ -100,13 +102,16 @@ def run_group(items: Sequence[Tuple[Dispatcher, Call]]) -> List[Optional[Decisio
         return decisions
     nccl = items[0][0].nccl
     for disp, call in items:   # before the group: NCCL launches a group's work at groupEnd
-        disp.enter(call.stream)
+        disp.enter(call.stream, True)
     nccl.group_start()
     try:
         for disp, call in items:
             disp.nccl.run(call)
     finally:
         nccl.group_end()
+    # The group's launch ends every stream of it (NCCL makes each wait for it), but a call NCCL
+    # skips may leave its stream out: such a group is marked as before.
+    launches = all(call.nccl_launches for _, call in items)
     for disp, call in items:
-        disp.leave(call.stream)
+        disp.leave(call.stream, launches)
     return [None] * len(items)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from functools import partial
 
+from gc3 import settings
 from gc3.errors import CommunicatorError
 
 from .call import Call
+from .constants import NCCL_UINT8
 from .surface import NcclHandle
 
 
@@ -27,6 +29,33 @@ def originals():
         return saved
     return {name: getattr(nccl, name) for name in
             ("NcclCommunicator", "groupStart", "groupEnd", "get_unique_id")}
+
+
+def orders_launches() -> bool:
+    """Whether the NCCL CuPy loaded orders each of a communicator's launches after the one
+    before, whatever stream each ran on (2.14 on: it launches through a stream of the
+    communicator's own), and GC3_ORDER_COUNT lets the drop-in rely on it (NcclFallback.bridge)."""
+    if not settings.get("GC3_ORDER_COUNT"):
+        return False
+    try:
+        from cupy.cuda import nccl
+
+        return nccl.get_version() >= 21400
+    except Exception:   # no CuPy, or a CuPy without NCCL: nothing for the order to rely on
+        return False
+
+
+def _two_bytes():
+    """Two zeroed device bytes, made on the set-up stream (NcclFallback.bridge's buffer)."""
+    import cupy
+
+    from runtime_cuda.core import streams
+
+    setup = streams.setup_stream()
+    with streams.current(setup):
+        pair = cupy.zeros(2, dtype=cupy.uint8)
+    setup.synchronize()
+    return pair
 
 
 class NcclFallback:
@@ -77,6 +106,27 @@ class NcclFallback:
         if c.coll == "reduce":
             return partial(comm.reduce, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root)
         return None
+
+    def bridge(self, rank: int):
+        """StreamOrder.bridge for this communicator: bridge(stream) makes `stream` wait for every
+        NCCL operation the communicator has issued.  NCCL (2.14 on) makes each of its launches
+        wait for the communicator's previous one, whatever stream that ran on, so one byte
+        sent to self on `stream` does: a kernel of NCCL's copying one byte, issued only where
+        a gc3 call follows an NCCL call on another stream."""
+        comm, pair = self.comm, []
+
+        def bridge(stream: int) -> None:
+            if not pair:   # send from [0] into [1]: NCCL skips a send to self in place
+                pair.append(_two_bytes())
+            src = pair[0].data.ptr
+            start, end = self._group()
+            start()
+            try:
+                comm.send(src, 1, NCCL_UINT8, rank, stream)
+                comm.recv(src + 1, 1, NCCL_UINT8, rank, stream)
+            finally:
+                end()
+        return bridge
 
     def group_start(self) -> None:
         self._group()[0]()
