@@ -508,6 +508,8 @@ def test_every_named_call_is_submit_with_its_arguments_and_repeats_as_submit_doe
     from runtime_cuda.nccl.fallback import NcclFallback   # its alltoall stages through CuPy: record it instead
     monkeypatch.setattr(NcclFallback, "_alltoall", lambda self, c: self.comm.allToAll(c.sendbuf, c.recvbuf, c.count,
                                                                                          c.dtype, c.stream))
+    monkeypatch.setattr(NcclFallback, "_alltoall_bound", lambda self, c, src: lambda stream: self.comm.allToAll(
+        src, c.recvbuf, c.count, c.dtype, stream))
     for how in ("named", "submit"):
         log, picks = [], []
         comm, _ = make(monkeypatch, log)

@@ -450,6 +450,16 @@ def test_calls_routed_to_nccl_are_ordered_by_nccl_and_bridged_to_gc3(monkeypatch
     comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 66)
     assert ev.log[3:] == [("wait", 55, 1), ("record", 1, 55), ("wait", 66, 1), ("record", 1, 66)]
     assert [e[0] for e in log[5:]] == ["allReduce", "gc3"]
+    # A call NCCL launches nothing for, after an NCCL call on another stream, orders nothing by
+    # itself: it is bridged like a gc3 call, so what comes after it is ordered after that NCCL call.
+    for repeat in range(2):
+        del log[:], ev.log[:]
+        comm.allReduce(0x1000, 0x2000, 1000, NCCL_FLOAT32, NCCL_SUM, 77)
+        comm.allReduce(0x1000, 0x2000, 0, NCCL_FLOAT32, NCCL_SUM, 0)        # the null stream
+        comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 88)
+        assert [e[0] for e in log] == ["allReduce", "groupStart", "send", "recv", "groupEnd", "allReduce", "gc3"]
+        assert log[2][-1] == 0 and ev.log == [("wait", 77, 1), ("record", 1, 0), ("wait", 88, 1),
+                                              ("record", 1, 88)]
 
 
 def test_an_adopted_capture_stream_reaches_every_order(monkeypatch):

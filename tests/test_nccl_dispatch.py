@@ -199,3 +199,32 @@ def test_pointer_broadcast_and_reduce_keep_cupy_keywords(log, monkeypatch):
     comm.broadcast(sendbuff=S, recvbuff=R, count=4, datatype=NCCL_FLOAT32, root=1, stream=ST)
     comm.reduce(S, R, 4, NCCL_FLOAT32, NCCL_MAX, 0, ST)
     assert log == [("broadcast", S, R, 4, NCCL_FLOAT32, 1, ST), ("reduce", S, R, 4, NCCL_FLOAT32, NCCL_MAX, 0, ST)]
+
+
+def test_nccls_alltoall_bound_once_copies_its_block_then_one_group_of_pairs(monkeypatch):
+    """The all-to-all NCCL serves (gc3's extension: cupy's NCCL has none), bound for repeats: the
+    rank's own block copied on the stream, then one group of a send and a receive per peer, at
+    the peer's block of each buffer."""
+    import sys
+    import types
+
+    from runtime_cuda.nccl.call import Call
+    from runtime_cuda.nccl.fallback import NcclFallback
+
+    log = []
+    runtime = types.SimpleNamespace(memcpyDeviceToDevice=3,
+                                    memcpyAsync=lambda *a: log.append(("copy",) + a))
+    cuda = types.SimpleNamespace(runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.runtime", runtime)
+    fb = NcclFallback(RecordingNccl(log), (lambda: log.append(("start",)), lambda: log.append(("end",))))
+    call = Call("alltoall", 0x1000, 0x8000, 4, 7, None, 55, 3, 1)   # 4 float32 (dtype 7) a peer, rank 1 of 3
+    go = fb.bind(call)
+    for stream in (55, 66):
+        del log[:]
+        go(stream)
+        assert log == [("copy", 0x8000 + 16, 0x1000 + 16, 16, 3, stream), ("start",),
+                       ("send", 0x1000, 4, 7, 0, stream), ("recv", 0x8000, 4, 7, 0, stream),
+                       ("send", 0x1000 + 32, 4, 7, 2, stream), ("recv", 0x8000 + 32, 4, 7, 2, stream), ("end",)]
+    assert fb.bind(Call("alltoall", 0x1000, 0x1000, 4, 7, None, 55, 3, 1)) is None   # in place: staged per call

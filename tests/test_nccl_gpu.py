@@ -348,7 +348,7 @@ def test_streams_dropped_between_calls_are_ordered_and_released(irs):
 
 def nccl_and_gc3_on_dropped_streams(rank, n, uid, count, rounds):
     """Each call on a new stream passed by handle (no owner the drop-in could hold), destroyed
-    right after it, alternating NCCL (out of place) and gc3 (in place), each reading what the
+    right after the next one is made, alternating NCCL (out of place) and gc3 (in place), each reading what the
     one before wrote, NCCL's held back by a busy kernel.  NCCL orders its own calls; a gc3
     call after an NCCL call waits through StreamOrder.bridge, which this counts."""
     import cupy
@@ -367,13 +367,20 @@ def nccl_and_gc3_on_dropped_streams(rank, n, uid, count, rounds):
     y = cupy.zeros_like(x)
     cupy.cuda.Device().synchronize()
     ptrs = (x.data.ptr, y.data.ptr)
+    prev, handles = None, set()
     for i in range(3 * rounds):
+        # The previous stream is destroyed only once this one exists: a stream destroyed first
+        # may hand its handle to the next one, which the order then takes for the same stream.
         s = cupy.cuda.Stream(non_blocking=True)
+        handles.add(s.ptr)
         if i % 3 != 1:                  # NCCL's calls start late: a gc3 call that did not wait would not
             gemm_signal.spin(s.ptr, 1e-3)
         src, dst = ptrs if i % 3 == 0 else (ptrs[1], ptrs[1]) if i % 3 == 1 else ptrs[::-1]
         comm.allReduce(src, dst, count, NCCL_FLOAT32, NCCL_SUM, s.ptr)
-        del s
+        del prev
+        prev = s
+    del prev
+    assert len(handles) >= 2
     cupy.cuda.Device().synchronize()
     out = (x.get(), dict(comm.served), bridges[0], bridge is not None)
     comm.destroy()
@@ -400,7 +407,8 @@ def test_gc3_calls_wait_for_nccl_calls_on_dropped_streams(irs, fault):
         if not ordered:   # an NCCL older than 2.14 or GC3_ORDER_COUNT=0: event marks, no bridge
             np.testing.assert_array_equal(got, want)
             continue
-        assert bridges == rounds
+        # The first gc3 call's set-up exchange (NCCL on the set-up stream, synchronized) may order it instead.
+        assert rounds - 1 <= bridges <= rounds
         if fault:
             assert not np.array_equal(got, want), "the gc3 calls read NCCL's output too early, yet all is right"
         else:

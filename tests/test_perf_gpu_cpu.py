@@ -196,6 +196,7 @@ def test_nccls_alltoall_runs_its_sends_and_receives_on_every_call(monkeypatch):
 
     runs = []
     monkeypatch.setattr(NcclFallback, "_alltoall", lambda self, c: runs.append(c.coll))
+    monkeypatch.setattr(NcclFallback, "_alltoall_bound", lambda self, c, src: lambda stream: runs.append(c.coll))
     host = one_rank_host()
     host.size = 2
     issue = perf_gpu._issue_on(RecordingNccl(), host, "NCCL")

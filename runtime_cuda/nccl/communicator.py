@@ -499,12 +499,14 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
 def _repeat_nccl(go, ptr: int, order: StreamOrder, tally: List[int], launches: bool):
     """_repeat_plain for NCCL's bound method: NCCL orders the call after the communicator's
     earlier NCCL calls itself, so once the order knows its stream's latest work is NCCL's
-    (`nccl_on`), a repeat there marks nothing (StreamOrder.leave's `nccl`)."""
+    (`nccl_on`), a repeat there marks nothing (StreamOrder.leave's `nccl`).  `launches`: NCCL
+    launches a kernel for the call (Call.nccl_launches); one it skips orders nothing, so it
+    enters and leaves the order as a call of gc3's does."""
     keep = owner_ref(ptr)
 
     def issue() -> bool:
         if order.ready != ptr:
-            order.enter(ptr, None, True)
+            order.enter(ptr, None, launches)
         go(ptr)
         if order.held != ptr and order.nccl_on != ptr:
             order.leave(ptr, None, keep() if keep is not None else None, launches)

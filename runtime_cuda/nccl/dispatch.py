@@ -76,8 +76,8 @@ class Dispatcher:
             self.enter(call.stream)
             self.gc3.run(decision)
             self.leave(call.stream)
-        else:
-            self.enter(call.stream, True)
+        else:   # a call NCCL launches nothing for takes part as any other: it carries no order
+            self.enter(call.stream, call.nccl_launches)
             self.nccl.run(call)
             self.leave(call.stream, call.nccl_launches)
         return decision
@@ -101,17 +101,17 @@ def run_group(items: Sequence[Tuple[Dispatcher, Call]]) -> List[Optional[Decisio
     if not items:
         return decisions
     nccl = items[0][0].nccl
+    # The group's launch waits for and ends every stream of it, but a call NCCL skips may leave
+    # its stream out: such a group is ordered and marked as gc3's calls are.
+    launches = all(call.nccl_launches for _, call in items)
     for disp, call in items:   # before the group: NCCL launches a group's work at groupEnd
-        disp.enter(call.stream, True)
+        disp.enter(call.stream, launches)
     nccl.group_start()
     try:
         for disp, call in items:
             disp.nccl.run(call)
     finally:
         nccl.group_end()
-    # The group's launch ends every stream of it (NCCL makes each wait for it), but a call NCCL
-    # skips may leave its stream out: such a group is marked as before.
-    launches = all(call.nccl_launches for _, call in items)
     for disp, call in items:
         disp.leave(call.stream, launches)
     return [None] * len(items)

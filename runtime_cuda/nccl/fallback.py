@@ -105,6 +105,8 @@ class NcclFallback:
             return partial(comm.broadcast, c.sendbuf, c.recvbuf, c.count, c.dtype, c.root)
         if c.coll == "reduce":
             return partial(comm.reduce, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root)
+        if c.coll == "alltoall" and not (c.inplace and c.nranks > 1):   # in place stages a copy per call
+            return self._alltoall_bound(c, c.sendbuf)
         return None
 
     def bridge(self, rank: int):
@@ -135,13 +137,14 @@ class NcclFallback:
         self._group()[1]()
 
     def _alltoall(self, c: Call) -> None:
-        from cupy.cuda import runtime
-        block = c.count * c.itemsize
         src = c.sendbuf
         staged = None
         if c.inplace and c.nranks > 1:
+            from cupy.cuda import runtime
+
+            nbytes = c.count * c.itemsize * c.nranks
             if self._staging is not None:
-                src = self._staging(block * c.nranks)
+                src = self._staging(nbytes)
             else:
                 import cupy
 
@@ -150,19 +153,33 @@ class NcclFallback:
                 # for work ordered after this call on that stream (and without
                 # `with stream:`, which would reset the caller's current stream).
                 with streams.current(streams.wrap(c.stream)):
-                    staged = cupy.empty(block * c.nranks, dtype=cupy.uint8)
+                    staged = cupy.empty(nbytes, dtype=cupy.uint8)
                 src = staged.data.ptr
-            runtime.memcpyAsync(src, c.sendbuf, block * c.nranks, runtime.memcpyDeviceToDevice, c.stream)
-        runtime.memcpyAsync(c.recvbuf + c.rank * block, src + c.rank * block, block,
-                            runtime.memcpyDeviceToDevice, c.stream)
-        self.group_start()
-        try:
-            for peer in range(c.nranks):
-                if peer != c.rank:
-                    self.comm.send(src + peer * block, c.count, c.dtype, peer, c.stream)
-                    self.comm.recv(c.recvbuf + peer * block, c.count, c.dtype, peer, c.stream)
-        finally:
-            self.group_end()
+            runtime.memcpyAsync(src, c.sendbuf, nbytes, runtime.memcpyDeviceToDevice, c.stream)
+        self._alltoall_bound(c, src)(c.stream)
+
+    def _alltoall_bound(self, c: Call, src: int):
+        """The all-to-all from `src` (the input, or its staged copy), given only the stream:
+        the rank's own block copied on the stream, then one NCCL group of a send and a
+        receive per peer, every address worked out once."""
+        from cupy.cuda import runtime
+
+        block = c.count * c.itemsize
+        own = (c.recvbuf + c.rank * block, src + c.rank * block, block, runtime.memcpyDeviceToDevice)
+        peers = [(src + p * block, c.recvbuf + p * block, p) for p in range(c.nranks) if p != c.rank]
+        copy, send, recv, (start, end), count, dtype = (runtime.memcpyAsync, self.comm.send, self.comm.recv,
+                                                         self._group(), c.count, c.dtype)
+
+        def alltoall(stream: int) -> None:
+            copy(*own, stream)
+            start()
+            try:
+                for out, into, peer in peers:
+                    send(out, count, dtype, peer, stream)
+                    recv(into, count, dtype, peer, stream)
+            finally:
+                end()
+        return alltoall
 
 
 class NoFallback(CommunicatorError):

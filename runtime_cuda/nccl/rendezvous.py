@@ -76,8 +76,8 @@ class NcclExchange(_BytesExchange):
         # exchange is a blocking host operation.  Never `with stream:` here
         # (core/streams.py says why).
         stream = streams.setup_stream()
-        if self.order is not None:
-            self.order.enter(stream.ptr)
+        if self.order is not None:   # NCCL orders its own launches (not a one-rank copy): no bridge to them
+            self.order.enter(stream.ptr, None, self._size > 1)
         with streams.current(stream):
             lengths = cupy.zeros(self._size, dtype=cupy.int64)
             mine = cupy.asarray(np.array([len(data)], dtype=np.int64))
