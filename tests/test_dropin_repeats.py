@@ -657,7 +657,8 @@ def test_the_cpu_host_path_bench_still_drives_the_real_path():
                           env={**os.environ, "PYTHONPATH": str(repo)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = dict(line.split()[:2] for line in proc.stdout.splitlines() if not line.startswith("#"))
-    assert set(rows) == {"held", "repeat", "counted", "named", "full", "stub"} and all(float(v) > 0 for v in rows.values())
+    assert set(rows) == {"held", "repeat", "counted", "named", "nccl", "nccl-ev", "direct", "full", "stub"}
+    assert all(float(v) > 0 for v in rows.values())
 
 
 def test_a_counting_launch_is_its_streams_mark_on_the_repeat_path(monkeypatch):

@@ -22,6 +22,13 @@ loops: the one least disturbed by other work on the machine):
            records no event;
   named    the same repeat through cupy.cuda.nccl's named method
            (comm.allReduce: what users call; it looks the repeat up itself);
+  nccl     an out-of-place call, which the test IR does not serve, routed to NCCL, repeated
+           through the named method on a stream passed by handle: NCCL orders it after the
+           communicator's earlier NCCL calls itself, so it marks nothing (StreamOrder.bridge);
+  nccl-ev  the same with an event recorded after every call (NCCL before 2.14, or
+           GC3_ORDER_COUNT=0; the event stubbed, so what is timed is the Python around it);
+  direct   the stand-in NCCL method called as a user calls cupy's NCCL: all a call costs
+           in Python without the drop-in;
   full     the same call with the repeat cache emptied before each call
            (argument checks, Call, selection's cache, set-up's cache,
            Gc3Backend.run, LaunchGroup.run_ptrs);
@@ -44,6 +51,9 @@ PAIRS = PACKAGE_DIR.parent / "tests" / "data" / "msccl" / "allreduce_allpairs_2r
 
 
 class _Nccl:
+    """cupy's NCCL communicator, answering at once from a C builtin (its Cython wrapper's cost)."""
+    allReduce = staticmethod(max)
+
     def device_id(self):
         return 0
 
@@ -175,6 +185,18 @@ def main(argv=None) -> int:
     comm.submit(*c)
     comm.submit(*c)
 
+    # Out of place: the test IR serves only in place, so NCCL serves this, with and without relying on
+    # NCCL's own launch order (a second communicator, whose order has no bridge).
+    obuf = buf + 0x100_0000
+    comm._dispatch.order.bridge = int   # a C builtin taking the stream: a bridge at a switch only
+    event_comm = build(n, buf, stream)
+    event_comm._dispatch.order.bridge = None
+    for c_ in (comm, event_comm):
+        for _ in range(2):
+            if c_.submit("allreduce", buf, obuf, n, NCCL_FLOAT32, NCCL_SUM, stream) != "NCCL":
+                raise SystemExit("the out-of-place call was not routed to NCCL: nothing to time")
+    nccl_direct = _Nccl().allReduce
+
     def full():
         comm._repeats.clear()
         comm.submit(*a)
@@ -186,6 +208,10 @@ def main(argv=None) -> int:
             ("repeat", per_call_us(lambda: comm.submit(*a), args.calls)),
             ("counted", per_call_us(lambda: comm.submit(*c), args.calls)),
             ("named", per_call_us(lambda: comm.allReduce(buf, buf, n, NCCL_FLOAT32, NCCL_SUM, stream), args.calls)),
+            ("nccl", per_call_us(lambda: comm.allReduce(buf, obuf, n, NCCL_FLOAT32, NCCL_SUM, stream), args.calls)),
+            ("nccl-ev", per_call_us(lambda: event_comm.allReduce(buf, obuf, n, NCCL_FLOAT32, NCCL_SUM, stream),
+                                    args.calls)),
+            ("direct", per_call_us(lambda: nccl_direct(buf, obuf, n, NCCL_FLOAT32, NCCL_SUM, stream), args.calls)),
             ("full", per_call_us(full, args.calls // 4) - per_call_us(clear_only, args.calls // 4)),
             ("stub", per_call_us(lambda: drv(0x7000, 4, 1, 1, 512, 1, 1, 0, stream, 0x8000), args.calls))]
     print(f"# Python host path per call, launch and capture query stubbed ({sys.version.split()[0]})")

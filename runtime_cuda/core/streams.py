@@ -31,7 +31,11 @@
    communicator's launches the same way, through a stream of its own, so a
    call routed to NCCL marks nothing either: only a later gc3 call on
    another stream must wait for it, which an NCCL operation on that stream
-   does (`StreamOrder.bridge`, one byte sent to self).
+   does (`StreamOrder.bridge`, one byte sent to self).  Streams are known
+   by their handles: a stream destroyed while a call on it is queued may
+   hand its handle to the next stream made (seen on H200), which is then
+   taken for the same stream and not ordered after it; NCCL alone orders
+   its calls whatever the streams.
 4. A buffer a queued launch may still read is never handed back to the pool
    at once: `StreamOrder.retire` keeps it until an event recorded after the
    last call has completed (no host synchronization; checked lazily).
