@@ -462,6 +462,34 @@ def test_calls_routed_to_nccl_are_ordered_by_nccl_and_bridged_to_gc3(monkeypatch
                                               ("record", 1, 88)]
 
 
+def test_work_before_nccls_launch_is_ordered_as_gc3s(monkeypatch):
+    """NCCL's order covers a call only from its launch on: the all-to-all NCCL serves copies the
+    rank's own block first (on the call's stream), which must still wait for the communicator's
+    earlier calls, so after an NCCL call on another stream it is bridged, first call and repeat."""
+    import types
+    monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    monkeypatch.setattr(cm, "orders_launches", lambda: True)
+    monkeypatch.setattr(fb, "_two_bytes", lambda: Pair)
+    log, ev = [], Events()
+    runtime = types.SimpleNamespace(memcpyDeviceToDevice=3, memcpyAsync=lambda *a: log.append(("copy", a[-1])))
+    # No CuPy stream is current that could own the streams passed (streams.owner).
+    cuda = types.SimpleNamespace(runtime=runtime, get_current_stream=lambda: types.SimpleNamespace(ptr=-1))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.runtime", runtime)
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    group = (lambda: log.append(("groupStart",)), lambda: log.append(("groupEnd",)))
+    comm._setup(RecordingNccl(log), 2, 0, lambda *a: RecordingGc3(log), nccl_group=group, order=StreamOrder(ev))
+    for _ in range(2):
+        comm.allReduce(0x1000, 0x2000, 1000, NCCL_FLOAT32, NCCL_SUM, 22)    # NCCL
+        del log[:]
+        comm.allToAll(0x1000, 0x8000, 100, NCCL_FLOAT32, 33)               # NCCL, after a copy
+        assert [e[0] for e in log] == ["groupStart", "send", "recv", "groupEnd",   # the bridge, on 33
+                                       "copy", "groupStart", "send", "recv", "groupEnd"]
+        assert log[1][-1] == 33 and log[4] == ("copy", 33)
+    assert ev.log == []       # no event: NCCL's order marks both calls' ends
+
+
 def test_an_adopted_capture_stream_reaches_every_order(monkeypatch):
     """adopt_stream: no event hand-over in the communicator's order nor in its
     gc3 backend's launch groups (each has a StreamOrder of its own)."""

@@ -72,10 +72,17 @@ class Call:
 
     @property
     def nccl_launches(self) -> bool:
-        """Whether NCCL launches a kernel for this call when it serves it: it discards a call
-        with no data, and a one-rank communicator's is a copy (its launch order then
+        """Whether the call ends with a kernel NCCL launches when it serves it: NCCL discards a
+        call with no data, and a one-rank communicator's is a copy (its launch order then
         orders nothing)."""
         return self.count > 0 and self.nranks > 1
+
+    @property
+    def nccl_ordered(self) -> bool:
+        """Whether NCCL's launch order covers all of the call when NCCL serves it: it launches a
+        kernel and nothing comes before it (the all-to-all copies the rank's own block first,
+        runtime_cuda.nccl.fallback)."""
+        return self.nccl_launches and self.coll != "alltoall"
 
     def describe(self) -> str:
         if self.coll in ("send", "recv"):

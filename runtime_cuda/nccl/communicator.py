@@ -437,7 +437,7 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
         elif decision.uses_gc3:
             issue = _repeat_plain(go, ptr, self._order, tally)
         else:
-            issue = _repeat_nccl(go, ptr, self._order, tally, decision.call.nccl_launches)
+            issue = _repeat_nccl(go, ptr, self._order, tally, decision.call)
         try:
             self._repeats[key] = (issue, route, go)
         except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
@@ -496,17 +496,17 @@ def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
     return issue
 
 
-def _repeat_nccl(go, ptr: int, order: StreamOrder, tally: List[int], launches: bool):
+def _repeat_nccl(go, ptr: int, order: StreamOrder, tally: List[int], call: Call):
     """_repeat_plain for NCCL's bound method: NCCL orders the call after the communicator's
     earlier NCCL calls itself, so once the order knows its stream's latest work is NCCL's
-    (`nccl_on`), a repeat there marks nothing (StreamOrder.leave's `nccl`).  `launches`: NCCL
-    launches a kernel for the call (Call.nccl_launches); one it skips orders nothing, so it
-    enters and leaves the order as a call of gc3's does."""
-    keep = owner_ref(ptr)
+    (`nccl_on`), a repeat there marks nothing (StreamOrder.leave's `nccl`).  What NCCL's order
+    does not cover (Call.nccl_ordered, Call.nccl_launches: a call NCCL skips, the all-to-all's
+    own copy before its launch) enters and leaves the order as a call of gc3's does."""
+    keep, ordered, launches = owner_ref(ptr), call.nccl_ordered, call.nccl_launches
 
     def issue() -> bool:
         if order.ready != ptr:
-            order.enter(ptr, None, launches)
+            order.enter(ptr, None, ordered)
         go(ptr)
         if order.held != ptr and order.nccl_on != ptr:
             order.leave(ptr, None, keep() if keep is not None else None, launches)

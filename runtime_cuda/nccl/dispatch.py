@@ -76,8 +76,8 @@ class Dispatcher:
             self.enter(call.stream)
             self.gc3.run(decision)
             self.leave(call.stream)
-        else:   # a call NCCL launches nothing for takes part as any other: it carries no order
-            self.enter(call.stream, call.nccl_launches)
+        else:   # what NCCL's order does not cover is ordered as gc3's calls are
+            self.enter(call.stream, call.nccl_ordered)
             self.nccl.run(call)
             self.leave(call.stream, call.nccl_launches)
         return decision
@@ -102,10 +102,12 @@ def run_group(items: Sequence[Tuple[Dispatcher, Call]]) -> List[Optional[Decisio
         return decisions
     nccl = items[0][0].nccl
     # The group's launch waits for and ends every stream of it, but a call NCCL skips may leave
-    # its stream out: such a group is ordered and marked as gc3's calls are.
+    # its stream out, and a call may do work before it: such a group is ordered (and marked) as
+    # gc3's calls are.
     launches = all(call.nccl_launches for _, call in items)
+    ordered = all(call.nccl_ordered for _, call in items)
     for disp, call in items:   # before the group: NCCL launches a group's work at groupEnd
-        disp.enter(call.stream, launches)
+        disp.enter(call.stream, ordered)
     nccl.group_start()
     try:
         for disp, call in items:
