@@ -11,6 +11,7 @@ is always the real NCCL.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 from gc3 import settings
@@ -105,7 +106,9 @@ class NcclFallback:
             return partial(comm.broadcast, c.sendbuf, c.recvbuf, c.count, c.dtype, c.root)
         if c.coll == "reduce":
             return partial(comm.reduce, c.sendbuf, c.recvbuf, c.count, c.dtype, c.op, c.root)
-        if c.coll == "alltoall" and not (c.inplace and c.nranks > 1):   # in place stages a copy per call
+        if c.coll == "alltoall":
+            if c.inplace and c.nranks > 1:   # its input is staged through a copy allocated per call
+                return lambda stream: self._alltoall(c if stream == c.stream else replace(c, stream=stream))
             return self._alltoall_bound(c, c.sendbuf)
         return None
 
