@@ -370,7 +370,7 @@ def test_every_switch_waits_for_the_last_streams_latest_call(calls, bridged):
             order.counted(stream, 3)
             ev.log.append(("counted", stream, order.total))
             latest[stream] = (len(ev.log) - 1, order.total)
-        elif kind == "nccl":                # communicator._repeat_nccl
+        elif kind == "nccl":                # communicator._repeat_plain with the NCCL call
             ev.log.append(("nccl", stream, None))
             latest[stream] = (len(ev.log) - 1, order.total)
             if order.held != stream and order.nccl_on != stream:
@@ -460,6 +460,27 @@ def test_calls_routed_to_nccl_are_ordered_by_nccl_and_bridged_to_gc3(monkeypatch
         assert [e[0] for e in log] == ["allReduce", "groupStart", "send", "recv", "groupEnd", "allReduce", "gc3"]
         assert log[2][-1] == 0 and ev.log == [("wait", 77, 1), ("record", 1, 0), ("wait", 88, 1),
                                               ("record", 1, 88)]
+
+
+def test_a_gc3_repeat_after_an_nccl_call_on_its_stream_marks_its_end(monkeypatch):
+    """The repeat path shared by NCCL's calls and a backend's plain re-issue: once gc3 runs on
+    the stream whose latest work was NCCL's, NCCL's order no longer marks that stream's end,
+    so each gc3 repeat there leaves its event, and the next stream waits on it."""
+    monkeypatch.setenv("GC3_XML_FILES", str(PAIRS))
+    monkeypatch.setattr(cm, "orders_launches", lambda: True)
+    monkeypatch.setattr(fb, "_two_bytes", lambda: Pair)
+    log, ev = [], Events()
+    backend = RecordingGc3(log)
+    backend.reissue = lambda decision: lambda stream: log.append(("again", stream))
+    comm = cm.NcclCommunicator.__new__(cm.NcclCommunicator)
+    group = (lambda: log.append(("groupStart",)), lambda: log.append(("groupEnd",)))
+    comm._setup(RecordingNccl(log), 2, 0, lambda *a: backend, nccl_group=group, order=StreamOrder(ev))
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 22)   # gc3, its repeat then cached
+    comm.allReduce(0x1000, 0x2000, 1000, NCCL_FLOAT32, NCCL_SUM, 22)   # NCCL on the same stream
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 22)   # the gc3 repeat
+    comm.allReduce(0x1000, 0x1000, 1000, NCCL_FLOAT32, NCCL_SUM, 33)
+    assert [e[0] for e in log] == ["gc3", "allReduce", "again", "gc3"]
+    assert ev.log == [("record", 1, 22)] * 2 + [("wait", 33, 1), ("record", 1, 33)]   # no bridge on 33
 
 
 def test_work_before_nccls_launch_is_ordered_as_gc3s(monkeypatch):

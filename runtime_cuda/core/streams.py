@@ -136,6 +136,18 @@ def setup_stream():
     return s
 
 
+def setup_zeros(count: int, dtype):
+    """A zeroed CuPy array made on the set-up stream, which is synchronized alone: in place
+    before any stream uses it, and no caller's stream touched."""
+    import cupy
+
+    setup = setup_stream()
+    with current(setup):
+        arr = cupy.zeros(count, dtype=dtype)
+    setup.synchronize()
+    return arr
+
+
 class CudaEvents:
     """The event operations StreamOrder needs, on raw stream handles, the wait on its
     counter, and whether a stream is capturing a graph."""
@@ -339,12 +351,7 @@ class StreamOrder:
 
             self._counter = 0
             if cudadriver.driver() is not None:
-                import cupy
-
-                setup = setup_stream()
-                with current(setup):
-                    self._counter_mem = cupy.zeros(1, dtype=cupy.uint32)
-                setup.synchronize()
+                self._counter_mem = setup_zeros(1, "uint32")
                 self._counter = self._counter_mem.data.ptr
         return self._counter
 

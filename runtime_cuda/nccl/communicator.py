@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from collections import Counter
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from gc3.errors import CommunicatorError
 from runtime_cuda.core import faults
@@ -434,10 +434,8 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
         bind = getattr(go, "bind", None)
         if bind is not None:   # a launch group's Reissue: the order and the tally ride in its one frame
             issue = bind(ptr, self._order, tally)
-        elif decision.uses_gc3:
-            issue = _repeat_plain(go, ptr, self._order, tally)
         else:
-            issue = _repeat_nccl(go, ptr, self._order, tally, decision.call)
+            issue = _repeat_plain(go, ptr, self._order, tally, None if decision.uses_gc3 else decision.call)
         try:
             self._repeats[key] = (issue, route, go)
         except TypeError:   # an unhashable argument that int() takes (a 0-d array): never a repeat
@@ -478,37 +476,25 @@ class NcclCommunicator(ArrayCollectives, CommunicatorSurface):
         return route
 
 
-def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int]):
+def _repeat_plain(go, ptr: int, order: StreamOrder, tally: List[int], call: Optional[Call] = None):
     """A repeat through a callable taking the stream (NCCL's method with all else bound;
     a backend's re-issue without Reissue.bind), in the shape the repeat cache holds: no
-    argument, False where `go` refused (it returned False; NCCL's methods return None)."""
+    argument, False where `go` refused (it returned False; NCCL's methods return None).
+    `call`: what NCCL serves.  NCCL orders it after the communicator's earlier NCCL calls
+    itself, so once the order knows its stream's latest work is NCCL's (`nccl_on`), a
+    repeat there marks nothing (StreamOrder.leave's `nccl`); what NCCL's order does not
+    cover (Call.nccl_ordered, Call.nccl_launches: a call NCCL skips, the all-to-all's own
+    copy before its launch) enters and leaves the order as a call of gc3's does."""
     keep = owner_ref(ptr)   # see StreamOrder.leave: weak, as the repeat cache holds this
-
-    def issue() -> bool:
-        if order.ready != ptr:
-            order.enter(ptr)
-        if go(ptr) is False:
-            return False
-        if order.held != ptr:
-            order.leave(ptr, None, keep() if keep is not None else None)
-        tally[0] += 1
-        return True
-    return issue
-
-
-def _repeat_nccl(go, ptr: int, order: StreamOrder, tally: List[int], call: Call):
-    """_repeat_plain for NCCL's bound method: NCCL orders the call after the communicator's
-    earlier NCCL calls itself, so once the order knows its stream's latest work is NCCL's
-    (`nccl_on`), a repeat there marks nothing (StreamOrder.leave's `nccl`).  What NCCL's order
-    does not cover (Call.nccl_ordered, Call.nccl_launches: a call NCCL skips, the all-to-all's
-    own copy before its launch) enters and leaves the order as a call of gc3's does."""
-    keep, ordered, launches = owner_ref(ptr), call.nccl_ordered, call.nccl_launches
+    ordered = call is not None and call.nccl_ordered
+    launches = call is not None and call.nccl_launches
 
     def issue() -> bool:
         if order.ready != ptr:
             order.enter(ptr, None, ordered)
-        go(ptr)
-        if order.held != ptr and order.nccl_on != ptr:
+        if go(ptr) is False:
+            return False
+        if order.held != ptr and not (launches and order.nccl_on == ptr):
             order.leave(ptr, None, keep() if keep is not None else None, launches)
         tally[0] += 1
         return True

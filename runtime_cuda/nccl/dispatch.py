@@ -72,14 +72,14 @@ class Dispatcher:
 
     def run(self, call: Call) -> Decision:
         decision = self.decide(call)
-        if decision is not None and decision.uses_gc3:
-            self.enter(call.stream)
-            self.gc3.run(decision)
-            self.leave(call.stream)
-        else:   # what NCCL's order does not cover is ordered as gc3's calls are
-            self.enter(call.stream, call.nccl_ordered)
+        nccl = decision is None or not decision.uses_gc3
+        # What NCCL's own order does not cover is ordered as gc3's calls are.
+        self.enter(call.stream, nccl and call.nccl_ordered)
+        if nccl:
             self.nccl.run(call)
-            self.leave(call.stream, call.nccl_launches)
+        else:
+            self.gc3.run(decision)
+        self.leave(call.stream, nccl and call.nccl_launches)
         return decision
 
 

@@ -32,6 +32,13 @@ def originals():
             ("NcclCommunicator", "groupStart", "groupEnd", "get_unique_id")}
 
 
+def _two_bytes():
+    """NcclFallback.bridge's buffer (a seam for the CPU tests)."""
+    from runtime_cuda.core import streams
+
+    return streams.setup_zeros(2, "uint8")
+
+
 def orders_launches() -> bool:
     """Whether the NCCL CuPy loaded orders each of a communicator's launches after the one
     before, whatever stream each ran on (2.14 on: it launches through a stream of the
@@ -44,19 +51,6 @@ def orders_launches() -> bool:
         return nccl.get_version() >= 21400
     except Exception:   # no CuPy, or a CuPy without NCCL: nothing for the order to rely on
         return False
-
-
-def _two_bytes():
-    """Two zeroed device bytes, made on the set-up stream (NcclFallback.bridge's buffer)."""
-    import cupy
-
-    from runtime_cuda.core import streams
-
-    setup = streams.setup_stream()
-    with streams.current(setup):
-        pair = cupy.zeros(2, dtype=cupy.uint8)
-    setup.synchronize()
-    return pair
 
 
 class NcclFallback:

@@ -368,13 +368,8 @@ class SmallAllreduce:
         """Every rank in this process, on the current GPU, each with its own scratch
         for calls of up to `max_bytes` (and `extra_bytes` more after it, zeroed, for a
         kernel of its own on the same peers: extra_offset says where they start)."""
-        import cupy
-
         nbytes = scratch_shape(nranks, max_bytes)[2] + extra_bytes
-        setup = streams.setup_stream()
-        with streams.current(setup):
-            scratch = [cupy.zeros(nbytes // 8, dtype=cupy.uint64) for _ in range(nranks)]
-        setup.synchronize()
+        scratch = [streams.setup_zeros(nbytes // 8, "uint64") for _ in range(nranks)]
         row = [s.data.ptr for s in scratch]
         return cls(nranks, range(nranks), [row] * nranks, scratch[0][:_SA["COUNTERS"]], (), timeout, keep=scratch,
                    max_bytes=max_bytes)
