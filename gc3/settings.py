@@ -87,6 +87,13 @@ def _tile_split(raw: str) -> Tuple[int, int]:
     return tiles, min_bytes
 
 
+def _fused_tile(raw: str) -> Tuple[int, int]:
+    bm, _, bn = raw.strip().lower().partition("x")
+    if bm not in ("64", "128") or bn not in ("128", "256"):
+        raise ValueError("expected ROWSxCOLUMNS, rows 64 or 128 and columns 128 or 256, e.g. 128x256")
+    return int(bm), int(bn)
+
+
 def _text(raw: str) -> str:
     return raw.strip()
 
@@ -210,6 +217,9 @@ _DECLARED: List[Setting] = [
             _choice({"tile-store": "tile-store", "collective": "collective", "copy-engine": "copy-engine"},
                     "'tile-store', 'collective' or 'copy-engine'", fold=True), "tile-store, collective, copy-engine",
             "fused"),
+    Setting("GC3_FUSED_TILE", "choice", None,
+            "the tile-store GEMM's output tile, rows x columns (unset: chosen per shape; 128 rows where a rank has "
+            "64 span two ranks)", _fused_tile, "64x128, 64x256, 128x128, 128x256", "fused"),
     Setting("GC3_FUSED_GATHER_COPIERS", "int", None,
             "programs of the tile-store all-gather + GEMM that push the rank's rows to its peers before they join "
             "the GEMM (unset: 4 per rank and 8, measured best at 2 and 4 H100s)", _int(1, 1024), "1 to 1024",

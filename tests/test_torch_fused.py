@@ -501,6 +501,9 @@ def _tile_store_ranks(n, tmp_path, *flags):
                    "gemm_ar cuda graph replay", "ag_gemm cuda graph replay", "back to back gemm_rs",
                    "back to back ag_gemm", "ag_gemm without A", "ag_gemm trace"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
+    spanning = f"({n * 64}, 200, 17600)"       # tiles of two ranks' rows
+    for needed in (f"gemm_ar {spanning} call 5", f"gemm_rs cuda graph replay {spanning}", f"gemm_a2a {spanning} call 1"):
+        assert n % 2 or needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
     assert "a missing rank is reported, not waited for" in outs[1], outs[1][-3000:]
     print("\n".join(line for out in outs for line in out.splitlines() if "ag_gemm trace" in line))
 
@@ -646,17 +649,21 @@ def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_
 
 def test_tile_shape_halves_tiles_only_where_they_would_leave_most_sms_idle():
     """128 x 256 wherever the call's tiles fill more than half the SMs; rows halved where a rank's
-    rows are not whole tiles of 128; where a few rows leave most SMs idle, rows then columns
-    halved, and never past one wave.  Of the benchmark's grid at 2 and 4 GPUs, only the
+    rows are not whole tiles of 128, or (64 rows a rank, even ranks, not all-gather + GEMM) a tile
+    of two ranks' rows; where a few rows leave most SMs idle, the next smaller tile, rows then
+    columns, and never past one wave.  Of the benchmark's grid at 2 and 4 GPUs, only the
     all-reduce's M = 256 rows change."""
     from runtime_cuda.torch_dist import bench_fused, tile_store
     shape = tile_store.tile_shape
     assert shape(8192, 8192, 4, 132) == (tile_store.BM, tile_store.BN) == (128, 256)
-    assert shape(256, 8192, 4, 132) == (64, 256)        # 64 rows a rank, 128 tiles: one wave
-    assert shape(256, 4096, 4, 132) == (64, 128)        # 64 tiles of 64 x 256 fill half
+    assert shape(256, 16384, 4, 132) == (128, 256)      # two ranks' 64 rows a tile: 128 tiles
+    assert shape(256, 8192, 4, 132) == (128, 128)       # 64 such tiles of 256 columns fill half
+    assert shape(256, 8192, 4, 132, spanning=False) == (64, 256)
+    assert shape(256, 4096, 4, 132) == (64, 128)        # spanning tiles fill half at either width
     assert shape(256, 4096, 2, 132) == (64, 128)        # 32 tiles of 128 x 256
     assert shape(256, 16384, 2, 132) == (128, 256)      # 128 tiles: one wave already
     assert shape(64, 128, 1, 132) == (64, 128)          # as small as it goes
+    assert shape(192, 16384, 3, 132) == (64, 256)       # odd ranks: no pairs
     assert shape(1024, 296, 4, 16) == (128, 256)
     for M in (64, 128, 192, 256, 512, 1024, 4096):
         for N in (8, 128, 296, 2200, 4096, 16384):
@@ -665,12 +672,34 @@ def test_tile_shape_halves_tiles_only_where_they_would_leave_most_sms_idle():
                     continue
                 for sms in (16, 78, 114, 132):
                     bm, bn = shape(M, N, G, sms)
-                    assert (M // G) % bm == 0 and bm in (64, 128) and bn in (128, 256)
-                    halved = (bm, bn) != ((128 if (M // G) % 128 == 0 else 64), 256)
+                    rows = M // G
+                    assert (rows % bm == 0 or (bm == 2 * rows == 128 and G % 2 == 0)) and bm in (64, 128) \
+                        and bn in (128, 256)
+                    assert tile_store.span(M, G, bm) == (2 if bm > rows else 1)
+                    halved = (bm, bn) != ((128 if rows % 128 == 0 or rows == 64 and G % 2 == 0 else 64), 256)
                     assert not halved or (M // bm) * -(-N // bn) <= sms, (M, N, G, sms)
     changed = {(G, op, M, K, N) for G in (2, 4) for op, M, K, N in bench_fused.grid(bench_fused.OPS, False)
-               if shape(M, N // G if op == "ag_gemm" else N, G, 132) != (128, 256)}
+               if shape(M, N // G if op == "ag_gemm" else N, G, 132, spanning=op != "ag_gemm") != (128, 256)}
     assert changed and {(op, M) for _, op, M, _, _ in changed} == {("gemm_ar", 256)}
+
+
+def test_a_tile_the_user_asks_for_is_taken_or_refused_by_name(monkeypatch):
+    """GC3_FUSED_TILE replaces the choice where the shape can take it; elsewhere InputError
+    names the setting and why, and a malformed value names what was expected."""
+    from gc3 import settings
+    from gc3.errors import InputError
+    from runtime_cuda.torch_dist import tile_store
+    shape = tile_store.tile_shape
+    assert shape(8192, 8192, 4, 132, (64, 128)) == (64, 128)
+    assert shape(256, 8192, 4, 132, (64, 256)) == (64, 256)
+    assert shape(256, 8192, 4, 132, (128, 256)) == (128, 256)       # a tile of two ranks' rows
+    with pytest.raises(InputError, match=r"GC3_FUSED_TILE=128x256: 64 rows a rank .* only in GEMM \+ reduce"):
+        shape(256, 8192, 4, 132, (128, 256), spanning=False)
+    with pytest.raises(InputError, match="192 rows a rank are not whole tiles of 128"):
+        shape(768, 8192, 4, 132, (128, 128))
+    with pytest.raises(InputError, match="GC3_FUSED_TILE=.*expected ROWSxCOLUMNS"):
+        settings.get("GC3_FUSED_TILE", {"GC3_FUSED_TILE": "96x256"})
+    assert settings.get("GC3_FUSED_TILE", {"GC3_FUSED_TILE": " 128X128 "}) == (128, 128)
 
 
 def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypatch):

@@ -50,6 +50,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from gc3 import settings
+from gc3.errors import InputError
 
 from . import overlap
 from .handover import fused_call, ipc_group
@@ -107,24 +108,40 @@ def refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
     return ""
 
 
-def tile_shape(M: int, N: int, G: int, sms: int) -> Tuple[int, int]:
+def tile_shape(M: int, N: int, G: int, sms: int, asked: Optional[Tuple[int, int]] = None,
+               spanning: bool = True) -> Tuple[int, int]:
     """(BM, BN) of a call's output tiles, M counting every rank's rows: BM x BN, or BM halved
-    where a rank's rows are not whole tiles of BM.  Where the call's tiles would fill at most
-    half the GPU's multiprocessors (a GEMM of few rows: one wave of long K loops on a few SMs
-    while the rest idle), first the rows, then the columns are halved: the count doubles and
-    still fits one wave, so each tile's K loop does half the work and none waits for a second
-    wave."""
+    where a rank's rows are not whole tiles of BM.  Where a rank has MIN_BM rows among an even
+    number of ranks, a tile of 2 * MIN_BM rows spans two ranks (kernel _spanning): tiles of one
+    rank's 64 rows read B once per 64 rows, which bound those calls by memory traffic.  Where
+    the call's tiles would fill at most half the GPU's multiprocessors (a GEMM of few rows: one
+    wave of long K loops on a few SMs while the rest idle), the next smaller tile is taken,
+    rows before columns: the count doubles and still fits one wave, so each tile's K loop does
+    half the work and none waits for a second wave.  `asked` (GC3_FUSED_TILE) replaces the
+    choice; InputError where the shape cannot take it.  `spanning` False (all-gather + GEMM,
+    whose tiles are one source's rows): no tile spans ranks."""
     rows = M // G
-    bm = BM if rows % BM == 0 else MIN_BM
-    bn = BN
-    while 2 * _tiles(M, N, bm, bn) <= sms:
-        if bm > MIN_BM:
-            bm = MIN_BM
-        elif bn > MIN_BN:
-            bn = MIN_BN
-        else:
-            break
-    return bm, bn
+    spans = spanning and rows == MIN_BM and G % 2 == 0
+    if asked is not None:
+        bm, bn = asked
+        if rows % bm and not (spans and bm == 2 * rows):
+            raise InputError(f"GC3_FUSED_TILE={bm}x{bn}: {rows} rows a rank are not whole tiles of {bm} rows"
+                             + (" (a tile spans two ranks only in GEMM + reduce-scatter, all-reduce and"
+                                " all-to-all, where each rank has 64 rows and the ranks are even)" if bm > rows else ""))
+        return bm, bn
+    shapes = [(2 * MIN_BM, BN), (2 * MIN_BM, MIN_BN)] if spans else []
+    if rows % BM == 0:
+        shapes.append((BM, BN))
+    shapes += [(MIN_BM, BN), (MIN_BM, MIN_BN)]
+    for bm, bn in shapes:
+        if 2 * _tiles(M, N, bm, bn) > sms:
+            return bm, bn
+    return shapes[-1]
+
+
+def span(M: int, G: int, bm: int) -> int:
+    """How many ranks' rows one tile of `bm` rows holds (1 or 2)."""
+    return max(1, bm // (M // G))
 
 
 def _tiles(rows: int, N: int, bm: int, bn: int) -> int:
@@ -218,24 +235,24 @@ def _kernels():
         return acc
 
     @triton.jit
-    def gemm_exchange(A, B, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident,
-                      DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, GROUP_M: tl.constexpr):
-        """A [M, K] @ B [K, N], one call of OP (0 reduce-scatter, 1 all-reduce, 2 all-to-all).
-        The tile of rows r belongs to rank d = r // rows.  First the peers' tiles, each stored
-        into this rank's slot at its owner and flagged there; then the own ones, each summed
-        with the G - 1 partials flagged in this rank's slots (0, 1) and pushed to every rank's
-        copy of the result (1), or stored as it is (2).  Then (1, 2) the blocks the peers
-        flagged are copied into out.  Table entries: _Shape's comment."""
-        me = tl.program_id(0)
-        grid = tl.num_programs(0)
-        c = tl.load(cnt + me)
-        par = c & 1
-        target = c + 1
-        failed = _at(table, 5 * G + 4, tl.int32)
-        dead = cnt + grid
+    def _pair(a_desc, b_desc, off_m, off_n, kt, R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        """Rows [off_m, + 2R) in two accumulators of R rows that share each step's B: the halves
+        go to two ranks, and splitting one accumulator by rows would move it through shared
+        memory (its halves live in different warps)."""
+        acc0 = tl.zeros((R, BN), tl.float32)
+        acc1 = tl.zeros((R, BN), tl.float32)
+        for ki in range(kt):
+            b = b_desc.load([ki * BK, off_n])
+            acc0 = tl.dot(a_desc.load([off_m, ki * BK]), b, acc0)
+            acc1 = tl.dot(a_desc.load([off_m + R, ki * BK]), b, acc1)
+        return acc0, acc1
+
+    @triton.jit
+    def _own_rows(A, b_desc, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
+                  target, failed, dead, DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+        """gemm_exchange where a tile's rows are one rank's."""
         a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
-        b_desc = tl.make_tensor_descriptor(B, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
         HALF: tl.constexpr = BN // 2
         QUARTER: tl.constexpr = BN // 4
         # The descriptors every tile uses, made once: the caller's output, by halves (a block as
@@ -320,6 +337,109 @@ def _kernels():
                 for half in tl.static_range(2):
                     col = off_n + half * HALF
                     out_h.store([s * rows + lm, col], got.load([s * rows + lm, col]))
+
+    @triton.jit
+    def _spanning(A, b_desc, out, table, cnt, M, N, K, rows, rank, timeout_ns, ident, me, grid, par, target,
+                  failed, dead, DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+        """gemm_exchange where a tile's BM rows are two ranks' (R = BM / 2 rows each; G even): at
+        few rows a rank, tiles of one rank's rows read B once per R rows, which bound such calls
+        by L2 and HBM traffic.  Each half goes into its owner's slot for this rank, the own half
+        too (flagged there alike), so (0, 1) an own block's sum waits for G slots and adds them in
+        rank order (each partial rounded once, as the matmul's output is), and (2) the blocks are
+        copied out of the G slots.  The sum then runs after the GEMM's tiles: with tiles this
+        wide a call's tiles are one wave, so no tile waited under another's K loop anyway."""
+        R: tl.constexpr = BM // 2
+        HALF: tl.constexpr = BN // 2
+        QUARTER: tl.constexpr = BN // 4
+        a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[R, BK])
+        pn = tl.cdiv(N, BN)
+        kt = tl.cdiv(K, BK)
+        pairs = G // 2
+        T = pn
+        flags = _at(table, 4 * G + 4 + rank, tl.int32)
+        # The next pair's rows first, this rank's last; the pairs of one column block side by
+        # side, so B's columns are read from HBM once.  A half's flag goes up after the next
+        # tile's K loop, as the other form's do.
+        total = pairs * T
+        pend0 = flags
+        pend1 = flags
+        for t in tl.range(me, total, grid):
+            pid_p, pid_n = _place(t, pairs, pn, GROUP_M)
+            p = (rank // 2 + 1 + pid_p) % pairs
+            acc0, acc1 = _pair(a_desc, b_desc, p * BM, pid_n * BN, kt, R, BN, BK)
+            _signal(pend0, target, t != me)
+            _signal(pend1, target, t != me)
+            d = 2 * p
+            _rows(_at(table, par * G + d, DT), rows, N, R, BN).store([0, pid_n * BN], acc0.to(DT))
+            _rows(_at(table, par * G + d + 1, DT), rows, N, R, BN).store([0, pid_n * BN], acc1.to(DT))
+            pend0 = _at(table, 4 * G + 4 + d, tl.int32) + (rank * T + pid_n)
+            pend1 = _at(table, 4 * G + 4 + d + 1, tl.int32) + (rank * T + pid_n)
+        _signal(pend0, target, me < total)
+        _signal(pend1, target, me < total)
+        if OP != 2:
+            slots = _rows(_at(table, 2 * G + par, DT), G * rows, N, R, QUARTER)
+            out_q = _rows(out, rows if OP == 0 else M, N, R, QUARTER)
+            r0 = 0 if OP == 0 else rank * rows
+            for idx in tl.range((me + grid - total % grid) % grid, T, grid):
+                for s in tl.static_range(G):
+                    _wait(flags + (s * T + idx), target, dead, failed, ident, timeout_ns)
+                for quarter in tl.static_range(4):
+                    col = idx * BN + quarter * QUARTER
+                    x = tl.zeros((R, QUARTER), tl.float32)
+                    for s in tl.static_range(G):
+                        x += slots.load([s * rows, col]).to(tl.float32)
+                    y = x.to(DT)
+                    out_q.store([r0, col], y)
+                    if OP == 1:
+                        for q in tl.static_range(G):
+                            if q != rank:
+                                dst = _at(table, 2 * G + 4 + par * G + q, DT)
+                                _rows(dst, rows, N, R, QUARTER).store([0, col], y)
+                if OP == 1:
+                    for q in tl.static_range(G):
+                        if q != rank:
+                            _signal(_at(table, 4 * G + 4 + q, tl.int32) + ((G + rank) * T + idx), target, idx >= 0)
+        if OP != 0:
+            # The blocks that should have landed first first; all-to-all's own block too.
+            kind = 1 if OP == 1 else 0
+            sources = G - 1 if OP == 1 else G
+            got = _rows(_at(table, 2 * G + (2 if OP == 1 else 0) + par, DT), G * rows, N, R, HALF)
+            out_h = _rows(out, M, N, R, HALF)
+            for w in range(me, sources * T, grid):
+                j = w // T
+                idx = w - j * T
+                s = (rank + G - 1 - j) % G
+                _wait(flags + ((kind * G + s) * T + idx), target, dead, failed, ident, timeout_ns)
+                for half in tl.static_range(2):
+                    col = idx * BN + half * HALF
+                    out_h.store([s * rows, col], got.load([s * rows, col]))
+
+    @triton.jit
+    def gemm_exchange(A, B, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident,
+                      DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      BK: tl.constexpr, GROUP_M: tl.constexpr, SPAN: tl.constexpr):
+        """A [M, K] @ B [K, N], one call of OP (0 reduce-scatter, 1 all-reduce, 2 all-to-all).
+        The tile of rows r belongs to rank d = r // rows.  First the peers' tiles, each stored
+        into this rank's slot at its owner and flagged there; then the own ones, each summed
+        with the G - 1 partials flagged in this rank's slots (0, 1) and pushed to every rank's
+        copy of the result (1), or stored as it is (2).  Then (1, 2) the blocks the peers
+        flagged are copied into out.  SPAN 2 (a rank has BM / 2 rows): see _spanning.  Table
+        entries: _Shape's comment."""
+        me = tl.program_id(0)
+        grid = tl.num_programs(0)
+        c = tl.load(cnt + me)
+        par = c & 1
+        target = c + 1
+        failed = _at(table, 5 * G + 4, tl.int32)
+        dead = cnt + grid
+        b_desc = tl.make_tensor_descriptor(B, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
+        if SPAN == 2:
+            _spanning(A, b_desc, out, table, cnt, M, N, K, rows, rank, timeout_ns, ident, me, grid, par, target,
+                      failed, dead, DT, G, OP, BM, BN, BK, GROUP_M)
+        else:
+            _own_rows(A, b_desc, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
+                      target, failed, dead, DT, G, OP, BM, BN, BK, GROUP_M)
         tl.store(cnt + me, c + 1)
 
     @triton.jit
@@ -483,7 +603,8 @@ class _Shape:
         G, me = pg.size(), pg.rank()
         self.G, self.M, self.K, self.N, self.rows, self.op, self.rank = G, M, K, N, M // G, op, me
         dev = self.device = pg._device
-        self.bm, self.bn = tile_shape(M, N, G, _sms(dev))
+        self.bm, self.bn = tile_shape(M, N, G, _sms(dev), settings.get("GC3_FUSED_TILE"), op != "ag_gemm")
+        self.span = span(M, G, self.bm)
         item = torch.empty((), dtype=dtype).element_size()
         if op == "ag_gemm":
             st, t, words = self._gather(group, M, K, N, dtype, item)
@@ -505,7 +626,7 @@ class _Shape:
     def _exchange(self, group, M: int, N: int, dtype: torch.dtype, item: int):
         G, me, op = self.G, self.rank, self.op
         slot = self.rows * N * item
-        tiles = _tiles(self.rows, N, self.bm, self.bn)
+        tiles = _tiles(self.rows, N, self.bm // self.span, self.bn)
         sizes = {"stage": G * slot, "flags": 4 * 2 * G * tiles}
         if op == "gemm_ar":
             sizes["result"] = G * slot
@@ -525,7 +646,7 @@ class _Shape:
         self.grid = min(_sms(self.device), _tiles(M, N, self.bm, self.bn))
         self.kernel = "gemm_exchange"
         self.scalars = (self.M, self.N, self.K, self.rows, ((me + 1) % G) * (self.rows // self.bm), me)
-        self.constexprs = dict(G=G, OP=OPS.index(op), BM=self.bm, BN=self.bn, BK=BK, GROUP_M=GROUP_M)
+        self.constexprs = dict(G=G, OP=OPS.index(op), BM=self.bm, BN=self.bn, BK=BK, GROUP_M=GROUP_M, SPAN=self.span)
         # One more word: set once a wait of this shape gave up (the group is then failed).
         return st, t, self.grid + 1
 

@@ -2,13 +2,14 @@
 rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank % count:
 
 - GEMM + reduce-scatter, + all-reduce, + all-to-all and all-gather + GEMM forced fused at three
-  shapes whose K and N are not multiples of the GEMM's tiles (tiles of both sizes), each against
+  shapes whose K and N are not multiples of the GEMM's tiles (tiles of both sizes), and with even
+  ranks a fourth whose tiles span two ranks' rows, each against
   an fp32 reference (error no larger than the sequential path's), the all-reduce bit-identical across ranks, the
   all-gather's A equal to every rank's shard (and not made when return_A is off), and the
   tile-store path shown to have served them;
 - five calls of each in a row on new inputs (both parities of the buffers, twice);
 - GC3_FUSED_TRACE at one M = 8192 all-gather: at least half of the pushes' time inside tiles;
-- CUDA-graph capture of each and two replays on new inputs;
+- CUDA-graph capture of each and two replays on new inputs (spanning tiles too);
 - back-to-back calls of alternating operators and shapes, no synchronisation until the end;
 - a rank that skips a call: the others' waits for its tiles give up after GC3_FUSED_TIMEOUT and
   their next call raises RuntimeTimeoutError naming it (no hang).
@@ -33,11 +34,15 @@ user = torch.cuda.Stream()      # the caller's own stream, not the default one
 torch.cuda.set_stream(user)
 # K: 3 steps of 64 and a part, or 7 and a part; N: tiles and a part.  Tiles (tile_store.tile_shape):
 # 64 x 128 at the first two (64 rows a rank, the lower height; 2 blocks of 128 rows, halved for
-# the idle SMs) and 128 x 256 at the third (104 tiles: more than half of any GPU's SMs).
+# the idle SMs), 128 x 256 at the third (104 tiles: more than half of any GPU's SMs), and at the
+# fourth (even ranks), 128 x 256 tiles of two ranks' 64 rows each (69 columns of tiles).
 SHAPES = ((G * tile_store.MIN_BM, 200, 8 * 37), (2 * G * tile_store.BM, 456, 8 * 45), (1024, 200, 8 * 410))
-TILES = [tile_store.tile_shape(M, N, G, torch.cuda.get_device_properties(dev).multi_processor_count)
-         for M, _, N in SHAPES]
+if G % 2 == 0:
+    SHAPES += ((G * tile_store.MIN_BM, 200, 8 * 2200),)
+SMS = torch.cuda.get_device_properties(dev).multi_processor_count
+TILES = [tile_store.tile_shape(M, N, G, SMS) for M, _, N in SHAPES]
 assert TILES[0] == TILES[1] == (64, 128) and TILES[2] == (128, 256), TILES
+assert G % 2 or (TILES[3] == (128, 256) and tile_store.span(SHAPES[3][0], G, 128) == 2), (TILES, SMS)
 
 
 passed, close = torch_rank.passed, torch_rank.close
@@ -123,9 +128,9 @@ assert len(tiles) == G * (shape[0] // G // bm) * -(-shape[2] // bn), len(tiles)
 assert share >= 0.5, f"rank {rank}: {share:.2f} of the pushes' time inside tiles ({pushes} / {tiles[:8]})"
 passed(f"ag_gemm trace: {share:.2f} of the pushes' time inside tiles")
 
-# CUDA graph: one captured call of each operator, replayed on new inputs.
-for op, call in CALLS.items():
-    shape = SHAPES[1]
+# CUDA graph: one captured call of each operator, replayed on new inputs (and of spanning tiles).
+for op, call, shape in [(op, call, SHAPES[1]) for op, call in CALLS.items()] + \
+        [(op, CALLS[op], SHAPES[3]) for op in ("gemm_rs", "gemm_ar", "gemm_a2a") if len(SHAPES) > 3]:
     a, b = operands(op, shape, 20)
     call(a, b, path="fused")
     torch.cuda.synchronize()
@@ -137,7 +142,7 @@ for op, call in CALLS.items():
         a.copy_(a2)
         b.copy_(b2)
         g.replay()
-        close(f"{op} cuda graph replay seed {seed}", out, reference(op, shape, seed), call(a2, b2, path="sequential"))
+        close(f"{op} cuda graph replay {shape} seed {seed}", out, reference(op, shape, seed), call(a2, b2, path="sequential"))
     del g
 
 # Back to back: alternating operators and shapes, checked only at the end.
