@@ -350,8 +350,6 @@ def _kernels():
         copied out of the G slots.  The sum then runs after the GEMM's tiles: with tiles this
         wide a call's tiles are one wave, so no tile waited under another's K loop anyway."""
         R: tl.constexpr = BM // 2
-        HALF: tl.constexpr = BN // 2
-        QUARTER: tl.constexpr = BN // 4
         a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[R, BK])
         pn = tl.cdiv(N, BN)
         kt = tl.cdiv(K, BK)
@@ -377,26 +375,33 @@ def _kernels():
             pend1 = _at(table, 4 * G + 4 + d + 1, tl.int32) + (rank * T + pid_n)
         _signal(pend0, target, me < total)
         _signal(pend1, target, me < total)
+        _spanning_sum(out, table, M, N, rows, rank, timeout_ns, ident, me, grid, par, target, failed, dead, flags, T,
+                      total, DT, G, OP, R, BN)
+
+    @triton.jit
+    def _spanning_sum(out, table, M, N, rows, rank, timeout_ns, ident, me, grid, par, target, failed, dead, flags, T,
+                      total, DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, R: tl.constexpr,
+                      BN: tl.constexpr):
+        """_spanning's sum (0, 1) and copy (1, 2).  No accumulator is live here, so a block is
+        summed and copied whole: a descriptor a peer a block, not one a quarter (each is made on
+        the device).  Plain loads and stores instead of TMA measured the same (4x H200)."""
         if OP != 2:
-            slots = _rows(_at(table, 2 * G + par, DT), G * rows, N, R, QUARTER)
-            out_q = _rows(out, rows if OP == 0 else M, N, R, QUARTER)
+            slots = _rows(_at(table, 2 * G + par, DT), G * rows, N, R, BN)
+            out_b = _rows(out, rows if OP == 0 else M, N, R, BN)
             r0 = 0 if OP == 0 else rank * rows
             for idx in tl.range((me + grid - total % grid) % grid, T, grid):
                 for s in tl.static_range(G):
                     _wait(flags + (s * T + idx), target, dead, failed, ident, timeout_ns)
-                for quarter in tl.static_range(4):
-                    col = idx * BN + quarter * QUARTER
-                    x = tl.zeros((R, QUARTER), tl.float32)
-                    for s in tl.static_range(G):
-                        x += slots.load([s * rows, col]).to(tl.float32)
-                    y = x.to(DT)
-                    out_q.store([r0, col], y)
-                    if OP == 1:
-                        for q in tl.static_range(G):
-                            if q != rank:
-                                dst = _at(table, 2 * G + 4 + par * G + q, DT)
-                                _rows(dst, rows, N, R, QUARTER).store([0, col], y)
+                col = idx * BN
+                x = tl.zeros((R, BN), tl.float32)
+                for s in tl.static_range(G):
+                    x += slots.load([s * rows, col]).to(tl.float32)
+                y = x.to(DT)
+                out_b.store([r0, col], y)
                 if OP == 1:
+                    for q in tl.static_range(G):
+                        if q != rank:
+                            _rows(_at(table, 2 * G + 4 + par * G + q, DT), rows, N, R, BN).store([0, col], y)
                     for q in tl.static_range(G):
                         if q != rank:
                             _signal(_at(table, 4 * G + 4 + q, tl.int32) + ((G + rank) * T + idx), target, idx >= 0)
@@ -404,16 +409,14 @@ def _kernels():
             # The blocks that should have landed first first; all-to-all's own block too.
             kind = 1 if OP == 1 else 0
             sources = G - 1 if OP == 1 else G
-            got = _rows(_at(table, 2 * G + (2 if OP == 1 else 0) + par, DT), G * rows, N, R, HALF)
-            out_h = _rows(out, M, N, R, HALF)
+            got = _rows(_at(table, 2 * G + (2 if OP == 1 else 0) + par, DT), G * rows, N, R, BN)
+            out_w = _rows(out, M, N, R, BN)
             for w in range(me, sources * T, grid):
                 j = w // T
                 idx = w - j * T
                 s = (rank + G - 1 - j) % G
                 _wait(flags + ((kind * G + s) * T + idx), target, dead, failed, ident, timeout_ns)
-                for half in tl.static_range(2):
-                    col = idx * BN + half * HALF
-                    out_h.store([s * rows, col], got.load([s * rows, col]))
+                out_w.store([s * rows, idx * BN], got.load([s * rows, idx * BN]))
 
     @triton.jit
     def gemm_exchange(A, B, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident,
