@@ -16,7 +16,9 @@ landed.  An own tile, per operator:
     flagged there;
   - GEMM + all-to-all: stored as it is.
 Then (all-reduce, all-to-all) each program copies flagged blocks the peers stored into the
-caller's output: a peer cannot store into a tensor it has no address for.
+caller's output: a peer cannot store into a tensor it has no address for.  Where a rank has 64
+rows among an even number of ranks, a tile holds two ranks' rows (kernel _spanning): every half,
+the own one too, goes to its owner's slot, and the sums and copies follow the tiles.
 All-gather + GEMM runs the other way round (kernel gather_gemm): a few programs push the
 rank's shard into every peer's gather buffer, one peer at a time in an order that makes each
 round a permutation of the ranks, while the others start on the rank's own rows; output tiles
@@ -347,8 +349,8 @@ def _kernels():
         by L2 and HBM traffic.  Each half goes into its owner's slot for this rank, the own half
         too (flagged there alike), so (0, 1) an own block's sum waits for G slots and adds them in
         rank order (each partial rounded once, as the matmul's output is), and (2) the blocks are
-        copied out of the G slots.  The sum then runs after the GEMM's tiles: with tiles this
-        wide a call's tiles are one wave, so no tile waited under another's K loop anyway."""
+        copied out of the G slots.  A program sums its blocks after all its tiles: with tiles
+        this wide a call's tiles are about one wave, so no later K loop would hide the sums."""
         R: tl.constexpr = BM // 2
         a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[R, BK])
         pn = tl.cdiv(N, BN)
