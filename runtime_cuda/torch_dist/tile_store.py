@@ -250,7 +250,7 @@ def _kernels():
         return acc0, acc1
 
     @triton.jit
-    def _own_rows(A, b_desc, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
+    def _own_rows(A, b_desc, out, table, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
                   target, failed, dead, DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
         """gemm_exchange where a tile's rows are one rank's."""
@@ -341,7 +341,7 @@ def _kernels():
                     out_h.store([s * rows + lm, col], got.load([s * rows + lm, col]))
 
     @triton.jit
-    def _spanning(A, b_desc, out, table, cnt, M, N, K, rows, rank, timeout_ns, ident, me, grid, par, target,
+    def _spanning(A, b_desc, out, table, M, N, K, rows, rank, timeout_ns, ident, me, grid, par, target,
                   failed, dead, DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
         """gemm_exchange where a tile's BM rows are two ranks' (R = BM / 2 rows each; G even): at
@@ -440,10 +440,10 @@ def _kernels():
         dead = cnt + grid
         b_desc = tl.make_tensor_descriptor(B, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
         if SPAN == 2:
-            _spanning(A, b_desc, out, table, cnt, M, N, K, rows, rank, timeout_ns, ident, me, grid, par, target,
+            _spanning(A, b_desc, out, table, M, N, K, rows, rank, timeout_ns, ident, me, grid, par, target,
                       failed, dead, DT, G, OP, BM, BN, BK, GROUP_M)
         else:
-            _own_rows(A, b_desc, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
+            _own_rows(A, b_desc, out, table, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
                       target, failed, dead, DT, G, OP, BM, BN, BK, GROUP_M)
         tl.store(cnt + me, c + 1)
 
