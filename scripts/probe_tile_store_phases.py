@@ -6,7 +6,7 @@ fused(K) - fused(64) is about the GEMM inside the fused kernel, to hold against 
 against the all-reduces says how the exchange compares.  Not a result by itself: `gc3 bench
 --fused` measures the operators against the user's path.  GC3_FUSED_TILE picks the tile.
 
-    torchrun --nproc-per-node 4 scripts/probe_tile_store_phases.py [M] [CALLS]
+    torchrun --nproc-per-node 4 scripts/probe_tile_store_phases.py [M] [CALLS] [N,N,...]
 """
 import sys
 
@@ -18,6 +18,7 @@ from runtime_cuda.torch_dist import bench_fused, ops, tile_store
 
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 256
 CALLS = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+ONLY = {int(n) for n in sys.argv[3].split(",")} if len(sys.argv) > 3 else None
 job = bench_fused.start()
 G, dev = job.size, job.device
 timer = bench_fused.Timer(job, CALLS, 5)
@@ -27,6 +28,8 @@ if job.rank == 0:
     print("| K (full) | N | tile | fused | fused K=64 | matmul | NCCL AR | seq-nccl | gc3 AR |")
     print("|---|---|---|---|---|---|---|---|---|")
 for K, N in ((14336, 4096), (28672, 8192), (53248, 16384)):
+    if ONLY is not None and N not in ONLY:
+        continue
     gen = torch.Generator(device=dev).manual_seed(job.rank)
     a = torch.randn(M, K // G, generator=gen, device=dev).bfloat16()
     b = (torch.randn(K // G, N, generator=gen, device=dev) * (K ** -0.5)).bfloat16()
