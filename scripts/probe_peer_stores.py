@@ -10,9 +10,7 @@ tile locally into the program's own stash and carries it to the peer in pieces, 
 the next tile's K loop ("trickle"), also timed with a local destination (what the pieces cost
 the K loop by themselves).  bf16, us per call in a 20-call CUDA graph, median of 5 replays,
 cuBLAS beside them; the trickled result is compared with the local one bit for bit.
-What it showed on 2x H200 (docs/history.md, thirty-eighth session): far stores cost the GEMM
-47-149 us at 8192 x 7168 x 4096 (601-635 local), and the trickle's pieces slow the K loop
-more than they save.
+Its runs and what they showed: measured/peer_stores_2xH200_2026-11-28.txt, docs/history.md.
 """
 from __future__ import annotations
 
