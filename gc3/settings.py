@@ -217,6 +217,12 @@ _DECLARED: List[Setting] = [
             _choice({"tile-store": "tile-store", "collective": "collective", "copy-engine": "copy-engine"},
                     "'tile-store', 'collective' or 'copy-engine'", fold=True), "tile-store, collective, copy-engine",
             "fused"),
+    Setting("GC3_FUSED_PEER_TILES", "choice", "store",
+            "how the tile-store GEMM + reduce-scatter sends the peers' tiles in eager calls: stored by the GEMM "
+            "across the link, or stored locally and carried by the copy engines chunk by chunk (needs cuda-bindings; "
+            "a captured call, or a shape whose tiles span two ranks, stores them)",
+            _choice({"store": "store", "copy-engine": "copy-engine"}, "'store' or 'copy-engine'", fold=True),
+            "store, copy-engine", "fused"),
     Setting("GC3_FUSED_TILE", "choice", None,
             "the tile-store GEMM's output tile, rows x columns (unset: chosen per shape; 128 rows where a rank has "
             "64 span two ranks)", _fused_tile, "64x128, 64x256, 128x128, 128x256", "fused"),

@@ -1,5 +1,6 @@
 """cuda.bindings' driver module, for the calls CuPy does not wrap: stream memory
-operations (cuStreamWaitValue32, cuStreamWriteValue32) and launches with attributes.
+operations (cuStreamWaitValue32, cuStreamWriteValue32), launches with attributes, and copies
+between raw addresses on a raw stream.
 
 cuda-bindings is optional: every user of this module has a path without it.  On a
 machine without a GPU it may import (it arrives with torch's wheels) and fail at its
@@ -48,3 +49,19 @@ def write_value32(stream: int, address: int, value: int) -> None:
     check(cb.cuStreamWriteValue32(cb.CUstream(stream), cb.CUdeviceptr(address), value & 0xFFFFFFFF, 0),
           "cuStreamWriteValue32")
 
+
+
+def copy(stream: int, dst: int, src: int, nbytes: int) -> None:
+    """Queue on `stream`: copy `nbytes` from `src` to `dst` (unified addresses: a peer's mapped
+    buffer goes by the copy engine over the link)."""
+    cb = driver()
+    check(cb.cuMemcpyAsync(cb.CUdeviceptr(dst), cb.CUdeviceptr(src), nbytes, cb.CUstream(stream)), "cuMemcpyAsync")
+
+
+def new_stream() -> int:
+    """A stream of its own on the current context (non-blocking), never one shared from a pool:
+    a stream that waits on a value must not be the stream the value's writer runs on."""
+    cb = driver()
+    err, stream = cb.cuStreamCreate(cb.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    check(err, "cuStreamCreate")
+    return int(stream)

@@ -198,6 +198,16 @@ def _kernels():
         tl.atomic_xchg(flag, v, mask=go, sem="release", scope="sys")
 
     @triton.jit
+    def _landed(shadow, count, target, go):
+        """*shadow = target and *count += 1 (where go) once every thread's stores before it have
+        landed: the flag a copy engine carries to the peer after the tile, and the chunk's count
+        that copy waits for."""
+        v = _stored(target)
+        tl.debug_barrier()
+        tl.store(shadow, v, mask=go)
+        tl.atomic_add(count, 1, mask=go, sem="release", scope="sys")
+
+    @triton.jit
     def _wait(flag, target, dead, failed, ident, timeout_ns):
         """Until *flag reaches target (a wrapping difference: the counts may pass 2^31), then
         acquire it for the whole program and order the TMA loads after it.  Polled with plain
@@ -252,8 +262,10 @@ def _kernels():
     @triton.jit
     def _own_rows(A, b_desc, out, table, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
                   target, failed, dead, DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-        """gemm_exchange where a tile's rows are one rank's."""
+                  BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, CE: tl.constexpr):
+        """gemm_exchange where a tile's rows are one rank's.  CE: a peer's tile is stored here, in
+        the outbox, and counted in its chunk of GROUP_M row blocks; a copy engine carries each
+        counted chunk, then its flags, to the peer (_CopyPlan)."""
         a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         HALF: tl.constexpr = BN // 2
         QUARTER: tl.constexpr = BN // 4
@@ -276,16 +288,28 @@ def _kernels():
         # GEMM 2.5x slower here: the flag's wait and fence stop its pipeline.)
         peer_tiles = (G - 1) * T
         pending = flags
+        bump = flags
+        chunks = tl.cdiv(rb, GROUP_M)
         for t in tl.range(me, peer_tiles, grid):
             pid_l, pid_n = _place(t, (G - 1) * rb, pn, GROUP_M)
             pid_m = (first_block + pid_l) % pm
             acc = _tile(a_desc, b_desc, pid_m * BM, pid_n * BN, kt, BM, BN, BK)
-            _signal(pending, target, t != me)
             d = pid_m // rb
             lb = pid_m - d * rb
-            _rows(_at(table, par * G + d, DT), rows, N, BM, BN).store([lb * BM, pid_n * BN], acc.to(DT))
-            pending = _at(table, 4 * G + 4 + d, tl.int32) + (rank * T + lb * pn + pid_n)
-        _signal(pending, target, me < peer_tiles)
+            if CE:
+                _landed(pending, bump, target, t != me)
+                box = _at(table, 5 * G + 5, DT) + d.to(tl.int64) * rows * N
+                _rows(box, rows, N, BM, BN).store([lb * BM, pid_n * BN], acc.to(DT))
+                pending = _at(table, 5 * G + 6, tl.int32) + (d * T + lb * pn + pid_n)
+                bump = _at(table, 5 * G + 7, tl.int32) + (d * chunks + lb // GROUP_M)
+            else:
+                _signal(pending, target, t != me)
+                _rows(_at(table, par * G + d, DT), rows, N, BM, BN).store([lb * BM, pid_n * BN], acc.to(DT))
+                pending = _at(table, 4 * G + 4 + d, tl.int32) + (rank * T + lb * pn + pid_n)
+        if CE:
+            _landed(pending, bump, target, me < peer_tiles)
+        else:
+            _signal(pending, target, me < peer_tiles)
         # This rank's rows, continuing the programs' round robin.
         for t in tl.range((me + grid - peer_tiles % grid) % grid, T, grid):
             lb, pid_n = _place(t, rb, pn, GROUP_M)
@@ -423,7 +447,7 @@ def _kernels():
     @triton.jit
     def gemm_exchange(A, B, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident,
                       DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, GROUP_M: tl.constexpr, SPAN: tl.constexpr):
+                      BK: tl.constexpr, GROUP_M: tl.constexpr, SPAN: tl.constexpr, CE: tl.constexpr):
         """A [M, K] @ B [K, N], one call of OP (0 reduce-scatter, 1 all-reduce, 2 all-to-all).
         The tile of rows r belongs to rank d = r // rows.  First the peers' tiles, each stored
         into this rank's slot at its owner and flagged there; then the own ones, each summed
@@ -444,7 +468,7 @@ def _kernels():
                       failed, dead, DT, G, OP, BM, BN, BK, GROUP_M)
         else:
             _own_rows(A, b_desc, out, table, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
-                      target, failed, dead, DT, G, OP, BM, BN, BK, GROUP_M)
+                      target, failed, dead, DT, G, OP, BM, BN, BK, GROUP_M, CE)
         tl.store(cnt + me, c + 1)
 
     @triton.jit
@@ -604,7 +628,7 @@ class _Shape:
     buffers are (M, K, N, dtype)'s: the tile counter after the call counters counts every
     output tile of every call."""
 
-    def __init__(self, group, pg, op: str, M: int, K: int, N: int, dtype: torch.dtype):
+    def __init__(self, group, pg, op: str, M: int, K: int, N: int, dtype: torch.dtype, ce: bool = False):
         G, me = pg.size(), pg.rank()
         self.G, self.M, self.K, self.N, self.rows, self.op, self.rank = G, M, K, N, M // G, op, me
         dev = self.device = pg._device
@@ -614,7 +638,7 @@ class _Shape:
         if op == "ag_gemm":
             st, t, words = self._gather(group, M, K, N, dtype, item)
         else:
-            st, t, words = self._exchange(group, M, N, dtype, item)
+            st, t, words = self._exchange(group, M, N, dtype, item, ce)
         self.state = st
         self.table = st.kept.get("table")
         if self.table is None:
@@ -627,16 +651,19 @@ class _Shape:
         self.ident = group.watchdog.name(f"the tile-store wait of {op} {M}x{K}x{N}")
         # The compiled kernel's launch, per value of the constexprs a call passes.
         self._runs: Dict[Tuple, Callable] = {}
+        self.copies = _CopyPlan(self, item) if ce else None
 
-    def _exchange(self, group, M: int, N: int, dtype: torch.dtype, item: int):
+    def _exchange(self, group, M: int, N: int, dtype: torch.dtype, item: int, ce: bool):
         G, me, op = self.G, self.rank, self.op
         slot = self.rows * N * item
         tiles = _tiles(self.rows, N, self.bm // self.span, self.bn)
         sizes = {"stage": G * slot, "flags": 4 * 2 * G * tiles}
         if op == "gemm_ar":
             sizes["result"] = G * slot
-        st = group.shape(("tile-store", op, M, N, str(dtype)), sizes)
-        t = [0] * (5 * G + 5)
+        # Copy-engine calls count their calls on the host too (the copies wait for counts the
+        # host computes), so they keep buffers, flags and counters of their own.
+        st = group.shape(("tile-store", op, M, N, str(dtype)) + (("copy-engine",) if ce else ()), sizes)
+        t = [0] * (5 * G + 8)
         for p in range(2):
             for d in range(G):
                 t[p * G + d] = st.buf("stage", d, p) + me * slot
@@ -648,10 +675,21 @@ class _Shape:
         for d in range(G):
             t[4 * G + 4 + d] = st.buf("flags", d, 0)
         t[5 * G + 4] = group.watchdog.failed_ptr
+        if ce:
+            # The outbox (the peers' tiles, [G][rows][N]), their flags as the peers will hold
+            # them ([G][T]) and the tiles counted a chunk ([G][chunks]): this rank's alone.
+            chunks = -(-(self.rows // self.bm) // GROUP_M)
+            made = st.kept.get("outbox")
+            if made is None:
+                made = st.kept["outbox"] = (torch.empty(G * self.rows * N, dtype=dtype, device=self.device),
+                                            torch.zeros(G * tiles, dtype=torch.int32, device=self.device),
+                                            torch.zeros(G * chunks, dtype=torch.int32, device=self.device))
+            t[5 * G + 5:5 * G + 8] = [x.data_ptr() for x in made]
         self.grid = min(_sms(self.device), _tiles(M, N, self.bm, self.bn))
         self.kernel = "gemm_exchange"
         self.scalars = (self.M, self.N, self.K, self.rows, ((me + 1) % G) * (self.rows // self.bm), me)
-        self.constexprs = dict(G=G, OP=OPS.index(op), BM=self.bm, BN=self.bn, BK=BK, GROUP_M=GROUP_M, SPAN=self.span)
+        self.constexprs = dict(G=G, OP=OPS.index(op), BM=self.bm, BN=self.bn, BK=BK, GROUP_M=GROUP_M, SPAN=self.span,
+                               CE=int(ce))
         # One more word: set once a wait of this shape gave up (the group is then failed).
         return st, t, self.grid + 1
 
@@ -700,6 +738,71 @@ class _Shape:
                                   scratch)
 
 
+class _CopyPlan:
+    """The copy engines' part of a GEMM + reduce-scatter call whose peer tiles stay in the
+    outbox (GC3_FUSED_PEER_TILES=copy-engine): a stream a peer, on which each chunk of GROUP_M
+    row blocks for that peer, once the kernel has counted all its tiles, is copied into this
+    rank's slot at the peer, then its tiles' flags after it (copies on one stream land in
+    order), which is all the peer's sum waits for.  A link's stores then come from a copy
+    engine instead of the GEMM's SMs, which stall on them (docs/history.md).  The waits are
+    queued after the kernel: a wait queued first could hold the kernel back where the streams
+    share a hardware queue; the streams are the plan's own for the same reason.  The values the
+    waits and the slots' parity need are the call's number, which the host counts
+    (ShapeState.epoch) as the kernel does, so such a call cannot be captured."""
+
+    def __init__(self, sh: "_Shape", item: int):
+        st, G, me, rows, N = sh.state, sh.G, sh.rank, sh.rows, sh.N
+        outbox, shadow, counts = st.kept["outbox"]
+        rb = rows // sh.bm
+        pn = -(-N // sh.bn)
+        T = rb * pn
+        chunks = -(-rb // GROUP_M)
+        slot = rows * N * item
+        self.state, self.device = st, sh.device
+        # (peer, its chunks' steps in the order the kernel counts them), the peers in the
+        # kernel's order; a step: (count's address, tiles a call, the slot's address by parity,
+        # the outbox's, bytes, the peer's flags' address, the shadow's, bytes).
+        self.peers = []
+        for j in range(1, G):
+            d = (me + j) % G
+            steps = []
+            for c in range(chunks):
+                lo, hi = c * GROUP_M, min(rb, (c + 1) * GROUP_M)
+                at = lo * sh.bm * N * item
+                steps.append((counts.data_ptr() + 4 * (d * chunks + c), (hi - lo) * pn,
+                              [st.buf("stage", d, p) + me * slot + at for p in range(2)],
+                              outbox.data_ptr() + d * slot + at, (hi - lo) * sh.bm * N * item,
+                              st.buf("flags", d, 0) + 4 * (me * T + lo * pn),
+                              shadow.data_ptr() + 4 * (d * T + lo * pn), 4 * (hi - lo) * pn))
+            self.peers.append((d, steps))
+        self.streams: List[torch.cuda.Stream] = []
+
+    def run(self, launch: Callable[[], None]) -> None:
+        """`launch` (the kernel, on torch's current stream), then the copies; the current stream
+        then waits for them."""
+        from runtime_cuda.core import cudadriver
+
+        st = self.state
+        calls = st.epoch + 1
+        launch()
+        st.epoch = calls
+        par = (calls - 1) & 1
+        main = torch.cuda.current_stream(self.device)
+        if not self.streams:
+            # Streams of their own: torch's pool hands the same few streams out again, and a
+            # wait queued on the caller's own stream, behind the kernel, would never be met.
+            with torch.cuda.device(self.device):
+                self.streams = [torch.cuda.ExternalStream(cudadriver.new_stream(), device=self.device)
+                                for _ in self.peers]
+        for stream, (_, steps) in zip(self.streams, self.peers):
+            raw = stream.cuda_stream
+            for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+                cudadriver.wait_value32(raw, count, calls * per)
+                cudadriver.copy(raw, data[par], src, nbytes)
+                cudadriver.copy(raw, flags, shadow, fbytes)
+            main.wait_stream(stream)
+
+
 def _direct(compiled, grid: int, values: Tuple, device: torch.device, kept: Dict, name: Tuple) -> Callable:
     """The launch of a compiled kernel with the arguments of a call (then `values`, the
     arguments every call passes the same, constexprs last), on torch's current stream, through Triton's own C launcher but none of its
@@ -738,12 +841,21 @@ def _key(op: str, A: torch.Tensor, B: torch.Tensor, G: int) -> Tuple:
     return (op, A.shape[0] * (G if op == "ag_gemm" else 1), A.shape[1], B.shape[1], A.dtype)
 
 
-def _shape(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> _Shape:
-    """The shape's state, made on its first call (on every rank together)."""
-    key = _key(op, A, B, pg.size())
+def _shape(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str, ce: bool = False) -> _Shape:
+    """The shape's state, made on its first call (on every rank together); `ce`: the copy
+    engines carry the peers' tiles (_CopyPlan)."""
+    key = _key(op, A, B, pg.size()) + (ce,)
     cache = pg.__dict__.setdefault("_gc3_tile_store", OrderedDict())
     got = cache.get(key)
     if got is None:
+        if ce:
+            M, N, G = key[1], key[3], pg.size()
+            if span(M, G, tile_shape(M, N, G, _sms(pg._device), settings.get("GC3_FUSED_TILE"))[0]) != 1:
+                # A tile of two ranks' rows stores both halves as it is.
+                got = cache[key] = _shape(pg, op, A, B, what)
+                return got
+            # A captured call of the shape stores its tiles itself: its buffers are mapped now.
+            _shape(pg, op, A, B, what)
         with fused_call(pg, [A, B], what):
             got = cache[key] = _Shape(ipc_group(pg), pg, *key)
         if len(cache) > TABLE_SHAPES:
@@ -755,7 +867,7 @@ def _shape(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> _Shape:
 
 def ready(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> bool:
     """Whether this shape's buffers are mapped already (a capture cannot map them)."""
-    return _key(op, A, B, pg.size()) in pg.__dict__.get("_gc3_tile_store", {})
+    return _key(op, A, B, pg.size()) + (False,) in pg.__dict__.get("_gc3_tile_store", {})
 
 
 def check(pg) -> None:
@@ -767,10 +879,22 @@ def check(pg) -> None:
 
 def _call(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tensor:
     check(pg)
-    sh = _shape(pg, op, A, B, what)
+    sh = _shape(pg, op, A, B, what, op == "gemm_rs" and _copy_engines())
     out = A.new_empty((sh.rows if op == "gemm_rs" else sh.M, sh.N))
-    sh.launch(A, B, out)
+    if sh.copies is None:
+        sh.launch(A, B, out)
+    else:
+        sh.copies.run(lambda: sh.launch(A, B, out))
     return out
+
+
+def _copy_engines() -> bool:
+    """Whether this call's peer tiles go by copy engine: asked for, an eager call, and the
+    driver's stream memory operations at hand."""
+    from runtime_cuda.core import cudadriver
+
+    return settings.get("GC3_FUSED_PEER_TILES") == "copy-engine" and not torch.cuda.is_current_stream_capturing() \
+        and cudadriver.driver() is not None
 
 
 def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:

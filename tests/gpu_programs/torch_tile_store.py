@@ -8,6 +8,10 @@ rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank
   all-gather's A equal to every rank's shard (and not made when return_A is off), and the
   tile-store path shown to have served them;
 - five calls of each in a row on new inputs (both parities of the buffers, twice);
+- GEMM + reduce-scatter with the peers' tiles carried by the copy engines
+  (GC3_FUSED_PEER_TILES=copy-engine) at the three shapes, five calls each, bit-identical to the
+  GEMM's own stores, then back to back (and on each stream of torch's pool in turn)
+  with the GEMM's own stores, alternating, checked only at the end;
 - GC3_FUSED_TRACE at one M = 8192 all-gather: at least half of the pushes' time inside tiles;
 - CUDA-graph capture of each and two replays on new inputs (spanning tiles too);
 - back-to-back calls of alternating operators and shapes, no synchronisation until the end;
@@ -104,6 +108,44 @@ for op, call in CALLS.items():
                 assert torch.equal(last_A[0], gathered(shape, seed)), f"rank {rank}: the gathered A of {shape}"
         assert tile_store.ready(pg, op, a, b), f"rank {rank}: the tile-store path did not serve {op} {shape}"
     passed(f"{op} served by the tile-store GEMM")
+# The copy engines carry the peers' tiles (eager GEMM + reduce-scatter calls).
+rs = CALLS["gemm_rs"]
+os.environ["GC3_FUSED_PEER_TILES"] = "copy-engine"
+for shape in SHAPES[:3]:
+    for seed in range(50, 55):
+        a, b = operands("gemm_rs", shape, seed)
+        got = rs(a, b, path="fused")
+        close(f"gemm_rs copy engines {shape} call {seed}", got, reference("gemm_rs", shape, seed),
+              rs(a, b, path="sequential"))
+        os.environ["GC3_FUSED_PEER_TILES"] = "store"
+        assert torch.equal(got, rs(a, b, path="fused")), f"rank {rank}: copy engines and stores differ, {shape}"
+        os.environ["GC3_FUSED_PEER_TILES"] = "copy-engine"
+    kept = pg.__dict__["_gc3_tile_store"][tile_store._key("gemm_rs", a, b, G) + (True,)]
+    assert kept.copies is not None, f"rank {rank}: the copy engines did not serve gemm_rs {shape}"
+results = []
+for i in range(10):
+    shape = SHAPES[i % 3]
+    os.environ["GC3_FUSED_PEER_TILES"] = ("store", "copy-engine")[i % 2]
+    a, b = operands("gemm_rs", shape, 60 + i)
+    results.append((shape, 60 + i, rs(a, b, path="fused")))
+# On every stream of torch's pool in turn (the copies' streams must never be the caller's).
+for i in range(34):
+    shape = SHAPES[0]
+    s = torch.cuda.Stream()
+    s.wait_stream(user)
+    torch.cuda.set_stream(s)
+    a, b = operands("gemm_rs", shape, 80 + i)
+    results.append((shape, 80 + i, rs(a, b, path="fused")))
+    user.wait_stream(s)
+    torch.cuda.set_stream(user)
+del os.environ["GC3_FUSED_PEER_TILES"]
+torch.cuda.synchronize()
+for shape, seed, got in results:
+    a, b = operands("gemm_rs", shape, seed)
+    close(f"gemm_rs copy engines back to back {shape} seed {seed}", got, reference("gemm_rs", shape, seed),
+          rs(a, b, path="sequential"))
+passed("gemm_rs with the copy engines carrying the peers' tiles")
+
 a, b = operands("ag_gemm", SHAPES[0], 7)
 A, (got,) = ops.fused_all_gather_matmul(a, [b], 0, pg, return_A=False, path="fused")
 assert A is None
