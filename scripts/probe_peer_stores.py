@@ -1,6 +1,7 @@
 """What storing a GEMM's tiles into a peer GPU costs the GEMM (dev tooling).
 
     python scripts/probe_peer_stores.py          # one process, two GPUs with peer access
+    python scripts/probe_peer_stores.py ce       # both GPUs at once, stores against copy engines
 
 A persistent TMA GEMM with the tile-store's tiles and order (runtime_cuda/torch_dist/tile_store.py)
 runs on GPU 0 and stores each tile either into GPU 0 or, by peer access, into GPU 1: every tile
@@ -10,7 +11,10 @@ tile locally into the program's own stash and carries it to the peer in pieces, 
 the next tile's K loop ("trickle"), also timed with a local destination (what the pieces cost
 the K loop by themselves).  bf16, us per call in a 20-call CUDA graph, median of 5 replays,
 cuBLAS beside them; the trickled result is compared with the local one bit for bit.
-Its runs and what they showed: measured/peer_stores_2xH200_2026-11-28.txt, docs/history.md.
+With `ce` (copy_engines): both GPUs run the GEMM at once and send each other half their rows,
+stored across the link or carried by a copy engine chunk by chunk as the GEMM counts them.
+Its runs and what they showed: measured/peer_stores_2xH200_2026-11-28.txt,
+measured/peer_tiles_copy_engine_2xH200_2026-11-28.txt (the `ce` mode), docs/history.md.
 """
 from __future__ import annotations
 
@@ -168,39 +172,38 @@ def main() -> None:
         print(f"| {M} | {K} | {N} | " + " | ".join(f"{v:.1f}" for v in row) + f" | {exact} |", flush=True)
 
 
-def _both(calls) -> float:
-    """us per call of calls[d]() enqueued on GPU d's current stream for d = 0, 1 at once, 20 eager
-    calls a round (the host enqueues both GPUs' calls in turn), the slower GPU's time, median
-    of 5 rounds."""
+def _on_both(fn) -> None:
     for d in (0, 1):
         with torch.cuda.device(d):
-            calls[d]()
-    torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
+            fn(d)
+
+
+def _slower(work) -> float:
+    """us per call of `work` (which queues 20 calls on each GPU), the slower GPU's, median of 5
+    rounds."""
     times = []
     for _ in range(5):
-        ev = []
-        for d in (0, 1):
-            with torch.cuda.device(d):
-                s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-                s.record()
-                ev.append((s, e))
-        for _ in range(20):
-            for d in (0, 1):
-                with torch.cuda.device(d):
-                    calls[d]()
-        for d in (0, 1):
-            with torch.cuda.device(d):
-                ev[d][1].record()
+        ev = [(torch.cuda.Event(True), torch.cuda.Event(True)) for _ in (0, 1)]
+        _on_both(lambda d: ev[d][0].record())
+        work()
+        _on_both(lambda d: ev[d][1].record())
         for s, e in ev:
             e.synchronize()
         times.append(max(s.elapsed_time(e) for s, e in ev) * 1000 / 20)
     return sorted(times)[2]
 
 
+def _both(calls) -> float:
+    """calls[d]() on GPU d's current stream for d = 0, 1 at once, eager (the host queues both GPUs'
+    calls in turn)."""
+    _on_both(lambda d: calls[d]())
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    return _slower(lambda: [_on_both(lambda d: calls[d]()) for _ in range(20)])
+
+
 def _both_graph(calls) -> float:
-    """_both's calls captured as one 20-call CUDA graph a GPU, both graphs replayed at once; the
-    slower GPU's us per call, median of 5."""
+    """_both's calls captured as one 20-call CUDA graph a GPU, both graphs replayed at once."""
     graphs = []
     for d in (0, 1):
         with torch.cuda.device(d):
@@ -211,20 +214,7 @@ def _both_graph(calls) -> float:
                 for _ in range(20):
                     calls[d]()
             graphs.append(g)
-    times = []
-    for _ in range(5):
-        ev = []
-        for d in (0, 1):
-            with torch.cuda.device(d):
-                s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-                s.record()
-                graphs[d].replay()
-                e.record()
-                ev.append((s, e))
-        for s, e in ev:
-            e.synchronize()
-        times.append(max(s.elapsed_time(e) for s, e in ev) * 1000 / 20)
-    return sorted(times)[2]
+    return _slower(lambda: _on_both(lambda d: graphs[d].replay()))
 
 
 def copy_engines() -> None:
