@@ -500,7 +500,7 @@ def _tile_store_ranks(n, tmp_path, *flags):
     for needed in ("gemm_a2a served by the tile-store GEMM", "ag_gemm served by the tile-store GEMM",
                    "gemm_ar cuda graph replay", "ag_gemm cuda graph replay", "back to back gemm_rs",
                    "back to back ag_gemm", "ag_gemm without A", "ag_gemm trace",
-                   "gemm_rs with the copy engines carrying the peers' tiles"):
+                   "the copy engines carrying the peers' tiles"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
     spanning = f"({n * 64}, 200, 17600)"       # tiles of two ranks' rows
     for needed in (f"gemm_ar {spanning} call 5", f"gemm_rs cuda graph replay {spanning}", f"gemm_a2a {spanning} call 1"):
@@ -768,12 +768,12 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
 
 
 def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(monkeypatch):
-    """GC3_FUSED_PEER_TILES=copy-engine's plan (tile_store._CopyPlan) for GEMM + reduce-scatter on
+    """GC3_FUSED_PEER_TILES=copy-engine's plan (tile_store._CopyPlan) for the three operators on
     rank 1 of 4: buffers of their own; the kernel's tiles for peer d go to the outbox's block d
     and their flags to the shadow's; a stream a peer in the kernel's order (the next rank's
-    first); each chunk of GROUP_M row blocks waits for its count to reach a call's tiles, goes
-    into slot 1 of the peer's stage of the call's parity, then its flags into the peer's flags
-    [0][1][tiles], which is what the peer's sum reads and waits for."""
+    first); each chunk of row blocks waits for its count to reach a call's tiles, goes into slot
+    1 of the peer's stage of the call's parity, then its flags into the peer's flags [0][1][tiles],
+    which is what the peer's sum or copy reads and waits for."""
     from types import SimpleNamespace
 
     from runtime_cuda.fused.groups import ShapeState
@@ -791,25 +791,30 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
         return made.setdefault(key, ShapeState(G, sizes, bases, {}))
     group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
     pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
-    plain = tile_store._Shape(group, pg, "gemm_rs", M, 200, N, torch.bfloat16)
-    sh = tile_store._Shape(group, pg, "gemm_rs", M, 200, N, torch.bfloat16, True)
-    assert (sh.bm, sh.bn, sh.span) == (tile_store.BM, tile_store.BN, 1) and plain.copies is None
-    assert sh.state is not plain.state and sh.cnt is not plain.cnt and sh.constexprs["CE"] == 1
-    outbox, shadow, counts = sh.state.kept["outbox"]
-    assert outbox.numel() == G * rows * N and shadow.numel() == G * T and counts.numel() == G * 2
-    assert sh.table.tolist()[5 * G + 5:] == [outbox.data_ptr(), shadow.data_ptr(), counts.data_ptr()]
-    st, slot = sh.state, rows * N * 2
-    assert [d for d, _ in sh.copies.peers] == [2, 3, 0]
-    for d, steps in sh.copies.peers:
-        assert len(steps) == 2
-        for c, (count, per, data, src, nbytes, flags, shade, fbytes) in enumerate(steps):
-            lo, blocks = 8 * c, (8, 2)[c]
-            assert count == counts.data_ptr() + 4 * (d * 2 + c) and per == blocks * pn
-            at = lo * tile_store.BM * N * 2
-            assert data == [st.buf("stage", d, p) + me * slot + at for p in range(2)]
-            assert src == outbox.data_ptr() + d * slot + at and nbytes == blocks * tile_store.BM * N * 2
-            assert flags == st.buf("flags", d, 0) + 4 * (me * T + lo * pn)
-            assert shade == shadow.data_ptr() + 4 * (d * T + lo * pn) and fbytes == 4 * blocks * pn
+    for op in ("gemm_rs", "gemm_ar", "gemm_a2a"):
+        plain = tile_store._Shape(group, pg, op, M, 200, N, torch.bfloat16)
+        sh = tile_store._Shape(group, pg, op, M, 200, N, torch.bfloat16, True)
+        assert (sh.bm, sh.bn, sh.span) == (tile_store.BM, tile_store.BN, 1) and plain.copies is None
+        assert sh.state is not plain.state and sh.cnt is not plain.cnt
+        assert sh.constexprs["CHUNK"] == 8 and plain.constexprs["CHUNK"] == 0
+        outbox, shadow, counts = sh.state.kept["outbox"]
+        assert outbox.numel() == G * rows * N and shadow.numel() == G * T and counts.numel() == G * 2
+        assert sh.table.tolist()[5 * G + 5:] == [outbox.data_ptr(), shadow.data_ptr(), counts.data_ptr()]
+        st, slot = sh.state, rows * N * 2
+        assert [d for d, _ in sh.copies.peers] == [2, 3, 0]
+        for d, steps in sh.copies.peers:
+            assert len(steps) == 2
+            for c, (count, per, data, src, nbytes, flags, shade, fbytes) in enumerate(steps):
+                lo, blocks = 8 * c, (8, 2)[c]
+                assert count == counts.data_ptr() + 4 * (d * 2 + c) and per == blocks * pn
+                at = lo * tile_store.BM * N * 2
+                assert data == [st.buf("stage", d, p) + me * slot + at for p in range(2)]
+                assert src == outbox.data_ptr() + d * slot + at and nbytes == blocks * tile_store.BM * N * 2
+                assert flags == st.buf("flags", d, 0) + 4 * (me * T + lo * pn)
+                assert shade == shadow.data_ptr() + 4 * (d * T + lo * pn) and fbytes == 4 * blocks * pn
+    # At most COPY_CHUNKS chunks a peer, of whole groups of GROUP_M row blocks.
+    assert [tile_store.chunk_blocks(rb) for rb in (1, 8, 10, 32, 33, 64, 128)] == [8, 8, 8, 8, 16, 16, 32]
+    assert all(-(-rb // tile_store.chunk_blocks(rb)) <= tile_store.COPY_CHUNKS for rb in range(1, 300))
 
 
 def test_the_tile_store_trace_measures_the_pushes_inside_the_tiles():
