@@ -52,7 +52,6 @@ def write_value32(stream: int, address: int, value: int) -> None:
           "cuStreamWriteValue32")
 
 
-
 def copy(stream, dst, src, nbytes: int) -> None:
     """Queue on `stream`: copy `nbytes` from `src` to `dst` (unified addresses: a peer's mapped
     buffer goes by the copy engine over the link); arguments as wait_value32's."""
