@@ -28,6 +28,7 @@ several chunk counts on the gc3 group and writes the faster into a catalog's
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -57,6 +58,9 @@ OPS = choice.OPS[:4]          # the GEMM family; the memory-bound operators foll
 # Each GEMM operator's function in the fused pipelines (ops._pipeline).
 PIPELINE_RUNS = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce",
                  "gemm_a2a": "matmul_all_to_all"}
+# The operators whose tile-store GEMM can leave its peers' tiles to the copy engines
+# (tile_store._CopyPlan): the benchmark times them that way too, in the same job.
+COPY_ENGINE_OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
 # The M at which the benchmark also traces one fused call and reports its overlap.
 TRACE_M = 8192
 TUNE_CHUNKS = (2, 4, 8)
@@ -451,16 +455,34 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
         "graph_seq_nccl_us": timer.graph(seq, "seq-nccl"),
         "graph_auto_us": timer.graph(auto, "auto"),     # what auto decides for a captured call (choice.decided)
     }
+    if case.op in COPY_ENGINE_OPS:
+        with _peer_tiles("copy-engine"):
+            v["fused_ce_us"] = timer.device(fused)
+            v["host_ce_us"] = timer.host(fused)
     v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
     got = fused()
     reference = (seq or seq_call(case, A, B, job.gc3))()
     return v, ("fused" if pick.fused else "sequential"), _check(job, case, got, reference)
 
 
+@contextlib.contextmanager
+def _peer_tiles(mode: str):
+    """GC3_FUSED_PEER_TILES=mode inside (read by every call), as it was after."""
+    before = os.environ.get("GC3_FUSED_PEER_TILES")
+    os.environ["GC3_FUSED_PEER_TILES"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["GC3_FUSED_PEER_TILES"]
+        else:
+            os.environ["GC3_FUSED_PEER_TILES"] = before
+
+
 def header() -> str:
     return (f"{'op':9} {'G':>2} {'M':>6} {'K':>6} {'N':>6} {'seq_nccl':>9} {'symm':>8} {'fused':>8} {'auto':>8} "
             f"{'gemm':>8} {'c_nccl':>8} {'c_fused':>8} {'host':>7} {'s_host':>7} {'seq/auto':>8} {'seq/fused':>9} "
-            f"{'E':>5} {'ovl':>4} {'path':>10} check")
+            f"{'E':>5} {'ovl':>4} {'f_ce':>8} {'h_ce':>7} {'path':>10} check")
 
 
 def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str:
@@ -476,8 +498,8 @@ def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str
     ovl = f"{ovl:4.2f}" if ovl is not None else " n/a"
     return (f"{case.op:9} {case.G:>2} {case.M:>6} {case.K:>6} {case.N:>6} {f('seq_nccl_us', 9)} {f('symm_us')} "
             f"{f('fused_us')} {f('auto_us')} {f('gemm_us')} {f('comm_nccl_us')} {f('comm_fused_us')} "
-            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {ovl} {path:>10} "
-            f"{check}")
+            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {ovl} "
+            f"{f('fused_ce_us')} {f('host_ce_us', 7)} {path:>10} {check}")
 
 
 def parse_shape(spec: str) -> Tuple[str, Dict[str, str]]:
