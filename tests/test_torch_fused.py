@@ -817,6 +817,53 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
     assert all(-(-rb // tile_store.chunk_blocks(rb)) <= tile_store.COPY_CHUNKS for rb in range(1, 300))
 
 
+def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(monkeypatch):
+    """tile_store._CopyPlan.run on rank 0 of 2 (a fake driver records the calls): the kernel is
+    launched first; then, on the plan's own stream, each chunk waits for its count to reach
+    (the call's number) x (its tiles), is copied into the slot of the call's parity, then its
+    flags; then the caller's stream waits for that stream.  Streams and events are made once."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from runtime_cuda.core import cudadriver
+    from runtime_cuda.fused.groups import ShapeState
+    from runtime_cuda.torch_dist import tile_store
+    monkeypatch.setattr(tile_store, "_sms", lambda device: 16)
+    monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
+    G, me, N = 2, 0, 296
+    rows = 10 * tile_store.BM
+    made = {}
+
+    def shape(key, sizes):
+        bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
+        return made.setdefault(key, ShapeState(G, sizes, bases, {}))
+    group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
+    pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
+    sh = tile_store._Shape(group, pg, "gemm_rs", G * rows, 200, N, torch.bfloat16, True)
+    log = []
+    fake = dict(pointers=lambda *a: a, stream_of=lambda h: ("caller", h), new_event=lambda: "event",
+                new_stream=lambda: log.append("new stream") or "side",
+                wait_value32=lambda s, a, v: log.append(("wait", s, a, v)),
+                copy=lambda s, d, src, n: log.append(("copy", s, d, src, n)),
+                join=lambda s, e, after: log.append(("join", s, e, after)))
+    for name, fn in fake.items():
+        monkeypatch.setattr(cudadriver, name, fn)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=77))
+    (d, steps), = sh.copies.peers
+    for call in (1, 2, 3):
+        log.clear()
+        sh.copies.run(lambda: log.append("kernel"))
+        want = ["new stream"] if call == 1 else []
+        want.append("kernel")
+        for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+            want += [("wait", "side", count, call * per), ("copy", "side", data[(call - 1) & 1], src, nbytes),
+                     ("copy", "side", flags, shadow, fbytes)]
+        want.append(("join", ("caller", 77), "event", "side"))
+        assert log == want, call
+    assert sh.state.epoch == 3
+
+
 def test_the_tile_store_trace_measures_the_pushes_inside_the_tiles():
     """overlap.covered, what either pipeline's GC3_FUSED_TRACE reports: the share of the
     transfers' time inside the union of the compute intervals (it can say 0); the all-gather's
