@@ -685,11 +685,13 @@ class _Shape:
         for d in range(G):
             t[4 * G + 4 + d] = st.buf("flags", d, 0)
         t[5 * G + 4] = group.watchdog.failed_ptr
+        # Copy-engine chunks: row blocks a chunk, and a peer's chunks.
         self.chunk = chunk_blocks(self.rows // self.bm) if ce else 0
+        self.chunks = -(-(self.rows // self.bm) // self.chunk) if ce else 0
         if ce:
             # The outbox (the peers' tiles, [G][rows][N]), their flags as the peers will hold
             # them ([G][T]) and the tiles counted a chunk ([G][chunks]): this rank's alone.
-            chunks = -(-(self.rows // self.bm) // self.chunk)
+            chunks = self.chunks
             made = st.kept.get("outbox")
             if made is None:
                 made = st.kept["outbox"] = (torch.empty(G * self.rows * N, dtype=dtype, device=self.device),
@@ -759,8 +761,10 @@ class _CopyPlan:
     kernel: a wait queued first could hold the kernel back where the streams share a hardware
     queue; the streams are the plan's own for the same reason.  The values the waits and the
     slots' parity need are the call's number, which the host counts (ShapeState.epoch) as the
-    kernel does, so such a call cannot be captured.  The driver's arguments are made once
-    (cuda.bindings builds an object for each)."""
+    kernel does, so such a call cannot be captured.  A stream memory wait cannot time out; these
+    are always met, since the kernel counts every peer tile before it waits for anything (its own
+    waits time out as the store path's do).  The driver's arguments are made once (cuda.bindings
+    builds an object for each)."""
 
     def __init__(self, sh: "_Shape", item: int):
         st, G, me, rows, N, ch = sh.state, sh.G, sh.rank, sh.rows, sh.N, sh.chunk
@@ -768,7 +772,7 @@ class _CopyPlan:
         rb = rows // sh.bm
         pn = -(-N // sh.bn)
         T = rb * pn
-        chunks = -(-rb // ch)
+        chunks = sh.chunks
         slot = rows * N * item
         self.state, self.device = st, sh.device
         # (peer, its chunks' steps in the order the kernel counts them), the peers in the
@@ -872,6 +876,8 @@ def _shape(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str, ce: bool = 
             M, N, G = key[1], key[3], pg.size()
             if span(M, G, tile_shape(M, N, G, _sms(pg._device), settings.get("GC3_FUSED_TILE"))[0]) != 1:
                 # A tile of two ranks' rows stores both halves as it is.
+                _log().info("gc3 torch %s: GC3_FUSED_PEER_TILES=copy-engine, but %s's tiles hold two ranks' "
+                            "rows; the GEMM stores them", what, op)
                 got = cache[key] = _shape(pg, op, A, B, what)
                 return got
             # A captured call of the shape stores its tiles itself: its buffers are mapped now.
@@ -913,8 +919,23 @@ def _copy_engines() -> bool:
     driver's stream memory operations at hand."""
     from runtime_cuda.core import cudadriver
 
-    return settings.get("GC3_FUSED_PEER_TILES") == "copy-engine" and not torch.cuda.is_current_stream_capturing() \
-        and cudadriver.driver() is not None
+    if settings.get("GC3_FUSED_PEER_TILES") != "copy-engine" or torch.cuda.is_current_stream_capturing():
+        return False
+    if cudadriver.driver() is None:
+        _no_driver()
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _no_driver() -> None:
+    _log().warning("gc3 torch: GC3_FUSED_PEER_TILES=copy-engine needs cuda-bindings with a CUDA driver, which did "
+                   "not import here; the GEMM stores the peers' tiles")
+
+
+def _log():
+    from runtime_cuda.nccl.log import get_logger
+    return get_logger()
 
 
 def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
