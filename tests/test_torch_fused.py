@@ -817,11 +817,14 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
     assert all(-(-rb // tile_store.chunk_blocks(rb)) <= tile_store.COPY_CHUNKS for rb in range(1, 300))
 
 
-def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(monkeypatch):
+@pytest.mark.parametrize("capture", [True, False], ids=["graph", "queued"])
+def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(monkeypatch, capture):
     """tile_store._CopyPlan.run on rank 0 of 2 (a fake driver records the calls): the kernel is
-    launched first; then, on the plan's own stream, each chunk waits for its count to reach
-    (the call's number) x (its tiles), is copied into the slot of the call's parity, then its
-    flags; then the caller's stream waits for that stream.  Streams and events are made once."""
+    launched first; then, forked from the plan's own stream onto a stream of the peer's, each
+    chunk waits for its count to reach its tiles, puts the count back to 0, is copied into the
+    slot of the call's parity, then its flags; then the caller's stream waits for the plan's.
+    That work is captured once a parity and replayed by one launch a call; where the driver
+    cannot capture it, the same work is queued at every call.  Streams and events are made once."""
     import contextlib
     from types import SimpleNamespace
 
@@ -840,27 +843,44 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
     group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
     pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
     sh = tile_store._Shape(group, pg, "gemm_rs", G * rows, 200, N, torch.bfloat16, True)
-    log = []
+    log, streams = [], iter(["origin", "side"])
+
+    def graph(origin, enqueue):
+        if not capture:
+            raise RuntimeError("cuStreamBeginCapture failed: not supported")
+        before = len(log)
+        enqueue()
+        captured = log[before:]
+        del log[before:]
+        return ("graph", origin, tuple(captured))
     fake = dict(pointers=lambda *a: a, stream_of=lambda h: ("caller", h), new_event=lambda: "event",
-                new_stream=lambda: log.append("new stream") or "side",
+                new_stream=lambda: next(streams),
                 wait_value32=lambda s, a, v: log.append(("wait", s, a, v)),
+                write_value32=lambda s, a, v: log.append(("write", s, a, v)),
                 copy=lambda s, d, src, n: log.append(("copy", s, d, src, n)),
-                join=lambda s, e, after: log.append(("join", s, e, after)))
+                join=lambda s, e, after: log.append(("join", s, e, after)),
+                graph=graph, graph_launch=lambda g, s: log.append(("launch", g, s)))
     for name, fn in fake.items():
         monkeypatch.setattr(cudadriver, name, fn)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=77))
     (d, steps), = sh.copies.peers
+
+    def queued(par):
+        want = [("join", "side", "event", "origin")]
+        for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+            want += [("wait", "side", count, per), ("write", "side", count, 0),
+                     ("copy", "side", data[par], src, nbytes), ("copy", "side", flags, shadow, fbytes)]
+        return want + [("join", "origin", "event", "side")]
     for call in (1, 2, 3):
         log.clear()
         sh.copies.run(lambda: log.append("kernel"))
-        want = ["new stream"] if call == 1 else []
-        want.append("kernel")
-        for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
-            want += [("wait", "side", count, call * per), ("copy", "side", data[(call - 1) & 1], src, nbytes),
-                     ("copy", "side", flags, shadow, fbytes)]
-        want.append(("join", ("caller", 77), "event", "side"))
-        assert log == want, call
+        par = (call - 1) & 1
+        if capture:
+            want = ["kernel", ("launch", ("graph", "origin", tuple(queued(par))), "origin")]
+        else:
+            want = ["kernel"] + queued(par)
+        assert log == want + [("join", ("caller", 77), "event", "origin")], call
     assert sh.state.epoch == 3
 
 

@@ -45,10 +45,11 @@ def wait_value32(stream, address, value: int) -> None:
           "cuStreamWaitValue32")
 
 
-def write_value32(stream: int, address: int, value: int) -> None:
-    """Queue on `stream`: the 32-bit word at `address` := `value`, after the work queued before."""
+def write_value32(stream, address, value: int) -> None:
+    """Queue on `stream`: the 32-bit word at `address` := `value`, after the work queued before;
+    arguments as wait_value32's."""
     cb = driver()
-    check(cb.cuStreamWriteValue32(cb.CUstream(stream), cb.CUdeviceptr(address), value & 0xFFFFFFFF, 0),
+    check(cb.cuStreamWriteValue32(_stream(stream), _pointer(address), value & 0xFFFFFFFF, 0),
           "cuStreamWriteValue32")
 
 
@@ -94,6 +95,34 @@ def join(stream, event, after) -> None:
     cb = driver()
     check(cb.cuEventRecord(event, _stream(after)), "cuEventRecord")
     check(cb.cuStreamWaitEvent(_stream(stream), event, 0), "cuStreamWaitEvent")
+
+
+def graph(origin, enqueue):
+    """An instantiated CUDA graph of what `enqueue()` queues from `origin` (and on streams it
+    forks from `origin` with events and joins back), captured by this thread alone: one
+    graph_launch then replays it for a single driver call.  Raises where the driver cannot
+    capture what `enqueue` queues; nothing stays captured then."""
+    cb = driver()
+    origin = _stream(origin)
+    check(cb.cuStreamBeginCapture(origin, cb.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+          "cuStreamBeginCapture")
+    try:
+        enqueue()
+    finally:
+        err, captured = cb.cuStreamEndCapture(origin)
+    check(err, "cuStreamEndCapture")
+    try:
+        err, made = getattr(cb, "cuGraphInstantiateWithFlags", cb.cuGraphInstantiate)(captured, 0)
+        check(err, "cuGraphInstantiate")
+    finally:
+        cb.cuGraphDestroy(captured)
+    return made
+
+
+def graph_launch(made, stream) -> None:
+    """Queue on `stream` a graph that `graph` made."""
+    cb = driver()
+    check(cb.cuGraphLaunch(made, _stream(stream)), "cuGraphLaunch")
 
 
 def new_stream():

@@ -63,9 +63,10 @@ BM, BN, BK, STAGES, WARPS, GROUP_M = 128, 256, 64, 3, 8, 8
 # The halves tile_shape falls back to: one warpgroup's MMA is 64 rows high.
 MIN_BM, MIN_BN = 64, 128
 MAX_RANKS = 8
-# GC3_FUSED_PEER_TILES=copy-engine: a peer's chunks at most.  Each chunk costs the host three
-# driver calls (a wait, two copies: about 7 us each on 2x H200) and a chunk is copied only once
-# all its tiles are done, so fewer and larger ones, in whole groups of GROUP_M row blocks.
+# GC3_FUSED_PEER_TILES=copy-engine: a peer's chunks at most, in whole groups of GROUP_M row
+# blocks.  A chunk is copied only once all its tiles are done, so more of them end the copies
+# sooner after the GEMM; each is a wait and two copies more a call (a graph's nodes, or without
+# graphs three driver calls of about 7 us each on 2x H200).
 COPY_CHUNKS = 4
 # All-gather + GEMM: the columns of A one copy step moves (a block of BM x COPY_COLUMNS).
 COPY_COLUMNS = 128
@@ -757,14 +758,18 @@ class _CopyPlan:
     (chunk_blocks), once the kernel has counted all its tiles, is copied into this rank's slot at
     the peer, then its tiles' flags after it (copies on one stream land in order), which is all
     the peer's sum or copy waits for.  A link's stores then come from a copy engine instead of
-    the GEMM's SMs, which stall on them (docs/history.md).  The waits are queued after the
-    kernel: a wait queued first could hold the kernel back where the streams share a hardware
-    queue; the streams are the plan's own for the same reason.  The values the waits and the
-    slots' parity need are the call's number, which the host counts (ShapeState.epoch) as the
-    kernel does, so such a call cannot be captured.  A stream memory wait cannot time out; these
-    are always met, since the kernel counts every peer tile before it waits for anything (its own
-    waits time out as the store path's do).  The driver's arguments are made once (cuda.bindings
-    builds an object for each)."""
+    the GEMM's SMs, which stall on them (docs/history.md).
+
+    The waits are queued after the kernel: a wait queued first could hold the kernel back where
+    the streams share a hardware queue; the streams are the plan's own for the same reason.  A
+    wait is for the chunk's count to reach its tiles, and the count is then put back to 0, so
+    every call queues the same work but for the slots' parity; the call's number, which the host
+    counts (ShapeState.epoch), picks it, so such a call cannot be captured.  That work is a CUDA
+    graph per parity, captured on the first call: one driver call replays a call's waits and
+    copies for every peer (queued one by one, they cost about 7 us of host time each on 2x
+    H200).  Where the driver cannot capture them they are queued one by one.  A stream memory
+    wait cannot time out; these are always met, since the kernel counts every peer tile before
+    it waits for anything (its own waits time out as the store path's do)."""
 
     def __init__(self, sh: "_Shape", item: int):
         st, G, me, rows, N, ch = sh.state, sh.G, sh.rank, sh.rows, sh.N, sh.chunk
@@ -791,40 +796,62 @@ class _CopyPlan:
                               st.buf("flags", d, 0) + 4 * (me * T + lo * pn),
                               shadow.data_ptr() + 4 * (d * T + lo * pn), 4 * (hi - lo) * pn))
             self.peers.append((d, steps))
-        self._queues: List[Tuple] = []
+        # Made on the first call: the stream the graphs go on, an event, a stream a peer with
+        # its steps' addresses in the driver's form, and a graph a parity (None: queued).
+        self.origin = self.event = None
+        self.queues: List[Tuple] = []
+        self.graphs: List = []
 
-    def _made(self) -> List[Tuple]:
-        """(stream, event, steps) a peer, the steps' addresses in the driver's form."""
+    def _make(self) -> None:
         from runtime_cuda.core import cudadriver
 
-        if not self._queues:
-            with torch.cuda.device(self.device):
-                for _, steps in self.peers:
-                    made = []
-                    for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
-                        count, src, flags, shadow, *data = cudadriver.pointers(count, src, flags, shadow, *data)
-                        made.append((count, per, data, src, nbytes, flags, shadow, fbytes))
-                    self._queues.append((cudadriver.new_stream(), cudadriver.new_event(), made))
-        return self._queues
+        with torch.cuda.device(self.device):
+            self.origin, self.event = cudadriver.new_stream(), cudadriver.new_event()
+            for _, steps in self.peers:
+                made = []
+                for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+                    count, src, flags, shadow, *data = cudadriver.pointers(count, src, flags, shadow, *data)
+                    made.append((count, per, data, src, nbytes, flags, shadow, fbytes))
+                self.queues.append((cudadriver.new_stream(), made))
+            try:
+                self.graphs = [cudadriver.graph(self.origin, functools.partial(self._queue, par))
+                               for par in range(2)]
+            except RuntimeError as exc:
+                _log().info("gc3 torch: the copy engines' work could not be captured as a CUDA graph (%s); "
+                            "it is queued call by call", exc)
+                self.graphs = [None, None]
+
+    def _queue(self, par: int) -> None:
+        """A call's waits and copies for slots of parity `par`, each peer's on its stream, forked
+        from and joined back to the origin stream."""
+        from runtime_cuda.core import cudadriver
+
+        for stream, steps in self.queues:
+            cudadriver.join(stream, self.event, self.origin)
+            for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+                cudadriver.wait_value32(stream, count, per)
+                cudadriver.write_value32(stream, count, 0)
+                cudadriver.copy(stream, data[par], src, nbytes)
+                cudadriver.copy(stream, flags, shadow, fbytes)
+            cudadriver.join(self.origin, self.event, stream)
 
     def run(self, launch: Callable[[], None]) -> None:
         """`launch` (the kernel, on torch's current stream), then the copies; the current stream
         then waits for them."""
         from runtime_cuda.core import cudadriver
 
-        queues = self._made()
+        if self.origin is None:
+            self._make()
         st = self.state
-        calls = st.epoch + 1
         launch()
-        st.epoch = calls
-        par = (calls - 1) & 1
-        main = cudadriver.stream_of(torch.cuda.current_stream(self.device).cuda_stream)
-        for stream, event, steps in queues:
-            for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
-                cudadriver.wait_value32(stream, count, calls * per)
-                cudadriver.copy(stream, data[par], src, nbytes)
-                cudadriver.copy(stream, flags, shadow, fbytes)
-            cudadriver.join(main, event, stream)
+        st.epoch += 1
+        par = (st.epoch - 1) & 1
+        if self.graphs[par] is None:
+            self._queue(par)
+        else:
+            cudadriver.graph_launch(self.graphs[par], self.origin)
+        cudadriver.join(cudadriver.stream_of(torch.cuda.current_stream(self.device).cuda_stream), self.event,
+                        self.origin)
 
 
 def _direct(compiled, grid: int, values: Tuple, device: torch.device, kept: Dict, name: Tuple) -> Callable:

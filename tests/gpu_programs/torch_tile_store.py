@@ -10,7 +10,7 @@ rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank
 - five calls of each in a row on new inputs (both parities of the buffers, twice);
 - GEMM + reduce-scatter, + all-reduce and + all-to-all with the peers' tiles carried by the copy
   engines (GC3_FUSED_PEER_TILES=copy-engine) at the three shapes, five calls each, bit-identical
-  to the GEMM's own stores, then back to back (and on each stream of torch's pool in turn)
+  to the GEMM's own stores, the copies replayed as CUDA graphs, then back to back (and on each stream of torch's pool in turn)
   with the GEMM's own stores, alternating, checked only at the end;
 - GC3_FUSED_TRACE at one M = 8192 all-gather: at least half of the pushes' time inside tiles;
 - CUDA-graph capture of each and two replays on new inputs (spanning tiles too);
@@ -125,6 +125,7 @@ for op in EXCHANGES:
             os.environ["GC3_FUSED_PEER_TILES"] = "copy-engine"
         kept = pg.__dict__["_gc3_tile_store"][tile_store._key(op, a, b, G) + (True,)]
         assert kept.copies is not None, f"rank {rank}: the copy engines did not serve {op} {shape}"
+        assert None not in kept.copies.graphs, f"rank {rank}: the copies of {op} {shape} were not captured as graphs"
 results = []
 for i in range(15):
     op, shape = EXCHANGES[i % 3], SHAPES[(i // 3) % 3]
