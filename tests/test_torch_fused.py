@@ -853,7 +853,7 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
         captured = log[before:]
         del log[before:]
         return ("graph", origin, tuple(captured))
-    fake = dict(pointers=lambda *a: a, stream_of=lambda h: ("caller", h), new_event=lambda: "event",
+    fake = dict(pointers=lambda *a: a, new_event=lambda: "event",
                 new_stream=lambda: next(streams),
                 wait_value32=lambda s, a, v: log.append(("wait", s, a, v)),
                 write_value32=lambda s, a, v: log.append(("write", s, a, v)),
@@ -863,7 +863,8 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
     for name, fn in fake.items():
         monkeypatch.setattr(cudadriver, name, fn)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=77))
+    monkeypatch.setattr(torch.cuda, "_get_device_index", lambda d, optional=False: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 77 + index, raising=False)
     (d, steps), = sh.copies.peers
 
     def queued(par):
@@ -880,7 +881,7 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
             want = ["kernel", ("launch", ("graph", "origin", tuple(queued(par))), "origin")]
         else:
             want = ["kernel"] + queued(par)
-        assert log == want + [("join", ("caller", 77), "event", "origin")], call
+        assert log == want + [("join", 77, "event", "origin")], call
     assert sh.state.epoch == 3
 
 

@@ -38,7 +38,7 @@ def check(result, what: str) -> None:
 
 def wait_value32(stream, address, value: int) -> None:
     """Queue on `stream`: hold until the 32-bit word at `address` reaches `value` (cyclically).
-    `stream` and `address` may be made once by stream_of and pointers (a call then builds
+    `stream` may be one new_stream made and `address` one pointers made (a call then builds
     nothing)."""
     cb = driver()
     check(cb.cuStreamWaitValue32(_stream(stream), _pointer(address), value & 0xFFFFFFFF, WAIT_GEQ),
@@ -64,11 +64,6 @@ def pointers(*addresses: int) -> tuple:
     """The driver's form of these addresses, to pass to calls made many times."""
     cb = driver()
     return tuple(cb.CUdeviceptr(a) for a in addresses)
-
-
-def stream_of(handle: int):
-    cb = driver()
-    return cb.CUstream(handle)
 
 
 def _pointer(address):

@@ -805,6 +805,10 @@ class _CopyPlan:
     def _make(self) -> None:
         from runtime_cuda.core import cudadriver
 
+        # torch's current stream through its raw getter: torch.cuda.current_stream builds an
+        # object, several us a call.
+        self.caller = functools.partial(torch._C._cuda_getCurrentRawStream,
+                                        torch.cuda._get_device_index(self.device, optional=True))
         with torch.cuda.device(self.device):
             self.origin, self.event = cudadriver.new_stream(), cudadriver.new_event()
             for _, steps in self.peers:
@@ -850,8 +854,7 @@ class _CopyPlan:
             self._queue(par)
         else:
             cudadriver.graph_launch(self.graphs[par], self.origin)
-        cudadriver.join(cudadriver.stream_of(torch.cuda.current_stream(self.device).cuda_stream), self.event,
-                        self.origin)
+        cudadriver.join(self.caller(), self.event, self.origin)
 
 
 def _direct(compiled, grid: int, values: Tuple, device: torch.device, kept: Dict, name: Tuple) -> Callable:
