@@ -54,6 +54,37 @@ def test_the_measured_path_and_chunks_win(catalog):
     assert not choice.choose("gemm_rs", 4, "bfloat16", {"M": 1024, "K": 7168, "N": 8192}).fused
 
 
+def test_the_measured_way_of_sending_the_peers_tiles_rides_with_the_choice(catalog, tmp_path):
+    """An entry's peer_tiles (gc3 tune --fused timed both) comes with its choice, a forced
+    fused call's too; entries without one, and unmeasured shapes, store; a value other than
+    store or copy-engine is refused naming the entry."""
+    catalog([dict(entry(8192, "fused"), peer_tiles="copy-engine"), entry(1024, "fused")])
+    shape = {"M": 8192, "K": 7168, "N": 8192}
+    assert choice.choose("gemm_rs", 4, "bfloat16", shape).peer_tiles == "copy-engine"
+    assert choice.choose("gemm_rs", 4, "bfloat16", shape, path="fused").peer_tiles == "copy-engine"
+    assert choice.choose("gemm_rs", 4, "bfloat16", dict(shape, M=1024)).peer_tiles == "store"
+    assert choice.choose("gemm_rs", 4, "bfloat16", dict(shape, N=512), path="fused").peer_tiles == "store"
+    with pytest.raises(InputError, match=r"fused.entries\[0\]: peer_tiles 'copy'"):
+        choice.FusedTable([dict(entry(8192, "fused"), peer_tiles="copy")], "c.json")
+
+
+def test_the_variable_overrides_the_measured_way_of_sending_the_peers_tiles(monkeypatch):
+    """tile_store._copy_engines(measured): GC3_FUSED_PEER_TILES where set, else the shape's
+    measured choice; a captured call always stores."""
+    from runtime_cuda.core import cudadriver
+    from runtime_cuda.torch_dist import tile_store
+    monkeypatch.setattr(cudadriver, "driver", lambda *a: object())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.delenv("GC3_FUSED_PEER_TILES", raising=False)
+    assert tile_store._copy_engines("copy-engine") is True and tile_store._copy_engines("store") is False
+    monkeypatch.setenv("GC3_FUSED_PEER_TILES", "store")
+    assert tile_store._copy_engines("copy-engine") is False
+    monkeypatch.setenv("GC3_FUSED_PEER_TILES", "copy-engine")
+    assert tile_store._copy_engines("store") is True
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert tile_store._copy_engines("copy-engine") is False
+
+
 def test_a_near_m_stands_in_only_within_a_factor_of_two(catalog):
     catalog([entry(8192, "fused")])
     assert choice.choose("gemm_rs", 4, "bfloat16", {"M": 12000, "K": 7168, "N": 8192}).fused
@@ -310,7 +341,9 @@ def test_the_exchange_setting_picks_the_pipeline(monkeypatch):
     names = ("matmul_reduce_scatter", "matmul_all_reduce", "all_gather_matmul", "matmul_all_to_all")
     got = [ops._pipeline(n) for n in names]
     assert set(tile_store.RUNS) == set(names)
-    assert [(g.func, g.args) for g in got] == [(ops._tile_store, (n,)) for n in names]
+    assert [(g.func, g.args) for g in got] == [(ops._tile_store, (n, "store")) for n in names]
+    # The measured choice's way of sending the peers' tiles rides along.
+    assert ops._pipeline(names[0], "copy-engine").args == (names[0], "copy-engine")
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "collective")
     assert [ops._pipeline(n) for n in names] == [getattr(overlap, n) for n in names]
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "copy-engine")
@@ -568,33 +601,31 @@ def test_the_tile_store_hands_a_call_it_refuses_to_the_collectives(monkeypatch):
     pg = _FakeGroup(2)
     monkeypatch.setattr(ops, "_capturing", lambda: False)
     monkeypatch.setattr(overlap, "matmul_reduce_scatter", lambda *a: "collectives")
-    monkeypatch.setattr(tile_store, "matmul_reduce_scatter", lambda *a: "tile-store")
+    monkeypatch.setattr(tile_store, "matmul_reduce_scatter", lambda *a, peer_tiles: f"tile-store {peer_tiles}")
     A, B = torch.zeros((256, 16), dtype=torch.bfloat16), torch.zeros((16, 8), dtype=torch.bfloat16)
     monkeypatch.setattr(tile_store, "refusal", lambda *a: "no Triton")
-    assert ops._tile_store("matmul_reduce_scatter", pg, A, B, 1, "t") == "collectives"
+    assert ops._tile_store("matmul_reduce_scatter", "store", pg, A, B, 1, "t") == "collectives"
     pg2 = _FakeGroup(2)       # the answer is kept per group and shape: a new group asks again
     monkeypatch.setattr(tile_store, "refusal", lambda *a: "")
-    assert ops._tile_store("matmul_reduce_scatter", pg2, A, B, 1, "t") == "tile-store"
+    assert ops._tile_store("matmul_reduce_scatter", "copy-engine", pg2, A, B, 1, "t") == "tile-store copy-engine"
     monkeypatch.setattr(ops, "_capturing", lambda: True)       # a capture of a shape never mapped
     monkeypatch.setattr(tile_store, "ready", lambda *a: False)
-    assert ops._tile_store("matmul_reduce_scatter", pg2, A, B, 1, "t") == "collectives"
+    assert ops._tile_store("matmul_reduce_scatter", "store", pg2, A, B, 1, "t") == "collectives"
     # All-gather + GEMM takes overlap.py's arguments; it multiplies by one B.
     monkeypatch.setattr(ops, "_capturing", lambda: False)
     monkeypatch.setattr(overlap, "all_gather_matmul", lambda *a: ("collectives", a[2:]))
     monkeypatch.setattr(tile_store, "all_gather_matmul", lambda *a: ("tile-store", a[2:]))
-    assert ops._tile_store("all_gather_matmul", pg2, A, [B], 1, True, "t") == ("tile-store", ([B], 1, True, "t"))
-    assert ops._tile_store("all_gather_matmul", pg2, A, [B, B], 1, False, "t")[0] == "collectives"
+    assert ops._tile_store("all_gather_matmul", "store", pg2, A, [B], 1, True, "t") == ("tile-store", ([B], 1, True, "t"))
+    assert ops._tile_store("all_gather_matmul", "store", pg2, A, [B, B], 1, False, "t")[0] == "collectives"
 
 
 def test_auto_runs_sequential_where_the_measured_tile_store_cannot_serve(monkeypatch):
     """A measured table's fused entry timed the tile-store GEMM: where that refuses the call,
     auto takes the sequential path rather than the collectives' pipeline; a forced call still
     runs fused."""
-    from types import SimpleNamespace
-
     from runtime_cuda.torch_dist import ops, tile_store
     monkeypatch.delenv("GC3_FUSED_EXCHANGE", raising=False)
-    monkeypatch.setattr(ops, "_choose", lambda *a: SimpleNamespace(fused=True, chunks=1, why="measured"))
+    monkeypatch.setattr(ops, "_choose", lambda *a: choice.Choice(True, 1, "measured"))
     monkeypatch.setattr(tile_store, "refusal", lambda *a: "no Triton")
     A, B = torch.zeros((256, 16), dtype=torch.bfloat16), torch.zeros((16, 8), dtype=torch.bfloat16)
     run, why = ops._gemm_fused("gemm_rs", "t", _FakeGroup(2), A, B, None, None, "matmul_reduce_scatter")
@@ -640,6 +671,19 @@ def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_
     assert rs["shape"] == {"M": 8192, "K": 7168, "N": 8192} and rs["path"] == "fused"     # K as one rank holds it
     assert (rs["fused_us"], rs["sequential_us"], rs["graph_path"]) == (80.0, 90.0, "sequential")  # 84 > 0.98 * 85
     assert got["gemm_a2a"]["path"] == "sequential" and got["gemm_a2a"]["shape"]["K"] == 4096   # 89 > 0.98 * 90
+    assert "peer_tiles" not in rs                    # a line without the copy engines' time
+    # With the copy engines' time: the faster way of sending the peers' tiles by 1%, and its time.
+    # 85 < 0.99 * 89: the copy engines, whose time then beats the sequential 90 by 2%;
+    # 88.5 > 0.99 * 89: the stores, and 89 does not.
+    for ce, tiles, fused_us, way in ((85.0, "copy-engine", 85.0, "fused"), (88.5, "store", 89.0, "sequential")):
+        line = records.format_line("gemm_a2a", 4, {"M": 2048, "K": 4096, "N": 4096}, "bfloat16",
+                                   dict(v, fused_us=89.0, fused_ce_us=ce), "sequential", "ok", "4xH100",
+                                   date="2026-11-28")
+        path.write_text(line + "\n")
+        (e,), _ = bench_fused.entries_from_records(records.read(path), 4, ["gemm_a2a"])
+        assert (e["peer_tiles"], e["fused_store_us"], e["fused_ce_us"]) == (tiles, 89.0, ce), e
+        assert (e["fused_us"], e["path"]) == (fused_us, way), e
+    path.write_text("\n".join(lines) + "\n")
     catalog = tmp_path / "catalog.json"
     catalog.write_text('{"fused": {"provenance": {"4xH100": {"hw": "4xH100"}}, "entries": []}}')
     bench_fused.write_section(catalog, entries, None, "from the bench")

@@ -66,6 +66,9 @@ TRACE_M = 8192
 TUNE_CHUNKS = (2, 4, 8)
 # auto goes fused only where fused beat the sequential path by this much.
 FUSED_MARGIN = 0.98
+# The copy engines carry an eager call's peer tiles only where they beat the GEMM's own stores
+# by this much (they take more driver work, and a graph a shape).
+PEER_TILES_MARGIN = 0.99
 FIELDS = records.FIELDS
 
 
@@ -441,28 +444,34 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     n = chunks or pick.chunks
     # The GEMM half: all-gather + GEMM multiplies the gathered [M, K], the others their own A.
     G_A = torch.randn((case.M, A.shape[1]), device=A.device).to(A.dtype) if case.op == "ag_gemm" else A
+    # fused and host: the GEMM's own stores of the peers' tiles, unless GC3_FUSED_PEER_TILES
+    # says otherwise (a measured catalog may pick the copy engines for auto: fused_ce below).
+    with _peer_tiles(os.environ.get("GC3_FUSED_PEER_TILES") or "store"):
+        fused_us, host_us = timer.device(fused), timer.host(fused)
     v = {
-        "fused_us": timer.device(fused),
+        "fused_us": fused_us,
         "auto_us": timer.device(auto),
         "seq_nccl_us": timer.device(seq),
         "symm_us": timer.device(symm_call(case, A, B, nccl)),
         "gemm_us": timer.device(lambda: G_A @ B),
         "comm_nccl_us": timer.device(comm_call(case, A, B, nccl) if nccl is not None else None),
         "comm_fused_us": timer.device(comm_call(case, A, B, job.gc3, n, fused=True)),
-        "host_us": timer.host(fused),
+        "host_us": host_us,
         "seq_host_us": timer.host(seq),
         "graph_fused_us": timer.graph(fused, "fused"),
         "graph_seq_nccl_us": timer.graph(seq, "seq-nccl"),
         "graph_auto_us": timer.graph(auto, "auto"),     # what auto decides for a captured call (choice.decided)
     }
+    reference = (seq or seq_call(case, A, B, job.gc3))()
+    checks = []
     if case.op in COPY_ENGINE_OPS:
         with _peer_tiles("copy-engine"):
             v["fused_ce_us"] = timer.device(fused)
             v["host_ce_us"] = timer.host(fused)
+            checks.append(_check(job, case, fused(), reference))
     v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
-    got = fused()
-    reference = (seq or seq_call(case, A, B, job.gc3))()
-    return v, ("fused" if pick.fused else "sequential"), _check(job, case, got, reference)
+    checks.insert(0, _check(job, case, fused(), reference))
+    return v, ("fused" if pick.fused else "sequential"), next((c for c in checks if c != "ok"), "ok")
 
 
 @contextlib.contextmanager
@@ -594,6 +603,11 @@ def _faster(fused_us: Optional[float], seq_us: float) -> str:
     return "fused" if fused_us is not None and fused_us < FUSED_MARGIN * seq_us else "sequential"
 
 
+def _peer_tiles_faster(ce_us: Optional[float], store_us: float) -> str:
+    """The copy engines where they beat the GEMM's own stores by PEER_TILES_MARGIN."""
+    return "copy-engine" if ce_us is not None and ce_us < PEER_TILES_MARGIN * store_us else "store"
+
+
 def _us(v: Optional[float]) -> str:
     return "n/a" if v is None else f"{v:9.1f} us"
 
@@ -629,9 +643,13 @@ def entries_from_records(rows: Sequence[dict], gpus: int, ops: Sequence[str]) ->
         # The catalog keys a shape by the operands one rank holds (the tune's A and B).
         shape = {"M": d["M"], "K": d["K"] // gpus if r["op"] in ("gemm_rs", "gemm_ar") else d["K"],
                  "N": d["N"] // gpus if r["op"] == "ag_gemm" else d["N"]}
-        e = {"op": r["op"], "gpus": gpus, "dtype": "bfloat16", "shape": shape,
-             "path": _faster(r["fused_us"], r["auto_us"]), "chunks": 1, "fused_us": r["fused_us"],
-             "sequential_us": r["auto_us"]}
+        fused_us = r["fused_us"]
+        e = {"op": r["op"], "gpus": gpus, "dtype": "bfloat16", "shape": shape}
+        if r.get("fused_ce_us"):
+            e.update(peer_tiles=_peer_tiles_faster(r["fused_ce_us"], fused_us), fused_store_us=fused_us,
+                     fused_ce_us=r["fused_ce_us"])
+            fused_us = r["fused_ce_us"] if e["peer_tiles"] == "copy-engine" else fused_us
+        e.update(path=_faster(fused_us, r["auto_us"]), chunks=1, fused_us=fused_us, sequential_us=r["auto_us"])
         if r.get("graph_fused_us") and r.get("graph_auto_us"):
             e.update(graph_path=_faster(r["graph_fused_us"], r["graph_auto_us"]), graph_fused_us=r["graph_fused_us"],
                      graph_sequential_us=r["graph_auto_us"])
@@ -669,12 +687,21 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
         A, B = case.operands(job.rank)
         seq = fused_call(case, A, B, job.gc3, "sequential")
         seq_us = timer.device(seq)
-        best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c)
-                    for c in _chunk_counts(case, A, B, job.gc3)))
-        e = {"op": op, "gpus": job.size, "dtype": "bfloat16", "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]},
-             "path": _faster(best[0], seq_us), "chunks": best[1], "fused_us": round(best[0], 1),
-             "sequential_us": round(seq_us, 1)}
-        said = f"sequential {_us(seq_us)}, fused {_us(best[0])} ({best[1]} chunks): {e['path']}"
+        counts = _chunk_counts(case, A, B, job.gc3)
+        with _peer_tiles("store"):
+            best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in counts))
+        e = {"op": op, "gpus": job.size, "dtype": "bfloat16", "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]}}
+        tiles = ""
+        if op in COPY_ENGINE_OPS and counts == (1,):
+            with _peer_tiles("copy-engine"):
+                ce = timer.device(fused_call(case, A, B, job.gc3, "fused", 1))
+            e.update(peer_tiles=_peer_tiles_faster(ce, best[0]), fused_store_us=round(best[0], 1),
+                     fused_ce_us=round(ce, 1))
+            tiles = f", copy engines {_us(ce)}: {e['peer_tiles']}"
+            best = (min(best[0], ce), 1) if e["peer_tiles"] == "copy-engine" else best
+        e.update(path=_faster(best[0], seq_us), chunks=best[1], fused_us=round(best[0], 1),
+                 sequential_us=round(seq_us, 1))
+        said = f"sequential {_us(seq_us)}, fused {_us(best[0])} ({best[1]} chunks{tiles}): {e['path']}"
         # Replayed at the eager call's best chunk count.
         said += _graph_decision(timer, e, seq, fused_call(case, A, B, job.gc3, "fused", best[1]))
         entries.append(e)

@@ -74,6 +74,8 @@ COPY_COLUMNS = 128
 TABLE_SHAPES = 32
 
 OPS = ("gemm_rs", "gemm_ar", "gemm_a2a", "ag_gemm")
+# Those whose peers' tiles the copy engines may carry (_CopyPlan): their first hop is the same.
+PEER_TILE_OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
 
 
 @functools.lru_cache(maxsize=None)
@@ -933,9 +935,9 @@ def check(pg) -> None:
         group.watchdog.check()
 
 
-def _call(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tensor:
+def _call(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str, peer_tiles: str) -> torch.Tensor:
     check(pg)
-    sh = _shape(pg, op, A, B, what, _copy_engines())
+    sh = _shape(pg, op, A, B, what, _copy_engines(peer_tiles))
     out = A.new_empty((sh.rows if op == "gemm_rs" else sh.M, sh.N))
     if sh.copies is None:
         sh.launch(A, B, out)
@@ -944,12 +946,13 @@ def _call(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Ten
     return out
 
 
-def _copy_engines() -> bool:
-    """Whether this call's peer tiles go by copy engine: asked for, an eager call, and the
-    driver's stream memory operations at hand."""
+def _copy_engines(measured: str = "store") -> bool:
+    """Whether this call's peer tiles go by copy engine: asked for (GC3_FUSED_PEER_TILES, where
+    unset the `measured` choice for the shape), an eager call, and the driver's stream memory
+    operations at hand."""
     from runtime_cuda.core import cudadriver
 
-    if settings.get("GC3_FUSED_PEER_TILES") != "copy-engine" or torch.cuda.is_current_stream_capturing():
+    if (settings.get("GC3_FUSED_PEER_TILES") or measured) != "copy-engine" or torch.cuda.is_current_stream_capturing():
         return False
     if cudadriver.driver() is None:
         _no_driver()
@@ -968,19 +971,22 @@ def _log():
     return get_logger()
 
 
-def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str,
+                          peer_tiles: str = "store") -> torch.Tensor:
     """rows r of sum_s A_s @ B_s (sum over ranks), [M/G, N]; A [M, K_r], B [K_r, N] contiguous."""
-    return _call(pg, "gemm_rs", A, B, what)
+    return _call(pg, "gemm_rs", A, B, what, peer_tiles)
 
 
-def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str,
+                      peer_tiles: str = "store") -> torch.Tensor:
     """sum_s A_s @ B_s on every rank, [M, N]."""
-    return _call(pg, "gemm_ar", A, B, what)
+    return _call(pg, "gemm_ar", A, B, what, peer_tiles)
 
 
-def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str,
+                      peer_tiles: str = "store") -> torch.Tensor:
     """all_to_all_single(A @ B): row block q of the result came from rank q (equal blocks)."""
-    return _call(pg, "gemm_a2a", A, B, what)
+    return _call(pg, "gemm_a2a", A, B, what, peer_tiles)
 
 
 class Trace:
