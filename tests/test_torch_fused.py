@@ -999,3 +999,40 @@ def test_the_tile_store_launch_passes_what_tritons_launcher_parses(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=55))
     tile_store._direct(old, 132, ("bf16",), dev, {}, ("scratch",))("A", 5)
     assert ran == [(132, 1, 1, 55, 77, (8, 1, 1000), "meta", None, None, "A", 5, "bf16")]
+
+
+def test_the_bench_times_paths_in_turn_each_under_its_own_peer_tiles(monkeypatch):
+    """bench_fused.Timer.devices: warm-ups first, then rounds taken in turn (A B A B ...), each
+    path's calls under its GC3_FUSED_PEER_TILES (None: as it is), put back after; a missing path
+    (None) answers None."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.torch_dist import bench_fused
+    monkeypatch.setenv("GC3_FUSED_PEER_TILES", "store")
+    timer = bench_fused.Timer(SimpleNamespace(), calls=2, rounds=3, warmup=1)
+    monkeypatch.setattr(timer, "_sync", lambda: None)
+    monkeypatch.setattr(timer, "_max", lambda v: v)
+
+    class Event:
+        def __init__(self, **kw):
+            pass
+
+        def record(self):
+            self.at = len(seen)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) / 1000.0
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    seen = []
+    a = lambda: seen.append(("a", os.environ.get("GC3_FUSED_PEER_TILES")))    # noqa: E731
+    b = lambda: seen.append(("b", os.environ.get("GC3_FUSED_PEER_TILES")))    # noqa: E731
+    got = timer.devices([a, None, b], [None, None, "copy-engine"])
+    assert got == [1.0, None, 1.0]
+    warm, rounds = seen[:2], seen[2:]
+    assert warm == [("a", "store"), ("b", "copy-engine")]
+    assert rounds == [("a", "store")] * 2 + [("b", "copy-engine")] * 2 + [("a", "store")] * 2 + \
+        [("b", "copy-engine")] * 2 + [("a", "store")] * 2 + [("b", "copy-engine")] * 2
+    assert os.environ["GC3_FUSED_PEER_TILES"] == "store"

@@ -326,21 +326,33 @@ class Timer:
         self._max(0.0)          # a CPU all-reduce: every rank starts the round together
 
     def device(self, fn: Optional[Callable]) -> Optional[float]:
-        if fn is None:
-            return None
-        for _ in range(self.warmup):
-            fn()
-        per = []
+        return self.devices([fn])[0]
+
+    def devices(self, fns: Sequence[Optional[Callable]],
+                settings: Optional[Sequence[Optional[str]]] = None) -> List[Optional[float]]:
+        """Each path's time, their rounds taken in turn (A B C A B C ...): a GPU's clock drifts
+        over a job (it heats up), and paths timed one after the other then differ by where
+        they stood in the job (4-7% between two runs of one path on 2x H200).  `settings`: a
+        path's GC3_FUSED_PEER_TILES, around its calls (None: as it is)."""
+        settings = settings or [None] * len(fns)
+        live = [(i, fn, m) for i, (fn, m) in enumerate(zip(fns, settings)) if fn is not None]
+        per: List[List[float]] = [[] for _ in fns]
+        for _, fn, m in live:
+            with _peer_tiles(m):
+                for _ in range(self.warmup):
+                    fn()
         for _ in range(self.rounds):
-            self._sync()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(self.calls):
-                fn()
-            e.record()
-            e.synchronize()
-            per.append(s.elapsed_time(e) * 1000.0 / self.calls)
-        return self._max(statistics.median(per))
+            for i, fn, m in live:
+                with _peer_tiles(m):
+                    self._sync()
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    for _ in range(self.calls):
+                        fn()
+                    e.record()
+                    e.synchronize()
+                per[i].append(s.elapsed_time(e) * 1000.0 / self.calls)
+        return [self._max(statistics.median(p)) if p else None for p in per]
 
     def host(self, fn: Optional[Callable]) -> Optional[float]:
         if fn is None:
@@ -445,13 +457,18 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     # The GEMM half: all-gather + GEMM multiplies the gathered [M, K], the others their own A.
     G_A = torch.randn((case.M, A.shape[1]), device=A.device).to(A.dtype) if case.op == "ag_gemm" else A
     # fused and host: the GEMM's own stores of the peers' tiles, unless GC3_FUSED_PEER_TILES
-    # says otherwise (a measured catalog may pick the copy engines for auto: fused_ce below).
-    with _peer_tiles(os.environ.get("GC3_FUSED_PEER_TILES") or "store"):
-        fused_us, host_us = timer.device(fused), timer.host(fused)
+    # says otherwise (a measured catalog may pick the copy engines for auto); fused_ce: the copy
+    # engines.  The headline's paths are timed in turn.
+    mode = os.environ.get("GC3_FUSED_PEER_TILES") or "store"
+    ce = case.op in COPY_ENGINE_OPS
+    fused_us, auto_us, seq_us, ce_us = timer.devices([fused, auto, seq, fused if ce else None],
+                                                     [mode, None, None, "copy-engine"])
+    with _peer_tiles(mode):
+        host_us = timer.host(fused)
     v = {
         "fused_us": fused_us,
-        "auto_us": timer.device(auto),
-        "seq_nccl_us": timer.device(seq),
+        "auto_us": auto_us,
+        "seq_nccl_us": seq_us,
         "symm_us": timer.device(symm_call(case, A, B, nccl)),
         "gemm_us": timer.device(lambda: G_A @ B),
         "comm_nccl_us": timer.device(comm_call(case, A, B, nccl) if nccl is not None else None),
@@ -464,9 +481,9 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     }
     reference = (seq or seq_call(case, A, B, job.gc3))()
     checks = []
-    if case.op in COPY_ENGINE_OPS:
+    if ce:
+        v["fused_ce_us"] = ce_us
         with _peer_tiles("copy-engine"):
-            v["fused_ce_us"] = timer.device(fused)
             v["host_ce_us"] = timer.host(fused)
             checks.append(_check(job, case, fused(), reference))
     v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
@@ -475,8 +492,11 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
 
 
 @contextlib.contextmanager
-def _peer_tiles(mode: str):
-    """GC3_FUSED_PEER_TILES=mode inside (read by every call), as it was after."""
+def _peer_tiles(mode: Optional[str]):
+    """GC3_FUSED_PEER_TILES=mode inside (read by every call; None: as it is), as it was after."""
+    if mode is None:
+        yield
+        return
     before = os.environ.get("GC3_FUSED_PEER_TILES")
     os.environ["GC3_FUSED_PEER_TILES"] = mode
     try:
@@ -686,19 +706,22 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
         case = Case(op, M, K, N, job.size, job.device)
         A, B = case.operands(job.rank)
         seq = fused_call(case, A, B, job.gc3, "sequential")
-        seq_us = timer.device(seq)
         counts = _chunk_counts(case, A, B, job.gc3)
-        with _peer_tiles("store"):
-            best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in counts))
         e = {"op": op, "gpus": job.size, "dtype": "bfloat16", "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]}}
         tiles = ""
         if op in COPY_ENGINE_OPS and counts == (1,):
-            with _peer_tiles("copy-engine"):
-                ce = timer.device(fused_call(case, A, B, job.gc3, "fused", 1))
-            e.update(peer_tiles=_peer_tiles_faster(ce, best[0]), fused_store_us=round(best[0], 1),
+            # The tile-store GEMM (it takes no chunks): its peers' tiles stored, or carried by
+            # the copy engines, timed in turn with the sequential path.
+            one = fused_call(case, A, B, job.gc3, "fused", 1)
+            seq_us, store, ce = timer.devices([seq, one, one], [None, "store", "copy-engine"])
+            e.update(peer_tiles=_peer_tiles_faster(ce, store), fused_store_us=round(store, 1),
                      fused_ce_us=round(ce, 1))
-            tiles = f", copy engines {_us(ce)}: {e['peer_tiles']}"
-            best = (min(best[0], ce), 1) if e["peer_tiles"] == "copy-engine" else best
+            tiles = f"; stores {_us(store)}, copy engines {_us(ce)}: {e['peer_tiles']}"
+            best = (ce if e["peer_tiles"] == "copy-engine" else store, 1)
+        else:
+            seq_us = timer.device(seq)
+            with _peer_tiles("store"):
+                best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in counts))
         e.update(path=_faster(best[0], seq_us), chunks=best[1], fused_us=round(best[0], 1),
                  sequential_us=round(seq_us, 1))
         said = f"sequential {_us(seq_us)}, fused {_us(best[0])} ({best[1]} chunks{tiles}): {e['path']}"
