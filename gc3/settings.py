@@ -217,10 +217,11 @@ _DECLARED: List[Setting] = [
             _choice({"tile-store": "tile-store", "collective": "collective", "copy-engine": "copy-engine"},
                     "'tile-store', 'collective' or 'copy-engine'", fold=True), "tile-store, collective, copy-engine",
             "fused"),
-    Setting("GC3_FUSED_PEER_TILES", "choice", "store",
-            "how the tile-store GEMM + reduce-scatter sends the peers' tiles in eager calls: stored by the GEMM "
-            "across the link, or stored locally and carried by the copy engines chunk by chunk (needs cuda-bindings; "
-            "a captured call, or a shape whose tiles span two ranks, stores them)",
+    Setting("GC3_FUSED_PEER_TILES", "choice", None,
+            "how the tile-store GEMM + reduce-scatter, + all-reduce and + all-to-all send the peers' tiles in eager "
+            "calls: stored by the GEMM across the link, or stored locally and carried by the copy engines chunk by "
+            "chunk (needs cuda-bindings; a captured call, or a shape whose tiles span two ranks, stores them); "
+            "unset: the machine catalog's measured choice for the shape (gc3 tune --fused), else store",
             _choice({"store": "store", "copy-engine": "copy-engine"}, "'store' or 'copy-engine'", fold=True),
             "store, copy-engine", "fused"),
     Setting("GC3_FUSED_TILE", "choice", None,

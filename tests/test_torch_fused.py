@@ -54,6 +54,37 @@ def test_the_measured_path_and_chunks_win(catalog):
     assert not choice.choose("gemm_rs", 4, "bfloat16", {"M": 1024, "K": 7168, "N": 8192}).fused
 
 
+def test_the_measured_way_of_sending_the_peers_tiles_rides_with_the_choice(catalog, tmp_path):
+    """An entry's peer_tiles (gc3 tune --fused timed both) comes with its choice, a forced
+    fused call's too; entries without one, and unmeasured shapes, store; a value other than
+    store or copy-engine is refused naming the entry."""
+    catalog([dict(entry(8192, "fused"), peer_tiles="copy-engine"), entry(1024, "fused")])
+    shape = {"M": 8192, "K": 7168, "N": 8192}
+    assert choice.choose("gemm_rs", 4, "bfloat16", shape).peer_tiles == "copy-engine"
+    assert choice.choose("gemm_rs", 4, "bfloat16", shape, path="fused").peer_tiles == "copy-engine"
+    assert choice.choose("gemm_rs", 4, "bfloat16", dict(shape, M=1024)).peer_tiles == "store"
+    assert choice.choose("gemm_rs", 4, "bfloat16", dict(shape, N=512), path="fused").peer_tiles == "store"
+    with pytest.raises(InputError, match=r"fused.entries\[0\]: peer_tiles 'copy'"):
+        choice.FusedTable([dict(entry(8192, "fused"), peer_tiles="copy")], "c.json")
+
+
+def test_the_variable_overrides_the_measured_way_of_sending_the_peers_tiles(monkeypatch):
+    """tile_store._copy_engines(measured): GC3_FUSED_PEER_TILES where set, else the shape's
+    measured choice; a captured call always stores."""
+    from runtime_cuda.core import cudadriver
+    from runtime_cuda.torch_dist import tile_store
+    monkeypatch.setattr(cudadriver, "driver", lambda *a: object())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.delenv("GC3_FUSED_PEER_TILES", raising=False)
+    assert tile_store._copy_engines("copy-engine") is True and tile_store._copy_engines("store") is False
+    monkeypatch.setenv("GC3_FUSED_PEER_TILES", "store")
+    assert tile_store._copy_engines("copy-engine") is False
+    monkeypatch.setenv("GC3_FUSED_PEER_TILES", "copy-engine")
+    assert tile_store._copy_engines("store") is True
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert tile_store._copy_engines("copy-engine") is False
+
+
 def test_a_near_m_stands_in_only_within_a_factor_of_two(catalog):
     catalog([entry(8192, "fused")])
     assert choice.choose("gemm_rs", 4, "bfloat16", {"M": 12000, "K": 7168, "N": 8192}).fused
@@ -310,7 +341,9 @@ def test_the_exchange_setting_picks_the_pipeline(monkeypatch):
     names = ("matmul_reduce_scatter", "matmul_all_reduce", "all_gather_matmul", "matmul_all_to_all")
     got = [ops._pipeline(n) for n in names]
     assert set(tile_store.RUNS) == set(names)
-    assert [(g.func, g.args) for g in got] == [(ops._tile_store, (n,)) for n in names]
+    assert [(g.func, g.args) for g in got] == [(ops._tile_store, (n, "store")) for n in names]
+    # The measured choice's way of sending the peers' tiles rides along.
+    assert ops._pipeline(names[0], "copy-engine").args == (names[0], "copy-engine")
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "collective")
     assert [ops._pipeline(n) for n in names] == [getattr(overlap, n) for n in names]
     monkeypatch.setenv("GC3_FUSED_EXCHANGE", "copy-engine")
@@ -500,7 +533,7 @@ def _tile_store_ranks(n, tmp_path, *flags):
     for needed in ("gemm_a2a served by the tile-store GEMM", "ag_gemm served by the tile-store GEMM",
                    "gemm_ar cuda graph replay", "ag_gemm cuda graph replay", "back to back gemm_rs",
                    "back to back ag_gemm", "ag_gemm without A", "ag_gemm trace",
-                   "gemm_rs with the copy engines carrying the peers' tiles"):
+                   "the copy engines carrying the peers' tiles"):
         assert needed in outs[0], f"{needed!r} did not run on rank 0:\n{outs[0][-3000:]}"
     spanning = f"({n * 64}, 200, 17600)"       # tiles of two ranks' rows
     for needed in (f"gemm_ar {spanning} call 5", f"gemm_rs cuda graph replay {spanning}", f"gemm_a2a {spanning} call 1"):
@@ -568,33 +601,31 @@ def test_the_tile_store_hands_a_call_it_refuses_to_the_collectives(monkeypatch):
     pg = _FakeGroup(2)
     monkeypatch.setattr(ops, "_capturing", lambda: False)
     monkeypatch.setattr(overlap, "matmul_reduce_scatter", lambda *a: "collectives")
-    monkeypatch.setattr(tile_store, "matmul_reduce_scatter", lambda *a: "tile-store")
+    monkeypatch.setattr(tile_store, "matmul_reduce_scatter", lambda *a, peer_tiles: f"tile-store {peer_tiles}")
     A, B = torch.zeros((256, 16), dtype=torch.bfloat16), torch.zeros((16, 8), dtype=torch.bfloat16)
     monkeypatch.setattr(tile_store, "refusal", lambda *a: "no Triton")
-    assert ops._tile_store("matmul_reduce_scatter", pg, A, B, 1, "t") == "collectives"
+    assert ops._tile_store("matmul_reduce_scatter", "store", pg, A, B, 1, "t") == "collectives"
     pg2 = _FakeGroup(2)       # the answer is kept per group and shape: a new group asks again
     monkeypatch.setattr(tile_store, "refusal", lambda *a: "")
-    assert ops._tile_store("matmul_reduce_scatter", pg2, A, B, 1, "t") == "tile-store"
+    assert ops._tile_store("matmul_reduce_scatter", "copy-engine", pg2, A, B, 1, "t") == "tile-store copy-engine"
     monkeypatch.setattr(ops, "_capturing", lambda: True)       # a capture of a shape never mapped
     monkeypatch.setattr(tile_store, "ready", lambda *a: False)
-    assert ops._tile_store("matmul_reduce_scatter", pg2, A, B, 1, "t") == "collectives"
+    assert ops._tile_store("matmul_reduce_scatter", "store", pg2, A, B, 1, "t") == "collectives"
     # All-gather + GEMM takes overlap.py's arguments; it multiplies by one B.
     monkeypatch.setattr(ops, "_capturing", lambda: False)
     monkeypatch.setattr(overlap, "all_gather_matmul", lambda *a: ("collectives", a[2:]))
     monkeypatch.setattr(tile_store, "all_gather_matmul", lambda *a: ("tile-store", a[2:]))
-    assert ops._tile_store("all_gather_matmul", pg2, A, [B], 1, True, "t") == ("tile-store", ([B], 1, True, "t"))
-    assert ops._tile_store("all_gather_matmul", pg2, A, [B, B], 1, False, "t")[0] == "collectives"
+    assert ops._tile_store("all_gather_matmul", "store", pg2, A, [B], 1, True, "t") == ("tile-store", ([B], 1, True, "t"))
+    assert ops._tile_store("all_gather_matmul", "store", pg2, A, [B, B], 1, False, "t")[0] == "collectives"
 
 
 def test_auto_runs_sequential_where_the_measured_tile_store_cannot_serve(monkeypatch):
     """A measured table's fused entry timed the tile-store GEMM: where that refuses the call,
     auto takes the sequential path rather than the collectives' pipeline; a forced call still
     runs fused."""
-    from types import SimpleNamespace
-
     from runtime_cuda.torch_dist import ops, tile_store
     monkeypatch.delenv("GC3_FUSED_EXCHANGE", raising=False)
-    monkeypatch.setattr(ops, "_choose", lambda *a: SimpleNamespace(fused=True, chunks=1, why="measured"))
+    monkeypatch.setattr(ops, "_choose", lambda *a: choice.Choice(True, 1, "measured"))
     monkeypatch.setattr(tile_store, "refusal", lambda *a: "no Triton")
     A, B = torch.zeros((256, 16), dtype=torch.bfloat16), torch.zeros((16, 8), dtype=torch.bfloat16)
     run, why = ops._gemm_fused("gemm_rs", "t", _FakeGroup(2), A, B, None, None, "matmul_reduce_scatter")
@@ -640,6 +671,19 @@ def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_
     assert rs["shape"] == {"M": 8192, "K": 7168, "N": 8192} and rs["path"] == "fused"     # K as one rank holds it
     assert (rs["fused_us"], rs["sequential_us"], rs["graph_path"]) == (80.0, 90.0, "sequential")  # 84 > 0.98 * 85
     assert got["gemm_a2a"]["path"] == "sequential" and got["gemm_a2a"]["shape"]["K"] == 4096   # 89 > 0.98 * 90
+    assert "peer_tiles" not in rs                    # a line without the copy engines' time
+    # With the copy engines' time: the faster way of sending the peers' tiles by 1%, and its time.
+    # 85 < 0.99 * 89: the copy engines, whose time then beats the sequential 90 by 2%;
+    # 88.5 > 0.99 * 89: the stores, and 89 does not.
+    for ce, tiles, fused_us, way in ((85.0, "copy-engine", 85.0, "fused"), (88.5, "store", 89.0, "sequential")):
+        line = records.format_line("gemm_a2a", 4, {"M": 2048, "K": 4096, "N": 4096}, "bfloat16",
+                                   dict(v, fused_us=89.0, fused_ce_us=ce), "sequential", "ok", "4xH100",
+                                   date="2026-11-28")
+        path.write_text(line + "\n")
+        (e,), _ = bench_fused.entries_from_records(records.read(path), 4, ["gemm_a2a"])
+        assert (e["peer_tiles"], e["fused_store_us"], e["fused_ce_us"]) == (tiles, 89.0, ce), e
+        assert (e["fused_us"], e["path"]) == (fused_us, way), e
+    path.write_text("\n".join(lines) + "\n")
     catalog = tmp_path / "catalog.json"
     catalog.write_text('{"fused": {"provenance": {"4xH100": {"hw": "4xH100"}}, "entries": []}}')
     bench_fused.write_section(catalog, entries, None, "from the bench")
@@ -768,12 +812,12 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
 
 
 def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(monkeypatch):
-    """GC3_FUSED_PEER_TILES=copy-engine's plan (tile_store._CopyPlan) for GEMM + reduce-scatter on
+    """GC3_FUSED_PEER_TILES=copy-engine's plan (tile_store._CopyPlan) for the three operators on
     rank 1 of 4: buffers of their own; the kernel's tiles for peer d go to the outbox's block d
     and their flags to the shadow's; a stream a peer in the kernel's order (the next rank's
-    first); each chunk of GROUP_M row blocks waits for its count to reach a call's tiles, goes
-    into slot 1 of the peer's stage of the call's parity, then its flags into the peer's flags
-    [0][1][tiles], which is what the peer's sum reads and waits for."""
+    first); each chunk of row blocks waits for its count to reach a call's tiles, goes into slot
+    1 of the peer's stage of the call's parity, then its flags into the peer's flags [0][1][tiles],
+    which is what the peer's sum or copy reads and waits for."""
     from types import SimpleNamespace
 
     from runtime_cuda.fused.groups import ShapeState
@@ -791,25 +835,120 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
         return made.setdefault(key, ShapeState(G, sizes, bases, {}))
     group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
     pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
-    plain = tile_store._Shape(group, pg, "gemm_rs", M, 200, N, torch.bfloat16)
-    sh = tile_store._Shape(group, pg, "gemm_rs", M, 200, N, torch.bfloat16, True)
-    assert (sh.bm, sh.bn, sh.span) == (tile_store.BM, tile_store.BN, 1) and plain.copies is None
-    assert sh.state is not plain.state and sh.cnt is not plain.cnt and sh.constexprs["CE"] == 1
-    outbox, shadow, counts = sh.state.kept["outbox"]
-    assert outbox.numel() == G * rows * N and shadow.numel() == G * T and counts.numel() == G * 2
-    assert sh.table.tolist()[5 * G + 5:] == [outbox.data_ptr(), shadow.data_ptr(), counts.data_ptr()]
-    st, slot = sh.state, rows * N * 2
-    assert [d for d, _ in sh.copies.peers] == [2, 3, 0]
-    for d, steps in sh.copies.peers:
-        assert len(steps) == 2
-        for c, (count, per, data, src, nbytes, flags, shade, fbytes) in enumerate(steps):
-            lo, blocks = 8 * c, (8, 2)[c]
-            assert count == counts.data_ptr() + 4 * (d * 2 + c) and per == blocks * pn
-            at = lo * tile_store.BM * N * 2
-            assert data == [st.buf("stage", d, p) + me * slot + at for p in range(2)]
-            assert src == outbox.data_ptr() + d * slot + at and nbytes == blocks * tile_store.BM * N * 2
-            assert flags == st.buf("flags", d, 0) + 4 * (me * T + lo * pn)
-            assert shade == shadow.data_ptr() + 4 * (d * T + lo * pn) and fbytes == 4 * blocks * pn
+    for op in ("gemm_rs", "gemm_ar", "gemm_a2a"):
+        plain = tile_store._Shape(group, pg, op, M, 200, N, torch.bfloat16)
+        sh = tile_store._Shape(group, pg, op, M, 200, N, torch.bfloat16, True)
+        assert (sh.bm, sh.bn, sh.span) == (tile_store.BM, tile_store.BN, 1) and plain.copies is None
+        assert sh.state is not plain.state and sh.cnt is not plain.cnt
+        assert sh.constexprs["CHUNK"] == 8 and plain.constexprs["CHUNK"] == 0
+        outbox, shadow, counts = sh.state.kept["outbox"]
+        assert outbox.numel() == G * rows * N and shadow.numel() == G * T and counts.numel() == G * 2
+        assert sh.table.tolist()[5 * G + 5:] == [outbox.data_ptr(), shadow.data_ptr(), counts.data_ptr()]
+        st, slot = sh.state, rows * N * 2
+        assert [d for d, _ in sh.copies.peers] == [2, 3, 0]
+        for d, steps in sh.copies.peers:
+            assert len(steps) == 2
+            for c, (count, per, data, src, nbytes, flags, shade, fbytes) in enumerate(steps):
+                lo, blocks = 8 * c, (8, 2)[c]
+                assert count == counts.data_ptr() + 4 * (d * 2 + c) and per == blocks * pn
+                at = lo * tile_store.BM * N * 2
+                assert data == [st.buf("stage", d, p) + me * slot + at for p in range(2)]
+                assert src == outbox.data_ptr() + d * slot + at and nbytes == blocks * tile_store.BM * N * 2
+                assert flags == st.buf("flags", d, 0) + 4 * (me * T + lo * pn)
+                assert shade == shadow.data_ptr() + 4 * (d * T + lo * pn) and fbytes == 4 * blocks * pn
+    # At most COPY_CHUNKS chunks a peer, of whole groups of GROUP_M row blocks.
+    assert [tile_store.chunk_blocks(rb) for rb in (1, 8, 10, 32, 33, 64, 128)] == [8, 8, 8, 8, 16, 16, 32]
+    assert all(-(-rb // tile_store.chunk_blocks(rb)) <= tile_store.COPY_CHUNKS for rb in range(1, 300))
+
+
+@pytest.mark.parametrize("capture", [True, False], ids=["graph", "queued"])
+def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(monkeypatch, capture):
+    """tile_store._CopyPlan.run on rank 0 of 2 (a fake driver records the calls): the kernel is
+    launched first; then, forked from the plan's own stream onto a stream of the peer's, each
+    chunk waits for its count to reach its tiles, puts the count back to 0, is copied into the
+    slot of the call's parity, then its flags; then the caller's stream waits for the plan's.
+    That work is captured once a parity and replayed by one launch a call; where the driver
+    cannot capture it, the same work is queued at every call.  Streams and events are made once."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from runtime_cuda.core import cudadriver
+    from runtime_cuda.fused.groups import ShapeState
+    from runtime_cuda.torch_dist import tile_store
+    monkeypatch.setattr(tile_store, "_sms", lambda device: 16)
+    monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
+    G, me, N = 2, 0, 296
+    rows = 10 * tile_store.BM
+    made = {}
+
+    def shape(key, sizes):
+        bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
+        return made.setdefault(key, ShapeState(G, sizes, bases, {}))
+    group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
+    pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
+    sh = tile_store._Shape(group, pg, "gemm_rs", G * rows, 200, N, torch.bfloat16, True)
+    log, streams = [], iter(["origin", "side"])
+
+    def graph(origin, enqueue):
+        if not capture:
+            raise RuntimeError("cuStreamBeginCapture failed: not supported")
+        before = len(log)
+        enqueue()
+        captured = log[before:]
+        del log[before:]
+        return ("graph", origin, tuple(captured))
+    fake = dict(pointers=lambda *a: a, new_event=lambda: "event",
+                new_stream=lambda: next(streams),
+                wait_value32=lambda s, a, v: log.append(("wait", s, a, v)),
+                write_value32=lambda s, a, v: log.append(("write", s, a, v)),
+                copy=lambda s, d, src, n: log.append(("copy", s, d, src, n)),
+                join=lambda s, e, after: log.append(("join", s, e, after)),
+                graph=graph, graph_launch=lambda g, s: log.append(("launch", g, s)))
+    for name, fn in fake.items():
+        monkeypatch.setattr(cudadriver, name, fn)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "_get_device_index", lambda d, optional=False: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 77 + index, raising=False)
+    (d, steps), = sh.copies.peers
+
+    def queued(par):
+        want = [("join", "side", "event", "origin")]
+        for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+            want += [("wait", "side", count, per), ("write", "side", count, 0),
+                     ("copy", "side", data[par], src, nbytes), ("copy", "side", flags, shadow, fbytes)]
+        return want + [("join", "origin", "event", "side")]
+    for call in (1, 2, 3):
+        log.clear()
+        sh.copies.run(lambda: log.append("kernel"))
+        par = (call - 1) & 1
+        if capture:
+            want = ["kernel", ("launch", ("graph", "origin", tuple(queued(par))), "origin")]
+        else:
+            want = ["kernel"] + queued(par)
+        assert log == want + [("join", 77, "event", "origin")], call
+    assert sh.state.epoch == 3
+
+
+def test_copy_engines_asked_for_without_a_driver_say_so_and_store(monkeypatch):
+    """GC3_FUSED_PEER_TILES=copy-engine where cuda.bindings finds no driver: the GEMM stores the
+    tiles, and the log says why (once); a captured call stores them without a word; unset, stores."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.core import cudadriver
+    from runtime_cuda.torch_dist import tile_store
+    said = []
+    monkeypatch.setattr(tile_store, "_log", lambda: SimpleNamespace(warning=lambda *a: said.append(a[0] % a[1:])))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert tile_store._copy_engines() is False
+    monkeypatch.setenv("GC3_FUSED_PEER_TILES", "copy-engine")
+    monkeypatch.setattr(cudadriver, "driver", lambda *a: None)
+    tile_store._no_driver.cache_clear()
+    assert tile_store._copy_engines() is False and tile_store._copy_engines() is False
+    assert len(said) == 1 and "cuda-bindings" in said[0], said
+    monkeypatch.setattr(cudadriver, "driver", lambda *a: object())
+    assert tile_store._copy_engines() is True
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert tile_store._copy_engines() is False
 
 
 def test_copy_engines_asked_for_without_a_driver_say_so_and_store(monkeypatch):
@@ -882,3 +1021,40 @@ def test_the_tile_store_launch_passes_what_tritons_launcher_parses(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=55))
     tile_store._direct(old, 132, ("bf16",), dev, {}, ("scratch",))("A", 5)
     assert ran == [(132, 1, 1, 55, 77, (8, 1, 1000), "meta", None, None, "A", 5, "bf16")]
+
+
+def test_the_bench_times_paths_in_turn_each_under_its_own_peer_tiles(monkeypatch):
+    """bench_fused.Timer.devices: warm-ups first, then rounds taken in turn (A B A B ...), each
+    path's calls under its GC3_FUSED_PEER_TILES (None: as it is), put back after; a missing path
+    (None) answers None."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.torch_dist import bench_fused
+    monkeypatch.setenv("GC3_FUSED_PEER_TILES", "store")
+    timer = bench_fused.Timer(SimpleNamespace(), calls=2, rounds=3, warmup=1)
+    monkeypatch.setattr(timer, "_sync", lambda: None)
+    monkeypatch.setattr(timer, "_max", lambda v: v)
+
+    class Event:
+        def __init__(self, **kw):
+            pass
+
+        def record(self):
+            self.at = len(seen)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) / 1000.0
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    seen = []
+    a = lambda: seen.append(("a", os.environ.get("GC3_FUSED_PEER_TILES")))    # noqa: E731
+    b = lambda: seen.append(("b", os.environ.get("GC3_FUSED_PEER_TILES")))    # noqa: E731
+    got = timer.devices([a, None, b], [None, None, "copy-engine"])
+    assert got == [1.0, None, 1.0]
+    warm, rounds = seen[:2], seen[2:]
+    assert warm == [("a", "store"), ("b", "copy-engine")]
+    assert rounds == [("a", "store")] * 2 + [("b", "copy-engine")] * 2 + [("a", "store")] * 2 + \
+        [("b", "copy-engine")] * 2 + [("a", "store")] * 2 + [("b", "copy-engine")] * 2
+    assert os.environ["GC3_FUSED_PEER_TILES"] == "store"

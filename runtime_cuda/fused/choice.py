@@ -15,6 +15,11 @@ the host's time per call no longer counts and the answer can differ (a fused
 GEMV wins eager calls by its host time and may lose replays by its GPU time).
 A captured call takes `graph_path` where the entry has one, else `path`.
 
+An entry of a tile-store GEMM + reduce-scatter, + all-reduce or + all-to-all may carry
+`peer_tiles` ("store" or "copy-engine", with `fused_ce_us` beside `fused_us`): how
+its eager fused calls send the peers' tiles, the faster where the tune measured both
+(GC3_FUSED_PEER_TILES, where set, decides instead; a captured call stores them).
+
 `choose` answers, in this order: the caller's `path`, GC3_FUSED=0/1, the entry
 measured for this shape, the entry of the nearest measured size along the op's
 size axis (M, b, samples or bytes; every other dimension equal) within a factor
@@ -36,6 +41,8 @@ from gc3.errors import InputError
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a", "gemv_ar", "ebag_a2a", "ar_epilogue")
 PATHS = ("fused", "sequential")
+# How the tile-store GEMM sends the peers' tiles of an eager call (GC3_FUSED_PEER_TILES).
+PEER_TILES = ("store", "copy-engine")
 # The chunk count a forced fused call takes where nothing was measured.
 DEFAULT_CHUNKS = 4
 # Each op's size axis: the dimension along which a measured shape may stand in for an
@@ -59,6 +66,7 @@ class Choice:
     fused: bool
     chunks: int
     why: str
+    peer_tiles: str = "store"
 
 
 def entry_key(op: str, gpus: int, dtype: str, shape: Mapping[str, int]) -> Tuple:
@@ -82,6 +90,8 @@ class FusedTable:
             if op not in OPS or path not in PATHS or graph not in PATHS or chunks < 1 or not isinstance(shape, dict):
                 raise InputError(f"{where}: op {op!r} (one of {OPS}), path {path!r} and graph_path {graph!r} (one "
                                  f"of {PATHS}), chunks {chunks} (>= 1) and shape {shape!r} (a dict)")
+            if e.get("peer_tiles", "store") not in PEER_TILES:
+                raise InputError(f"{where}: peer_tiles {e['peer_tiles']!r} (one of {PEER_TILES})")
             self.entries[entry_key(op, gpus, dtype, shape)] = dict(e, chunks=chunks)
 
     @classmethod
@@ -197,8 +207,9 @@ def choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optio
     hit, how = (None, "no measured catalog for this machine") if measured is None else \
         measured.lookup(op, gpus, dtype, shape, captured)
     n = chunks or (hit["chunks"] if hit else DEFAULT_CHUNKS)
+    tiles = hit.get("peer_tiles", "store") if hit else "store"
     if force is not None:
-        return Choice(force, n, f"{'fused' if force else 'sequential'} forced (path= or GC3_FUSED)")
+        return Choice(force, n, f"{'fused' if force else 'sequential'} forced (path= or GC3_FUSED)", tiles)
     if hit is None:
         return Choice(False, n, f"sequential: {how}")
     picked = decided(hit, captured)
@@ -206,4 +217,4 @@ def choose(op: str, gpus: int, dtype: str, shape: Mapping[str, int], path: Optio
         times = f"in a CUDA graph: fused {hit.get('graph_fused_us')} us, sequential {hit.get('graph_sequential_us')} us"
     else:
         times = f"fused {hit.get('fused_us')} us, sequential {hit.get('sequential_us')} us"
-    return Choice(picked == "fused", n, f"{picked} ({how} in {measured.source}: {times})")
+    return Choice(picked == "fused", n, f"{picked} ({how} in {measured.source}: {times})", tiles)

@@ -3,12 +3,14 @@ shape, written by `gc3 bench --fused`, read back for the README's table and plot
 
     fused op=gemm_rs gpus=4 M=8192 K=28672 N=8192 dtype=bfloat16 auto_us=... fused_us=... seq_nccl_us=...
           symm_us=... gemm_us=... comm_nccl_us=... comm_fused_us=... host_us=... seq_host_us=...
-          graph_fused_us=... graph_seq_nccl_us=... seq_gc3_us=... path=fused|sequential check=ok hw=4xH100
-          date=YYYY-MM-DD
+          graph_fused_us=... graph_seq_nccl_us=... seq_gc3_us=... graph_auto_us=... fused_ce_us=... host_ce_us=...
+          path=fused|sequential check=ok hw=4xH100 date=YYYY-MM-DD
 
 Times are microseconds per call; a field that does not apply is `n/a` (lines written before a
 field existed lack it).  seq_gc3_us: the operator's sequential path on the gc3 group, the one
-`auto` weighs the fused path against (the memory-bound operators).  The
+`auto` weighs the fused path against (the memory-bound operators).  fused_ce_us, host_ce_us: the fused
+path's eager call with the copy engines carrying the peers' tiles (GC3_FUSED_PEER_TILES=copy-engine,
+GEMM + reduce-scatter, all-reduce, all-to-all), in the same job.  The
 shape fields depend on the operator (M K N for the GEMM family); whatever
 stands between dtype's neighbours is kept as the shape.
 """
@@ -23,7 +25,8 @@ from gc3.errors import InputError
 from .choice import SIZE_AXIS
 
 FIELDS = ("auto_us", "fused_us", "seq_nccl_us", "symm_us", "gemm_us", "comm_nccl_us", "comm_fused_us", "host_us",
-          "seq_host_us", "graph_fused_us", "graph_seq_nccl_us", "seq_gc3_us", "graph_auto_us")
+          "seq_host_us", "graph_fused_us", "graph_seq_nccl_us", "seq_gc3_us", "graph_auto_us", "fused_ce_us",
+          "host_ce_us")
 _FIXED = ("op", "gpus", "dtype", "path", "check", "hw", "date") + FIELDS
 
 

@@ -28,6 +28,7 @@ several chunk counts on the gc3 group and writes the faster into a catalog's
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -57,11 +58,17 @@ OPS = choice.OPS[:4]          # the GEMM family; the memory-bound operators foll
 # Each GEMM operator's function in the fused pipelines (ops._pipeline).
 PIPELINE_RUNS = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce",
                  "gemm_a2a": "matmul_all_to_all"}
+# The operators whose tile-store GEMM can leave its peers' tiles to the copy engines
+# (tile_store._CopyPlan): the benchmark times them that way too, in the same job.
+COPY_ENGINE_OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
 # The M at which the benchmark also traces one fused call and reports its overlap.
 TRACE_M = 8192
 TUNE_CHUNKS = (2, 4, 8)
 # auto goes fused only where fused beat the sequential path by this much.
 FUSED_MARGIN = 0.98
+# The copy engines carry an eager call's peer tiles only where they beat the GEMM's own stores
+# by this much (they take more driver work, and a graph a shape).
+PEER_TILES_MARGIN = 0.99
 FIELDS = records.FIELDS
 
 
@@ -319,21 +326,33 @@ class Timer:
         self._max(0.0)          # a CPU all-reduce: every rank starts the round together
 
     def device(self, fn: Optional[Callable]) -> Optional[float]:
-        if fn is None:
-            return None
-        for _ in range(self.warmup):
-            fn()
-        per = []
+        return self.devices([fn])[0]
+
+    def devices(self, fns: Sequence[Optional[Callable]],
+                settings: Optional[Sequence[Optional[str]]] = None) -> List[Optional[float]]:
+        """Each path's time, their rounds taken in turn (A B C A B C ...): a GPU's clock drifts
+        over a job (it heats up), and paths timed one after the other then differ by where
+        they stood in the job (4-7% between two runs of one path on 2x H200).  `settings`: a
+        path's GC3_FUSED_PEER_TILES, around its calls (None: as it is)."""
+        settings = settings or [None] * len(fns)
+        live = [(i, fn, m) for i, (fn, m) in enumerate(zip(fns, settings)) if fn is not None]
+        per: List[List[float]] = [[] for _ in fns]
+        for _, fn, m in live:
+            with _peer_tiles(m):
+                for _ in range(self.warmup):
+                    fn()
         for _ in range(self.rounds):
-            self._sync()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(self.calls):
-                fn()
-            e.record()
-            e.synchronize()
-            per.append(s.elapsed_time(e) * 1000.0 / self.calls)
-        return self._max(statistics.median(per))
+            for i, fn, m in live:
+                with _peer_tiles(m):
+                    self._sync()
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    for _ in range(self.calls):
+                        fn()
+                    e.record()
+                    e.synchronize()
+                per[i].append(s.elapsed_time(e) * 1000.0 / self.calls)
+        return [self._max(statistics.median(p)) if p else None for p in per]
 
     def host(self, fn: Optional[Callable]) -> Optional[float]:
         if fn is None:
@@ -437,30 +456,62 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     n = chunks or pick.chunks
     # The GEMM half: all-gather + GEMM multiplies the gathered [M, K], the others their own A.
     G_A = torch.randn((case.M, A.shape[1]), device=A.device).to(A.dtype) if case.op == "ag_gemm" else A
+    # fused and host: the GEMM's own stores of the peers' tiles, unless GC3_FUSED_PEER_TILES
+    # says otherwise (a measured catalog may pick the copy engines for auto); fused_ce: the copy
+    # engines.  The headline's paths are timed in turn.
+    mode = os.environ.get("GC3_FUSED_PEER_TILES") or "store"
+    ce = case.op in COPY_ENGINE_OPS
+    fused_us, auto_us, seq_us, ce_us = timer.devices([fused, auto, seq, fused if ce else None],
+                                                     [mode, None, None, "copy-engine"])
+    with _peer_tiles(mode):
+        host_us = timer.host(fused)
     v = {
-        "fused_us": timer.device(fused),
-        "auto_us": timer.device(auto),
-        "seq_nccl_us": timer.device(seq),
+        "fused_us": fused_us,
+        "auto_us": auto_us,
+        "seq_nccl_us": seq_us,
         "symm_us": timer.device(symm_call(case, A, B, nccl)),
         "gemm_us": timer.device(lambda: G_A @ B),
         "comm_nccl_us": timer.device(comm_call(case, A, B, nccl) if nccl is not None else None),
         "comm_fused_us": timer.device(comm_call(case, A, B, job.gc3, n, fused=True)),
-        "host_us": timer.host(fused),
+        "host_us": host_us,
         "seq_host_us": timer.host(seq),
         "graph_fused_us": timer.graph(fused, "fused"),
         "graph_seq_nccl_us": timer.graph(seq, "seq-nccl"),
         "graph_auto_us": timer.graph(auto, "auto"),     # what auto decides for a captured call (choice.decided)
     }
-    v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
-    got = fused()
     reference = (seq or seq_call(case, A, B, job.gc3))()
-    return v, ("fused" if pick.fused else "sequential"), _check(job, case, got, reference)
+    checks = []
+    if ce:
+        v["fused_ce_us"] = ce_us
+        with _peer_tiles("copy-engine"):
+            v["host_ce_us"] = timer.host(fused)
+            checks.append(_check(job, case, fused(), reference))
+    v["overlap"] = _overlap(fused) if case.M == TRACE_M else None
+    checks.insert(0, _check(job, case, fused(), reference))
+    return v, ("fused" if pick.fused else "sequential"), next((c for c in checks if c != "ok"), "ok")
+
+
+@contextlib.contextmanager
+def _peer_tiles(mode: Optional[str]):
+    """GC3_FUSED_PEER_TILES=mode inside (read by every call; None: as it is), as it was after."""
+    if mode is None:
+        yield
+        return
+    before = os.environ.get("GC3_FUSED_PEER_TILES")
+    os.environ["GC3_FUSED_PEER_TILES"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["GC3_FUSED_PEER_TILES"]
+        else:
+            os.environ["GC3_FUSED_PEER_TILES"] = before
 
 
 def header() -> str:
     return (f"{'op':9} {'G':>2} {'M':>6} {'K':>6} {'N':>6} {'seq_nccl':>9} {'symm':>8} {'fused':>8} {'auto':>8} "
             f"{'gemm':>8} {'c_nccl':>8} {'c_fused':>8} {'host':>7} {'s_host':>7} {'seq/auto':>8} {'seq/fused':>9} "
-            f"{'E':>5} {'ovl':>4} {'path':>10} check")
+            f"{'E':>5} {'ovl':>4} {'f_ce':>8} {'h_ce':>7} {'path':>10} check")
 
 
 def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str:
@@ -476,8 +527,8 @@ def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str
     ovl = f"{ovl:4.2f}" if ovl is not None else " n/a"
     return (f"{case.op:9} {case.G:>2} {case.M:>6} {case.K:>6} {case.N:>6} {f('seq_nccl_us', 9)} {f('symm_us')} "
             f"{f('fused_us')} {f('auto_us')} {f('gemm_us')} {f('comm_nccl_us')} {f('comm_fused_us')} "
-            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {ovl} {path:>10} "
-            f"{check}")
+            f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {ovl} "
+            f"{f('fused_ce_us')} {f('host_ce_us', 7)} {path:>10} {check}")
 
 
 def parse_shape(spec: str) -> Tuple[str, Dict[str, str]]:
@@ -572,6 +623,11 @@ def _faster(fused_us: Optional[float], seq_us: float) -> str:
     return "fused" if fused_us is not None and fused_us < FUSED_MARGIN * seq_us else "sequential"
 
 
+def _peer_tiles_faster(ce_us: Optional[float], store_us: float) -> str:
+    """The copy engines where they beat the GEMM's own stores by PEER_TILES_MARGIN."""
+    return "copy-engine" if ce_us is not None and ce_us < PEER_TILES_MARGIN * store_us else "store"
+
+
 def _us(v: Optional[float]) -> str:
     return "n/a" if v is None else f"{v:9.1f} us"
 
@@ -607,9 +663,13 @@ def entries_from_records(rows: Sequence[dict], gpus: int, ops: Sequence[str]) ->
         # The catalog keys a shape by the operands one rank holds (the tune's A and B).
         shape = {"M": d["M"], "K": d["K"] // gpus if r["op"] in ("gemm_rs", "gemm_ar") else d["K"],
                  "N": d["N"] // gpus if r["op"] == "ag_gemm" else d["N"]}
-        e = {"op": r["op"], "gpus": gpus, "dtype": "bfloat16", "shape": shape,
-             "path": _faster(r["fused_us"], r["auto_us"]), "chunks": 1, "fused_us": r["fused_us"],
-             "sequential_us": r["auto_us"]}
+        fused_us = r["fused_us"]
+        e = {"op": r["op"], "gpus": gpus, "dtype": "bfloat16", "shape": shape}
+        if r.get("fused_ce_us"):
+            e.update(peer_tiles=_peer_tiles_faster(r["fused_ce_us"], fused_us), fused_store_us=fused_us,
+                     fused_ce_us=r["fused_ce_us"])
+            fused_us = r["fused_ce_us"] if e["peer_tiles"] == "copy-engine" else fused_us
+        e.update(path=_faster(fused_us, r["auto_us"]), chunks=1, fused_us=fused_us, sequential_us=r["auto_us"])
         if r.get("graph_fused_us") and r.get("graph_auto_us"):
             e.update(graph_path=_faster(r["graph_fused_us"], r["graph_auto_us"]), graph_fused_us=r["graph_fused_us"],
                      graph_sequential_us=r["graph_auto_us"])
@@ -646,13 +706,25 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
         case = Case(op, M, K, N, job.size, job.device)
         A, B = case.operands(job.rank)
         seq = fused_call(case, A, B, job.gc3, "sequential")
-        seq_us = timer.device(seq)
-        best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c)
-                    for c in _chunk_counts(case, A, B, job.gc3)))
-        e = {"op": op, "gpus": job.size, "dtype": "bfloat16", "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]},
-             "path": _faster(best[0], seq_us), "chunks": best[1], "fused_us": round(best[0], 1),
-             "sequential_us": round(seq_us, 1)}
-        said = f"sequential {_us(seq_us)}, fused {_us(best[0])} ({best[1]} chunks): {e['path']}"
+        counts = _chunk_counts(case, A, B, job.gc3)
+        e = {"op": op, "gpus": job.size, "dtype": "bfloat16", "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]}}
+        tiles = ""
+        if op in COPY_ENGINE_OPS and counts == (1,):
+            # The tile-store GEMM (it takes no chunks): its peers' tiles stored, or carried by
+            # the copy engines, timed in turn with the sequential path.
+            one = fused_call(case, A, B, job.gc3, "fused", 1)
+            seq_us, store, ce = timer.devices([seq, one, one], [None, "store", "copy-engine"])
+            e.update(peer_tiles=_peer_tiles_faster(ce, store), fused_store_us=round(store, 1),
+                     fused_ce_us=round(ce, 1))
+            tiles = f"; stores {_us(store)}, copy engines {_us(ce)}: {e['peer_tiles']}"
+            best = (ce if e["peer_tiles"] == "copy-engine" else store, 1)
+        else:
+            seq_us = timer.device(seq)
+            with _peer_tiles("store"):
+                best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in counts))
+        e.update(path=_faster(best[0], seq_us), chunks=best[1], fused_us=round(best[0], 1),
+                 sequential_us=round(seq_us, 1))
+        said = f"sequential {_us(seq_us)}, fused {_us(best[0])} ({best[1]} chunks{tiles}): {e['path']}"
         # Replayed at the eager call's best chunk count.
         said += _graph_decision(timer, e, seq, fused_call(case, A, B, job.gc3, "fused", best[1]))
         entries.append(e)

@@ -178,11 +178,13 @@ def _choose(op: str, pg, dtype: torch.dtype, shape: dict, path: Optional[str], c
     return got
 
 
-def _pipeline(run: str):
+def _pipeline(run: str, peer_tiles: str = "store"):
     """The function `run` of the fused path's pipeline: tile_store.py's (the GEMM stores its
     tiles into the peers) by default where it has one, overlap.py's (the group's collectives
     beside the GEMM) under GC3_FUSED_EXCHANGE=collective, or copy_engine.py's under
-    GC3_FUSED_EXCHANGE=copy-engine where it has one and no CUDA graph is being captured."""
+    GC3_FUSED_EXCHANGE=copy-engine where it has one and no CUDA graph is being captured.
+    `peer_tiles`: how the tile-store GEMM sends the peers' tiles of an eager call where
+    GC3_FUSED_PEER_TILES does not say (the measured choice's)."""
     exchange = settings.get("GC3_FUSED_EXCHANGE")
     if exchange == "copy-engine" and not _capturing():
         from . import copy_engine
@@ -191,7 +193,7 @@ def _pipeline(run: str):
     if exchange == "tile-store":
         from . import tile_store
         if run in tile_store.RUNS:
-            return functools.partial(_tile_store, run)
+            return functools.partial(_tile_store, run, peer_tiles)
     return getattr(overlap, run)
 
 
@@ -221,7 +223,7 @@ def _operand_refusal(pg, op: str, A: torch.Tensor, B: torch.Tensor) -> str:
     return why
 
 
-def _tile_store(run: str, pg, A: torch.Tensor, B, *rest):
+def _tile_store(run: str, peer_tiles: str, pg, A: torch.Tensor, B, *rest):
     """tile_store.py's `run` where it serves the call, else overlap.py's (logged).  The
     arguments are overlap.py's: B is one matrix, or for all_gather_matmul the list of them."""
     from . import tile_store
@@ -237,6 +239,8 @@ def _tile_store(run: str, pg, A: torch.Tensor, B, *rest):
         _log().info("gc3 torch %s: the tile-store GEMM cannot serve this call (%s); the collectives beside "
                     "cuBLAS run instead", what, why)
         return getattr(overlap, run)(pg, A, B, *rest)
+    if op in tile_store.PEER_TILE_OPS:
+        return getattr(tile_store, run)(pg, A, B, *rest, peer_tiles=peer_tiles)
     return getattr(tile_store, run)(pg, A, B, *rest)
 
 
@@ -291,7 +295,7 @@ def _gemm_fused(op: str, what: str, pg, A, B, path, chunks, run: str, reduce_op:
     if why:
         return None, why
     _decided(what, pick)
-    n, size, pipeline = pick.chunks, pg.size(), _pipeline(run)
+    n, size, pipeline = pick.chunks, pg.size(), _pipeline(run, pick.peer_tiles)
 
     def fused(A, B):
         out = pipeline(pg, A.contiguous(), B.contiguous(), n, what)

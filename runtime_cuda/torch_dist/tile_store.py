@@ -63,12 +63,19 @@ BM, BN, BK, STAGES, WARPS, GROUP_M = 128, 256, 64, 3, 8, 8
 # The halves tile_shape falls back to: one warpgroup's MMA is 64 rows high.
 MIN_BM, MIN_BN = 64, 128
 MAX_RANKS = 8
+# GC3_FUSED_PEER_TILES=copy-engine: a peer's chunks at most, in whole groups of GROUP_M row
+# blocks.  A chunk is copied only once all its tiles are done, so more of them end the copies
+# sooner after the GEMM; each is a wait and two copies more a call (a graph's nodes, or without
+# graphs three driver calls of about 7 us each on 2x H200).
+COPY_CHUNKS = 4
 # All-gather + GEMM: the columns of A one copy step moves (a block of BM x COPY_COLUMNS).
 COPY_COLUMNS = 128
 # Shapes whose tables a group keeps (their mapped buffers stay with the group).
 TABLE_SHAPES = 32
 
 OPS = ("gemm_rs", "gemm_ar", "gemm_a2a", "ag_gemm")
+# Those whose peers' tiles the copy engines may carry (_CopyPlan): their first hop is the same.
+PEER_TILE_OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,6 +146,12 @@ def tile_shape(M: int, N: int, G: int, sms: int, asked: Optional[Tuple[int, int]
         if 2 * _tiles(M, N, bm, bn) > sms:
             return bm, bn
     return shapes[-1]
+
+
+def chunk_blocks(row_blocks: int) -> int:
+    """Row blocks of one copy-engine chunk of a rank's `row_blocks` (COPY_CHUNKS)."""
+    groups = -(-row_blocks // GROUP_M)
+    return GROUP_M * -(-groups // COPY_CHUNKS)
 
 
 def span(M: int, G: int, bm: int) -> int:
@@ -262,10 +275,10 @@ def _kernels():
     @triton.jit
     def _own_rows(A, b_desc, out, table, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
                   target, failed, dead, DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, CE: tl.constexpr):
-        """gemm_exchange where a tile's rows are one rank's.  CE: a peer's tile is stored here, in
-        the outbox, and counted in its chunk of GROUP_M row blocks; a copy engine carries each
-        counted chunk, then its flags, to the peer (_CopyPlan)."""
+                  BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, CHUNK: tl.constexpr):
+        """gemm_exchange where a tile's rows are one rank's.  CHUNK > 0: a peer's tile is stored
+        here, in the outbox, and counted in its chunk of CHUNK row blocks; a copy engine carries
+        each counted chunk, then its flags, to the peer (_CopyPlan)."""
         a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         HALF: tl.constexpr = BN // 2
         QUARTER: tl.constexpr = BN // 4
@@ -289,24 +302,24 @@ def _kernels():
         peer_tiles = (G - 1) * T
         pending = flags
         bump = flags
-        chunks = tl.cdiv(rb, GROUP_M)
+        chunks = tl.cdiv(rb, tl.maximum(CHUNK, 1))
         for t in tl.range(me, peer_tiles, grid):
             pid_l, pid_n = _place(t, (G - 1) * rb, pn, GROUP_M)
             pid_m = (first_block + pid_l) % pm
             acc = _tile(a_desc, b_desc, pid_m * BM, pid_n * BN, kt, BM, BN, BK)
             d = pid_m // rb
             lb = pid_m - d * rb
-            if CE:
+            if CHUNK:
                 _landed(pending, bump, target, t != me)
                 box = _at(table, 5 * G + 5, DT) + d.to(tl.int64) * rows * N
                 _rows(box, rows, N, BM, BN).store([lb * BM, pid_n * BN], acc.to(DT))
                 pending = _at(table, 5 * G + 6, tl.int32) + (d * T + lb * pn + pid_n)
-                bump = _at(table, 5 * G + 7, tl.int32) + (d * chunks + lb // GROUP_M)
+                bump = _at(table, 5 * G + 7, tl.int32) + (d * chunks + lb // CHUNK)
             else:
                 _signal(pending, target, t != me)
                 _rows(_at(table, par * G + d, DT), rows, N, BM, BN).store([lb * BM, pid_n * BN], acc.to(DT))
                 pending = _at(table, 4 * G + 4 + d, tl.int32) + (rank * T + lb * pn + pid_n)
-        if CE:
+        if CHUNK:
             _landed(pending, bump, target, me < peer_tiles)
         else:
             _signal(pending, target, me < peer_tiles)
@@ -447,7 +460,7 @@ def _kernels():
     @triton.jit
     def gemm_exchange(A, B, out, table, cnt, M, N, K, rows, first_block, rank, timeout_ns, ident,
                       DT: tl.constexpr, G: tl.constexpr, OP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr, GROUP_M: tl.constexpr, SPAN: tl.constexpr, CE: tl.constexpr):
+                      BK: tl.constexpr, GROUP_M: tl.constexpr, SPAN: tl.constexpr, CHUNK: tl.constexpr):
         """A [M, K] @ B [K, N], one call of OP (0 reduce-scatter, 1 all-reduce, 2 all-to-all).
         The tile of rows r belongs to rank d = r // rows.  First the peers' tiles, each stored
         into this rank's slot at its owner and flagged there; then the own ones, each summed
@@ -468,7 +481,7 @@ def _kernels():
                       failed, dead, DT, G, OP, BM, BN, BK, GROUP_M)
         else:
             _own_rows(A, b_desc, out, table, M, N, K, rows, first_block, rank, timeout_ns, ident, me, grid, par,
-                      target, failed, dead, DT, G, OP, BM, BN, BK, GROUP_M, CE)
+                      target, failed, dead, DT, G, OP, BM, BN, BK, GROUP_M, CHUNK)
         tl.store(cnt + me, c + 1)
 
     @triton.jit
@@ -675,8 +688,9 @@ class _Shape:
         for d in range(G):
             t[4 * G + 4 + d] = st.buf("flags", d, 0)
         t[5 * G + 4] = group.watchdog.failed_ptr
-        # Copy-engine chunks a peer, of GROUP_M row blocks.
-        self.chunks = -(-(self.rows // self.bm) // GROUP_M) if ce else 0
+        # Copy-engine chunks: row blocks a chunk, and a peer's chunks.
+        self.chunk = chunk_blocks(self.rows // self.bm) if ce else 0
+        self.chunks = -(-(self.rows // self.bm) // self.chunk) if ce else 0
         if ce:
             # The outbox (the peers' tiles, [G][rows][N]), their flags as the peers will hold
             # them ([G][T]) and the tiles counted a chunk ([G][chunks]): this rank's alone.
@@ -691,7 +705,7 @@ class _Shape:
         self.kernel = "gemm_exchange"
         self.scalars = (self.M, self.N, self.K, self.rows, ((me + 1) % G) * (self.rows // self.bm), me)
         self.constexprs = dict(G=G, OP=OPS.index(op), BM=self.bm, BN=self.bn, BK=BK, GROUP_M=GROUP_M, SPAN=self.span,
-                               CE=int(ce))
+                               CHUNK=self.chunk)
         # One more word: set once a wait of this shape gave up (the group is then failed).
         return st, t, self.grid + 1
 
@@ -741,21 +755,26 @@ class _Shape:
 
 
 class _CopyPlan:
-    """The copy engines' part of a GEMM + reduce-scatter call whose peer tiles stay in the
-    outbox (GC3_FUSED_PEER_TILES=copy-engine): a stream a peer, on which each chunk of GROUP_M
-    row blocks for that peer, once the kernel has counted all its tiles, is copied into this
-    rank's slot at the peer, then its tiles' flags after it (copies on one stream land in
-    order), which is all the peer's sum waits for.  A link's stores then come from a copy
-    engine instead of the GEMM's SMs, which stall on them (docs/history.md).  The waits are
-    queued after the kernel: a wait queued first could hold the kernel back where the streams
-    share a hardware queue; the streams are the plan's own for the same reason.  The values the
-    waits and the slots' parity need are the call's number, which the host counts
-    (ShapeState.epoch) as the kernel does, so such a call cannot be captured.  A stream memory
+    """The copy engines' part of a call whose peer tiles stay in the outbox
+    (GC3_FUSED_PEER_TILES=copy-engine): a stream a peer, on which each chunk of a peer's rows
+    (chunk_blocks), once the kernel has counted all its tiles, is copied into this rank's slot at
+    the peer, then its tiles' flags after it (copies on one stream land in order), which is all
+    the peer's sum or copy waits for.  A link's stores then come from a copy engine instead of
+    the GEMM's SMs, which stall on them (docs/history.md).
+
+    The waits are queued after the kernel: a wait queued first could hold the kernel back where
+    the streams share a hardware queue; the streams are the plan's own for the same reason.  A
+    wait is for the chunk's count to reach its tiles, and the count is then put back to 0, so
+    every call queues the same work but for the slots' parity; the call's number, which the host
+    counts (ShapeState.epoch), picks it, so such a call cannot be captured.  That work is a CUDA
+    graph per parity, captured on the first call: one driver call replays a call's waits and
+    copies for every peer (queued one by one, they cost about 7 us of host time each on 2x
+    H200).  Where the driver cannot capture them they are queued one by one.  A stream memory
     wait cannot time out; these are always met, since the kernel counts every peer tile before
     it waits for anything (its own waits time out as the store path's do)."""
 
     def __init__(self, sh: "_Shape", item: int):
-        st, G, me, rows, N = sh.state, sh.G, sh.rank, sh.rows, sh.N
+        st, G, me, rows, N, ch = sh.state, sh.G, sh.rank, sh.rows, sh.N, sh.chunk
         outbox, shadow, counts = st.kept["outbox"]
         rb = rows // sh.bm
         pn = -(-N // sh.bn)
@@ -771,7 +790,7 @@ class _CopyPlan:
             d = (me + j) % G
             steps = []
             for c in range(chunks):
-                lo, hi = c * GROUP_M, min(rb, (c + 1) * GROUP_M)
+                lo, hi = c * ch, min(rb, (c + 1) * ch)
                 at = lo * sh.bm * N * item
                 steps.append((counts.data_ptr() + 4 * (d * chunks + c), (hi - lo) * pn,
                               [st.buf("stage", d, p) + me * slot + at for p in range(2)],
@@ -779,32 +798,65 @@ class _CopyPlan:
                               st.buf("flags", d, 0) + 4 * (me * T + lo * pn),
                               shadow.data_ptr() + 4 * (d * T + lo * pn), 4 * (hi - lo) * pn))
             self.peers.append((d, steps))
-        self.streams: List[torch.cuda.Stream] = []
+        # Made on the first call: the stream the graphs go on, an event, a stream a peer with
+        # its steps' addresses in the driver's form, and a graph a parity (None: queued).
+        self.origin = self.event = None
+        self.queues: List[Tuple] = []
+        self.graphs: List = []
+
+    def _make(self) -> None:
+        from runtime_cuda.core import cudadriver
+
+        # torch's current stream through its raw getter: torch.cuda.current_stream builds an
+        # object, several us a call.
+        self.caller = functools.partial(torch._C._cuda_getCurrentRawStream,
+                                        torch.cuda._get_device_index(self.device, optional=True))
+        with torch.cuda.device(self.device):
+            self.origin, self.event = cudadriver.new_stream(), cudadriver.new_event()
+            for _, steps in self.peers:
+                made = []
+                for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+                    count, src, flags, shadow, *data = cudadriver.pointers(count, src, flags, shadow, *data)
+                    made.append((count, per, data, src, nbytes, flags, shadow, fbytes))
+                self.queues.append((cudadriver.new_stream(), made))
+            try:
+                self.graphs = [cudadriver.graph(self.origin, functools.partial(self._queue, par))
+                               for par in range(2)]
+            except RuntimeError as exc:
+                _log().info("gc3 torch: the copy engines' work could not be captured as a CUDA graph (%s); "
+                            "it is queued call by call", exc)
+                self.graphs = [None, None]
+
+    def _queue(self, par: int) -> None:
+        """A call's waits and copies for slots of parity `par`, each peer's on its stream, forked
+        from and joined back to the origin stream."""
+        from runtime_cuda.core import cudadriver
+
+        for stream, steps in self.queues:
+            cudadriver.join(stream, self.event, self.origin)
+            for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+                cudadriver.wait_value32(stream, count, per)
+                cudadriver.write_value32(stream, count, 0)
+                cudadriver.copy(stream, data[par], src, nbytes)
+                cudadriver.copy(stream, flags, shadow, fbytes)
+            cudadriver.join(self.origin, self.event, stream)
 
     def run(self, launch: Callable[[], None]) -> None:
         """`launch` (the kernel, on torch's current stream), then the copies; the current stream
         then waits for them."""
         from runtime_cuda.core import cudadriver
 
+        if self.origin is None:
+            self._make()
         st = self.state
-        calls = st.epoch + 1
         launch()
-        st.epoch = calls
-        par = (calls - 1) & 1
-        main = torch.cuda.current_stream(self.device)
-        if not self.streams:
-            # Streams of their own: torch's pool hands the same few streams out again, and a
-            # wait queued on the caller's own stream, behind the kernel, would never be met.
-            with torch.cuda.device(self.device):
-                self.streams = [torch.cuda.ExternalStream(cudadriver.new_stream(), device=self.device)
-                                for _ in self.peers]
-        for stream, (_, steps) in zip(self.streams, self.peers):
-            raw = stream.cuda_stream
-            for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
-                cudadriver.wait_value32(raw, count, calls * per)
-                cudadriver.copy(raw, data[par], src, nbytes)
-                cudadriver.copy(raw, flags, shadow, fbytes)
-            main.wait_stream(stream)
+        st.epoch += 1
+        par = (st.epoch - 1) & 1
+        if self.graphs[par] is None:
+            self._queue(par)
+        else:
+            cudadriver.graph_launch(self.graphs[par], self.origin)
+        cudadriver.join(self.caller(), self.event, self.origin)
 
 
 def _direct(compiled, grid: int, values: Tuple, device: torch.device, kept: Dict, name: Tuple) -> Callable:
@@ -883,9 +935,9 @@ def check(pg) -> None:
         group.watchdog.check()
 
 
-def _call(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Tensor:
+def _call(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str, peer_tiles: str) -> torch.Tensor:
     check(pg)
-    sh = _shape(pg, op, A, B, what, op == "gemm_rs" and _copy_engines())
+    sh = _shape(pg, op, A, B, what, _copy_engines(peer_tiles))
     out = A.new_empty((sh.rows if op == "gemm_rs" else sh.M, sh.N))
     if sh.copies is None:
         sh.launch(A, B, out)
@@ -894,12 +946,13 @@ def _call(pg, op: str, A: torch.Tensor, B: torch.Tensor, what: str) -> torch.Ten
     return out
 
 
-def _copy_engines() -> bool:
-    """Whether this call's peer tiles go by copy engine: asked for, an eager call, and the
-    driver's stream memory operations at hand."""
+def _copy_engines(measured: str = "store") -> bool:
+    """Whether this call's peer tiles go by copy engine: asked for (GC3_FUSED_PEER_TILES, where
+    unset the `measured` choice for the shape), an eager call, and the driver's stream memory
+    operations at hand."""
     from runtime_cuda.core import cudadriver
 
-    if settings.get("GC3_FUSED_PEER_TILES") != "copy-engine" or torch.cuda.is_current_stream_capturing():
+    if (settings.get("GC3_FUSED_PEER_TILES") or measured) != "copy-engine" or torch.cuda.is_current_stream_capturing():
         return False
     if cudadriver.driver() is None:
         _no_driver()
@@ -918,19 +971,22 @@ def _log():
     return get_logger()
 
 
-def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+def matmul_reduce_scatter(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str,
+                          peer_tiles: str = "store") -> torch.Tensor:
     """rows r of sum_s A_s @ B_s (sum over ranks), [M/G, N]; A [M, K_r], B [K_r, N] contiguous."""
-    return _call(pg, "gemm_rs", A, B, what)
+    return _call(pg, "gemm_rs", A, B, what, peer_tiles)
 
 
-def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+def matmul_all_reduce(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str,
+                      peer_tiles: str = "store") -> torch.Tensor:
     """sum_s A_s @ B_s on every rank, [M, N]."""
-    return _call(pg, "gemm_ar", A, B, what)
+    return _call(pg, "gemm_ar", A, B, what, peer_tiles)
 
 
-def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str) -> torch.Tensor:
+def matmul_all_to_all(pg, A: torch.Tensor, B: torch.Tensor, chunks: int, what: str,
+                      peer_tiles: str = "store") -> torch.Tensor:
     """all_to_all_single(A @ B): row block q of the result came from rank q (equal blocks)."""
-    return _call(pg, "gemm_a2a", A, B, what)
+    return _call(pg, "gemm_a2a", A, B, what, peer_tiles)
 
 
 class Trace:

@@ -8,9 +8,9 @@ rank in its own process, on GPU 0 (ranks sharing it) or, with --spread, GPU rank
   all-gather's A equal to every rank's shard (and not made when return_A is off), and the
   tile-store path shown to have served them;
 - five calls of each in a row on new inputs (both parities of the buffers, twice);
-- GEMM + reduce-scatter with the peers' tiles carried by the copy engines
-  (GC3_FUSED_PEER_TILES=copy-engine) at the three shapes, five calls each, bit-identical to the
-  GEMM's own stores, then back to back (and on each stream of torch's pool in turn)
+- GEMM + reduce-scatter, + all-reduce and + all-to-all with the peers' tiles carried by the copy
+  engines (GC3_FUSED_PEER_TILES=copy-engine) at the three shapes, five calls each, bit-identical
+  to the GEMM's own stores, the copies replayed as CUDA graphs, then back to back (and on each stream of torch's pool in turn)
   with the GEMM's own stores, alternating, checked only at the end;
 - GC3_FUSED_TRACE at one M = 8192 all-gather: at least half of the pushes' time inside tiles;
 - CUDA-graph capture of each and two replays on new inputs (spanning tiles too);
@@ -108,43 +108,47 @@ for op, call in CALLS.items():
                 assert torch.equal(last_A[0], gathered(shape, seed)), f"rank {rank}: the gathered A of {shape}"
         assert tile_store.ready(pg, op, a, b), f"rank {rank}: the tile-store path did not serve {op} {shape}"
     passed(f"{op} served by the tile-store GEMM")
-# The copy engines carry the peers' tiles (eager GEMM + reduce-scatter calls).
-rs = CALLS["gemm_rs"]
+# The copy engines carry the peers' tiles (eager calls of the three exchange operators).
+EXCHANGES = ("gemm_rs", "gemm_ar", "gemm_a2a")
 os.environ["GC3_FUSED_PEER_TILES"] = "copy-engine"
-for shape in SHAPES[:3]:
-    for seed in range(50, 55):
-        a, b = operands("gemm_rs", shape, seed)
-        got = rs(a, b, path="fused")
-        close(f"gemm_rs copy engines {shape} call {seed}", got, reference("gemm_rs", shape, seed),
-              rs(a, b, path="sequential"))
-        os.environ["GC3_FUSED_PEER_TILES"] = "store"
-        assert torch.equal(got, rs(a, b, path="fused")), f"rank {rank}: copy engines and stores differ, {shape}"
-        os.environ["GC3_FUSED_PEER_TILES"] = "copy-engine"
-    kept = pg.__dict__["_gc3_tile_store"][tile_store._key("gemm_rs", a, b, G) + (True,)]
-    assert kept.copies is not None, f"rank {rank}: the copy engines did not serve gemm_rs {shape}"
+for op in EXCHANGES:
+    for shape in SHAPES[:3]:
+        for seed in range(50, 55):
+            a, b = operands(op, shape, seed)
+            got = CALLS[op](a, b, path="fused")
+            close(f"{op} copy engines {shape} call {seed}", got, reference(op, shape, seed),
+                  CALLS[op](a, b, path="sequential"))
+            if op == "gemm_ar":
+                torch_rank.same_on_all_ranks(f"{op} copy engines {shape} call {seed}", got)
+            os.environ["GC3_FUSED_PEER_TILES"] = "store"
+            assert torch.equal(got, CALLS[op](a, b, path="fused")), f"rank {rank}: {op} copy engines and stores differ"
+            os.environ["GC3_FUSED_PEER_TILES"] = "copy-engine"
+        kept = pg.__dict__["_gc3_tile_store"][tile_store._key(op, a, b, G) + (True,)]
+        assert kept.copies is not None, f"rank {rank}: the copy engines did not serve {op} {shape}"
+        assert None not in kept.copies.graphs, f"rank {rank}: the copies of {op} {shape} were not captured as graphs"
 results = []
-for i in range(10):
-    shape = SHAPES[i % 3]
+for i in range(15):
+    op, shape = EXCHANGES[i % 3], SHAPES[(i // 3) % 3]
     os.environ["GC3_FUSED_PEER_TILES"] = ("store", "copy-engine")[i % 2]
-    a, b = operands("gemm_rs", shape, 60 + i)
-    results.append((shape, 60 + i, rs(a, b, path="fused")))
+    a, b = operands(op, shape, 60 + i)
+    results.append((op, shape, 60 + i, CALLS[op](a, b, path="fused")))
 # On every stream of torch's pool in turn (the copies' streams must never be the caller's).
 for i in range(34):
-    shape = SHAPES[0]
+    op, shape = EXCHANGES[i % 3], SHAPES[0]
     s = torch.cuda.Stream()
     s.wait_stream(user)
     torch.cuda.set_stream(s)
-    a, b = operands("gemm_rs", shape, 80 + i)
-    results.append((shape, 80 + i, rs(a, b, path="fused")))
+    a, b = operands(op, shape, 80 + i)
+    results.append((op, shape, 80 + i, CALLS[op](a, b, path="fused")))
     user.wait_stream(s)
     torch.cuda.set_stream(user)
 del os.environ["GC3_FUSED_PEER_TILES"]
 torch.cuda.synchronize()
-for shape, seed, got in results:
-    a, b = operands("gemm_rs", shape, seed)
-    close(f"gemm_rs copy engines back to back {shape} seed {seed}", got, reference("gemm_rs", shape, seed),
-          rs(a, b, path="sequential"))
-passed("gemm_rs with the copy engines carrying the peers' tiles")
+for op, shape, seed, got in results:
+    a, b = operands(op, shape, seed)
+    close(f"{op} copy engines back to back {shape} seed {seed}", got, reference(op, shape, seed),
+          CALLS[op](a, b, path="sequential"))
+passed("the copy engines carrying the peers' tiles")
 
 a, b = operands("ag_gemm", SHAPES[0], 7)
 A, (got,) = ops.fused_all_gather_matmul(a, [b], 0, pg, return_A=False, path="fused")
