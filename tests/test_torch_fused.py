@@ -951,28 +951,6 @@ def test_copy_engines_asked_for_without_a_driver_say_so_and_store(monkeypatch):
     assert tile_store._copy_engines() is False
 
 
-def test_copy_engines_asked_for_without_a_driver_say_so_and_store(monkeypatch):
-    """GC3_FUSED_PEER_TILES=copy-engine where cuda.bindings finds no driver: the GEMM stores the
-    tiles, and the log says why (once); a captured call stores them without a word; unset, stores."""
-    from types import SimpleNamespace
-
-    from runtime_cuda.core import cudadriver
-    from runtime_cuda.torch_dist import tile_store
-    said = []
-    monkeypatch.setattr(tile_store, "_log", lambda: SimpleNamespace(warning=lambda *a: said.append(a[0] % a[1:])))
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert tile_store._copy_engines() is False
-    monkeypatch.setenv("GC3_FUSED_PEER_TILES", "copy-engine")
-    monkeypatch.setattr(cudadriver, "driver", lambda *a: None)
-    tile_store._no_driver.cache_clear()
-    assert tile_store._copy_engines() is False and tile_store._copy_engines() is False
-    assert len(said) == 1 and "cuda-bindings" in said[0], said
-    monkeypatch.setattr(cudadriver, "driver", lambda *a: object())
-    assert tile_store._copy_engines() is True
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert tile_store._copy_engines() is False
-
-
 def test_the_tile_store_trace_measures_the_pushes_inside_the_tiles():
     """overlap.covered, what either pipeline's GC3_FUSED_TRACE reports: the share of the
     transfers' time inside the union of the compute intervals (it can say 0); the all-gather's
