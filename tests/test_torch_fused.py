@@ -5,6 +5,7 @@ record format, and a GPU test that runs every operator on ranks sharing one GPU
 import json
 import os
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -752,25 +753,13 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
     slot 1 of each owner's buffer, its sums in block 1 of every rank's result, it flags each rank's
     own flags and reads its own slots and result; the call counters stay with the group's buffers,
     which every K of (op, M, N, dtype) shares."""
-    from types import SimpleNamespace
-
-    from runtime_cuda.fused.groups import ShapeState
     from runtime_cuda.torch_dist import tile_store
     # As many SMs as the shape has tiles of 128 x 256: tile_shape keeps those.
-    monkeypatch.setattr(tile_store, "_sms", lambda device: 16)
-    monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
     G, me, M, N = 4, 1, 4 * 256, 296
     slot = (M // G) * N * 2
     tiles = (M // G // tile_store.BM) * 2
     keys = []
-    made = {}
-
-    def shape(key, sizes):
-        keys.append((key, sizes))
-        bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
-        return made.setdefault(key, ShapeState(G, sizes, bases, {}))
-    group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
-    pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
+    group, pg, made = _fake_tile_group(monkeypatch, G, me, keys)
     sh = tile_store._Shape(group, pg, "gemm_ar", M, 200, N, torch.bfloat16)
     st = made[keys[0][0]]
     assert keys[0][1] == {"stage": G * slot, "flags": 4 * 2 * G * tiles, "result": G * slot}
@@ -811,6 +800,27 @@ def test_the_tile_store_table_points_each_rank_at_the_right_peers_slots(monkeypa
     assert tile_store._Shape(group, pg, "ag_gemm", M, 456, N, torch.bfloat16).cnt is not ag.cnt
 
 
+def _fake_tile_group(monkeypatch, G: int, me: int, keys: Optional[list] = None):
+    """(group, pg, the states by key) of rank `me` of `G` for tile_store._Shape without a GPU: 16
+    SMs, bf16, each rank's buffers at made-up addresses (ShapeState), one state per key; the
+    (key, sizes) asked for are appended to `keys`."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.fused.groups import ShapeState
+    from runtime_cuda.torch_dist import tile_store
+    monkeypatch.setattr(tile_store, "_sms", lambda device: 16)
+    monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
+    made = {}
+
+    def shape(key, sizes):
+        if keys is not None:
+            keys.append((key, sizes))
+        bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
+        return made.setdefault(key, ShapeState(G, sizes, bases, {}))
+    group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
+    return group, SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu")), made
+
+
 def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(monkeypatch):
     """GC3_FUSED_PEER_TILES=copy-engine's plan (tile_store._CopyPlan) for the three operators on
     rank 1 of 4: buffers of their own; the kernel's tiles for peer d go to the outbox's block d
@@ -818,23 +828,12 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
     first); each chunk of row blocks waits for its count to reach a call's tiles, goes into slot
     1 of the peer's stage of the call's parity, then its flags into the peer's flags [0][1][tiles],
     which is what the peer's sum or copy reads and waits for."""
-    from types import SimpleNamespace
-
-    from runtime_cuda.fused.groups import ShapeState
     from runtime_cuda.torch_dist import tile_store
-    monkeypatch.setattr(tile_store, "_sms", lambda device: 16)
-    monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
     G, me, N = 4, 1, 296
     rows = 10 * tile_store.BM                       # 10 row blocks: chunks of 8 and 2
     M = G * rows
     pn, T = 2, 10 * 2
-    made = {}
-
-    def shape(key, sizes):
-        bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
-        return made.setdefault(key, ShapeState(G, sizes, bases, {}))
-    group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
-    pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
+    group, pg, _ = _fake_tile_group(monkeypatch, G, me)
     for op in ("gemm_rs", "gemm_ar", "gemm_a2a"):
         plain = tile_store._Shape(group, pg, op, M, 200, N, torch.bfloat16)
         sh = tile_store._Shape(group, pg, op, M, 200, N, torch.bfloat16, True)
@@ -870,22 +869,12 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
     That work is captured once a parity and replayed by one launch a call; where the driver
     cannot capture it, the same work is queued at every call.  Streams and events are made once."""
     import contextlib
-    from types import SimpleNamespace
 
     from runtime_cuda.core import cudadriver
-    from runtime_cuda.fused.groups import ShapeState
     from runtime_cuda.torch_dist import tile_store
-    monkeypatch.setattr(tile_store, "_sms", lambda device: 16)
-    monkeypatch.setattr(tile_store, "_dt", lambda dtype: "bf16")
     G, me, N = 2, 0, 296
     rows = 10 * tile_store.BM
-    made = {}
-
-    def shape(key, sizes):
-        bases = {name: {r: (1 + i) * 10 ** 9 + r * 10 ** 7 for r in range(G)} for i, name in enumerate(sizes)}
-        return made.setdefault(key, ShapeState(G, sizes, bases, {}))
-    group = SimpleNamespace(shape=shape, watchdog=SimpleNamespace(failed_ptr=12345, timeout=5.0, name=lambda what: 7))
-    pg = SimpleNamespace(size=lambda: G, rank=lambda: me, _device=torch.device("cpu"))
+    group, pg, _ = _fake_tile_group(monkeypatch, G, me)
     sh = tile_store._Shape(group, pg, "gemm_rs", G * rows, 200, N, torch.bfloat16, True)
     log, streams = [], iter(["origin", "side"])
 
