@@ -916,6 +916,10 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
             want = ["kernel"] + queued(par)
         assert log == want + [("join", 77, "event", "origin")], call
     assert sh.state.epoch == 3
+    # Another K of the shape (its buffers and its call count are the same) keeps the plan, and
+    # so does the shape made again after the group's table let it go.
+    again = tile_store._Shape(group, pg, "gemm_rs", G * rows, 456, N, torch.bfloat16, True)
+    assert again.copies is sh.copies and again.state is sh.state
 
 
 def test_copy_engines_asked_for_without_a_driver_say_so_and_store(monkeypatch):

@@ -120,6 +120,23 @@ def graph_launch(made, stream) -> None:
     check(cb.cuGraphLaunch(made, _stream(stream)), "cuGraphLaunch")
 
 
+def destroy(*objects) -> None:
+    """Give back streams (after their work), events and instantiated graphs that this module
+    made; errors are ignored (a context already torn down has taken them with it)."""
+    try:
+        cb = driver()
+        for obj in objects if cb is not None else ():
+            if isinstance(obj, cb.CUstream):
+                cb.cuStreamSynchronize(obj)
+                cb.cuStreamDestroy(obj)
+            elif isinstance(obj, cb.CUevent):
+                cb.cuEventDestroy(obj)
+            elif isinstance(obj, cb.CUgraphExec):
+                cb.cuGraphExecDestroy(obj)
+    except Exception:   # interpreter or context teardown
+        pass
+
+
 def new_stream():
     """A stream of its own on the current context (non-blocking), never one shared from a pool:
     a stream that waits on a value must not be the stream the value's writer runs on."""

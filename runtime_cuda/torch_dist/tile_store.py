@@ -46,6 +46,7 @@ pipeline, and `refusal` says why.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -664,7 +665,13 @@ class _Shape:
         self.ident = group.watchdog.name(f"the tile-store wait of {op} {M}x{K}x{N}")
         # The compiled kernel's launch, per value of the constexprs a call passes.
         self._runs: Dict[Tuple, Callable] = {}
-        self.copies = _CopyPlan(self, item) if ce else None
+        # One plan for the shape's buffers (every K of it), kept with them: a shape evicted from
+        # the group's table and made again finds its streams and graphs.
+        self.copies = None
+        if ce:
+            self.copies = st.kept.get(("copy plan", self.bm, self.bn))
+            if self.copies is None:
+                self.copies = st.kept[("copy plan", self.bm, self.bn)] = _CopyPlan(self, item)
 
     def _exchange(self, group, M: int, N: int, dtype: torch.dtype, item: int, ce: bool):
         G, me, op = self.G, self.rank, self.op
@@ -826,6 +833,9 @@ class _CopyPlan:
                 _log().info("gc3 torch: the copy engines' work could not be captured as a CUDA graph (%s); "
                             "it is queued call by call", exc)
                 self.graphs = [None, None]
+        # Given back with the plan (its group's buffers go then too), not at interpreter exit.
+        made = [self.origin, self.event] + [stream for stream, _ in self.queues] + [g for g in self.graphs if g]
+        weakref.finalize(self, cudadriver.destroy, *made).atexit = False
 
     def _queue(self, par: int) -> None:
         """A call's waits and copies for slots of parity `par`, each peer's on its stream, forked
