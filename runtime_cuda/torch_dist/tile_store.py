@@ -16,7 +16,10 @@ landed.  An own tile, per operator:
     flagged there;
   - GEMM + all-to-all: stored as it is.
 Then (all-reduce, all-to-all) each program copies flagged blocks the peers stored into the
-caller's output: a peer cannot store into a tensor it has no address for.  Where a rank has 64
+caller's output: a peer cannot store into a tensor it has no address for.  In an eager call the
+peers' tiles may instead stay in a local outbox, for the copy engines to carry (_CopyPlan),
+where the measured catalog or GC3_FUSED_PEER_TILES says so: a GEMM's stores into a peer cost
+it about the link's time for the data.  Where a rank has 64
 rows among an even number of ranks, a tile holds two ranks' rows (kernel _spanning): every half,
 the own one too, goes to its owner's slot, and the sums and copies follow the tiles.
 All-gather + GEMM runs the other way round (kernel gather_gemm): a few programs push the
