@@ -4,11 +4,15 @@ The GEMM operators come first; GEMV + all_reduce, embedding-bag + all_to_all and
 all_reduce + epilogue (the memory-bound operators) have their own section at the end.
 
 Every time is a CUDA-event median of `rounds` rounds of `calls` back-to-back
-calls, the maximum over ranks, in microseconds per call:
+calls, the maximum over ranks, in microseconds per call (fused, auto, seq_nccl and fused_ce
+with their rounds taken in turn, Timer.devices):
 
     seq_nccl   torch.matmul then the NCCL collective on an NCCL group, one stream
     symm       PyTorch's own fused op (torch.ops.symm_mem) on that NCCL group, where it exists
-    fused      gc3's fused path, forced, on a gc3 group
+    fused      gc3's fused path, forced, on a gc3 group (the tile-store GEMM storing the peers'
+               tiles itself, unless GC3_FUSED_PEER_TILES says otherwise)
+    fused_ce   the same with the copy engines carrying the peers' tiles (GEMM + reduce-scatter,
+               all-reduce, all-to-all); auto takes whichever the catalog's entry names
     auto       what a gc3 group does by default (the measured table, else sequential)
     gemm       the matmul alone;  comm_nccl: the NCCL collective alone
     comm_fused the fused path's exchange alone (its chunked collectives, no GEMM)
@@ -23,8 +27,9 @@ allowance), and the all-reduce's result to be bit-identical on every rank.
 
 Each shape's result is one line of the measured-lines schema, appended to the
 record file (rank 0).  `tune` times the sequential path and the fused path at
-several chunk counts on the gc3 group and writes the faster into a catalog's
-`fused` section (runtime_cuda.fused.choice reads it).
+several chunk counts on the gc3 group (the tile-store GEMM: with its stores and with
+the copy engines) and writes the faster into a catalog's `fused` section
+(runtime_cuda.fused.choice reads it).
 """
 from __future__ import annotations
 
