@@ -11,12 +11,14 @@ torch = pytest.importorskip("torch")
 H100_SHARED = 227 * 1024      # the most dynamic shared memory one block may take on sm_90
 
 
-@pytest.mark.parametrize("G, dtype, tile, span", [(2, "bf16", (128, 256), 1), (8, "bf16", (64, 128), 1),
-                                                  (4, "fp16", (64, 256), 1), (4, "bf16", (128, 256), 2),
-                                                  (2, "fp16", (128, 128), 2), (8, "bf16", (128, 128), 2)])
+@pytest.mark.parametrize("G, dtype, tile, span, chunk", [(2, "bf16", (128, 256), 1, 0), (8, "bf16", (64, 128), 1, 0),
+                                                         (4, "fp16", (64, 256), 1, 0), (4, "bf16", (128, 256), 2, 0),
+                                                         (2, "fp16", (128, 128), 2, 0), (8, "bf16", (128, 128), 2, 0),
+                                                         (2, "bf16", (128, 256), 1, 8), (4, "fp16", (64, 256), 1, 16)])
 @pytest.mark.parametrize("op", ["gemm_rs", "gemm_ar", "gemm_a2a"])
-def test_the_tile_store_kernel_compiles_for_hopper(G, dtype, tile, span, op):
-    """At each tile shape tile_store.tile_shape picks, tiles of two ranks' rows too."""
+def test_the_tile_store_kernel_compiles_for_hopper(G, dtype, tile, span, chunk, op):
+    """At each tile shape tile_store.tile_shape picks, tiles of two ranks' rows too, and with the
+    peers' tiles left in the outbox for the copy engines (CHUNK row blocks a chunk)."""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -26,7 +28,7 @@ def test_the_tile_store_kernel_compiles_for_hopper(G, dtype, tile, span, op):
     signature = {"A": f"*{dtype}", "B": f"*{dtype}", "out": f"*{dtype}", "table": "*i64", "cnt": "*i32", "M": "i32", "N": "i32",
                  "K": "i32", "rows": "i32", "first_block": "i32", "rank": "i32", "timeout_ns": "i64", "ident": "i32"}
     constexprs = {"DT": {"bf16": tl.bfloat16, "fp16": tl.float16}[dtype], "G": G, "OP": ts.OPS.index(op), "BM": tile[0],
-                  "BN": tile[1], "BK": ts.BK, "GROUP_M": ts.GROUP_M, "SPAN": span}
+                  "BN": tile[1], "BK": ts.BK, "GROUP_M": ts.GROUP_M, "SPAN": span, "CHUNK": chunk}
     signature.update({name: "constexpr" for name in constexprs})
     compiled = triton.compile(ASTSource(fn=ts.kernels()["gemm_exchange"], signature=signature, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32),
