@@ -101,17 +101,19 @@ def derived(r: dict) -> dict:
 def markdown(records: List[dict]) -> str:
     """The README's table: one row per record, the user's path first; the shape names the input dtype
     where it is not bf16, the dtype every grid uses unless it says otherwise.  The graph columns
-    compare replays in a CUDA graph: matmul then NCCL against auto's and the fused path's."""
-    rows = ["| op | G | shape | seq-nccl µs | symm µs | gc3 auto µs | gc3 fused µs | seq/auto | seq/fused | headroom "
-            "| E | auto's path | check | graph seq/auto | graph seq/fused |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    compare replays in a CUDA graph: matmul then NCCL against auto's and the fused path's.  gc3 fused
+    is the GEMM storing the peers' tiles, beside it the copy engines carrying them (fused_ce_us)."""
+    rows = ["| op | G | shape | seq-nccl µs | symm µs | gc3 auto µs | gc3 fused µs | copy engines µs | seq/auto "
+            "| seq/fused | headroom | E | auto's path | check | graph seq/auto | graph seq/fused |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, d=1: "—" if v is None else f"{v:.{d}f}"   # noqa: E731
     for r in sorted(records, key=lambda r: (r["op"], r["gpus"], str(r.get("dtype")), tuple(r["shape"].values()))):
         d = derived(r)
         dims = dict(r["shape"], **({"dtype": r["dtype"]} if r.get("dtype", "bfloat16") != "bfloat16" else {}))
         shape = " ".join(f"{k}={v}" for k, v in dims.items())
         rows.append(f"| {r['op']} | {r['gpus']} | {shape} | {f(r.get('seq_nccl_us'))} | {f(r.get('symm_us'))} | "
-                    f"{f(r.get('auto_us'))} | {f(r.get('fused_us'))} | {f(d['auto'], 2)}× | {f(d['fused'], 2)}× | "
+                    f"{f(r.get('auto_us'))} | {f(r.get('fused_us'))} | {f(r.get('fused_ce_us'))} | {f(d['auto'], 2)}× | "
+                    f"{f(d['fused'], 2)}× | "
                     f"{f(d['headroom'], 2)}× | {f(d['E'], 2)} | {r['path']} | {r['check']} | {f(d['graph_auto'], 2)}× | "
                     f"{f(d['graph_fused'], 2)}× |")
     return "\n".join(rows)
