@@ -1029,3 +1029,27 @@ def test_the_bench_times_paths_in_turn_each_under_its_own_peer_tiles(monkeypatch
     assert rounds == [("a", "store")] * 2 + [("b", "copy-engine")] * 2 + [("a", "store")] * 2 + \
         [("b", "copy-engine")] * 2 + [("a", "store")] * 2 + [("b", "copy-engine")] * 2
     assert os.environ["GC3_FUSED_PEER_TILES"] == "store"
+
+
+def test_a_capture_that_fails_ends_and_leaves_no_graph(monkeypatch):
+    """cudadriver.graph: where what it captures raises, the capture is ended, its graph given
+    back, and the error goes on to the caller (the copy plan then queues call by call)."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.core import cudadriver
+    done = []
+    ok = "success"
+    cb = SimpleNamespace(
+        CUresult=SimpleNamespace(CUDA_SUCCESS=ok), CUstream=type("CUstream", (), {}),
+        CUstreamCaptureMode=SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1),
+        cuStreamBeginCapture=lambda s, mode: done.append("begin") or (ok,),
+        cuStreamEndCapture=lambda s: done.append("end") or (ok, "captured"),
+        cuGraphDestroy=lambda g: done.append(("destroy", g)) or (ok,))
+    monkeypatch.setattr(cudadriver, "driver", lambda *a: cb)
+    origin = cb.CUstream()
+
+    def fails():
+        raise RuntimeError("cuStreamWaitValue32 failed: not capturable")
+    with pytest.raises(RuntimeError, match="not capturable"):
+        cudadriver.graph(origin, fails)
+    assert done == ["begin", "end", ("destroy", "captured")]

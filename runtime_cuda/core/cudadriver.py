@@ -103,8 +103,12 @@ def graph(origin, enqueue):
           "cuStreamBeginCapture")
     try:
         enqueue()
-    finally:
+    except BaseException:
         err, captured = cb.cuStreamEndCapture(origin)
+        if err == cb.CUresult.CUDA_SUCCESS and captured:
+            cb.cuGraphDestroy(captured)
+        raise
+    err, captured = cb.cuStreamEndCapture(origin)
     check(err, "cuStreamEndCapture")
     try:
         err, made = getattr(cb, "cuGraphInstantiateWithFlags", cb.cuGraphInstantiate)(captured, 0)

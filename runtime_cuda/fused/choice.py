@@ -16,7 +16,7 @@ GEMV wins eager calls by its host time and may lose replays by its GPU time).
 A captured call takes `graph_path` where the entry has one, else `path`.
 
 An entry of a tile-store GEMM + reduce-scatter, + all-reduce or + all-to-all may carry
-`peer_tiles` ("store" or "copy-engine", with `fused_ce_us` beside `fused_us`): how
+`peer_tiles` ("store" or "copy-engine", with `fused_store_us` and `fused_ce_us`): how
 its eager fused calls send the peers' tiles, the faster where the tune measured both
 (GC3_FUSED_PEER_TILES, where set, decides instead; a captured call stores them).
 
@@ -41,8 +41,10 @@ from gc3.errors import InputError
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm_a2a", "gemv_ar", "ebag_a2a", "ar_epilogue")
 PATHS = ("fused", "sequential")
-# How the tile-store GEMM sends the peers' tiles of an eager call (GC3_FUSED_PEER_TILES).
+# How the tile-store GEMM sends the peers' tiles of an eager call (GC3_FUSED_PEER_TILES), and
+# the operators that may leave them to the copy engines (their first hop is the same).
 PEER_TILES = ("store", "copy-engine")
+PEER_TILE_OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
 # The chunk count a forced fused call takes where nothing was measured.
 DEFAULT_CHUNKS = 4
 # Each op's size axis: the dimension along which a measured shape may stand in for an

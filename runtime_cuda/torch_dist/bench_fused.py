@@ -63,9 +63,6 @@ OPS = choice.OPS[:4]          # the GEMM family; the memory-bound operators foll
 # Each GEMM operator's function in the fused pipelines (ops._pipeline).
 PIPELINE_RUNS = {"ag_gemm": "all_gather_matmul", "gemm_rs": "matmul_reduce_scatter", "gemm_ar": "matmul_all_reduce",
                  "gemm_a2a": "matmul_all_to_all"}
-# The operators whose tile-store GEMM can leave its peers' tiles to the copy engines
-# (tile_store._CopyPlan): the benchmark times them that way too, in the same job.
-COPY_ENGINE_OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
 # The M at which the benchmark also traces one fused call and reports its overlap.
 TRACE_M = 8192
 TUNE_CHUNKS = (2, 4, 8)
@@ -465,7 +462,7 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     # says otherwise (a measured catalog may pick the copy engines for auto); fused_ce: the copy
     # engines.  The headline's paths are timed in turn.
     mode = os.environ.get("GC3_FUSED_PEER_TILES") or "store"
-    ce = case.op in COPY_ENGINE_OPS
+    ce = case.op in choice.PEER_TILE_OPS
     fused_us, auto_us, seq_us, ce_us = timer.devices([fused, auto, seq, fused if ce else None],
                                                      [mode, None, None, "copy-engine"])
     with _peer_tiles(mode):
@@ -714,7 +711,7 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
         counts = _chunk_counts(case, A, B, job.gc3)
         e = {"op": op, "gpus": job.size, "dtype": "bfloat16", "shape": {"M": M, "K": A.shape[1], "N": B.shape[1]}}
         tiles = ""
-        if op in COPY_ENGINE_OPS and counts == (1,):
+        if op in choice.PEER_TILE_OPS and counts == (1,):
             # The tile-store GEMM (it takes no chunks): its peers' tiles stored, or carried by
             # the copy engines, timed in turn with the sequential path.
             one = fused_call(case, A, B, job.gc3, "fused", 1)
@@ -725,8 +722,7 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
             best = (ce if e["peer_tiles"] == "copy-engine" else store, 1)
         else:
             seq_us = timer.device(seq)
-            with _peer_tiles("store"):
-                best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in counts))
+            best = min(((timer.device(fused_call(case, A, B, job.gc3, "fused", c)), c) for c in counts))
         e.update(path=_faster(best[0], seq_us), chunks=best[1], fused_us=round(best[0], 1),
                  sequential_us=round(seq_us, 1))
         said = f"sequential {_us(seq_us)}, fused {_us(best[0])} ({best[1]} chunks{tiles}): {e['path']}"

@@ -239,7 +239,7 @@ def _tile_store(run: str, peer_tiles: str, pg, A: torch.Tensor, B, *rest):
         _log().info("gc3 torch %s: the tile-store GEMM cannot serve this call (%s); the collectives beside "
                     "cuBLAS run instead", what, why)
         return getattr(overlap, run)(pg, A, B, *rest)
-    if op in tile_store.PEER_TILE_OPS:
+    if op in choice.PEER_TILE_OPS:
         return getattr(tile_store, run)(pg, A, B, *rest, peer_tiles=peer_tiles)
     return getattr(tile_store, run)(pg, A, B, *rest)
 
@@ -314,7 +314,8 @@ def _unmeasured(pg, op: str, A: torch.Tensor, Bs: Sequence[torch.Tensor], path: 
 
 
 def _decided(what: str, pick) -> None:
-    _log().info("gc3 torch %s: fused, %d chunks: %s", what, pick.chunks, pick.why)
+    _log().info("gc3 torch %s: fused, %d chunks, peers' tiles: %s (where GC3_FUSED_PEER_TILES is unset): %s", what,
+                pick.chunks, pick.peer_tiles, pick.why)
 
 
 def _sequential(what: str, why: str) -> None:

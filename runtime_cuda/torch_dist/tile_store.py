@@ -78,8 +78,6 @@ COPY_COLUMNS = 128
 TABLE_SHAPES = 32
 
 OPS = ("gemm_rs", "gemm_ar", "gemm_a2a", "ag_gemm")
-# Those whose peers' tiles the copy engines may carry (_CopyPlan): their first hop is the same.
-PEER_TILE_OPS = ("gemm_rs", "gemm_ar", "gemm_a2a")
 
 
 @functools.lru_cache(maxsize=None)
