@@ -126,6 +126,14 @@ for op in EXCHANGES:
         kept = pg.__dict__["_gc3_tile_store"][tile_store._key(op, a, b, G) + (True,)]
         assert kept.copies is not None, f"rank {rank}: the copy engines did not serve {op} {shape}"
         assert None not in kept.copies.graphs, f"rank {rank}: the copies of {op} {shape} were not captured as graphs"
+    # Another K of a shape maps the same buffers, so it replays the same copy plan.
+    first = pg.__dict__["_gc3_tile_store"][tile_store._key(op, *operands(op, SHAPES[0], 50), G) + (True,)]
+    shape = (SHAPES[0][0], SHAPES[0][1] + 64, SHAPES[0][2])
+    a, b = operands(op, shape, 56)
+    close(f"{op} copy engines {shape} call 56", CALLS[op](a, b, path="fused"), reference(op, shape, 56),
+          CALLS[op](a, b, path="sequential"))
+    other = pg.__dict__["_gc3_tile_store"][tile_store._key(op, a, b, G) + (True,)]
+    assert other.copies is first.copies, f"rank {rank}: {op} {shape} made a second copy plan for one shape's buffers"
 results = []
 for i in range(15):
     op, shape = EXCHANGES[i % 3], SHAPES[(i // 3) % 3]
