@@ -870,9 +870,11 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
 
 
 @pytest.mark.parametrize("capture", [True, False], ids=["graph", "queued"])
-def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(monkeypatch, capture):
-    """tile_store._CopyPlan.run on rank 0 of 2 (a fake driver records the calls): the kernel is
-    launched first; then, forked from the plan's own stream onto a stream of the peer's, each
+@pytest.mark.parametrize("G, op", [(2, "gemm_rs"), (3, "gemm_ar")])
+def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(monkeypatch, capture, G, op):
+    """tile_store._CopyPlan.run on rank 0 of G (a fake driver records the calls): the kernel is
+    launched first; then, forked from the plan's own stream onto a stream a peer (every one of
+    them before any work: one peer's copies waiting for another's could deadlock the ranks), each
     chunk waits for its count to reach its tiles, puts the count back to 0, is copied into the
     slot of the call's parity, then its flags; then the caller's stream waits for the plan's.
     That work is captured once a parity and replayed by one launch a call; where the driver
@@ -881,11 +883,12 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
 
     from runtime_cuda.core import cudadriver
     from runtime_cuda.torch_dist import tile_store
-    G, me, N = 2, 0, 296
+    me, N = 0, 296
     rows = 10 * tile_store.BM
     group, pg, _ = _fake_tile_group(monkeypatch, G, me)
-    sh = tile_store._Shape(group, pg, "gemm_rs", G * rows, 200, N, torch.bfloat16, True)
-    log, streams = [], iter(["origin", "side"])
+    sh = tile_store._Shape(group, pg, op, G * rows, 200, N, torch.bfloat16, True)
+    sides = [f"side {d}" for d, _ in sh.copies.peers]
+    log, streams = [], iter(["origin"] + sides)
 
     def graph(origin, enqueue):
         if not capture:
@@ -907,14 +910,14 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "_get_device_index", lambda d, optional=False: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 77 + index, raising=False)
-    (d, steps), = sh.copies.peers
 
     def queued(par):
-        want = [("join", "side", "event", "origin")]
-        for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
-            want += [("wait", "side", count, per), ("write", "side", count, 0),
-                     ("copy", "side", data[par], src[par], nbytes), ("copy", "side", flags, shadow, fbytes)]
-        return want + [("join", "origin", "event", "side")]
+        want = [("join", side, "event", "origin") for side in sides]
+        for side, (d, steps) in zip(sides, sh.copies.peers):
+            for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
+                want += [("wait", side, count, per), ("write", side, count, 0),
+                         ("copy", side, data[par], src[par], nbytes), ("copy", side, flags, shadow, fbytes)]
+        return want + [("join", "origin", "event", side) for side in sides]
     for call in (1, 2, 3):
         log.clear()
         sh.copies.run(lambda: log.append("kernel"))
@@ -927,7 +930,7 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
     assert sh.state.epoch == 3
     # Another K of the shape (its buffers and its call count are the same) keeps the plan, and
     # so does the shape made again after the group's table let it go.
-    again = tile_store._Shape(group, pg, "gemm_rs", G * rows, 456, N, torch.bfloat16, True)
+    again = tile_store._Shape(group, pg, op, G * rows, 456, N, torch.bfloat16, True)
     assert again.copies is sh.copies and again.state is sh.state
 
 

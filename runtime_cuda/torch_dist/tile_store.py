@@ -867,17 +867,21 @@ class _CopyPlan:
         weakref.finalize(self, cudadriver.destroy, *made).atexit = False
 
     def _queue(self, par: int) -> None:
-        """A call's waits and copies for slots of parity `par`, each peer's on its stream, forked
-        from and joined back to the origin stream."""
+        """A call's waits and copies for slots of parity `par`, each peer's on its stream, every
+        stream forked from the origin stream before any is joined back: a peer's copies must not
+        wait for another's (a rank's sums, which an all-reduce's second hop waits for, wait for
+        every peer's first hop, which waits for theirs)."""
         from runtime_cuda.core import cudadriver
 
-        for stream, steps in self.queues:
+        for stream, _ in self.queues:
             cudadriver.join(stream, self.event, self.origin)
+        for stream, steps in self.queues:
             for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
                 cudadriver.wait_value32(stream, count, per)
                 cudadriver.write_value32(stream, count, 0)
                 cudadriver.copy(stream, data[par], src[par], nbytes)
                 cudadriver.copy(stream, flags, shadow, fbytes)
+        for stream, _ in self.queues:
             cudadriver.join(self.origin, self.event, stream)
 
     def run(self, launch: Callable[[], None]) -> None:
