@@ -827,9 +827,7 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
     and their flags to the shadow's; a stream a peer in the kernel's order (the next rank's
     first); each chunk of row blocks waits for its count to reach a call's tiles, goes into slot
     1 of the peer's stage of the call's parity, then its flags into the peer's flags [0][1][tiles],
-    which is what the peer's sum or copy reads and waits for.  GEMM + all-reduce then carries
-    its sums the same way: from block 1 of its own result of the call's parity into block 1 of
-    the peer's, their flags into the peer's flags [1][1][tiles], each chunk counted for the peer."""
+    which is what the peer's sum or copy reads and waits for."""
     from runtime_cuda.torch_dist import tile_store
     G, me, N = 4, 1, 296
     rows = 10 * tile_store.BM                       # 10 row blocks: chunks of 8 and 2
@@ -843,27 +841,20 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
         assert sh.state is not plain.state and sh.cnt is not plain.cnt
         assert sh.constexprs["CHUNK"] == 8 and plain.constexprs["CHUNK"] == 0
         outbox, shadow, counts = sh.state.kept["outbox"]
-        sums = op == "gemm_ar"
-        assert outbox.numel() == G * rows * N and shadow.numel() == (G + sums) * T
-        assert counts.numel() == (G + G * sums) * 2
+        assert outbox.numel() == G * rows * N and shadow.numel() == G * T and counts.numel() == G * 2
         assert sh.table.tolist()[5 * G + 5:] == [outbox.data_ptr(), shadow.data_ptr(), counts.data_ptr()]
         st, slot = sh.state, rows * N * 2
         assert [d for d, _ in sh.copies.peers] == [2, 3, 0]
         for d, steps in sh.copies.peers:
-            assert len(steps) == 2 + 2 * sums
-            for i, (count, per, data, src, nbytes, flags, shade, fbytes) in enumerate(steps):
-                hop, c = divmod(i, 2)
+            assert len(steps) == 2
+            for c, (count, per, data, src, nbytes, flags, shade, fbytes) in enumerate(steps):
                 lo, blocks = 8 * c, (8, 2)[c]
-                assert count == counts.data_ptr() + 4 * ((hop * G + d) * 2 + c) and per == blocks * pn
+                assert count == counts.data_ptr() + 4 * (d * 2 + c) and per == blocks * pn
                 at = lo * tile_store.BM * N * 2
-                assert data == [st.buf(("stage", "result")[hop], d, p) + me * slot + at for p in range(2)]
-                if hop:
-                    assert src == [st.buf("result", me, p) + me * slot + at for p in range(2)]
-                else:
-                    assert src == [outbox.data_ptr() + d * slot + at] * 2
-                assert nbytes == blocks * tile_store.BM * N * 2 and fbytes == 4 * blocks * pn
-                assert flags == st.buf("flags", d, 0) + 4 * ((hop * G + me) * T + lo * pn)
-                assert shade == shadow.data_ptr() + 4 * ((G if hop else d) * T + lo * pn)
+                assert data == [st.buf("stage", d, p) + me * slot + at for p in range(2)]
+                assert src == outbox.data_ptr() + d * slot + at and nbytes == blocks * tile_store.BM * N * 2
+                assert flags == st.buf("flags", d, 0) + 4 * (me * T + lo * pn)
+                assert shade == shadow.data_ptr() + 4 * (d * T + lo * pn) and fbytes == 4 * blocks * pn
     # At most COPY_CHUNKS chunks a peer, of whole groups of GROUP_M row blocks.
     assert [tile_store.chunk_blocks(rb) for rb in (1, 8, 10, 32, 33, 64, 128)] == [8, 8, 8, 8, 16, 16, 32]
     assert all(-(-rb // tile_store.chunk_blocks(rb)) <= tile_store.COPY_CHUNKS for rb in range(1, 300))
@@ -874,7 +865,7 @@ def test_the_copy_engines_carry_each_chunk_into_the_peers_slot_then_its_flags(mo
 def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(monkeypatch, capture, G, op):
     """tile_store._CopyPlan.run on rank 0 of G (a fake driver records the calls): the kernel is
     launched first; then, forked from the plan's own stream onto a stream a peer (every one of
-    them before any work: one peer's copies waiting for another's could deadlock the ranks), each
+    them before any work, so that no peer's copies wait for another's), each
     chunk waits for its count to reach its tiles, puts the count back to 0, is copied into the
     slot of the call's parity, then its flags; then the caller's stream waits for the plan's.
     That work is captured once a parity and replayed by one launch a call; where the driver
@@ -916,7 +907,7 @@ def test_a_copy_engine_call_queues_its_copies_after_the_kernel_and_joins_them(mo
         for side, (d, steps) in zip(sides, sh.copies.peers):
             for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
                 want += [("wait", side, count, per), ("write", side, count, 0),
-                         ("copy", side, data[par], src[par], nbytes), ("copy", side, flags, shadow, fbytes)]
+                         ("copy", side, data[par], src, nbytes), ("copy", side, flags, shadow, fbytes)]
         return want + [("join", "origin", "event", side) for side in sides]
     for call in (1, 2, 3):
         log.clear()

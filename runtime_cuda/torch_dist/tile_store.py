@@ -280,8 +280,7 @@ def _kernels():
                   BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, CHUNK: tl.constexpr):
         """gemm_exchange where a tile's rows are one rank's.  CHUNK > 0: a peer's tile is stored
         here, in the outbox, and counted in its chunk of CHUNK row blocks; a copy engine carries
-        each counted chunk, then its flags, to the peer (_CopyPlan).  So does an all-reduce's sum:
-        it goes into this rank's own block of its result, counted for each peer."""
+        each counted chunk, then its flags, to the peer (_CopyPlan)."""
         a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
         HALF: tl.constexpr = BN // 2
         QUARTER: tl.constexpr = BN // 4
@@ -290,9 +289,6 @@ def _kernels():
         out_h = _rows(out, rows if OP == 0 else M, N, BM, HALF)
         out_q = _rows(out, rows if OP == 0 else M, N, BM, QUARTER)
         own = _rows(_at(table, 2 * G + par, DT), G * rows, N, BM, QUARTER)
-        if CHUNK:
-            if OP == 1:
-                sums = _rows(_at(table, 2 * G + 2 + par, DT), G * rows, N, BM, QUARTER)
         got = _rows(_at(table, 2 * G + (2 if OP == 1 else 0) + par, DT), G * rows, N, BM, HALF)
         pm = tl.cdiv(M, BM)
         pn = tl.cdiv(N, BN)
@@ -300,7 +296,6 @@ def _kernels():
         rb = rows // BM
         T = rb * pn
         flags = _at(table, 4 * G + 4 + rank, tl.int32)
-        chunks = tl.cdiv(rb, tl.maximum(CHUNK, 1))
         # The peers' rows, the next rank's first.  A tile's flag goes up after the next tile's
         # K loop, by when its stores have long landed: waiting for them at once stalled the
         # program for their trip across the link.  (Flattening the tile loop into the K loop,
@@ -309,6 +304,7 @@ def _kernels():
         peer_tiles = (G - 1) * T
         pending = flags
         bump = flags
+        chunks = tl.cdiv(rb, tl.maximum(CHUNK, 1))
         for t in tl.range(me, peer_tiles, grid):
             pid_l, pid_n = _place(t, (G - 1) * rb, pn, GROUP_M)
             pid_m = (first_block + pid_l) % pm
@@ -361,25 +357,14 @@ def _kernels():
                         y = x.to(DT)
                         out_q.store([r0, col], y)
                         if OP == 1:
-                            if CHUNK:
-                                sums.store([rank * rows + lm, col], y)
-                            else:
-                                for q in tl.static_range(G):
-                                    if q != rank:
-                                        dst = _at(table, 2 * G + 4 + par * G + q, DT)
-                                        _rows(dst, rows, N, BM, QUARTER).store([lm, col], y)
+                            for q in tl.static_range(G):
+                                if q != rank:
+                                    dst = _at(table, 2 * G + 4 + par * G + q, DT)
+                                    _rows(dst, rows, N, BM, QUARTER).store([lm, col], y)
                 if OP == 1:
                     for q in tl.static_range(G):
                         if q != rank:
-                            if CHUNK:
-                                # The sums' flags after the peers' tiles' in the shadow, their
-                                # counts after the peers' tiles' counts, a peer's chunks each.
-                                _landed(_at(table, 5 * G + 6, tl.int32) + (G * T + idx),
-                                        _at(table, 5 * G + 7, tl.int32) + ((G + q) * chunks + lb // CHUNK), target,
-                                        idx >= 0)
-                            else:
-                                _signal(_at(table, 4 * G + 4 + q, tl.int32) + ((G + rank) * T + idx), target,
-                                        idx >= 0)
+                            _signal(_at(table, 4 * G + 4 + q, tl.int32) + ((G + rank) * T + idx), target, idx >= 0)
         if OP != 0:
             # The peers' blocks, the ones that should have landed first first.
             kind = 1 if OP == 1 else 0
@@ -717,16 +702,12 @@ class _Shape:
         if ce:
             # The outbox (the peers' tiles, [G][rows][N]), their flags as the peers will hold
             # them ([G][T]) and the tiles counted a chunk ([G][chunks]): this rank's alone.
-            # GEMM + all-reduce: then the sums' flags ([T], the same for every peer) and their
-            # tiles counted a chunk for each peer ([G][chunks]); the sums wait in this rank's own
-            # block of its result.
-            chunks, sums = self.chunks, op == "gemm_ar"
+            chunks = self.chunks
             made = st.kept.get("outbox")
             if made is None:
-                made = st.kept["outbox"] = (
-                    torch.empty(G * self.rows * N, dtype=dtype, device=self.device),
-                    torch.zeros((G + sums) * tiles, dtype=torch.int32, device=self.device),
-                    torch.zeros((G + G * sums) * chunks, dtype=torch.int32, device=self.device))
+                made = st.kept["outbox"] = (torch.empty(G * self.rows * N, dtype=dtype, device=self.device),
+                                            torch.zeros(G * tiles, dtype=torch.int32, device=self.device),
+                                            torch.zeros(G * chunks, dtype=torch.int32, device=self.device))
             t[5 * G + 5:5 * G + 8] = [x.data_ptr() for x in made]
         self.grid = min(_sms(self.device), _tiles(M, N, self.bm, self.bn))
         self.kernel = "gemm_exchange"
@@ -786,9 +767,7 @@ class _CopyPlan:
     (GC3_FUSED_PEER_TILES=copy-engine): a stream a peer, on which each chunk of a peer's rows
     (chunk_blocks), once the kernel has counted all its tiles, is copied into this rank's slot at
     the peer, then its tiles' flags after it (copies on one stream land in order), which is all
-    the peer's sum or copy waits for.  GEMM + all-reduce's second hop goes the same way after the
-    first: each chunk of this rank's sums, from its own block of its result into the same block
-    of the peer's.  A link's stores then come from a copy engine instead of
+    the peer's sum or copy waits for.  A link's stores then come from a copy engine instead of
     the GEMM's SMs, which stall on them (docs/history.md).
 
     The waits are queued after the kernel: a wait queued first could hold the kernel back where
@@ -800,8 +779,7 @@ class _CopyPlan:
     copies for every peer (queued one by one, they cost about 7 us of host time each on 2x
     H200).  Where the driver cannot capture them they are queued one by one.  A stream memory
     wait cannot time out; these are always met, since the kernel counts every peer tile before
-    it waits for anything, and every sum, whether or not a wait before it gave up (its own waits
-    time out as the store path's do)."""
+    it waits for anything (its own waits time out as the store path's do)."""
 
     def __init__(self, sh: "_Shape", item: int):
         st, G, me, rows, N, ch = sh.state, sh.G, sh.rank, sh.rows, sh.N, sh.chunk
@@ -813,26 +791,20 @@ class _CopyPlan:
         slot = rows * N * item
         self.state, self.device = st, sh.device
         # (peer, its chunks' steps in the order the kernel counts them), the peers in the
-        # kernel's order; a step: (count's address, tiles a call, the destination's address by
-        # parity, the source's by parity, bytes, the peer's flags' address, the shadow's, bytes).
+        # kernel's order; a step: (count's address, tiles a call, the slot's address by parity,
+        # the outbox's, bytes, the peer's flags' address, the shadow's, bytes).
         self.peers = []
         for j in range(1, G):
             d = (me + j) % G
-            # A hop: (the peer's buffer, the source by parity, the count's row, the flags' row at
-            # the peer, the shadow's row).
-            hops = [("stage", [outbox.data_ptr() + d * slot] * 2, d, me, d)]
-            if sh.op == "gemm_ar":
-                hops.append(("result", [st.buf("result", me, p) + me * slot for p in range(2)], G + d, G + me, G))
             steps = []
-            for name, src, count_row, flag_row, shadow_row in hops:
-                for c in range(chunks):
-                    lo, hi = c * ch, min(rb, (c + 1) * ch)
-                    at = lo * sh.bm * N * item
-                    steps.append((counts.data_ptr() + 4 * (count_row * chunks + c), (hi - lo) * pn,
-                                  [st.buf(name, d, p) + me * slot + at for p in range(2)],
-                                  [a + at for a in src], (hi - lo) * sh.bm * N * item,
-                                  st.buf("flags", d, 0) + 4 * (flag_row * T + lo * pn),
-                                  shadow.data_ptr() + 4 * (shadow_row * T + lo * pn), 4 * (hi - lo) * pn))
+            for c in range(chunks):
+                lo, hi = c * ch, min(rb, (c + 1) * ch)
+                at = lo * sh.bm * N * item
+                steps.append((counts.data_ptr() + 4 * (d * chunks + c), (hi - lo) * pn,
+                              [st.buf("stage", d, p) + me * slot + at for p in range(2)],
+                              outbox.data_ptr() + d * slot + at, (hi - lo) * sh.bm * N * item,
+                              st.buf("flags", d, 0) + 4 * (me * T + lo * pn),
+                              shadow.data_ptr() + 4 * (d * T + lo * pn), 4 * (hi - lo) * pn))
             self.peers.append((d, steps))
         # Made on the first call: the stream the graphs go on, an event, a stream a peer with
         # its steps' addresses in the driver's form, and a graph a parity (None: queued).
@@ -852,8 +824,8 @@ class _CopyPlan:
             for _, steps in self.peers:
                 made = []
                 for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
-                    count, flags, shadow, *ends = cudadriver.pointers(count, flags, shadow, *data, *src)
-                    made.append((count, per, ends[:2], ends[2:], nbytes, flags, shadow, fbytes))
+                    count, src, flags, shadow, *data = cudadriver.pointers(count, src, flags, shadow, *data)
+                    made.append((count, per, data, src, nbytes, flags, shadow, fbytes))
                 self.queues.append((cudadriver.new_stream(), made))
             try:
                 self.graphs = [cudadriver.graph(self.origin, functools.partial(self._queue, par))
@@ -868,9 +840,9 @@ class _CopyPlan:
 
     def _queue(self, par: int) -> None:
         """A call's waits and copies for slots of parity `par`, each peer's on its stream, every
-        stream forked from the origin stream before any is joined back: a peer's copies must not
-        wait for another's (a rank's sums, which an all-reduce's second hop waits for, wait for
-        every peer's first hop, which waits for theirs)."""
+        stream forked from the origin stream before any is joined back, so that every link
+        carries its chunks at once (forked and joined in turn, a peer's copies waited for the
+        previous peer's)."""
         from runtime_cuda.core import cudadriver
 
         for stream, _ in self.queues:
@@ -879,7 +851,7 @@ class _CopyPlan:
             for count, per, data, src, nbytes, flags, shadow, fbytes in steps:
                 cudadriver.wait_value32(stream, count, per)
                 cudadriver.write_value32(stream, count, 0)
-                cudadriver.copy(stream, data[par], src[par], nbytes)
+                cudadriver.copy(stream, data[par], src, nbytes)
                 cudadriver.copy(stream, flags, shadow, fbytes)
         for stream, _ in self.queues:
             cudadriver.join(self.origin, self.event, stream)
