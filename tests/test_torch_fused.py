@@ -1056,3 +1056,19 @@ def test_a_capture_that_fails_ends_and_leaves_no_graph(monkeypatch):
     with pytest.raises(RuntimeError, match="not capturable"):
         cudadriver.graph(origin, fails)
     assert done == ["begin", "end", ("destroy", "captured")]
+
+
+def test_the_bench_row_puts_every_value_under_its_header():
+    """gc3 bench --fused's table: a cell under every header, gc3's own sequential path (auto's
+    other choice) beside seq-nccl's, n/a where a path did not run."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.torch_dist import bench_fused as bf
+    case = SimpleNamespace(op="gemm_ar", G=2, M=256, K=28672, N=8192)
+    v = {"seq_nccl_us": 148.0, "seq_gc3_us": 166.0, "auto_us": 157.3, "fused_us": 156.8, "gemm_us": 94.5,
+         "comm_nccl_us": 58.9}
+    head, cells = bf.header().split(), bf.row(case, v, "fused", "ok").split()
+    assert len(head) == len(cells)
+    got = dict(zip(head, cells))
+    assert (got["seq_nccl"], got["seq_gc3"], got["auto"], got["symm"]) == ("148.0", "166.0", "157.3", "n/a")
+    assert got["seq/auto"] == "0.94x" and got["path"] == "fused"

@@ -8,7 +8,7 @@ shape, written by `gc3 bench --fused`, read back for the README's table and plot
 
 Times are microseconds per call; a field that does not apply is `n/a` (lines written before a
 field existed lack it).  seq_gc3_us: the operator's sequential path on the gc3 group, the one
-`auto` weighs the fused path against (the memory-bound operators).  fused_us, host_us: with the
+`auto` weighs the fused path against (GEMM family: lines from 2026-11-28 on).  fused_us, host_us: with the
 GEMM storing the peers' tiles (GC3_FUSED_PEER_TILES=store unless the job set it); fused_ce_us,
 host_ce_us: the fused path's eager call with the copy engines carrying them
 (GC3_FUSED_PEER_TILES=copy-engine, GEMM + reduce-scatter, all-reduce, all-to-all), in the same job;

@@ -451,6 +451,9 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     fused = fused_call(case, A, B, job.gc3, "fused", chunks)
     auto = fused_call(case, A, B, job.gc3, None)
     seq = seq_call(case, A, B, nccl) if nccl is not None else None
+    # auto's other choice on the gc3 group: where auto loses to seq-nccl, this says whether
+    # the fused path or gc3's own collective is what loses.
+    seq_gc3 = fused_call(case, A, B, job.gc3, "sequential")
     shape = {"M": case.M, "K": A.shape[1], "N": B.shape[1]}
     auto()          # the group's communicator exists from here on: its machine catalog decides auto
     machine = getattr(getattr(job.gc3, "_comm", None), "machine", None)
@@ -463,14 +466,15 @@ def measure(job: Job, case: Case, timer: Timer, chunks: Optional[int]) -> Tuple[
     # engines.  The headline's paths are timed in turn.
     mode = os.environ.get("GC3_FUSED_PEER_TILES") or "store"
     ce = case.op in choice.PEER_TILE_OPS
-    fused_us, auto_us, seq_us, ce_us = timer.devices([fused, auto, seq, fused if ce else None],
-                                                     [mode, None, None, "copy-engine"])
+    fused_us, auto_us, seq_us, gc3_us, ce_us = timer.devices([fused, auto, seq, seq_gc3, fused if ce else None],
+                                                             [mode, None, None, None, "copy-engine"])
     with _peer_tiles(mode):
         host_us = timer.host(fused)
     v = {
         "fused_us": fused_us,
         "auto_us": auto_us,
         "seq_nccl_us": seq_us,
+        "seq_gc3_us": gc3_us,
         "symm_us": timer.device(symm_call(case, A, B, nccl)),
         "gemm_us": timer.device(lambda: G_A @ B),
         "comm_nccl_us": timer.device(comm_call(case, A, B, nccl) if nccl is not None else None),
@@ -512,6 +516,7 @@ def _peer_tiles(mode: Optional[str]):
 
 def header() -> str:
     return (f"{'op':9} {'G':>2} {'M':>6} {'K':>6} {'N':>6} {'seq_nccl':>9} {'symm':>8} {'fused':>8} {'auto':>8} "
+            f"{'seq_gc3':>8} "
             f"{'gemm':>8} {'c_nccl':>8} {'c_fused':>8} {'host':>7} {'s_host':>7} {'seq/auto':>8} {'seq/fused':>9} "
             f"{'E':>5} {'ovl':>4} {'f_ce':>8} {'h_ce':>7} {'path':>10} check")
 
@@ -528,7 +533,7 @@ def row(case: Case, v: Dict[str, Optional[float]], path: str, check: str) -> str
     ovl = v.get("overlap")
     ovl = f"{ovl:4.2f}" if ovl is not None else " n/a"
     return (f"{case.op:9} {case.G:>2} {case.M:>6} {case.K:>6} {case.N:>6} {f('seq_nccl_us', 9)} {f('symm_us')} "
-            f"{f('fused_us')} {f('auto_us')} {f('gemm_us')} {f('comm_nccl_us')} {f('comm_fused_us')} "
+            f"{f('fused_us')} {f('auto_us')} {f('seq_gc3_us')} {f('gemm_us')} {f('comm_nccl_us')} {f('comm_fused_us')} "
             f"{f('host_us', 7)} {f('seq_host_us', 7)} {ratio(seq, auto)} {ratio(seq, fused)} {eff} {ovl} "
             f"{f('fused_ce_us')} {f('host_ce_us', 7)} {path:>10} {check}")
 
