@@ -684,6 +684,12 @@ def test_fused_entries_come_from_bench_lines_that_timed_the_sequential_path(tmp_
         (e,), _ = bench_fused.entries_from_records(records.read(path), 4, ["gemm_a2a"])
         assert (e["peer_tiles"], e["fused_store_us"], e["fused_ce_us"]) == (tiles, 89.0, ce), e
         assert (e["fused_us"], e["path"]) == (fused_us, way), e
+    # A line that timed gc3's own sequential path decides whatever auto ran, without a graph_path.
+    line = records.format_line("gemm_ar", 4, {"M": 1024, "K": 28672, "N": 8192}, "bfloat16",
+                               dict(v, seq_gc3_us=78.0), "fused", "ok", "4xH100", date="2026-11-28")
+    path.write_text(line + "\n")
+    (e,), _ = bench_fused.entries_from_records(records.read(path), 4, ["gemm_ar"])
+    assert (e["path"], e["sequential_us"], e["fused_us"]) == ("sequential", 78.0, 80.0) and "graph_path" not in e
     path.write_text("\n".join(lines) + "\n")
     catalog = tmp_path / "catalog.json"
     catalog.write_text('{"fused": {"provenance": {"4xH100": {"hw": "4xH100"}}, "entries": []}}')

@@ -653,19 +653,21 @@ def _graph_decision(timer: Timer, entry: dict, seq: Callable, fused: Callable) -
 
 
 def entries_from_records(rows: Sequence[dict], gpus: int, ops: Sequence[str]) -> Tuple[List[dict], List[str]]:
-    """The fused section's entries of `ops` at `gpus` from `gc3 bench --fused` records taken
-    while the catalog sent these shapes to the sequential path (so auto_us and graph_auto_us
-    timed it on the gc3 group, as the tune's sequential_us does): fused where fused_us beat it
-    by FUSED_MARGIN, and a graph_path from the graph columns.  Returns (entries, the rows
-    skipped and why)."""
+    """The fused section's entries of `ops` at `gpus` from `gc3 bench --fused` records that timed
+    the sequential path on the gc3 group, as the tune's sequential_us does: seq_gc3_us, or in lines
+    without it auto_us where the catalog sent the shape to the sequential path.  Fused where
+    fused_us beat it by FUSED_MARGIN; a graph_path from the graph columns where auto ran the
+    sequential path (a line has no captured sequential call of gc3's otherwise).  Returns
+    (entries, the rows skipped and why)."""
     entries, skipped = [], []
     for r in rows:
         if r["op"] not in ops or r["gpus"] != gpus or r.get("dtype") != "bfloat16":
             continue
         d = dict(r["shape"])
         where = f"{r['op']} M={d['M']} K={d['K']} N={d['N']}"
-        if r["path"] != "sequential" or not r.get("auto_us") or not r.get("fused_us") or r["check"] != "ok":
-            skipped.append(f"{where}: path={r['path']} check={r['check']} (auto did not time the sequential path)")
+        seq_us = r.get("seq_gc3_us") or (r.get("auto_us") if r["path"] == "sequential" else None)
+        if not seq_us or not r.get("fused_us") or r["check"] != "ok":
+            skipped.append(f"{where}: path={r['path']} check={r['check']} (the sequential path on gc3 was not timed)")
             continue
         # The catalog keys a shape by the operands one rank holds (the tune's A and B).
         shape = {"M": d["M"], "K": d["K"] // gpus if r["op"] in ("gemm_rs", "gemm_ar") else d["K"],
@@ -676,8 +678,8 @@ def entries_from_records(rows: Sequence[dict], gpus: int, ops: Sequence[str]) ->
             e.update(peer_tiles=_peer_tiles_faster(r["fused_ce_us"], fused_us), fused_store_us=fused_us,
                      fused_ce_us=r["fused_ce_us"])
             fused_us = r["fused_ce_us"] if e["peer_tiles"] == "copy-engine" else fused_us
-        e.update(path=_faster(fused_us, r["auto_us"]), chunks=1, fused_us=fused_us, sequential_us=r["auto_us"])
-        if r.get("graph_fused_us") and r.get("graph_auto_us"):
+        e.update(path=_faster(fused_us, seq_us), chunks=1, fused_us=fused_us, sequential_us=seq_us)
+        if r["path"] == "sequential" and r.get("graph_fused_us") and r.get("graph_auto_us"):
             e.update(graph_path=_faster(r["graph_fused_us"], r["graph_auto_us"]), graph_fused_us=r["graph_fused_us"],
                      graph_sequential_us=r["graph_auto_us"])
         entries.append(e)
