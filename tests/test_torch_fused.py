@@ -1078,3 +1078,23 @@ def test_the_bench_row_puts_every_value_under_its_header():
     got = dict(zip(head, cells))
     assert (got["seq_nccl"], got["seq_gc3"], got["auto"], got["symm"]) == ("148.0", "166.0", "157.3", "n/a")
     assert got["seq/auto"] == "0.94x" and got["path"] == "fused"
+
+
+def test_the_tune_times_a_close_call_again_and_keeps_each_paths_faster_median():
+    """bench_fused.timed_again_if_close: a decision within RETIME_WITHIN is timed once more, each
+    path keeping its lower median (one slow round of the sequential path no longer decides);
+    a clear one is timed once."""
+    from types import SimpleNamespace
+
+    from runtime_cuda.torch_dist import bench_fused as bf
+    runs = iter([[166.3, 161.8, 182.0], [132.4, 152.9, 169.3]])
+    calls = []
+    timer = SimpleNamespace(devices=lambda fns, modes: calls.append((fns, modes)) or next(runs))
+    got = bf.timed_again_if_close(timer, ["seq", "one", "one"], [None, "store", "copy-engine"])
+    assert got == [132.4, 152.9, 169.3] and len(calls) == 2
+    assert calls[1] == (["seq", "one", "one"], [None, "store", "copy-engine"])
+    assert bf._faster(min(got[1:]), got[0]) == "sequential"
+    runs = iter([[200.0, 150.0, 140.0]])
+    calls.clear()
+    assert bf.timed_again_if_close(timer, ["seq", "one", "one"], [None, "store", "copy-engine"]) == [200.0, 150.0, 140.0]
+    assert len(calls) == 1
