@@ -296,6 +296,31 @@ def test_the_cli_refuses_a_shape_that_names_nothing():
     assert out.exit_code == 2 and "--shape" in out.output and "gemm_rs:M=1000" in out.output
     out = CliRunner().invoke(cli(), ["bench", "--shape", "gemm_rs:M=1024"])
     assert out.exit_code == 2 and "use it with --fused" in out.output
+    out = CliRunner().invoke(cli(), ["tune", "--fused", "--shape", "gemm_ar:M=257"])
+    assert out.exit_code == 2 and "--shape" in out.output and "gemm_ar:M=257" in out.output
+    out = CliRunner().invoke(cli(), ["tune", "-o", "x.json", "--shape", "gemm_ar:M=256"])
+    assert out.exit_code == 2 and "use it with --fused" in out.output
+
+
+def test_a_tune_of_named_shapes_replaces_their_entries_alone(tmp_path):
+    """bench_fused.write_section with by_shape: the entries of the same (op, gpus, dtype, shape)
+    are replaced, the operator's others at those GPUs kept, and the edit line added; without it,
+    every entry of the (op, gpus) goes."""
+    from runtime_cuda.torch_dist import bench_fused as bf
+
+    def entry(M, path, gpus=2):
+        return {"op": "gemm_ar", "gpus": gpus, "dtype": "bfloat16", "shape": {"M": M, "K": 14336, "N": 8192},
+                "path": path, "chunks": 1}
+    catalog = tmp_path / "catalog.json"
+    bf.write_section(catalog, [entry(256, "fused"), entry(1024, "fused"), entry(256, "fused", 4)], {"hw": "2xH200"})
+    bf.write_section(catalog, [entry(256, "sequential")], None, "2026-11-28: gc3 tune --fused --shape", by_shape=True)
+    section = json.loads(catalog.read_text())["fused"]
+    got = {(e["gpus"], e["shape"]["M"]): e["path"] for e in section["entries"]}
+    assert got == {(2, 256): "sequential", (2, 1024): "fused", (4, 256): "fused"}
+    assert section["edits"] == ["2026-11-28: gc3 tune --fused --shape"] and list(section["provenance"]) == ["2xH200"]
+    bf.write_section(catalog, [entry(1024, "sequential")], None)
+    got = {(e["gpus"], e["shape"]["M"]): e["path"] for e in json.loads(catalog.read_text())["fused"]["entries"]}
+    assert got == {(2, 1024): "sequential", (4, 256): "fused"}
 
 
 def test_the_cli_refuses_unknown_fused_ops():

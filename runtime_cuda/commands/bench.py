@@ -75,7 +75,7 @@ def fused_runtime(what: str):
     return bench_fused
 
 
-def _check_shapes(names, quick: bool, shapes) -> None:
+def check_shapes(names, quick: bool, shapes) -> None:
     """A --shape that names no shape of the grid is refused before anything starts (with no GPU
     too; without torch, fused_runtime says what is missing)."""
     if not shapes:
@@ -96,7 +96,7 @@ def _fused(ops: str, quick: bool, chunks, record: Path, iters: int, rounds: int,
 
     names = fused_op_names(ops, "--ops")
     if not report:
-        _check_shapes(names, quick, shapes)
+        check_shapes(names, quick, shapes)
         bench_fused = fused_runtime("gc3 bench --fused")
         failed = bench_fused.bench(names, quick, record, iters, rounds, chunks, click.echo, shapes)
         if failed:

@@ -96,20 +96,26 @@ def choices_title(prov: dict) -> str:
               "section of -o (default: the catalog the drop-in serves on these GPUs), created or updated in "
               "place, which the fused operators' auto path reads")
 @click.option("--ops", "fused_ops", default="all", show_default=True, help="--fused: operators, comma-separated, or all")
+@click.option("--shape", "shapes", multiple=True, metavar="OP[:FIELD=VALUE,...]",
+              help="--fused: only the grid's shapes this names (as gc3 bench --fused --shape), whose entries "
+                   "replace theirs alone")
 @quiet_option
 def command(model_only, ranks, nodes, cost, quick, collectives, minbytes, maxbytes, stepfactor, output, install,
-            time_budget, ir_dir, prior_ratio, plot_path, dtype, graph_max, fused, fused_ops):
+            time_budget, ir_dir, prior_ratio, plot_path, dtype, graph_max, fused, fused_ops, shapes):
     """Choose, per collective, placement and size, the fastest gc3 algorithm and
     write the catalog the NCCL drop-in loads (GC3_CONFIG=FILE)."""
     if fused and dtype is not None:
         raise click.UsageError("--dtype: the fused operators are tuned per shape in the dtype their grid names; "
                                "no --dtype with --fused")
+    if shapes and not fused:
+        raise click.UsageError("--shape picks the fused operators' shapes to tune: use it with --fused")
     if fused:
-        from .bench import fused_op_names, fused_runtime
+        from .bench import check_shapes, fused_op_names, fused_runtime
         names = fused_op_names(fused_ops, "--ops")
+        check_shapes(names, quick, shapes)
         bench_fused = fused_runtime("gc3 tune --fused")
         try:
-            bench_fused.tune(names, quick, Path(output) if output else None, 10, 3, click.echo)
+            bench_fused.tune(names, quick, Path(output) if output else None, 10, 3, click.echo, shapes)
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from None
         return

@@ -698,10 +698,12 @@ def _chunk_counts(case: Case, A, B, pg) -> Sequence[int]:
 
 
 def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, rounds: int,
-         echo: Callable[[str], None]) -> None:
+         echo: Callable[[str], None], shapes: Sequence[str] = ()) -> None:
     """The fused section of `output` (a catalog JSON, created or updated; None: the
     catalog the gc3 group's communicator serves on these GPUs): per shape, the faster
-    of the sequential path and the fused path at TUNE_CHUNKS, on the gc3 group."""
+    of the sequential path and the fused path at TUNE_CHUNKS, on the gc3 group.  `shapes`
+    (as `cases`): only those shapes, whose entries replace theirs alone (an edit line says so)."""
+    gemm_cases, mem_cases = cases(ops, quick, shapes)
     job = start()
     timer = Timer(job, calls, rounds)
     if output is None:
@@ -714,8 +716,8 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
                                "first with `gc3 tune --install`, or name the catalog to write with -o")
         output = Path(machine.path)
     entries = []
-    ops, memory = _split_ops(ops)
-    for op, M, K, N in grid(ops, quick):
+    memory = _split_ops(ops)[1]
+    for op, M, K, N in gemm_cases:
         case = Case(op, M, K, N, job.size, job.device)
         A, B = case.operands(job.rank)
         seq = fused_call(case, A, B, job.gc3, "sequential")
@@ -743,11 +745,15 @@ def tune(ops: Sequence[str], quick: bool, output: Optional[Path], calls: int, ro
         if job.rank == 0:
             echo(f"{op:9} M={M:<6} K={K:<6} N={N:<6} {said}")
         torch.cuda.empty_cache()
-    entries += tune_memory(job, timer, memory, quick, echo)
+    entries += tune_memory(job, timer, memory, quick, echo, mem_cases if shapes else None)
     if job.rank == 0:
-        write_section(output, entries, {"hw": job.hw, "date": datetime.date.today().isoformat(),
-                                        "torch": torch.__version__, "calls": calls, "rounds": rounds,
-                                        "margin": FUSED_MARGIN, "chunks": list(TUNE_CHUNKS)})
+        today = datetime.date.today().isoformat()
+        if shapes:
+            write_section(output, entries, None, f"{today}: gc3 tune --fused --shape {' --shape '.join(shapes)} "
+                                                 f"on {job.hw}", by_shape=True)
+        else:
+            write_section(output, entries, {"hw": job.hw, "date": today, "torch": torch.__version__, "calls": calls,
+                                            "rounds": rounds, "margin": FUSED_MARGIN, "chunks": list(TUNE_CHUNKS)})
         echo(f"wrote the fused section of {output}: {len(entries)} shapes, "
              f"{sum(e['path'] == 'fused' for e in entries)} fused")
     dist.destroy_process_group()
@@ -763,13 +769,17 @@ def timed_again_if_close(timer: Timer, fns: Sequence[Callable], modes: Sequence[
     return [min(a, b) for a, b in zip(first, timer.devices(fns, modes))]
 
 
-def write_section(output: Path, entries: List[dict], provenance: Optional[dict], edit: Optional[str] = None) -> None:
-    """Replace the entries of the same (op, gpus) in `output`'s fused section, atomically; with
-    `provenance`, the tune's for its machine, with `edit`, a line added to the section's edits."""
+def write_section(output: Path, entries: List[dict], provenance: Optional[dict], edit: Optional[str] = None,
+                  by_shape: bool = False) -> None:
+    """Replace the entries of the same (op, gpus) in `output`'s fused section (`by_shape`: of the
+    same shape only), atomically; with `provenance`, the tune's for its machine, with `edit`, a
+    line added to the section's edits."""
     data = json.loads(output.read_text()) if output.exists() else {}
     section = data.setdefault("fused", {"provenance": {}, "entries": []})
-    done = {(e["op"], e["gpus"]) for e in entries}
-    section["entries"] = [e for e in section.get("entries", []) if (e["op"], e["gpus"]) not in done] + entries
+    which = (lambda e: choice.entry_key(e["op"], e["gpus"], e["dtype"], e["shape"])) if by_shape else \
+        (lambda e: (e["op"], e["gpus"]))
+    done = {which(e) for e in entries}
+    section["entries"] = [e for e in section.get("entries", []) if which(e) not in done] + entries
     if provenance is not None:
         section.setdefault("provenance", {})[f"{provenance['hw']}"] = provenance
     if edit is not None:
@@ -1078,13 +1088,14 @@ def bench_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, record
     return failed
 
 
-def tune_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, echo: Callable[[str], None]) -> List[dict]:
-    """The memory-bound operators' entries of `tune`: per shape, the sequential path
-    against the fused one, both on the gc3 group, called eagerly and, for the operators
-    whose fused path a graph can hold, replayed in a CUDA graph (graph_path: what a
-    captured call takes, choice.decided)."""
+def tune_memory(job: Job, timer: Timer, ops: Sequence[str], quick: bool, echo: Callable[[str], None],
+                chosen: Optional[Sequence[Tuple]] = None) -> List[dict]:
+    """The memory-bound operators' entries of `tune`: per shape (of `chosen`, memory_grid's
+    tuples, by default the grid's), the sequential path against the fused one, both on the gc3
+    group, called eagerly and, for the operators whose fused path a graph can hold, replayed in
+    a CUDA graph (graph_path: what a captured call takes, choice.decided)."""
     entries = []
-    for case in memory_cases(job, ops, quick):
+    for case in memory_cases(job, ops, quick, chosen):
         t = memory_operands(case, job.rank)
         seq, fused = memory_call(case, t, job.gc3, "sequential"), memory_call(case, t, job.gc3, "fused")
         seq_us = timer.device(seq)
