@@ -815,10 +815,7 @@ class _CopyPlan:
     def _make(self) -> None:
         from runtime_cuda.core import cudadriver
 
-        # torch's current stream through its raw getter: torch.cuda.current_stream builds an
-        # object, several us a call.
-        self.caller = functools.partial(torch._C._cuda_getCurrentRawStream,
-                                        torch.cuda._get_device_index(self.device, optional=True))
+        self.caller = _current_stream(self.device)
         with torch.cuda.device(self.device):
             self.origin, self.event = cudadriver.new_stream(), cudadriver.new_event()
             for _, steps in self.peers:
@@ -900,11 +897,17 @@ def _direct(compiled, grid: int, values: Tuple, device: torch.device, kept: Dict
     head = (grid, 1, 1)
     tail = (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, scratch, None,
             compiled.packed_metadata, None, None, None)
-    raw, index = torch._C._cuda_getCurrentRawStream, torch.cuda._get_device_index(device, optional=True)
+    stream = _current_stream(device)
 
     def run(*args):
-        launch(*head, raw(index), *tail, *args, *values)
+        launch(*head, stream(), *tail, *args, *values)
     return run
+
+
+def _current_stream(device: torch.device) -> Callable[[], int]:
+    """torch's current stream on `device`, as a raw handle, through torch's raw getter:
+    torch.cuda.current_stream builds an object, several us a call."""
+    return functools.partial(torch._C._cuda_getCurrentRawStream, torch.cuda._get_device_index(device, optional=True))
 
 
 def _key(op: str, A: torch.Tensor, B: torch.Tensor, G: int) -> Tuple:
